@@ -1,0 +1,622 @@
+#!/usr/bin/env python3
+"""Records tool for the speedrun: statistics, new record folders, diffs and the README table.
+
+Run from the repository root:
+
+    python records/tool.py stats DIR [--target 3.28] [--baseline DIR] [--no-plot]
+    python records/tool.py new NAME LOGS... [--date YYYY-MM-DD] [--records-dir records] [--target 3.28]
+    python records/tool.py diff [DIR] [--working]
+    python records/tool.py table [--write | --check]
+
+Logs are parsed exactly as specified by the log format that train_gpt.py writes: the source
+text, a line of 100 '=', the environment header, a line of 100 '=', the run description
+(`key: value` lines), then progress lines, step lines and the final peak memory line.
+scipy and matplotlib (the tool extras, requirements-tools.txt) are imported lazily.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import difflib
+import json
+import math
+import re
+import shutil
+import statistics
+import sys
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SEP = "=" * 100
+SEP_RE = re.compile(rb"(?m)^={100}\r?$")
+RECORD_RE = re.compile(r"^(\d{4}-\d{2}-\d{2})_([A-Za-z0-9]+)$")
+NAME_RE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+DESC_RE = re.compile(r"^([a-z_]+): (.*)$")
+NUM = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)"
+VAL_RE = re.compile(rf"^step:(\d+)/(\d+) val_loss:{NUM} train_time:(\d+(?:\.\d+)?)ms step_avg:{NUM}ms$")
+TRAIN_RE = re.compile(rf"^step:(\d+)/(\d+) train_time:(\d+(?:\.\d+)?)ms step_avg:{NUM}ms$")
+PEAK_RE = re.compile(r"^peak memory allocated: (\d+) MiB reserved: (\d+) MiB$")
+TORCH_RE = re.compile(r"^Running PyTorch (\S+) compiled for CUDA (\S+)$")
+REQUIRED_KEYS = ("run_id", "hardware", "mode", "world_size", "data", "hyperparameters")
+TABLE_START, TABLE_END = "<!-- records-table:start -->", "<!-- records-table:end -->"
+
+
+class RecordsError(Exception):
+    """A user error: printed as one line, no traceback, non-zero exit."""
+
+
+@dataclass
+class Run:
+    path: Path
+    source: bytes
+    python: str = ""
+    torch: str = ""
+    cuda: str = ""
+    triton: str = ""
+    driver: str = ""
+    run_id: str = ""
+    hardware: str = ""
+    mode: str = ""
+    world_size: int = 1
+    grad_accum_steps: str = ""
+    data: str = ""
+    hyperparameters: dict = field(default_factory=dict)
+    total: int = 0
+    val: list = field(default_factory=list)  # (step, train_time_s, val_loss)
+    final_loss: float = math.nan
+    train_time: float = math.nan  # seconds, train_time of the final validation line
+    peak_allocated: int = 0  # MiB
+    peak_reserved: int = 0  # MiB
+
+    @property
+    def software(self) -> str:
+        s = f"Python {self.python.split()[0] if self.python else '?'}; PyTorch {self.torch} (CUDA {self.cuda}); Triton {self.triton}"
+        return s + (f"; NVIDIA driver {self.driver}" if self.driver else "")
+
+
+# ---------------------------------------------------------------- parsing
+
+def parse_log(path) -> Run:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise RecordsError(f"{path}: cannot read log: {e.strerror}") from None
+    m = SEP_RE.search(raw)
+    if not m:
+        raise RecordsError(f"{path}: no source separator (a line of 100 '='): not a train_gpt.py log")
+    run = Run(path=path, source=raw[:m.start()])
+    lines = raw.decode("utf-8", "replace").split("\n")
+    lines = [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+    i = raw.count(b"\n", 0, m.start())  # 0-based index of the first separator line
+
+    def err(idx, msg):  # idx is 0-based; messages use 1-based line numbers
+        return RecordsError(f"{path}:{idx + 1}: {msg}")
+
+    try:
+        j = lines.index(SEP, i + 1)
+    except ValueError:
+        raise err(i, "no second separator line after the environment header") from None
+    for idx in range(i + 1, j):
+        ln = lines[idx]
+        if ln.startswith("Running Python "):
+            run.python = ln[len("Running Python "):].strip()
+        elif ln.startswith("Running PyTorch "):
+            tm = TORCH_RE.match(ln)
+            if not tm:
+                raise err(idx, f"cannot parse PyTorch line: {ln!r}")
+            run.torch, run.cuda = tm.groups()
+        elif ln.startswith("Running Triton version "):
+            run.triton = ln[len("Running Triton version "):].strip()
+        elif not run.driver and (dm := re.search(r"Driver Version:\s*(\S+)", ln)):
+            run.driver = dm.group(1)
+    for what, val in (("Running Python", run.python), ("Running PyTorch", run.torch), ("Running Triton version", run.triton)):
+        if not val:
+            raise err(i, f"environment header has no '{what} ...' line")
+
+    desc, k = {}, j + 1
+    while k < len(lines) and (dm := DESC_RE.match(lines[k])):
+        desc.setdefault(dm.group(1), (dm.group(2).strip(), k))
+        k += 1
+    for key in REQUIRED_KEYS:
+        if key not in desc:
+            raise err(j, f"run description has no '{key}:' line")
+    run.run_id, run.hardware, run.mode, run.data = (desc[x][0] for x in ("run_id", "hardware", "mode", "data"))
+    run.grad_accum_steps = desc.get("grad_accum_steps", ("", 0))[0]
+    try:
+        run.world_size = int(desc["world_size"][0])
+    except ValueError:
+        raise err(desc["world_size"][1], f"cannot parse world_size: {desc['world_size'][0]!r}") from None
+    try:
+        run.hyperparameters = json.loads(desc["hyperparameters"][0])
+    except json.JSONDecodeError as e:
+        raise err(desc["hyperparameters"][1], f"cannot parse hyperparameters JSON: {e.msg}") from None
+
+    last_step, final_idx = None, None
+    for idx in range(k, len(lines)):
+        ln = lines[idx].rstrip()
+        if ln.startswith("step:"):
+            sm = VAL_RE.match(ln)
+            tm = None if sm else TRAIN_RE.match(ln)
+            if not (sm or tm):
+                raise err(idx, f"cannot parse step line: {ln!r}")
+            step, total = int((sm or tm).group(1)), int((sm or tm).group(2))
+            if run.total and total != run.total:
+                raise err(idx, f"step line has total {total}, earlier lines have {run.total}")
+            run.total, last_step = total, step
+            if sm:
+                loss, ms = float(sm.group(3)), float(sm.group(4))
+                run.val.append((step, ms / 1000.0, loss))
+                if step == total and final_idx is None:
+                    if not math.isfinite(loss):
+                        raise err(idx, f"final validation loss is not finite: {ln!r}")
+                    run.final_loss, run.train_time, final_idx = loss, ms / 1000.0, idx
+        elif ln.startswith("peak memory allocated:") and final_idx is not None:
+            pm = PEAK_RE.match(ln)
+            if not pm:
+                raise err(idx, f"cannot parse peak memory line: {ln!r}")
+            run.peak_allocated, run.peak_reserved = int(pm.group(1)), int(pm.group(2))
+            return run
+        elif ln.startswith("error:"):
+            raise err(idx, f"run stopped with an error: {ln}")
+    n = len(lines) - (1 if lines and lines[-1] == "" else 0)
+    if final_idx is None:
+        where = f"last step {last_step}/{run.total}" if last_step is not None else "no step lines"
+        raise err(n - 1, f"truncated run: no final validation line ({where})")
+    raise err(n - 1, "truncated run: no 'peak memory allocated' line after the final validation line")
+
+
+def load_runs(folder) -> list[Run]:
+    """Parse every *.txt log of a folder; refuse mixed hardware/mode/data or duplicate run ids."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise RecordsError(f"{folder}: not a directory")
+    logs = sorted(folder.glob("*.txt"))
+    if not logs:
+        raise RecordsError(f"{folder}: no *.txt logs")
+    runs = [parse_log(p) for p in logs]
+    check_consistent(runs)
+    return runs
+
+
+def check_consistent(runs: list[Run]) -> None:
+    first = runs[0]
+    for r in runs[1:]:
+        for attr in ("hardware", "mode", "data"):
+            if getattr(r, attr) != getattr(first, attr):
+                raise RecordsError(f"logs disagree on {attr}: {first.path} has {getattr(first, attr)!r}, "
+                                   f"{r.path} has {getattr(r, attr)!r}")
+    seen = {}
+    for r in runs:
+        if r.run_id in seen:
+            raise RecordsError(f"{seen[r.run_id]} and {r.path} have the same run_id {r.run_id!r}")
+        seen[r.run_id] = r.path
+
+
+def joined(runs, attr) -> str:
+    vals = list(dict.fromkeys(getattr(r, attr) for r in runs))
+    return vals[0] if len(vals) == 1 else " / ".join(vals) + " (logs differ)"
+
+
+# ---------------------------------------------------------------- statistics
+
+def _std(xs):
+    return statistics.stdev(xs) if len(xs) >= 2 else math.nan
+
+
+def welch(new, base) -> dict:
+    from scipy import stats as st
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        two = st.ttest_ind(new, base, equal_var=False)
+        less = st.ttest_ind(new, base, equal_var=False, alternative="less")
+    v1, v2 = statistics.variance(new) / len(new), statistics.variance(base) / len(base)
+    df = (v1 + v2) ** 2 / (v1 ** 2 / (len(new) - 1) + v2 ** 2 / (len(base) - 1)) if v1 + v2 > 0 else math.nan
+    mn, mb = statistics.fmean(new), statistics.fmean(base)
+    return {"new_mean": mn, "base_mean": mb, "diff": mn - mb, "t": float(two.statistic), "df": df,
+            "p_two_sided": float(two.pvalue), "p_less": float(less.pvalue)}
+
+
+def summarize(runs: list[Run], target: float, baseline: list[Run] | None = None) -> dict:
+    losses, times = [r.final_loss for r in runs], [r.train_time for r in runs]
+    s = {"n": len(runs), "target": target, "losses": losses, "times": times,
+         "loss_mean": statistics.fmean(losses), "loss_std": _std(losses),
+         "time_mean": statistics.fmean(times), "time_std": _std(times),
+         "t": math.nan, "p": math.nan, "df": len(runs) - 1, "baseline": None}
+    if len(runs) >= 2:
+        from scipy import stats as st
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = st.ttest_1samp(losses, target, alternative="less")
+        s["t"], s["p"] = float(res.statistic), float(res.pvalue)
+    if baseline is not None:
+        s["baseline_n"] = len(baseline)
+        if len(runs) >= 2 and len(baseline) >= 2:
+            s["baseline"] = {"time": welch(times, [r.train_time for r in baseline]),
+                             "loss": welch(losses, [r.final_loss for r in baseline])}
+    return s
+
+
+def fmt_p(p: float) -> str:
+    return "n/a" if math.isnan(p) else (f"{p:.2e}" if p < 1e-4 else f"{p:.4f}")
+
+
+def fmt_pm(mean: float, std: float, nd: int) -> str:
+    return f"{mean:.{nd}f}" if math.isnan(std) else f"{mean:.{nd}f} ± {std:.{nd}f}"
+
+
+def runs_table(runs: list[Run]) -> str:
+    out = ["| run_id | log | final val loss | train time (s) | steps | peak memory allocated / reserved (MiB) |",
+           "|---|---|---:|---:|---:|---:|"]
+    for r in runs:
+        out.append(f"| {r.run_id} | [{r.path.name}]({r.path.name}) | {r.final_loss:.4f} | {r.train_time:.3f} "
+                   f"| {r.total} | {r.peak_allocated} / {r.peak_reserved} |")
+    return "\n".join(out)
+
+
+def summary_lines(s: dict) -> list[str]:
+    out = [f"- runs: {s['n']}",
+           f"- final val loss: mean {s['loss_mean']:.4f}, std {s['loss_std']:.4f}" if s["n"] >= 2 else
+           f"- final val loss: {s['loss_mean']:.4f}",
+           f"- train time: mean {s['time_mean']:.3f} s, std {s['time_std']:.3f} s" if s["n"] >= 2 else
+           f"- train time: {s['time_mean']:.3f} s"]
+    if s["n"] >= 2:
+        verdict = "yes" if s["p"] < 0.01 else "no"
+        out.append(f"- one-sided one-sample t-test, H1: mean final val loss < {s['target']}: "
+                   f"t = {s['t']:.4f}, df = {s['df']}, p = {fmt_p(s['p'])} (p < 0.01: {verdict})")
+    else:
+        out.append(f"- t-test against target {s['target']}: needs >= 2 runs (have {s['n']})")
+    return out
+
+
+def baseline_lines(s: dict, base_name: str) -> list[str]:
+    if "baseline_n" not in s:
+        return []
+    out = ["", f"## Against baseline {base_name}", ""]
+    b = s["baseline"]
+    if b is None:
+        return out + [f"Welch's t-test needs >= 2 runs on each side (new: {s['n']}, baseline: {s['baseline_n']})."]
+    out += [f"Welch's t-test (unequal variances), new ({s['n']} runs) vs baseline ({s['baseline_n']} runs); "
+            "difference = new − baseline.", "",
+            "| metric | new mean | baseline mean | difference | t | df | p (two-sided) | p (one-sided, new lower) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for key, label, nd in (("time", "train time (s)", 3), ("loss", "final val loss", 4)):
+        w = b[key]
+        out.append(f"| {label} | {w['new_mean']:.{nd}f} | {w['base_mean']:.{nd}f} | {w['diff']:+.{nd}f} "
+                   f"| {w['t']:.4f} | {w['df']:.2f} | {fmt_p(w['p_two_sided'])} | {fmt_p(w['p_less'])} |")
+    return out
+
+
+def setup_lines(runs: list[Run]) -> list[str]:
+    r = runs[0]
+    ga = f", grad_accum_steps {r.grad_accum_steps}" if r.grad_accum_steps else ""
+    return [f"- hardware: {r.hardware}", f"- mode: {r.mode} (world_size {r.world_size}{ga})",
+            f"- data: {r.data}", f"- software: {joined(runs, 'software')}"]
+
+
+def plot_runs(runs: list[Run], out: Path, target: float, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    tail = [loss for r in runs for step, _, loss in r.val if step > 0 and math.isfinite(loss)]
+    for r in runs:
+        steps, secs, losses = zip(*r.val)
+        axes[0].plot(secs, losses, marker=".", label=r.run_id[:8])
+        axes[1].plot(steps, losses, marker=".", label=r.run_id[:8])
+    for ax, xlabel in zip(axes, ("training time (s)", "step")):
+        ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("val loss")
+        ax.grid(alpha=0.3)
+        if tail:
+            lo, hi = min(tail + [target]), max(tail + [target])
+            ax.set_ylim(lo - 0.05 * (hi - lo + 0.1), hi + 0.05 * (hi - lo + 0.1))
+    axes[1].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+def write_stats(folder: Path, runs: list[Run], target: float, baseline_dir: Path | None = None,
+                plot: bool = True, root: Path = REPO_ROOT) -> dict:
+    baseline = load_runs(baseline_dir) if baseline_dir is not None else None
+    s = summarize(runs, target, baseline)
+    cmd = f"python records/tool.py stats {rel(folder, root)} --target {target}" + (
+        f" --baseline {rel(baseline_dir, root)}" if baseline_dir is not None else "") + ("" if plot else " --no-plot")
+    md = [f"# Statistics: {folder.name}", "", f"Generated from {len(runs)} log(s) by `{cmd}`.", "",
+          *setup_lines(runs), "", "## Runs", "", runs_table(runs), "", "## Summary", "", *summary_lines(s),
+          *baseline_lines(s, baseline_dir.name if baseline_dir else "")]
+    if baseline and (baseline[0].hardware, baseline[0].mode, baseline[0].data) != (runs[0].hardware, runs[0].mode, runs[0].data):
+        md += ["", "Note: the baseline ran on different hardware/mode/data "
+               f"({baseline[0].hardware}, {baseline[0].mode}, {baseline[0].data.split()[0]}); the comparison is not like for like."]
+    if plot:
+        md += ["", "![val loss](val_loss.png)"]
+    (folder / "statistics.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    if plot:
+        plot_runs(runs, folder / "val_loss.png", target, folder.name)
+    return s
+
+
+# ---------------------------------------------------------------- record folders
+
+def list_records(records_dir: Path) -> list[Path]:
+    """Record folders (YYYY-MM-DD_Name) sorted by date, then name."""
+    if not records_dir.is_dir():
+        return []
+    found = [p for p in records_dir.iterdir() if p.is_dir() and RECORD_RE.match(p.name)]
+    return sorted(found, key=lambda p: RECORD_RE.match(p.name).groups())
+
+
+def predecessor(records_dir: Path, key: tuple[str, str]) -> Path | None:
+    before = [p for p in list_records(records_dir) if RECORD_RE.match(p.name).groups() < key]
+    return before[-1] if before else None
+
+
+def resolve_record(arg: str, records_dir: Path) -> Path:
+    p = Path(arg)
+    if not p.is_dir():
+        p = records_dir / arg
+    if not p.is_dir() or not RECORD_RE.match(p.name):
+        raise RecordsError(f"{arg}: not a record folder (expected records/YYYY-MM-DD_Name)")
+    return p
+
+
+def read_source(folder: Path) -> list[str]:
+    f = folder / "train_gpt.py"
+    if not f.is_file():
+        raise RecordsError(f"{f}: missing")
+    return f.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+
+
+def unified(a: list[str], b: list[str], fa: str, fb: str) -> list[str]:
+    out = []
+    for ln in difflib.unified_diff(a, b, fa, fb):
+        out.append(ln if ln.endswith("\n") else ln + "\n\\ No newline at end of file\n")
+    return out
+
+
+def diff_stat(diff: list[str]) -> tuple[int, int]:
+    body = [ln for ln in diff if not ln.startswith(("+++", "---"))]
+    return sum(ln.startswith("+") for ln in body), sum(ln.startswith("-") for ln in body)
+
+
+def rel(p: Path, root: Path) -> str:
+    """p relative to the repo root where possible (keeps generated files free of local paths)."""
+    try:
+        return p.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return p.name
+
+
+# ---------------------------------------------------------------- table
+
+def record_row(folder: Path) -> str:
+    runs = load_runs(folder)
+    date, name = RECORD_RE.match(folder.name).groups()
+    times = [x.train_time for x in runs]
+    loss = statistics.fmean(x.final_loss for x in runs)
+    r = runs[0]
+    return (f"| {date} | [{name}](records/{folder.name}) | {fmt_pm(statistics.fmean(times), _std(times), 1)} "
+            f"| {loss:.4f} | {len(runs)} | {r.hardware} | {r.mode} | {r.data.split()[0] if r.data else ''} |")
+
+
+def make_table(records_dir: Path) -> str:
+    rows = ["| date | name | time (s, mean ± std) | final val loss (mean) | runs | hardware | mode | data |",
+            "|---|---|---:|---:|---:|---|---|---|"]
+    rows += [record_row(p) for p in list_records(records_dir)]
+    return "\n".join(rows) + "\n"
+
+
+def split_readme(text: str, readme: Path) -> tuple[str, str, str]:
+    a, b = text.find(TABLE_START), text.find(TABLE_END)
+    if a < 0 or b < 0 or b < a or text.count(TABLE_START) > 1 or text.count(TABLE_END) > 1:
+        raise RecordsError(f"{readme}: needs exactly one '{TABLE_START}' line followed by one '{TABLE_END}' line")
+    a += len(TABLE_START)
+    return text[:a], text[a:b], text[b:]
+
+
+# ---------------------------------------------------------------- commands
+
+def cmd_stats(args) -> int:
+    folder = Path(args.dir)
+    runs = load_runs(folder)
+    base = Path(args.baseline) if args.baseline else None
+    if base is not None and not base.is_dir():
+        base = resolve_record(args.baseline, args.root / "records")
+    s = write_stats(folder, runs, args.target, base, plot=not args.no_plot, root=args.root)
+    print(f"{folder}: {s['n']} run(s), {runs[0].hardware}, {runs[0].mode}, data {runs[0].data.split()[0]}")
+    print("\n".join(summary_lines(s) + baseline_lines(s, base.name if base else "")))
+    print(f"wrote {folder / 'statistics.md'}" + ("" if args.no_plot else f" and {folder / 'val_loss.png'}"))
+    return 0
+
+
+def cmd_new(args) -> int:
+    if not NAME_RE.match(args.name):
+        raise RecordsError(f"record name {args.name!r} must be CamelCase (letters and digits, starting upper-case)")
+    try:
+        date = datetime.date.fromisoformat(args.date).isoformat() if args.date else datetime.date.today().isoformat()
+    except ValueError:
+        raise RecordsError(f"--date {args.date!r}: expected YYYY-MM-DD") from None
+    records_dir = Path(args.records_dir) if args.records_dir else args.root / "records"
+    folder = records_dir / f"{date}_{args.name}"
+    if folder.exists():
+        raise RecordsError(f"{folder}: already exists")
+    logs = [Path(x) for x in args.logs]
+    for p in logs:
+        if p.suffix != ".txt":
+            raise RecordsError(f"{p}: log files must be named *.txt")
+    if len({p.name for p in logs}) != len(logs):
+        raise RecordsError("two logs have the same file name")
+    runs = [parse_log(p) for p in logs]
+    for r in runs[1:]:
+        if r.source != runs[0].source:
+            raise RecordsError(f"logs come from different sources: the train_gpt.py embedded in {runs[0].path} "
+                               f"differs from the one in {r.path}")
+    check_consistent(runs)
+    import matplotlib  # noqa: F401  (tool extras: fail before creating anything)
+    import scipy  # noqa: F401
+    prev = predecessor(records_dir, (date, args.name))
+    baseline = None
+    if prev is not None:
+        try:
+            prev_runs = load_runs(prev)
+            if (prev_runs[0].hardware, prev_runs[0].mode, prev_runs[0].data) == (runs[0].hardware, runs[0].mode, runs[0].data):
+                baseline = prev
+        except RecordsError:
+            pass
+    folder.mkdir(parents=True)
+    try:
+        for p in logs:
+            shutil.copyfile(p, folder / p.name)
+        (folder / "train_gpt.py").write_bytes(runs[0].source)
+        runs = load_runs(folder)
+        s = write_stats(folder, runs, args.target, baseline, root=args.root)
+        (folder / "README.md").write_text(new_readme(folder, runs, s, prev, baseline), encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    print(f"created {folder}: {len(runs)} log(s), train_gpt.py, statistics.md, val_loss.png, README.md")
+    print("\n".join(summary_lines(s)))
+    print(f"next: edit {folder / 'README.md'} (describe the change), then `python records/tool.py table --write`")
+    return 0
+
+
+def new_readme(folder: Path, runs: list[Run], s: dict, prev: Path | None, baseline: Path | None) -> str:
+    date, name = RECORD_RE.match(folder.name).groups()
+    r = runs[0]
+    md = [f"# {name} ({date})", "", "## Changes against the previous record", ""]
+    if prev is None:
+        md += ["This is the first record: there is no previous record to compare with.", "",
+               "TODO: describe the setup of this record."]
+    else:
+        d = unified(read_source(prev), read_source(folder), f"records/{prev.name}/train_gpt.py",
+                    f"records/{folder.name}/train_gpt.py")
+        plus, minus = diff_stat(d)
+        md += [f"Previous record: [{prev.name}](../{prev.name}/).", "",
+               "TODO: describe what changed against the previous record and why it helps.", "",
+               f"`train_gpt.py` against the previous record: +{plus} −{minus} lines "
+               f"(`python records/tool.py diff records/{folder.name}`)."]
+    md += ["", "## Setup", "", f"- hardware: {r.hardware}",
+           f"- mode: {r.mode} (world_size {r.world_size}" + (f", grad_accum_steps {r.grad_accum_steps})" if r.grad_accum_steps else ")"),
+           f"- data: {r.data}",
+           f"- Python: {joined(runs, 'python')}",
+           f"- PyTorch: {joined(runs, 'torch')} (CUDA {joined(runs, 'cuda')})",
+           f"- Triton: {joined(runs, 'triton')}"]
+    if any(x.driver for x in runs):
+        md.append(f"- NVIDIA driver: {joined(runs, 'driver')}")
+    md += ["", "## Results", "", runs_table(runs), "", *summary_lines(s)]
+    if baseline is not None and s.get("baseline"):
+        md += baseline_lines(s, f"[{baseline.name}](../{baseline.name}/)")
+    elif prev is not None and baseline is None:
+        md += ["", f"Not compared with {prev.name}: it ran on different hardware, mode or data (or has no usable logs)."]
+    md += ["", "Details: [statistics.md](statistics.md).", "", "## Reproduce", "",
+           "From the repository root, with the data prepared and this folder's `train_gpt.py` "
+           "(the hyperparameters are in the file and echoed in the logs):", "", "```bash",
+           f"torchrun --standalone --nproc_per_node={r.world_size} train_gpt.py", "```", "",
+           "![val loss](val_loss.png)"]
+    return "\n".join(md) + "\n"
+
+
+def cmd_diff(args) -> int:
+    records_dir = args.root / "records"
+    recs = list_records(records_dir)
+    if args.dir:
+        cur = resolve_record(args.dir, records_dir)
+    elif recs:
+        cur = recs[-1]
+    else:
+        raise RecordsError(f"no record folders in {records_dir}")
+    if args.working:
+        work = args.root / "train_gpt.py"
+        if not work.is_file():
+            raise RecordsError(f"{work}: missing")
+        a, b = read_source(cur), work.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+        fa, fb = f"records/{cur.name}/train_gpt.py", "train_gpt.py"
+    else:
+        prev = predecessor(cur.parent, RECORD_RE.match(cur.name).groups())
+        if prev is None:
+            raise RecordsError(f"{cur.name} is the first record: no previous record to diff against")
+        a, b = read_source(prev), read_source(cur)
+        fa, fb = f"records/{prev.name}/train_gpt.py", f"records/{cur.name}/train_gpt.py"
+    d = unified(a, b, fa, fb)
+    sys.stdout.writelines(d)
+    if not d:
+        print(f"no differences between {fa} and {fb}", file=sys.stderr)
+    return 0
+
+
+def cmd_table(args) -> int:
+    table = make_table(args.root / "records")
+    if not (args.write or args.check):
+        sys.stdout.write(table)
+        return 0
+    readme = args.root / "README.md"
+    if not readme.is_file():
+        raise RecordsError(f"{readme}: missing")
+    text = readme.read_text(encoding="utf-8")
+    head, block, tail = split_readme(text, readme)
+    if args.write:
+        new = head + "\n" + table + tail
+        if new != text:
+            readme.write_text(new, encoding="utf-8")
+            print(f"updated the records table in {readme}")
+        else:
+            print(f"records table in {readme} already up to date")
+        return 0
+    if block.strip() == table.strip():
+        print(f"records table in {readme} is in sync with records/")
+        return 0
+    sys.stdout.writelines(difflib.unified_diff(block.strip().splitlines(keepends=True) + ["\n"],
+                                               table.splitlines(keepends=True), "README.md (records table)",
+                                               "generated from records/"))
+    print(f"records table in {readme} is out of date: run `python records/tool.py table --write`", file=sys.stderr)
+    return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python records/tool.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", type=Path, default=REPO_ROOT,
+                   help="repository root holding README.md, records/ and train_gpt.py (default: this tool's repo)")
+    common = argparse.ArgumentParser(add_help=False)  # lets --root also follow the subcommand
+    common.add_argument("--root", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("stats", parents=[common], help="statistics.md and val_loss.png for a folder of logs")
+    s.add_argument("dir", help="folder holding the *.txt logs")
+    s.add_argument("--target", type=float, default=3.28, help="val loss target of the t-test (default 3.28)")
+    s.add_argument("--baseline", help="folder of baseline logs for Welch's t-tests (e.g. the previous record)")
+    s.add_argument("--no-plot", action="store_true", help="do not draw val_loss.png")
+    s.set_defaults(func=cmd_stats)
+    n = sub.add_parser("new", parents=[common], help="create records/<date>_<NAME>/ from logs")
+    n.add_argument("name", help="CamelCase record name")
+    n.add_argument("logs", nargs="+", help="the run logs (*.txt) of one train_gpt.py source")
+    n.add_argument("--date", help="YYYY-MM-DD (default: today)")
+    n.add_argument("--records-dir", help="records folder (default: <root>/records)")
+    n.add_argument("--target", type=float, default=3.28, help="val loss target (default 3.28)")
+    n.set_defaults(func=cmd_new)
+    d = sub.add_parser("diff", parents=[common], help="unified diff of a record's train_gpt.py against the previous record")
+    d.add_argument("dir", nargs="?", help="record folder or its name (default: the latest record)")
+    d.add_argument("--working", action="store_true", help="diff the repo-root train_gpt.py against DIR instead")
+    d.set_defaults(func=cmd_diff)
+    t = sub.add_parser("table", parents=[common], help="the records table for README.md")
+    g = t.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help="replace the table between the markers in README.md")
+    g.add_argument("--check", action="store_true", help="exit 1 if README.md's table is out of date")
+    t.set_defaults(func=cmd_table)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except RecordsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""Tests for records/tool.py on synthetic logs written per the train_gpt.py log format (CPU, fast)."""
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as st
+
+REPO = Path(__file__).resolve().parent.parent
+SPEC = importlib.util.spec_from_file_location("records_tool", REPO / "records" / "tool.py")
+tool = importlib.util.module_from_spec(SPEC)
+sys.modules[SPEC.name] = tool  # dataclasses look their module up in sys.modules
+SPEC.loader.exec_module(tool)
+
+SOURCE = 'import os\nprint("fake train_gpt.py")\n# a line of "=" * 100 is built, never written literally\n'
+NVSMI = """Sat Nov 22 03:13:00 2025
++-----------------------------------------------------------------------------------------+
+| NVIDIA-SMI 570.86.15              Driver Version: 570.86.15      CUDA Version: 12.8     |
++-----------------------------------------------------------------------------------------+"""
+
+
+def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None, source=SOURCE,
+             hardware="8x NVIDIA H100 80GB HBM3", mode="rank-slice", data=None, truncate_after_step=None,
+             bad_line_at_step=None, error_at_step=None):
+    """Write a complete log (or a broken one) with a known final val loss and train time (ms)."""
+    path = Path(path)
+    data = data or "FineWeb (train data/fineweb10B/fineweb_train_*.bin; val data/fineweb10B/fineweb_val_*.bin, 10485760 tokens)"
+    lines = [source.rstrip("\n"), "=" * 100,
+             "Running Python 3.12.3 (main, Apr 10 2024, 05:33:47) [GCC 13.2.0]",
+             "Running PyTorch 2.11.0+cu128 compiled for CUDA 12.8", "Running Triton version 3.6.0",
+             NVSMI, "=" * 100,
+             f"run_id: {run_id or path.stem}", f"hardware: {hardware}", f"mode: {mode}", "world_size: 8",
+             "grad_accum_steps: 1", f"data: {data}",
+             "hyperparameters: " + json.dumps({"num_iterations": total, "val_loss_every": val_every}),
+             "Compiling model and warming up kernels", "Warm-up steps [0, 1, 2]", "Resetting model"]
+    for step in range(total + 1):
+        ms = round(final_ms * step / total)
+        avg = ms / max(step, 1)
+        if step == truncate_after_step:
+            break
+        if step == error_at_step:
+            lines.append(f"error: non-finite loss nan at step {step}")
+            break
+        if step == bad_line_at_step:
+            lines.append(f"step:{step}/{total} train_time:{ms}ms step_avg:garbage")
+        if step % val_every == 0 or step == total:
+            loss = final_loss if step == total else final_loss + 5.0 * (1 - step / total)
+            lines.append(f"step:{step}/{total} val_loss:{loss:.4f} train_time:{ms:.0f}ms step_avg:{avg:.2f}ms")
+        if step < total:
+            lines.append(f"step:{step + 1}/{total} train_time:{ms:.0f}ms step_avg:{avg:.2f}ms")
+        if step == total // 2:
+            lines.append("data: pass 2 over 3 train files")
+    else:
+        lines.append("peak memory allocated: 40345 MiB reserved: 52942 MiB")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def make_logs(folder, losses, times_s, **kw):
+    return [make_log(Path(folder) / f"run{i}.txt", loss, t * 1000, **kw)
+            for i, (loss, t) in enumerate(zip(losses, times_s))]
+
+
+def run_tool(*argv):
+    return tool.main([str(a) for a in argv])
+
+
+def make_record(root, folder, losses, times, source=SOURCE, **kw):
+    d = Path(root) / "records" / folder
+    make_logs(d, losses, times, source=source, **kw)
+    (d / "train_gpt.py").write_text(source)
+    return d
+
+
+# ------------------------------------------------------------------ parsing
+
+def test_parse_complete_log(tmp_path):
+    p = make_log(tmp_path / "a.txt", 3.2712, 181234, total=100)
+    r = tool.parse_log(p)
+    assert r.source == SOURCE.encode()
+    assert (r.final_loss, r.train_time, r.total) == (3.2712, 181.234, 100)
+    assert (r.peak_allocated, r.peak_reserved) == (40345, 52942)
+    assert r.hardware == "8x NVIDIA H100 80GB HBM3" and r.mode == "rank-slice" and r.world_size == 8
+    assert r.data.startswith("FineWeb") and r.hyperparameters["num_iterations"] == 100
+    assert (r.torch, r.cuda, r.triton, r.driver) == ("2.11.0+cu128", "12.8", "3.6.0", "570.86.15")
+    assert [v[0] for v in r.val] == [0, 25, 50, 75, 100]
+
+
+def test_malformed_step_line_names_file_and_line(tmp_path):
+    p = make_log(tmp_path / "x.txt", 3.27, 100000, bad_line_at_step=30)
+    bad = next(i for i, ln in enumerate(p.read_text().split("\n"), 1) if "garbage" in ln)
+    with pytest.raises(tool.RecordsError, match=rf"x\.txt:{bad}: cannot parse step line: .*garbage"):
+        tool.parse_log(p)
+
+
+def test_truncated_log_names_file_line_and_last_step(tmp_path):
+    p = make_log(tmp_path / "x.txt", 3.27, 100000, total=100, truncate_after_step=61)
+    n = len(p.read_text().splitlines())
+    with pytest.raises(tool.RecordsError, match=rf"x\.txt:{n}: truncated run: no final validation line \(last step 61/100\)"):
+        tool.parse_log(p)
+
+
+def test_missing_peak_memory_and_error_line(tmp_path):
+    p = make_log(tmp_path / "x.txt", 3.27, 100000)
+    p.write_text(p.read_text().replace("peak memory allocated: 40345 MiB reserved: 52942 MiB\n", ""))
+    with pytest.raises(tool.RecordsError, match=r"x\.txt:\d+: truncated run: no 'peak memory"):
+        tool.parse_log(p)
+    q = make_log(tmp_path / "y.txt", 3.27, 100000, error_at_step=40)
+    with pytest.raises(tool.RecordsError, match=r"y\.txt:\d+: run stopped with an error: error: non-finite loss"):
+        tool.parse_log(q)
+
+
+def test_log_without_separator(tmp_path):
+    p = tmp_path / "x.txt"
+    p.write_text("step:1/10 train_time:1ms step_avg:1.00ms\n")
+    with pytest.raises(tool.RecordsError, match=r"x\.txt: no source separator"):
+        tool.parse_log(p)
+
+
+def test_cli_error_exit_code_without_traceback(tmp_path):
+    make_log(tmp_path / "x.txt", 3.27, 100000, truncate_after_step=10)
+    res = subprocess.run([sys.executable, str(REPO / "records" / "tool.py"), "stats", str(tmp_path), "--no-plot"],
+                         capture_output=True, text=True)
+    assert res.returncode == 2
+    assert "truncated run" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_help_works():
+    res = subprocess.run([sys.executable, str(REPO / "records" / "tool.py"), "--help"], capture_output=True, text=True)
+    assert res.returncode == 0 and "stats" in res.stdout and "table" in res.stdout
+
+
+# ------------------------------------------------------------------ statistics
+
+LOSSES = [3.2761, 3.2790, 3.2774, 3.2802, 3.2755]
+TIMES = [181.2, 180.4, 182.9, 181.7, 180.8]
+BASE_LOSSES = [3.2795, 3.2801, 3.2779, 3.2810]
+BASE_TIMES = [190.3, 191.1, 189.7, 190.9]
+
+
+def welch_by_hand(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    t = (a.mean() - b.mean()) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return t, df, 2 * st.t.sf(abs(t), df), st.t.cdf(t, df)
+
+
+def test_stats_one_sample_and_welch(tmp_path, capsys):
+    new, base = tmp_path / "new", tmp_path / "base"
+    make_logs(new, LOSSES, TIMES)
+    make_logs(base, BASE_LOSSES, BASE_TIMES)
+    s = tool.summarize(tool.load_runs(new), 3.28, tool.load_runs(base))
+    x = np.array(LOSSES)
+    t = (x.mean() - 3.28) / (x.std(ddof=1) / math.sqrt(len(x)))
+    assert s["t"] == pytest.approx(t, rel=1e-9)
+    assert s["p"] == pytest.approx(st.t.cdf(t, len(x) - 1), rel=1e-9)
+    assert s["loss_std"] == pytest.approx(x.std(ddof=1), rel=1e-9)
+    assert s["time_mean"] == pytest.approx(np.mean(TIMES), rel=1e-9)
+    for key, a, b in (("time", TIMES, BASE_TIMES), ("loss", LOSSES, BASE_LOSSES)):
+        t, df, p2, p1 = welch_by_hand(a, b)
+        w = s["baseline"][key]
+        assert w["t"] == pytest.approx(t, rel=1e-9) and w["df"] == pytest.approx(df, rel=1e-9)
+        assert w["p_two_sided"] == pytest.approx(p2, rel=1e-9) and w["p_less"] == pytest.approx(p1, rel=1e-9)
+        assert w["diff"] == pytest.approx(np.mean(a) - np.mean(b), rel=1e-9)
+
+    assert run_tool("stats", new, "--target", 3.28, "--baseline", base) == 0
+    out = capsys.readouterr().out
+    assert "t = " in out and "Welch" in out
+    md = (new / "statistics.md").read_text()
+    assert "8x NVIDIA H100 80GB HBM3" in md and "rank-slice" in md and "FineWeb" in md
+    assert "PyTorch 2.11.0+cu128 (CUDA 12.8)" in md and "Triton 3.6.0" in md
+    assert "Welch" in md and "run0" in md and "3.2761" in md
+    assert (new / "val_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stats_single_run_says_needs_two(tmp_path, capsys):
+    make_logs(tmp_path, [3.27], [180.0])
+    assert run_tool("stats", tmp_path, "--no-plot") == 0
+    assert "needs >= 2 runs" in capsys.readouterr().out
+    assert "needs >= 2 runs" in (tmp_path / "statistics.md").read_text()
+    assert not (tmp_path / "val_loss.png").exists()
+
+
+@pytest.mark.parametrize("attr,value", [("hardware", "1x NVIDIA H100 80GB HBM3"), ("mode", "full-batch"),
+                                        ("data", "proxy (train data/proxy/p_*.bin; val data/proxy/v_*.bin, 1 tokens)")])
+def test_stats_refuses_mixed_setup(tmp_path, capsys, attr, value):
+    make_logs(tmp_path, [3.27, 3.28], [180.0, 181.0])
+    make_log(tmp_path / "other.txt", 3.27, 180000, **{attr: value})
+    assert run_tool("stats", tmp_path, "--no-plot") == 2
+    assert f"logs disagree on {attr}" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ new
+
+def test_new_creates_record(tmp_path, capsys):
+    src = SOURCE + "# the real thing\r\nx = 1  \n\n\t# tabs, trailing spaces, CRLF are kept byte-exact\n"
+    logs = make_logs(tmp_path / "logs", LOSSES, TIMES, source=src)
+    make_record(tmp_path, "2025-01-01_Baseline", BASE_LOSSES, BASE_TIMES, source=SOURCE)
+    assert run_tool("--root", tmp_path, "new", "FasterThing", *logs, "--date", "2025-02-03") == 0
+    d = tmp_path / "records" / "2025-02-03_FasterThing"
+    assert (d / "train_gpt.py").read_bytes() == src.encode()
+    for p in logs:
+        assert (d / p.name).read_bytes() == p.read_bytes()
+    assert (d / "statistics.md").is_file() and (d / "val_loss.png").is_file()
+    readme = (d / "README.md").read_text()
+    assert readme.startswith("# FasterThing (2025-02-03)")
+    assert "## Changes against the previous record" in readme and "2025-01-01_Baseline" in readme
+    assert "TODO" in readme and "+4 −0 lines" in readme
+    assert "torchrun --standalone --nproc_per_node=8 train_gpt.py" in readme
+    assert "![val loss](val_loss.png)" in readme and "Triton: 3.6.0" in readme
+    assert "Welch" in readme  # compared against the previous record (same hardware/mode/data)
+    # refuses an existing folder
+    assert run_tool("--root", tmp_path, "new", "FasterThing", *logs, "--date", "2025-02-03") == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_new_refuses_mixed_sources(tmp_path, capsys):
+    a = make_log(tmp_path / "a.txt", 3.27, 180000, source=SOURCE)
+    b = make_log(tmp_path / "b.txt", 3.27, 180000, source=SOURCE + "# changed\n")
+    assert run_tool("--root", tmp_path, "new", "Mixed", a, b, "--date", "2025-02-03") == 2
+    err = capsys.readouterr().err
+    assert "different sources" in err and "a.txt" in err and "b.txt" in err
+    assert not (tmp_path / "records" / "2025-02-03_Mixed").exists()
+
+
+@pytest.mark.parametrize("name", ["lowerCase", "With_Underscore", "With-Dash", "With Space"])
+def test_new_refuses_bad_name(tmp_path, capsys, name):
+    a = make_log(tmp_path / "a.txt", 3.27, 180000)
+    assert run_tool("--root", tmp_path, "new", name, a) == 2
+    assert "CamelCase" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ diff
+
+def test_diff_picks_predecessor_by_date(tmp_path, capsys):
+    # Names sort opposite to dates: Zeta (oldest) < Alpha < Mid by date.
+    make_record(tmp_path, "2025-01-05_Zeta", [3.28], [200], source="v = 1\n")
+    make_record(tmp_path, "2025-02-10_Alpha", [3.28], [190], source="v = 2\n")
+    make_record(tmp_path, "2025-03-01_Mid", [3.28], [180], source="v = 3\n")
+    assert run_tool("--root", tmp_path, "diff") == 0
+    out = capsys.readouterr().out
+    assert "--- records/2025-02-10_Alpha/train_gpt.py" in out and "-v = 2\n+v = 3" in out
+    assert run_tool("--root", tmp_path, "diff", "2025-02-10_Alpha") == 0
+    out = capsys.readouterr().out
+    assert "records/2025-01-05_Zeta/train_gpt.py" in out and "-v = 1\n+v = 2" in out
+    assert run_tool("--root", tmp_path, "diff", tmp_path / "records" / "2025-01-05_Zeta") == 2
+    assert "no previous record" in capsys.readouterr().err
+    (tmp_path / "train_gpt.py").write_text("v = 4\n")
+    assert run_tool("--root", tmp_path, "diff", "--working") == 0
+    out = capsys.readouterr().out
+    assert "--- records/2025-03-01_Mid/train_gpt.py" in out and "+++ train_gpt.py" in out and "+v = 4" in out
+    assert run_tool("--root", tmp_path, "diff", "2025-01-05_Zeta", "--working") == 0
+    assert "-v = 1\n+v = 4" in capsys.readouterr().out
+
+
+def test_diff_same_date_ties_by_name(tmp_path, capsys):
+    make_record(tmp_path, "2025-01-05_Beta", [3.28], [200], source="b\n")
+    make_record(tmp_path, "2025-01-05_Alpha", [3.28], [200], source="a\n")
+    assert run_tool("--root", tmp_path, "diff") == 0
+    assert "-a\n+b" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ table
+
+README = "# speedrun\n\nintro\n\n<!-- records-table:start -->\n<!-- records-table:end -->\n\nmore text\n"
+
+
+def test_table_write_and_check(tmp_path, capsys):
+    make_record(tmp_path, "2025-01-05_First", [3.2790, 3.2770], [200.0, 202.0])
+    make_record(tmp_path, "2025-02-10_Second", [3.2760], [150.0], hardware="1x NVIDIA H100 80GB HBM3")
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    assert run_tool("--root", tmp_path, "table", "--check") == 1
+    capsys.readouterr()
+    assert run_tool("--root", tmp_path, "table", "--write") == 0
+    text = readme.read_text()
+    assert text.startswith("# speedrun\n\nintro\n\n<!-- records-table:start -->\n| date |")
+    assert text.endswith("<!-- records-table:end -->\n\nmore text\n")
+    assert "| 2025-01-05 | [First](records/2025-01-05_First) | 201.0 ± 1.4 | 3.2780 | 2 | 8x NVIDIA H100 80GB HBM3 | rank-slice | FineWeb |" in text
+    assert "| 2025-02-10 | [Second](records/2025-02-10_Second) | 150.0 | 3.2760 | 1 | 1x NVIDIA H100 80GB HBM3 |" in text
+    assert text.index("First") < text.index("Second")
+    assert run_tool("--root", tmp_path, "table", "--check") == 0
+    readme.write_text(text.replace("3.2780", "3.2700"))
+    assert run_tool("--root", tmp_path, "table", "--check") == 1
+    out = capsys.readouterr().out
+    assert "-| 2025-01-05" in out and "+| 2025-01-05" in out
+
+
+def test_table_without_markers(tmp_path, capsys):
+    (tmp_path / "README.md").write_text("# no markers\n")
+    assert run_tool("--root", tmp_path, "table", "--write") == 2
+    assert "records-table:start" in capsys.readouterr().err
+
+
+def test_repo_readme_table_in_sync(capsys):
+    readme = REPO / "README.md"
+    if not readme.is_file() or tool.TABLE_START not in readme.read_text(encoding="utf-8"):
+        pytest.skip("repo README.md has no records-table markers yet")
+    assert run_tool("--root", REPO, "table", "--check") == 0, capsys.readouterr().out

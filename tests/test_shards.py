@@ -1,0 +1,63 @@
+import numpy as np
+import pytest
+
+
+def test_round_trip(shards, tmp_path):
+    path = tmp_path / "good.bin"
+    tokens = np.array([50256, 0, 1, 65535, 15496, 995], dtype=np.uint16)
+    shards.write_shard(path, tokens)
+    assert path.stat().st_size == shards.HEADER_BYTES + 2 * tokens.size
+    header = np.fromfile(path, dtype="<i4", count=shards.HEADER_INTS)
+    assert header[:3].tolist() == [shards.MAGIC, shards.VERSION, tokens.size] and not header[3:].any()
+    assert shards.read_header(path) == tokens.size
+    got = shards.read_tokens(path)
+    assert got.dtype == np.uint16 and np.array_equal(got, tokens)
+    assert not (tmp_path / "good.bin.tmp").exists()
+
+
+def test_empty_shard(shards, tmp_path):
+    shards.write_shard(tmp_path / "empty.bin", np.array([], dtype=np.uint16))
+    assert shards.read_header(tmp_path / "empty.bin") == 0
+    assert shards.read_tokens(tmp_path / "empty.bin").size == 0
+
+
+def test_write_rejects_ids_beyond_uint16(shards, tmp_path):
+    with pytest.raises(ValueError, match="uint16"):
+        shards.write_shard(tmp_path / "x.bin", [1, 65536])
+    assert not list(tmp_path.iterdir())
+
+
+def corrupt(shards, path, kind):
+    """Write a 10-token shard at `path`, then damage it in the way `kind` names."""
+    shards.write_shard(path, np.arange(10, dtype=np.uint16))
+    data = bytearray(path.read_bytes())
+    if kind == "magic":
+        data[0:4] = (12345).to_bytes(4, "little")
+    elif kind == "version":
+        data[4:8] = (7).to_bytes(4, "little")
+    elif kind == "shorter_than_header":
+        data = data[:100]
+    elif kind == "truncated_tokens":
+        data = data[:-4]
+    elif kind == "extra_bytes":
+        data += b"\0\0"
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("kind, fragments", [
+    ("magic", ["bad magic", "expected 20240520", "got 12345"]),
+    ("version", ["unsupported version 7"]),
+    ("shorter_than_header", ["shorter than the 1024-byte header", "100 bytes"]),
+    ("truncated_tokens", ["size mismatch", "10 tokens = 1044 bytes", "file has 1040 bytes", "truncated"]),
+    ("extra_bytes", ["size mismatch", "10 tokens = 1044 bytes", "file has 1046 bytes"]),
+])
+def test_defects_raise_shard_error(shards, tmp_path, kind, fragments):
+    path = tmp_path / f"{kind}.bin"
+    corrupt(shards, path, kind)
+    for read in (shards.read_header, shards.read_tokens):
+        with pytest.raises(shards.ShardError) as info:
+            read(path)
+        message = str(info.value)
+        assert str(path) in message and info.value.path == str(path)
+        for fragment in fragments:
+            assert fragment in message

@@ -1,0 +1,115 @@
+"""End-to-end tests of data/tokenize_docs.py with the local GPT-2 BPE files (no network)."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+EOT = 50256
+DOCS_TXT = {
+    "a.txt": "The quick brown fox jumps over the lazy dog.\nSecond line, with trailing spaces   \n",
+    "sub/b.txt": "Ünïcödé: naïve café, 日本語のテキスト, emoji 🙂🚀 and Ελληνικά.\r\n"
+                 "Windows line end kept.",
+    "sub/deeper/c.txt": "A literal <|endoftext|> inside a document stays plain text. " * 3,
+}
+DOCS_JSONL = ["First JSON document: numbers 12345 and 3.14159.", "Zweites Dokument – mit Umlauten: äöüß.",
+              "Third one\nspans\nlines.\tTabbed."]
+EXTRA_JSONL = ["Extra file given by path, " * 8, "last document"]
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(repo_root):
+    path = repo_root.parent / "shared" / "tokenizer" / "gpt2"
+    if not ((path / "encoder.json").is_file() and (path / "vocab.bpe").is_file()):
+        pytest.skip(f"GPT-2 BPE files (encoder.json, vocab.bpe) not found in {path}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def decode(bpe_dir):
+    """Token ids -> text, with GPT-2's byte table written as in openai/gpt-2 (independent of the script)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = printable + [256 + n for n in range(256 - len(printable))]
+    byte_of = dict(zip(map(chr, chars), printable + [b for b in range(256) if b not in printable]))
+    token_of = {i: t for t, i in json.loads((bpe_dir / "encoder.json").read_text(encoding="utf-8")).items()}
+    return lambda ids: bytes(byte_of[c] for i in ids for c in token_of[int(i)]).decode("utf-8")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A folder (.txt files, a .jsonl with a blank line) and a separate .jsonl: returns (inputs, documents)."""
+    root = tmp_path_factory.mktemp("corpus")
+    for name, text in DOCS_TXT.items():
+        (root / "docs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "docs" / name).write_bytes(text.encode("utf-8"))
+    lines = [json.dumps({"text": t, "id": i}, ensure_ascii=i % 2 == 0) for i, t in enumerate(DOCS_JSONL)]
+    (root / "docs" / "j.jsonl").write_text("\n".join(lines[:2] + [""] + lines[2:]) + "\n", encoding="utf-8")
+    (root / "extra.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in EXTRA_JSONL), encoding="utf-8")
+    # folder contents in sorted path order: docs/a.txt, docs/j.jsonl, docs/sub/b.txt, docs/sub/deeper/c.txt
+    documents = [DOCS_TXT["a.txt"], *DOCS_JSONL, DOCS_TXT["sub/b.txt"], DOCS_TXT["sub/deeper/c.txt"], *EXTRA_JSONL]
+    return [str(root / "docs"), str(root / "extra.jsonl")], documents
+
+
+def tokenize(repo_root, bpe_dir, inputs, out_dir, *args):
+    command = [sys.executable, str(repo_root / "data" / "tokenize_docs.py"), *inputs, "--prefix", "mydata",
+               "--out-dir", str(out_dir), "--bpe-dir", str(bpe_dir), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+SHARD, VAL = 40, 50
+
+
+@pytest.fixture(scope="module")
+def outputs(repo_root, bpe_dir, corpus, tmp_path_factory):
+    """Output folders of the same run with 1 and with 3 workers."""
+    folders = {}
+    for workers in (1, 3):
+        folders[workers] = tmp_path_factory.mktemp(f"out{workers}")
+        result = tokenize(repo_root, bpe_dir, corpus[0], folders[workers], "--shard-tokens", str(SHARD),
+                          "--val-tokens", str(VAL), "--workers", str(workers))
+        assert result.returncode == 0, result.stderr
+        assert f"{len(corpus[1])} documents" in result.stdout
+    return folders
+
+
+def test_stream_decodes_to_the_documents_in_order(shards, outputs, corpus, decode):
+    names = sorted(p.name for p in outputs[1].iterdir())
+    assert names[-1] == "mydata_val_000000.bin"
+    train = names[:-1]
+    assert train == [f"mydata_train_{i:06d}.bin" for i in range(1, len(train) + 1)] and len(train) >= 3
+    stream = np.concatenate([shards.read_tokens(outputs[1] / name) for name in names[-1:] + train])
+    assert stream[0] == EOT and stream.max() <= EOT
+    starts = np.flatnonzero(stream == EOT)
+    assert [decode(doc[1:]) for doc in np.split(stream, starts[1:])] == corpus[1]
+
+
+def test_shard_sizes(shards, outputs):
+    sizes = {p.name: shards.read_header(p) for p in outputs[1].iterdir()}
+    assert sizes.pop("mydata_val_000000.bin") == VAL
+    train = [sizes[name] for name in sorted(sizes)]
+    assert all(size == SHARD for size in train[:-1]) and 0 < train[-1] <= SHARD
+
+
+def test_output_independent_of_workers(outputs):
+    one, three = (sorted(outputs[w].iterdir()) for w in (1, 3))
+    assert [p.name for p in one] == [p.name for p in three]
+    assert all(a.read_bytes() == b.read_bytes() for a, b in zip(one, three))
+
+
+def test_existing_shards_need_overwrite(repo_root, bpe_dir, corpus, outputs, tmp_path):
+    result = tokenize(repo_root, bpe_dir, corpus[0], outputs[1], "--workers", "1")
+    assert result.returncode == 1 and "--overwrite" in result.stderr
+    fresh = tmp_path / "fresh"
+    result = tokenize(repo_root, bpe_dir, corpus[0], fresh, "--val-tokens", "0", "--workers", "1")
+    assert result.returncode == 0, result.stderr
+    assert [p.name for p in fresh.iterdir()] == ["mydata_train_000001.bin"]  # default shard size holds it all
+
+
+def test_bad_jsonl_line_is_reported_and_leaves_nothing(repo_root, bpe_dir, tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"body": "no text field"}\n', encoding="utf-8")
+    result = tokenize(repo_root, bpe_dir, [str(tmp_path / "bad.jsonl")], tmp_path / "out", "--val-tokens", "1",
+                      "--workers", "2")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"{tmp_path / 'bad.jsonl'}:2" in result.stderr and "'text'" in result.stderr
+    assert list((tmp_path / "out").iterdir()) == []
