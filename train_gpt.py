@@ -171,6 +171,135 @@ ORTHOGONALIZERS = {  # name: (coefficients, norm safety factor, norm epsilon)
     "newton_schulz": (NEWTON_SCHULZ_COEFFS, 1.0, 1e-7),
 }
 
+# Symmetric batched products for Newton-Schulz / Polar Express (#27, #69, #74): only output tiles
+# on or below the diagonal are computed (a 1-D enumeration of the triangle), each stored at
+# [m, n] and mirrored to [n, m]; fp32 accumulation; operands loaded along their contiguous dim.
+# Odd sizes wrap the output offsets (loads stay in bounds) and mask the stores and reduction.
+# UPCAST only serves Triton's CPU interpreter (TRITON_INTERPRET=1), whose dot cannot do bf16.
+if triton is not None:
+    @triton.jit
+    def _lower_triangle_tile(t):
+        # linear index t = row*(row+1)/2 + col (col <= row): fp32 sqrt guess, integer corrections
+        r = ((tl.sqrt((8 * t + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)
+        r = tl.where((r + 1) * (r + 2) // 2 <= t, r + 1, r)
+        r = tl.where(r * (r + 1) // 2 > t, r - 1, r)
+        return r, t - r * (r + 1) // 2
+
+    @triton.jit
+    def _store_symmetric(out_ptr, c, pid_m, pid_n, offs_m, offs_n, N, stride_om):
+        # tile (m, n) and, off the diagonal, its transpose at (n, m)
+        c = c.to(out_ptr.dtype.element_ty)
+        mask = (offs_m[:, None] < N) & (offs_n[None, :] < N)
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], c, mask=mask)
+        if pid_m != pid_n:
+            mask_t = (offs_n[:, None] < N) & (offs_m[None, :] < N)
+            tl.store(out_ptr + offs_n[:, None] * stride_om + offs_m[None, :], tl.trans(c), mask=mask_t)
+
+    @triton.jit
+    def _aat_kernel(a_ptr, out_ptr, M, K, alpha, beta, stride_ab, stride_am, stride_ob, stride_om,
+                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ADD_A: tl.constexpr,
+                    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+        # out[b] = alpha·A[b]·A[b]ᵀ (+ beta·A[b] when ADD_A, for square symmetric A); A (M, K) row-major
+        pid_m, pid_n = _lower_triangle_tile(tl.program_id(0))
+        pid_b = tl.program_id(1).to(tl.int64)
+        a_ptr += pid_b * stride_ab
+        out_ptr += pid_b * stride_ob
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_k = tl.arange(0, BLOCK_K)
+        rm, rn = offs_m % M, offs_n % M
+        a_ptrs = a_ptr + rm[:, None] * stride_am + offs_k[None, :]
+        b_ptrs = a_ptr + rn[:, None] * stride_am + offs_k[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            if EVEN_K:
+                a, b = tl.load(a_ptrs), tl.load(b_ptrs)
+            else:
+                k_mask = offs_k[None, :] < K - k * BLOCK_K
+                a = tl.load(a_ptrs, mask=k_mask, other=0.0)
+                b = tl.load(b_ptrs, mask=k_mask, other=0.0)
+            if UPCAST:
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=INPUT_PRECISION)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+        acc = alpha * acc
+        if ADD_A:
+            acc += beta * tl.load(a_ptr + rm[:, None] * stride_am + rn[None, :]).to(tl.float32)
+        _store_symmetric(out_ptr, acc, pid_m, pid_n, offs_m, offs_n, M, stride_om)
+
+    @triton.jit
+    def _ata_kernel(a_ptr, out_ptr, M, K, stride_ab, stride_am, stride_ob, stride_om,
+                    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+        # out[b] = A[b]ᵀ·A[b], A (M, K) row-major, reduction over M; tiles [BLOCK_R, BLOCK_N] along K
+        pid_i, pid_j = _lower_triangle_tile(tl.program_id(0))
+        pid_b = tl.program_id(1).to(tl.int64)
+        a_ptr += pid_b * stride_ab
+        out_ptr += pid_b * stride_ob
+        offs_i = pid_i * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_j = pid_j * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_r = tl.arange(0, BLOCK_R)
+        ci, cj = (offs_i, offs_j) if EVEN_N else (offs_i % K, offs_j % K)
+        a_ptrs = a_ptr + offs_r[:, None] * stride_am + ci[None, :]
+        b_ptrs = a_ptr + offs_r[:, None] * stride_am + cj[None, :]
+        acc = tl.zeros((BLOCK_N, BLOCK_N), dtype=tl.float32)
+        for r in range(0, tl.cdiv(M, BLOCK_R)):
+            if EVEN_M:
+                a, b = tl.load(a_ptrs), tl.load(b_ptrs)
+            else:
+                r_mask = offs_r[:, None] < M - r * BLOCK_R
+                a = tl.load(a_ptrs, mask=r_mask, other=0.0)
+                b = tl.load(b_ptrs, mask=r_mask, other=0.0)
+            if UPCAST:
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            acc = tl.dot(tl.trans(a), b, acc, input_precision=INPUT_PRECISION)
+            a_ptrs += BLOCK_R * stride_am
+            b_ptrs += BLOCK_R * stride_am
+        _store_symmetric(out_ptr, acc, pid_i, pid_j, offs_i, offs_j, K, stride_om)
+
+
+def _symmetric_launch(A: Tensor, n_out: int, block: int | None, block_k: int | None):
+    """Output buffer, grid and launch options for an (n_out x n_out) symmetric product of A."""
+    if A.dim() != 3 or not A.is_contiguous():
+        raise ValueError(f"expected a contiguous (batch, rows, cols) tensor, got {tuple(A.shape)}")
+    big = n_out >= 512  # 768-wide Gram matrices: 128-tiles; small ones (256): more, smaller programs
+    block = block or (128 if big else 64)
+    block_k = block_k or (32 if A.dtype == torch.float32 else 64)
+    tiles = triton.cdiv(n_out, block)
+    options = dict(num_warps=8 if block >= 128 else 4, num_stages=3 if A.dtype == torch.float32 else 4,
+                   INPUT_PRECISION="ieee" if A.dtype == torch.float32 else "tf32",
+                   UPCAST=os.environ.get("TRITON_INTERPRET") == "1" and A.dtype != torch.float32)
+    out = A.new_empty((A.size(0), n_out, n_out))
+    return out, (tiles * (tiles + 1) // 2, A.size(0)), block, block_k, options
+
+
+def xxt(A: Tensor, block: int | None = None, block_k: int | None = None) -> Tensor:
+    """A·Aᵀ for a batch A (B, M, K) -> (B, M, M)."""
+    B, M, K = A.shape
+    out, grid, block, block_k, options = _symmetric_launch(A, M, block, block_k)
+    _aat_kernel[grid](A, out, M, K, 1.0, 0.0, A.stride(0), A.stride(1), out.stride(0), out.stride(1),
+                      BLOCK_M=block, BLOCK_K=block_k, EVEN_K=K % block_k == 0, ADD_A=False, **options)
+    return out
+
+
+def ba_plus_caa(A: Tensor, alpha: float, beta: float, block: int | None = None, block_k: int | None = None) -> Tensor:
+    """beta·A + alpha·A·A for a batch of symmetric A (B, N, N) (A·A = A·Aᵀ)."""
+    B, N, _ = A.shape
+    out, grid, block, block_k, options = _symmetric_launch(A, N, block, block_k)
+    _aat_kernel[grid](A, out, N, N, float(alpha), float(beta), A.stride(0), A.stride(1), out.stride(0), out.stride(1),
+                      BLOCK_M=block, BLOCK_K=block_k, EVEN_K=N % block_k == 0, ADD_A=True, **options)
+    return out
+
+
+def xtx(A: Tensor, block: int | None = None, block_k: int | None = None) -> Tensor:
+    """Aᵀ·A for a batch A (B, M, K) -> (B, K, K)."""
+    B, M, K = A.shape
+    out, grid, block, block_k, options = _symmetric_launch(A, K, block, block_k)
+    _ata_kernel[grid](A, out, M, K, A.stride(0), A.stride(1), out.stride(0), out.stride(1),
+                      BLOCK_N=block, BLOCK_R=block_k, EVEN_M=M % block_k == 0, EVEN_N=K % block == 0, **options)
+    return out
+
 
 def orthogonalize(G: Tensor, method: str = "polar_express", use_triton: bool = False) -> Tensor:
     """Approximate U·Vᵀ (the orthogonal polar factor) of every matrix of a bank G (B, rows, cols).

@@ -1,0 +1,97 @@
+"""Fast paths against their references: the symmetric Triton kernels (through Triton's CPU
+interpreter here, compiled on a GPU in the gpu-marked tests), FP8 lm_head and attention backends."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import train_gpt as T
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+INTERPRETER_CHECK = textwrap.dedent("""
+    import torch, train_gpt as T
+    torch.manual_seed(int.from_bytes(__import__('os').urandom(4), 'little'))
+    def rel(a, b):
+        return ((a.double() - b.double()).norm() / b.double().norm()).item()
+    results = []
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        for shape, block in (((2, 40, 70), 16), ((3, 33, 16), 16), ((2, 64, 128), 32), ((1, 100, 48), None)):
+            A = torch.randn(shape, dtype=dtype)
+            results.append(("xxt", shape, block, rel(T.xxt(A, block=block, block_k=16), A.float() @ A.float().mT), tol))
+            results.append(("xtx", shape, block, rel(T.xtx(A, block=block, block_k=16), A.float().mT @ A.float()), tol))
+            S = A.float() @ A.float().mT / shape[-1]
+            S = S.to(dtype)
+            out = T.ba_plus_caa(S, alpha=0.7, beta=-1.3, block=block, block_k=16)
+            results.append(("ba_plus_caa", shape, block, rel(out, -1.3 * S.float() + 0.7 * S.float() @ S.float()), tol))
+    bad = [r for r in results if not r[3] < r[4]]
+    for r in results:
+        print(*r)
+    assert not bad, bad
+""")
+
+
+@pytest.mark.skipif(T.triton is None, reason="Triton not installed")
+def test_symmetric_kernels_in_the_triton_interpreter():
+    """Every tile path (diagonal, mirrored, wrapped odd sizes, masked reduction) on the CPU."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", INTERPRETER_CHECK], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(24, 768, 768), (12, 3072, 768), (64, 256, 768), (3, 100, 300), (5, 257, 129)])
+def test_triton_orthogonalize_matches_torch_path(shape):
+    G = torch.randn(shape, device="cuda")
+    fast = T.orthogonalize(G, "polar_express", use_triton=True)
+    ref = T.orthogonalize(G, "polar_express", use_triton=False)
+    assert torch.isfinite(fast).all()
+    assert rel_err(fast, ref) < 1e-2  # bf16 tolerance (METHOD.md)
+    A = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    assert rel_err(T.xxt(A), A.float() @ A.float().mT) < 1e-2
+    assert rel_err(T.xtx(A), A.float().mT @ A.float()) < 1e-2
+    S = T.xxt(A) / shape[-1]
+    assert rel_err(T.ba_plus_caa(S, 2.0, -3.0), -3.0 * S.float() + 2.0 * S.float() @ S.float()) < 1e-2
+
+
+@cuda
+@pytest.mark.gpu
+def test_fp8_lm_head_matches_bf16():
+    torch.manual_seed(0)
+    x = T.norm(torch.randn(4096, 768, device="cuda", dtype=torch.bfloat16)).requires_grad_()
+    w = (torch.randn(50304, 768, device="cuda") * 0.05).bfloat16().requires_grad_()
+    scales = [torch.tensor(v, device="cuda") for v in (T.FP8_X_SCALE, T.FP8_W_SCALE, T.FP8_GRAD_SCALE)]
+    out8 = T.FP8Linear.apply(x, w, *scales)
+    ref = x @ w.t()
+    assert rel_err(out8, ref) < 5e-2  # e4m3 operands: 3 mantissa bits, errors average out over 768
+    g = torch.randn_like(ref) * 1e-3
+    gx8, gw8 = torch.autograd.grad(out8, (x, w), g)
+    gx, gw = torch.autograd.grad(ref, (x, w), g)
+    assert rel_err(gx8, gx) < 5e-2
+    assert rel_err(gw8, gw) < 1e-2  # the weight gradient stays bf16
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["flex", "varlen"])
+@pytest.mark.parametrize("window", [T.NO_WINDOW, 96])
+def test_attention_backends_match_sdpa(backend, window):
+    torch.manual_seed(0)
+    S, H, D = 1024, 3, 128
+    cu = torch.tensor([0, 100, 130, 600, 1024, 1024, 1024], device="cuda", dtype=torch.int32)
+    doc_ids = torch.searchsorted(cu, torch.arange(S, device="cuda", dtype=torch.int32), right=True)
+    q, k, v = (torch.randn(S, H, D, device="cuda", dtype=torch.bfloat16) * 0.3 for _ in range(3))
+    out = T.attend(q, k, v, cu, doc_ids, window, 600, backend, {})
+    ref = T.attend(q, k, v, cu, doc_ids, window, 600, "sdpa", {})
+    assert rel_err(out, ref) < 1e-2
