@@ -34,11 +34,21 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
 try:
     import triton
     import triton.language as tl
 except ImportError:  # CPU-only installs may lack Triton; the torch paths below cover them
     triton = None
+try:
+    from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10
+except ImportError:
+    varlen_attn = None
+try:
+    from flash_attn_interface import flash_attn_varlen_func  # FlashAttention-3, where installed
+except ImportError:
+    flash_attn_varlen_func = None
 
 warnings.filterwarnings("ignore", message=".*reduce_scatter_tensor.*is deprecated.*")
 warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*is deprecated.*")
@@ -686,21 +696,13 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((rotated, x[..., D // 2:]), dim=-1)
 
 
-def _fa3_function():
-    try:
-        from flash_attn_interface import flash_attn_varlen_func
-        return flash_attn_varlen_func
-    except ImportError:
-        return None
-
-
 def resolve_attention_backend(requested: str, device_type: str) -> str:
     """auto: FA3 where importable, else torch's varlen attention on CUDA, SDPA on the CPU."""
     if requested != "auto":
         return requested
     if device_type != "cuda":
         return "sdpa"
-    return "fa3" if _fa3_function() is not None else "varlen"
+    return "fa3" if flash_attn_varlen_func is not None else "varlen"
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, doc_ids: Tensor, window: int,
@@ -708,15 +710,13 @@ def attend(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, doc_ids: Tensor,
     """Causal attention within documents (given by cu_seqlens / doc_ids) over keys at most
     `window` positions back (NO_WINDOW: unbounded). q, k, v: (S, H, D), already scaled."""
     if backend == "fa3":
-        return _fa3_function()(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+        return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                softmax_scale=1.0, causal=True, window_size=(window, 0))
     if backend == "varlen":
-        from torch.nn.attention.varlen import varlen_attn
         return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=1.0,
                            window_size=(window, 0))
     S = q.size(0)
     if backend == "flex":
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         if window not in block_masks:
             def doc_causal_window(b, h, qi, ki):
                 inside = (qi >= ki) & (doc_ids[qi] == doc_ids[ki])
@@ -752,6 +752,7 @@ class GPT(nn.Module):
     def __init__(self, hp: Hyperparameters):
         super().__init__()
         self.hp = hp
+        self.attention_backend = resolve_attention_backend(hp.attention_backend, torch.device(hp.device).type)
         d, H, hd, V = hp.model_dim, hp.num_heads, hp.head_dim, hp.vocab_size
         if H * hd != d or H % 2:
             raise ValueError(f"need num_heads*head_dim == model_dim and an even num_heads, got {H}x{hd} vs {d}")
@@ -856,11 +857,13 @@ class GPT(nn.Module):
             logits = x @ self.lm_head.t()
         z = softcap(logits)
         lse = torch.logsumexp(z, -1)
+        # Multi-token prediction (#53): the same logits also score the targets t+1, t+2 (weights
+        # zero past the end). All terms are (T, n) so every reduction has the same length.
         T = z.size(0)
-        ce = [lse[: T - k] - z[: T - k].gather(1, targets[k:, None])[:, 0] for k in range(shape.n_predict)]
-        # Multi-token prediction (#53): the same logits also score the targets t+1, t+2.
-        loss = sum(mtp_weights[k] * ce[k].sum() for k in range(shape.n_predict))
-        return loss * grad_scale, ce[0].detach().mean()
+        ahead = torch.arange(T, device=z.device)[:, None] + torch.arange(shape.n_predict, device=z.device)
+        ce = lse[:, None] - z.gather(1, targets[ahead.clamp_max(T - 1)])
+        weights = mtp_weights * (ahead < T)
+        return (ce * weights).sum() * grad_scale, ce[:, 0].detach().mean()
 
     def hidden_states(self, input_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape) -> Tensor:
         hp = self.hp
@@ -887,7 +890,7 @@ class GPT(nn.Module):
         doc_ids = torch.searchsorted(cu_seqlens, torch.arange(T, device=ids.device, dtype=cu_seqlens.dtype), right=True)
         attention_context = dict(cu_seqlens=cu_seqlens, doc_ids=doc_ids, block_masks={},
                                  paired_block_masks={}, shape=shape,
-                                 backend=resolve_attention_backend(hp.attention_backend, ids.device.type))
+                                 backend=self.attention_backend)
         qk = self.qk_bank.view(len(ATTENTION_LAYERS), 2 * H * hd, -1).unbind(0)
         vo = self.vo_bank.view(len(ATTENTION_LAYERS), 2, hp.model_dim, -1).unbind(0)
         mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
@@ -1069,9 +1072,12 @@ class TrainLoader:
     loaded by a background thread, cycling over the files when they run out (logged once per
     pass). next_batch() accepts a new batch size and max_seq_len at any step."""
 
-    def __init__(self, pattern: str, rank: int, world_size: int, device: torch.device, log=print):
+    def __init__(self, pattern: str, rank: int, world_size: int, device: torch.device, log=print,
+                 grad_accum: int = 1):
         self.files = find_shards(pattern)
         self.rank, self.world_size, self.device, self.log = rank, world_size, device, log
+        self.grad_accum = grad_accum
+        self._step_slices, self._step_shape = [], None  # this rank's remaining micro-batches of the step
         self.pin_memory = device.type == "cuda"
         self._pool = ThreadPoolExecutor(max_workers=1)
         self.file_index, self.passes, self.doc_cursor = 0, 1, 0
@@ -1091,16 +1097,25 @@ class TrainLoader:
     def next_batch(self, tokens: int, max_seq_len: int) -> tuple[Tensor, Tensor, Tensor]:
         """(inputs int32 (tokens,), targets int32 (tokens,), cu_seqlens int32) on the device."""
         max_docs = max_docs_per_batch(tokens)
-        for _ in range(2 * len(self.files) + 1):
-            planned = plan_batch(self.shard.bos, self.doc_cursor, len(self.shard.tokens), tokens,
-                                 self.world_size, max_seq_len, max_docs)
-            if planned is not None:
-                break
-            self._advance_shard()
-        else:
-            raise ShardError(f"no train shard holds a batch of {tokens} tokens x {self.world_size} ranks: shards too small")
-        plan, self.doc_cursor = planned
-        segments = plan[self.rank]
+        if self._step_slices and self._step_shape != (tokens, max_seq_len):
+            raise ValueError(f"batch shape changed to {(tokens, max_seq_len)} in the middle of a step "
+                             f"planned for {self._step_shape}")
+        if not self._step_slices:
+            # Plan the whole step (world_size x grad_accum slices) at once, so that a shard
+            # boundary falls at the same place on 1, 2, 4 or 8 GPUs.
+            ranks = self.world_size * self.grad_accum
+            for _ in range(2 * len(self.files) + 1):
+                planned = plan_batch(self.shard.bos, self.doc_cursor, len(self.shard.tokens), tokens,
+                                     ranks, max_seq_len, max_docs)
+                if planned is not None:
+                    break
+                self._advance_shard()
+            else:
+                raise ShardError(f"no train shard holds a batch of {tokens} tokens x {ranks} slices: shards too small")
+            plan, self.doc_cursor = planned
+            self._step_slices = [plan[k * self.world_size + self.rank] for k in range(self.grad_accum)]
+            self._step_shape = (tokens, max_seq_len)
+        segments = self._step_slices.pop(0)
         buf = torch.empty(tokens + 1, dtype=torch.int32, pin_memory=self.pin_memory)
         np.concatenate([self.shard.tokens[s:e] for s, e in segments], out=buf.numpy(), casting="safe")
         cu = torch.from_numpy(cu_seqlens_for([e - s for s, e in segments], tokens, max_docs))
@@ -1160,6 +1175,7 @@ class Schedule:
     def __init__(self, hp: Hyperparameters):
         self.hp = hp
         n = hp.num_scheduled_iterations
+        self.num_scheduled = n
         self.stage_starts = [round(n * k / 3) for k in range(3)] + [n]
         self.total_steps = n + hp.num_extension_iterations
         self.cooldown_start = int(n * (1 - hp.cooldown_frac))
@@ -1354,13 +1370,18 @@ class Trainer:
         self.log(f"Compiling model and warming up kernels on steps {steps}")
         initial_model = copy.deepcopy(self.model.state_dict())
         initial_optimizer = self.optimizer.state_dict()
-        loader = TrainLoader(self.hp.train_files, self.rank, self.world_size, self.device, log=lambda _: None)
+        loader = TrainLoader(self.hp.train_files, self.rank, self.world_size, self.device, log=lambda _: None,
+                             grad_accum=self.grad_accum)
+        start = time.perf_counter()
         for step in steps:
             self.optimizer.step_count = step
-            self.evaluate(step, max_batches=1)
+            if step < self.schedule.num_scheduled:  # validations happen in the stages and at the end
+                self.evaluate(step, max_batches=1)
             self.train_step(step, loader)
+            self._sync()
+            self.log(f"warm-up step {step} done at {time.perf_counter() - start:.0f}s")
         self.evaluate(self.schedule.total_steps, final=True, max_batches=1)
-        self.log("Resetting model")
+        self.log(f"Compile and warm-up took {time.perf_counter() - start:.0f}s. Resetting model")
         self.model.load_state_dict(initial_model)
         self.optimizer.load_state_dict(initial_optimizer)
         self.losses.zero_()
@@ -1371,7 +1392,8 @@ class Trainer:
         total = schedule.total_steps
         if hp.warmup:
             self.warmup()
-        loader = TrainLoader(hp.train_files, self.rank, self.world_size, self.device, log=log)
+        loader = TrainLoader(hp.train_files, self.rank, self.world_size, self.device, log=log,
+                             grad_accum=self.grad_accum)
         gc.collect()
         self._sync()
         training_ms, t0 = 0.0, time.perf_counter()

@@ -78,7 +78,7 @@ def test_fp8_lm_head_matches_bf16():
     g = torch.randn_like(ref) * 1e-3
     gx8, gw8 = torch.autograd.grad(out8, (x, w), g)
     gx, gw = torch.autograd.grad(ref, (x, w), g)
-    assert rel_err(gx8, gx) < 5e-2
+    assert rel_err(gx8, gx) < 8e-2  # e5m2 gradient: 2 mantissa bits (~5% rms rounding)
     assert rel_err(gw8, gw) < 1e-2  # the weight gradient stays bf16
 
 
