@@ -61,6 +61,7 @@ class Run:
     mode: str = ""
     world_size: int = 1
     grad_accum_steps: str = ""
+    overrides: str = ""
     data: str = ""
     hyperparameters: dict = field(default_factory=dict)
     total: int = 0
@@ -125,6 +126,7 @@ def parse_log(path) -> Run:
             raise err(j, f"run description has no '{key}:' line")
     run.run_id, run.hardware, run.mode, run.data = (desc[x][0] for x in ("run_id", "hardware", "mode", "data"))
     run.grad_accum_steps = desc.get("grad_accum_steps", ("", 0))[0]
+    run.overrides = desc.get("overrides", ("", 0))[0]  # environment overrides (absent in older logs)
     try:
         run.world_size = int(desc["world_size"][0])
     except ValueError:
@@ -513,10 +515,11 @@ def new_readme(folder: Path, runs: list[Run], s: dict, prev: Path | None, baseli
         md += baseline_lines(s, f"[{baseline.name}](../{baseline.name}/)")
     elif prev is not None and baseline is None:
         md += ["", f"Not compared with {prev.name}: it ran on different hardware, mode or data (or has no usable logs)."]
+    overrides = r.overrides + " " if r.overrides else ""
     md += ["", "Details: [statistics.md](statistics.md).", "", "## Reproduce", "",
            "From the repository root, with the data prepared and this folder's `train_gpt.py` "
-           "(the hyperparameters are in the file and echoed in the logs):", "", "```bash",
-           f"torchrun --standalone --nproc_per_node={r.world_size} train_gpt.py", "```", "",
+           "(defaults in the file; the logs echo every hyperparameter):", "", "```bash",
+           f"{overrides}torchrun --standalone --nproc_per_node={r.world_size} train_gpt.py", "```", "",
            "![val loss](val_loss.png)"]
     return "\n".join(md) + "\n"
 

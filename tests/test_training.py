@@ -1,0 +1,259 @@
+"""The model and the training loop on a tiny configuration (CPU): every feature switch, learning,
+the log format, environment overrides, world-size errors, the non-finite stop, and 2 gloo
+processes against 1 process with gradient accumulation through the real main()."""
+
+import dataclasses
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import train_gpt as T
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
+            bigram_rows=1001, stage_batch_tokens=(2048, 4096, 4096, 4096), stage_max_seq_len=(128, 256, 256, 256),
+            window_block_size=16, val_tokens=2048, val_seq_len=1024, muon_momentum_warmup_steps=5,
+            muon_momentum_cooldown_steps=2)
+SWITCHES = [f.name for f in dataclasses.fields(T.Hyperparameters)
+            if f.type in (bool, "bool") and f.name not in ("rank_slice", "compile", "warmup", "save_checkpoint")]
+
+
+def tiny_env(tmp_path, corpus, **overrides) -> dict:
+    """Environment variables for a tiny main() run on the corpus."""
+    values = dict(TINY, train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
+                  log_dir=str(tmp_path / "logs"), num_scheduled_iterations=6, num_extension_iterations=1,
+                  val_loss_every=3)
+    values.update(overrides)
+    env = {k: v for k, v in os.environ.items() if k.upper() not in {f.name.upper() for f in dataclasses.fields(T.Hyperparameters)}}
+    for key, value in values.items():
+        env[key.upper()] = ",".join(map(str, value)) if isinstance(value, tuple) else str(int(value) if isinstance(value, bool) else value)
+    return env
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, shards):
+    """Learnable synthetic documents: arithmetic progressions of token ids, each after a BOS."""
+    folder = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+
+    def documents(n):
+        out = []
+        for _ in range(n):
+            start, step, length = rng.integers(0, 1000), rng.integers(1, 5), rng.integers(20, 400)
+            out += [T.BOS_ID] + [int((start + step * i) % 1000) for i in range(length)]
+        return out
+
+    for i in range(1, 4):
+        shards.write_shard(str(folder / f"tiny_train_{i:06d}.bin"), documents(300))
+    shards.write_shard(str(folder / "tiny_val_000000.bin"), documents(60))
+    return folder
+
+
+def random_batch(hp, T_tokens=256, docs=(0, 40, 41, 200)):
+    ids = torch.randint(0, 50000, (T_tokens + 1,))
+    ids[list(docs)] = T.BOS_ID
+    cu = T.cu_seqlens_for(list(np.diff(list(docs) + [T_tokens + 1])), T_tokens, 16)
+    return ids[:-1].int(), ids[1:].int(), torch.from_numpy(cu)
+
+
+@pytest.mark.parametrize("switch", ["all on", "all off"] + SWITCHES)
+def test_forward_backward_with_each_switch(switch):
+    base = dict(TINY)
+    if switch == "all off":
+        base.update({name: False for name in SWITCHES}, untie_embed_at=0.0)
+    elif switch != "all on":
+        base[switch] = False
+    hp = T.Hyperparameters(**base)
+    torch.manual_seed(0)
+    model = T.GPT(hp)
+    for name, spec in model.param_specs().items():
+        assert dict(model.named_parameters())[name] is not None and spec.optimizer in ("normuon", "adam")
+    inputs, targets, cu = random_batch(hp)
+    shape = T.ForwardShape(short_window=32, long_window=96, max_seq_len=128, n_predict=3)
+    loss, ce = model(inputs, targets, cu, shape, torch.tensor([1.0, 0.5, 0.25]), grad_scale=0.5)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(ce) and 9 < ce.item() < 12  # ~ln(50304) at init
+    scalar_users = ("attn_lambdas", "residual_lambdas", "bigram_embed", "smear_gate", "skip_connection", "backout")
+    for name, p in model.named_parameters():
+        if name == "scalars" and not any(getattr(hp, f) for f in scalar_users):
+            assert p.grad is None  # nothing reads them
+            continue
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    for feature, param in [("value_embeds", "value_embeds"), ("bigram_embed", "bigram_embed"),
+                           ("attn_output_gates", "attn_gate_bank"), ("smear_gate", "smear_gate"),
+                           ("skip_connection", "skip_gate"), ("residual_lambdas", "resid_lambdas")]:
+        assert hasattr(model, param) == getattr(hp, feature), (feature, param)
+    with torch.no_grad():
+        total = model(inputs, targets, cu, shape, eval_chunk=100)
+    assert torch.isfinite(total) and total.ndim == 0
+
+
+def test_multi_token_prediction_weights_the_later_targets():
+    hp = T.Hyperparameters(**TINY)
+    torch.manual_seed(0)
+    model = T.GPT(hp)
+    inputs, targets, cu = random_batch(hp)
+    one = T.ForwardShape(32, 96, 128, n_predict=1)
+    two = T.ForwardShape(32, 96, 128, n_predict=2)
+    with torch.no_grad():
+        l1, ce1 = model(inputs, targets, cu, one, torch.tensor([1.0]))
+        l2, ce2 = model(inputs, targets, cu, two, torch.tensor([1.0, 0.0]))
+        l3, _ = model(inputs, targets, cu, two, torch.tensor([1.0, 0.5]))
+    assert torch.allclose(l1, l2) and torch.allclose(ce1, ce2)
+    assert l3 > l1 * 1.3  # the t+2 term adds about half as much again
+
+
+def test_attention_is_causal_and_document_masked():
+    # The key offset, smear gate and bigram hash look one token back across a BOS by design
+    # (RECIPE 3.6, 3.11, 3.12); without them nothing may cross a document boundary.
+    hp = T.Hyperparameters(**dict(TINY, key_offset=False, smear_gate=False, bigram_embed=False))
+    torch.manual_seed(0)
+    model = T.GPT(hp)
+    with torch.no_grad():
+        model.lm_head.normal_(0, 0.5)
+        model.mlp_bank[:, 1].normal_(0, 0.05)  # non-zero MLP outputs so every path is live
+    inputs, targets, cu = random_batch(hp)
+    shape = T.ForwardShape(NO := T.NO_WINDOW, NO, 256)
+    changed = inputs.clone()
+    changed[100] = (changed[100] + 1) % 50000  # inside the third document [41, 200)
+    with torch.no_grad():
+        a = model.hidden_states(inputs, cu, shape)
+        b = model.hidden_states(changed, cu, shape)
+    differs = (a - b).abs().amax(-1) > 0
+    # positions before 100 are untouched (causal); the next document (from 200) never sees it
+    assert not differs[:100].any()
+    assert differs[100:200].any() and not differs[200:].any()
+
+
+def test_schedule_matches_the_recipe():
+    hp = T.Hyperparameters()
+    s = T.Schedule(hp)
+    assert s.stage_starts == [0, 423, 847, 1270] and s.total_steps == 1285 and s.untie_step == 847
+    for step, expected in [(0, 1.0), (423, 1.52), (600, 1.355), (846, 0.912), (847, 1.027), (1000, 0.710),
+                           (1269, 0.152), (1280, 0.15)]:
+        assert abs(s.lr_multiplier(step) - expected) < 2e-3, step
+    assert s.momentum(0) == 0.85 and abs(s.momentum(300) - 0.95) < 1e-12 and abs(s.momentum(1285) - 0.85) < 1e-12
+    assert s.windows(0) == (128, 384) and s.windows(1280) == (768, 1664) and s.windows(1285, final=True)[1] == 2560
+    assert s.mtp_weights(0) == [1.0, 0.5, 0.25] and len(s.mtp_weights(500)) == 2 and s.mtp_weights(900) == [1.0]
+    assert s.tokens_per_rank(0) == 16384 and s.tokens_per_rank(1000) == 49152
+    assert s.warmup_steps() == [0, 1, 421, 422, 423, 424, 845, 846, 847, 848, 1268, 1269, 1270, 1271]
+
+
+def test_yarn_scales_match_the_recipe():
+    freqs, scale = T.yarn(T.rope_frequencies(128), [384, 896, 1408, 1664])
+    assert abs(scale - 0.13178) < 2e-4
+    base = T.rope_frequencies(128)
+    assert torch.equal(freqs[:3], base[:3])  # fast rotations are kept
+    assert (freqs[-5:] < base[-5:]).all()  # slow ones are interpolated
+
+
+def test_env_overrides():
+    hp = T.Hyperparameters.from_env({"NUM_SCHEDULED_ITERATIONS": "1_000", "MUON_LR": "0.05", "YARN": "false",
+                                     "STAGE_LR_MUL": "1,2,3,4", "ATTENTION_BACKEND": "flex", "UNRELATED": "x"})
+    assert hp.num_scheduled_iterations == 1000 and hp.muon_lr == 0.05 and hp.yarn is False
+    assert hp.stage_lr_mul == (1.0, 2.0, 3.0, 4.0) and hp.attention_backend == "flex"
+    assert T.Hyperparameters.from_env({}) == T.Hyperparameters()
+    with pytest.raises(ValueError, match="VAL_LOSS_EVERY"):
+        T.Hyperparameters.from_env({"VAL_LOSS_EVERY": "often"})
+    with pytest.raises(ValueError, match="YARN"):
+        T.Hyperparameters.from_env({"YARN": "maybe"})
+    with pytest.raises(ValueError, match="STAGE_MAX_SEQ_LEN"):
+        T.check_hyperparameters(T.Hyperparameters(stage_max_seq_len=(1, 2)))
+
+
+def run_main(env, nproc=None, timeout=600):
+    command = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+               if nproc else [sys.executable]) + [os.path.join(ROOT, "train_gpt.py")]
+    return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def load_records_tool():
+    spec = importlib.util.spec_from_file_location("records_tool", os.path.join(ROOT, "records", "tool.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_main_learns_and_writes_the_field_log_format(tmp_path, corpus):
+    env = tiny_env(tmp_path, corpus, rank_slice=True, num_scheduled_iterations=30, num_extension_iterations=2,
+                   val_loss_every=10, run_id="learn")
+    proc = run_main(env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (tmp_path / "logs" / "learn.txt").read_text()
+    source = open(os.path.join(ROOT, "train_gpt.py")).read()
+    assert log.startswith(source.rstrip("\n") + "\n" + "=" * 100 + "\n")
+    assert "Running PyTorch " in log and "mode: rank-slice" in log and "hardware: cpu" in log
+    overrides = re.search(r"^overrides: (.*)$", log, re.M).group(1)
+    assert "RANK_SLICE=1" in overrides and "NUM_SCHEDULED_ITERATIONS=30" in overrides and "RUN_ID" not in overrides
+    vals = [(int(m.group(1)), float(m.group(2))) for m in
+            re.finditer(r"^step:(\d+)/32 val_loss:(\d+\.\d{4}) train_time:\d+ms step_avg:\d+\.\d{2}ms$", log, re.M)]
+    assert [s for s, _ in vals] == [0, 10, 20, 30, 32]
+    assert len(re.findall(r"^step:\d+/32 train_time:\d+ms step_avg:\d+\.\d{2}ms$", log, re.M)) == 32
+    assert re.search(r"^peak memory allocated: \d+ MiB reserved: \d+ MiB$", log, re.M)
+    assert vals[0][1] > 10 and vals[-1][1] < 6.0  # ln(50304) = 10.8 at init; the progressions are learnable
+    # the records tool parses what main() writes
+    run = load_records_tool().parse_log(str(tmp_path / "logs" / "learn.txt"))
+    assert abs(run.final_loss - vals[-1][1]) < 1e-9 and run.overrides == overrides
+
+
+def test_world_size_errors(tmp_path, corpus):
+    env = tiny_env(tmp_path, corpus, run_id="bad")
+    proc = run_main(dict(env, WORLD_SIZE="3", RANK="0"))
+    assert proc.returncode != 0 and "world size 3 is not supported" in proc.stderr
+    proc = run_main(dict(env, WORLD_SIZE="2", RANK="0", RANK_SLICE="1"))
+    assert proc.returncode != 0 and "RANK_SLICE=1" in proc.stderr
+
+
+def test_missing_data_names_the_pattern_and_the_download_command(tmp_path, corpus):
+    env = tiny_env(tmp_path, corpus, train_files=str(tmp_path / "nothing_*.bin"), run_id="nodata")
+    proc = run_main(env)
+    assert proc.returncode != 0 and "nothing_*.bin" in proc.stderr and "cached_fineweb10B.py" in proc.stderr
+
+
+def test_non_finite_loss_stops_and_names_the_step(tmp_path, corpus):
+    env = tiny_env(tmp_path, corpus, rank_slice=True, muon_lr=float("inf"), nonfinite_check_every=1, run_id="nan")
+    proc = run_main(env)
+    assert proc.returncode == 1
+    log = (tmp_path / "logs" / "nan.txt").read_text()
+    # step 0 runs on the initial weights; the infinite update poisons step 1's loss
+    assert re.search(r"^error: non-finite training loss nan at step 1 ", log, re.M), log[-500:]
+    assert "step:7/7 val_loss" not in log
+
+
+@pytest.mark.multiproc
+def test_two_gloo_processes_match_one_process_with_accumulation(tmp_path, corpus):
+    """Full-batch mode: world 2 (accumulation 4) against world 1 (accumulation 8), same seed and
+    data. Only the order of the gradient sums differs (bf16 gradients, gloo SUM), so per-step
+    losses agree to a few 1e-3; a wrong data slice or a missed reduction moves them by >1e-1."""
+    common = dict(stage_batch_tokens=(1024, 2048, 2048, 2048), val_loss_every=3, train_loss_every=1)
+    single = run_main(tiny_env(tmp_path, corpus, run_id="one", **common))
+    assert single.returncode == 0, single.stderr[-3000:]
+    double = run_main(tiny_env(tmp_path, corpus, run_id="two", **common), nproc=2)
+    assert double.returncode == 0, double.stderr[-3000:]
+
+    def losses(name):
+        text = (tmp_path / "logs" / f"{name}.txt").read_text()
+        train = [float(x) for x in re.findall(r"^step:\d+/7 train_loss:(\S+)", text, re.M)]
+        val = [float(x) for x in re.findall(r"^step:\d+/7 val_loss:(\S+)", text, re.M)]
+        return train, val
+
+    (train1, val1), (train2, val2) = losses("one"), losses("two")
+    assert "world_size: 2" in (tmp_path / "logs" / "two.txt").read_text()
+    assert len(train1) == len(train2) == 7 and len(val1) == len(val2) == 4
+    assert np.allclose(train1, train2, atol=5e-3) and np.allclose(val1, val2, atol=5e-3), (train1, train2, val1, val2)
+
+
+def test_readme_documents_every_hyperparameter_and_the_ci_test_command():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    missing = [f.name.upper() for f in dataclasses.fields(T.Hyperparameters) if f.name.upper() not in readme]
+    assert not missing, f"README.md does not document {missing}"
+    test_command = re.search(r"^(.*?)\s+# tests", readme, re.M).group(1).strip()
+    assert test_command in open(os.path.join(ROOT, ".ci", "run")).read()
