@@ -440,7 +440,7 @@ class _Shard:
     """One rank's rows of a parameter viewed as (n, ...): rows [start, start + rows) of a padded
     (n_pad = rows·world, ...) layout. Padding rows exist only in communication buffers."""
 
-    def __init__(self, param: Tensor, view_shape: tuple[int, ...], rank: int, world: int):
+    def __init__(self, view_shape: tuple[int, ...], rank: int, world: int):
         self.view_shape = view_shape
         n = view_shape[0]
         self.rows = -(-n // world)
@@ -489,7 +489,7 @@ class NorMuonAdam:
             spec = specs[label]
             view = (-1, *spec.matrix_shape) if spec.optimizer == "normuon" else tuple(p.shape)
             view = tuple(p.view(view).shape)
-            shard = self.shards[label] = _Shard(p, view, rank, world_size)
+            shard = self.shards[label] = _Shard(view, rank, world_size)
             local = (shard.rows, *view[1:]) if spec.comm == "sharded" else view
             st = self.state[label] = {}
             if spec.optimizer == "normuon":

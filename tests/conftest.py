@@ -19,3 +19,32 @@ def shards():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def damaged_shard(shards):
+    """damaged_shard(path, kind): write a 10-token shard at path, then damage it as kind names."""
+    import numpy as np
+
+    def make(path, kind):
+        shards.write_shard(path, np.arange(10, dtype=np.uint16))
+        data = bytearray(path.read_bytes())
+        if kind == "magic":
+            data[0:4] = (12345).to_bytes(4, "little")
+        elif kind == "version":
+            data[4:8] = (7).to_bytes(4, "little")
+        elif kind == "shorter_than_header":
+            data = data[:100]
+        elif kind == "empty_file":
+            data = b""
+        elif kind == "truncated_tokens":
+            data = data[:-4]
+        elif kind == "extra_bytes":
+            data += b"\0\0"
+        elif kind == "count_too_big":
+            data[8:12] = (11).to_bytes(4, "little")
+        elif kind == "negative_count":
+            data[8:12] = (-3).to_bytes(4, "little", signed=True)
+        path.write_bytes(bytes(data))
+
+    return make

@@ -200,28 +200,6 @@ def gather_steps(pattern, world, schedule, log=None):
 # shard headers and find_shards
 # ---------------------------------------------------------------------------------------------
 
-def damaged_shard(shards, path, kind):
-    shards.write_shard(path, np.arange(10, dtype=np.uint16))
-    data = bytearray(path.read_bytes())
-    if kind == "magic":
-        data[0:4] = (12345).to_bytes(4, "little")
-    elif kind == "version":
-        data[4:8] = (7).to_bytes(4, "little")
-    elif kind == "shorter_than_header":
-        data = data[:100]
-    elif kind == "empty_file":
-        data = b""
-    elif kind == "truncated_tokens":
-        data = data[:-4]
-    elif kind == "extra_bytes":
-        data += b"\0\0"
-    elif kind == "count_too_big":
-        data[8:12] = (11).to_bytes(4, "little")
-    elif kind == "negative_count":
-        data[8:12] = (-3).to_bytes(4, "little", signed=True)
-    path.write_bytes(bytes(data))
-
-
 def test_read_shard_header_good(shards, tmp_path):
     path = tmp_path / "good.bin"
     shards.write_shard(path, np.array([BOS, 0, 65535, 32768, 7], dtype=np.uint16))
@@ -240,9 +218,9 @@ def test_read_shard_header_good(shards, tmp_path):
     ("extra_bytes", ["10 tokens", "1044 bytes", "1046 bytes"]),
     ("negative_count", ["-3 tokens", "1044 bytes"]),
 ])
-def test_read_shard_header_defects(shards, tmp_path, kind, fragments):
+def test_read_shard_header_defects(damaged_shard, tmp_path, kind, fragments):
     path = tmp_path / f"{kind}.bin"
-    damaged_shard(shards, path, kind)
+    damaged_shard(path, kind)
     with pytest.raises(tg.ShardError) as info:
         tg.read_shard_header(str(path))
     assert isinstance(info.value, ValueError)
@@ -264,11 +242,11 @@ def test_find_shards_sorted_and_missing(shards, tmp_path):
         tg.TrainLoader(pattern, 0, 1, CPU)
 
 
-def test_corrupt_file_among_good_fails_fast(shards, tmp_path):
+def test_corrupt_file_among_good_fails_fast(shards, damaged_shard, tmp_path):
     for i in range(3):
         shards.write_shard(tmp_path / f"d_{i:06d}.bin", np.array([BOS, 1, 2, 3] * 200, dtype=np.uint16))
     bad = tmp_path / "d_000003.bin"  # the last file: only reached after a full pass if not checked up front
-    damaged_shard(shards, bad, "truncated_tokens")
+    damaged_shard(bad, "truncated_tokens")
     pattern = str(tmp_path / "d_*.bin")
     for construct in (lambda: tg.find_shards(pattern),
                       lambda: tg.TrainLoader(pattern, 0, 1, CPU),

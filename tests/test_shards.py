@@ -27,23 +27,6 @@ def test_write_rejects_ids_beyond_uint16(shards, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def corrupt(shards, path, kind):
-    """Write a 10-token shard at `path`, then damage it in the way `kind` names."""
-    shards.write_shard(path, np.arange(10, dtype=np.uint16))
-    data = bytearray(path.read_bytes())
-    if kind == "magic":
-        data[0:4] = (12345).to_bytes(4, "little")
-    elif kind == "version":
-        data[4:8] = (7).to_bytes(4, "little")
-    elif kind == "shorter_than_header":
-        data = data[:100]
-    elif kind == "truncated_tokens":
-        data = data[:-4]
-    elif kind == "extra_bytes":
-        data += b"\0\0"
-    path.write_bytes(bytes(data))
-
-
 @pytest.mark.parametrize("kind, fragments", [
     ("magic", ["bad magic", "expected 20240520", "got 12345"]),
     ("version", ["unsupported version 7"]),
@@ -51,9 +34,9 @@ def corrupt(shards, path, kind):
     ("truncated_tokens", ["size mismatch", "10 tokens = 1044 bytes", "file has 1040 bytes", "truncated"]),
     ("extra_bytes", ["size mismatch", "10 tokens = 1044 bytes", "file has 1046 bytes"]),
 ])
-def test_defects_raise_shard_error(shards, tmp_path, kind, fragments):
+def test_defects_raise_shard_error(shards, damaged_shard, tmp_path, kind, fragments):
     path = tmp_path / f"{kind}.bin"
-    corrupt(shards, path, kind)
+    damaged_shard(path, kind)
     for read in (shards.read_header, shards.read_tokens):
         with pytest.raises(shards.ShardError) as info:
             read(path)
