@@ -872,11 +872,11 @@ class GPT(nn.Module):
         hp = self.hp
         T, H, hd = input_ids.size(0), hp.num_heads, hp.head_dim
         ids = input_ids.long()
-        n_scalars = NUM_LAYERS
-        sa_lambdas = self.scalars[: 2 * n_scalars].view(NUM_LAYERS, 2)
-        x0_lambdas = self.scalars[2 * n_scalars: 3 * n_scalars]
-        bigram_lambdas = self.scalars[3 * n_scalars: 4 * n_scalars]
-        smear_lambda, skip_lambda, backout_lambda = self.scalars[4 * n_scalars:].unbind()
+        L = NUM_LAYERS  # scalars: [sa_lambdas (L x 2), x0_lambdas (L), bigram_lambdas (L), smear, skip, backout]
+        sa_lambdas = self.scalars[: 2 * L].view(L, 2)
+        x0_lambdas = self.scalars[2 * L: 3 * L]
+        bigram_lambdas = self.scalars[3 * L: 4 * L]
+        smear_lambda, skip_lambda, backout_lambda = self.scalars[4 * L:].unbind()
 
         x = self.embed[ids]
         if hp.smear_gate:
@@ -1147,7 +1147,6 @@ class ValidationSet:
         self.seq_len, self.device = seq_len, device
         self.chunks = list(range(rank, val_tokens // seq_len, world_size))
         self.max_docs = max_docs_per_batch(seq_len)
-        self.max_doc_len = seq_len
 
     def batch(self, chunk: int) -> tuple[Tensor, Tensor, Tensor]:
         seq = self.tokens[chunk * self.seq_len: (chunk + 1) * self.seq_len + 1]
