@@ -56,7 +56,7 @@ def corpus(tmp_path_factory, shards):
     return folder
 
 
-def random_batch(hp, T_tokens=256, docs=(0, 40, 41, 200)):
+def random_batch(T_tokens=256, docs=(0, 40, 41, 200)):
     ids = torch.randint(0, 50000, (T_tokens + 1,))
     ids[list(docs)] = T.BOS_ID
     cu = T.cu_seqlens_for(list(np.diff(list(docs) + [T_tokens + 1])), T_tokens, 16)
@@ -75,7 +75,7 @@ def test_forward_backward_with_each_switch(switch):
     model = T.GPT(hp)
     for name, spec in model.param_specs().items():
         assert dict(model.named_parameters())[name] is not None and spec.optimizer in ("normuon", "adam")
-    inputs, targets, cu = random_batch(hp)
+    inputs, targets, cu = random_batch()
     shape = T.ForwardShape(short_window=32, long_window=96, max_seq_len=128, n_predict=3)
     loss, ce = model(inputs, targets, cu, shape, torch.tensor([1.0, 0.5, 0.25]), grad_scale=0.5)
     loss.backward()
@@ -99,7 +99,7 @@ def test_multi_token_prediction_weights_the_later_targets():
     hp = T.Hyperparameters(**TINY)
     torch.manual_seed(0)
     model = T.GPT(hp)
-    inputs, targets, cu = random_batch(hp)
+    inputs, targets, cu = random_batch()
     one = T.ForwardShape(32, 96, 128, n_predict=1)
     two = T.ForwardShape(32, 96, 128, n_predict=2)
     with torch.no_grad():
@@ -119,7 +119,7 @@ def test_attention_is_causal_and_document_masked():
     with torch.no_grad():
         model.lm_head.normal_(0, 0.5)
         model.mlp_bank[:, 1].normal_(0, 0.05)  # non-zero MLP outputs so every path is live
-    inputs, targets, cu = random_batch(hp)
+    inputs, targets, cu = random_batch()
     shape = T.ForwardShape(NO := T.NO_WINDOW, NO, 256)
     changed = inputs.clone()
     changed[100] = (changed[100] + 1) % 50000  # inside the third document [41, 200)
