@@ -270,57 +270,70 @@ if triton is not None:
         _store_symmetric(out_ptr, acc, pid_i, pid_j, offs_i, offs_j, K, stride_om)
 
 
-def _symmetric_launch(A: Tensor, n_out: int, block: int | None, block_k: int | None):
-    """Output buffer, grid and launch options for an (n_out x n_out) symmetric product of A."""
+# Launch configurations (block, block_k, num_warps, num_stages) per (kernel, output size, reduction size),
+# tuned on an H100 with `python bench/bench_orthogonalize.py --sweep`; other sizes use the defaults.
+SYMMETRIC_KERNEL_CONFIGS: dict[tuple[str, int, int], tuple[int, int, int, int]] = {}
+TRITON_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
+# Bank matrix shapes (rows, cols) whose orthogonalization runs faster on the Triton kernels than on
+# torch's bmm on an H100 (bench/bench_orthogonalize.py); the others use torch.
+TRITON_ORTHOGONALIZE_SHAPES = {(3072, 768)}
+
+
+def _symmetric_launch(A: Tensor, kernel: str, n_out: int, reduction: int, config: tuple | None):
+    """Output buffer, grid, tile sizes and launch options for an (n_out x n_out) symmetric product of A."""
     if A.dim() != 3 or not A.is_contiguous():
         raise ValueError(f"expected a contiguous (batch, rows, cols) tensor, got {tuple(A.shape)}")
+    fp32 = A.dtype == torch.float32
     big = n_out >= 512  # 768-wide Gram matrices: 128-tiles; small ones (256): more, smaller programs
-    block = block or (128 if big else 64)
-    block_k = block_k or (32 if A.dtype == torch.float32 else 64)
+    default = (128 if big else 64, 32 if fp32 else 64, 8 if big else 4, 3 if fp32 else 4)
+    block, block_k, num_warps, num_stages = config or SYMMETRIC_KERNEL_CONFIGS.get((kernel, n_out, reduction), default)
     tiles = triton.cdiv(n_out, block)
-    options = dict(num_warps=8 if block >= 128 else 4, num_stages=3 if A.dtype == torch.float32 else 4,
-                   INPUT_PRECISION="ieee" if A.dtype == torch.float32 else "tf32",
-                   UPCAST=os.environ.get("TRITON_INTERPRET") == "1" and A.dtype != torch.float32)
+    options = dict(num_warps=num_warps, num_stages=num_stages, INPUT_PRECISION="ieee" if fp32 else "tf32",
+                   UPCAST=TRITON_INTERPRETER and not fp32)
     out = A.new_empty((A.size(0), n_out, n_out))
     return out, (tiles * (tiles + 1) // 2, A.size(0)), block, block_k, options
 
 
-def xxt(A: Tensor, block: int | None = None, block_k: int | None = None) -> Tensor:
-    """A·Aᵀ for a batch A (B, M, K) -> (B, M, M)."""
+def xxt(A: Tensor, config: tuple | None = None) -> Tensor:
+    """A·Aᵀ for a batch A (B, M, K) -> (B, M, M). config: (block, block_k, num_warps, num_stages)."""
     B, M, K = A.shape
-    out, grid, block, block_k, options = _symmetric_launch(A, M, block, block_k)
+    out, grid, block, block_k, options = _symmetric_launch(A, "xxt", M, K, config)
     _aat_kernel[grid](A, out, M, K, 1.0, 0.0, A.stride(0), A.stride(1), out.stride(0), out.stride(1),
                       BLOCK_M=block, BLOCK_K=block_k, EVEN_K=K % block_k == 0, ADD_A=False, **options)
     return out
 
 
-def ba_plus_caa(A: Tensor, alpha: float, beta: float, block: int | None = None, block_k: int | None = None) -> Tensor:
+def ba_plus_caa(A: Tensor, alpha: float, beta: float, config: tuple | None = None) -> Tensor:
     """beta·A + alpha·A·A for a batch of symmetric A (B, N, N) (A·A = A·Aᵀ)."""
     B, N, _ = A.shape
-    out, grid, block, block_k, options = _symmetric_launch(A, N, block, block_k)
+    out, grid, block, block_k, options = _symmetric_launch(A, "ba_plus_caa", N, N, config)
     _aat_kernel[grid](A, out, N, N, float(alpha), float(beta), A.stride(0), A.stride(1), out.stride(0), out.stride(1),
                       BLOCK_M=block, BLOCK_K=block_k, EVEN_K=N % block_k == 0, ADD_A=True, **options)
     return out
 
 
-def xtx(A: Tensor, block: int | None = None, block_k: int | None = None) -> Tensor:
+def xtx(A: Tensor, config: tuple | None = None) -> Tensor:
     """Aᵀ·A for a batch A (B, M, K) -> (B, K, K)."""
     B, M, K = A.shape
-    out, grid, block, block_k, options = _symmetric_launch(A, K, block, block_k)
+    out, grid, block, block_k, options = _symmetric_launch(A, "xtx", K, M, config)
     _ata_kernel[grid](A, out, M, K, A.stride(0), A.stride(1), out.stride(0), out.stride(1),
                       BLOCK_N=block, BLOCK_R=block_k, EVEN_M=M % block_k == 0, EVEN_N=K % block == 0, **options)
     return out
 
 
-def orthogonalize(G: Tensor, method: str = "polar_express", use_triton: bool = False) -> Tensor:
-    """Approximate U·Vᵀ (the orthogonal polar factor) of every matrix of a bank G (B, rows, cols).
-
-    Runs in bf16. Wide and square matrices iterate on X·Xᵀ, tall ones on Xᵀ·X (#74), so the
-    symmetric products are min(rows, cols)² and nothing is transposed in memory. `use_triton`
-    selects the symmetric Triton kernels above; the torch path computes the same function."""
-    coeffs, safety, eps = ORTHOGONALIZERS[method]
+def polar_normalize(G: Tensor, method: str = "polar_express") -> Tensor:
+    """G / (safety·‖G‖_F + eps) per matrix, in bf16: the start of the iteration below."""
+    _, safety, eps = ORTHOGONALIZERS[method]
     norm = torch.linalg.vector_norm(G.float(), dim=(-2, -1), keepdim=True)
-    X = (G / (norm * safety + eps)).bfloat16()
+    return (G / (norm * safety + eps)).bfloat16()
+
+
+def polar_iterations(X: Tensor, method: str = "polar_express", use_triton: bool = False) -> Tensor:
+    """The odd-polynomial iteration on a normalized bf16 bank X (B, rows, cols). Wide and square
+    matrices iterate on X·Xᵀ, tall ones on Xᵀ·X (#74), so the symmetric products are min(rows, cols)²
+    and nothing is transposed in memory. `use_triton` selects the symmetric Triton kernels above;
+    the torch path computes the same function."""
+    coeffs, _, _ = ORTHOGONALIZERS[method]
     tall = X.size(-2) > X.size(-1)
     for a, b, c in coeffs:
         if use_triton:
@@ -331,6 +344,11 @@ def orthogonalize(G: Tensor, method: str = "polar_express", use_triton: bool = F
             B = torch.baddbmm(A, A, A, beta=b, alpha=c)
         X = torch.baddbmm(X, X, B, beta=a) if tall else torch.baddbmm(X, B, X, beta=a)
     return X
+
+
+def orthogonalize(G: Tensor, method: str = "polar_express", use_triton: bool = False) -> Tensor:
+    """Approximate U·Vᵀ (the orthogonal polar factor) of every matrix of a bank G (B, rows, cols), in bf16."""
+    return polar_iterations(polar_normalize(G, method), method, use_triton)
 
 
 class FP8Linear(torch.autograd.Function):
@@ -423,6 +441,16 @@ def normuon_update(update: Tensor, second_moment: Tensor, weight: Tensor, mantis
         mantissa.copy_(low)
 
 
+def normuon_bank_step(grad: Tensor, momentum: Tensor, second_moment: Tensor, weight: Tensor,
+                      mantissa: Tensor | None, mu: Tensor, lr: Tensor, lr_muls: Tensor, wd_lr: Tensor,
+                      grad_scale: float, beta2: float, axis: int, method: str, use_triton: bool):
+    """A whole NorMuon step of one bank shard: Nesterov momentum, orthogonalization, variance
+    normalization and the cautious update; compiled as one graph per bank (#74)."""
+    update = normuon_momentum(grad, momentum, mu, grad_scale)
+    orthogonal = polar_iterations(polar_normalize(update, method), method, use_triton)
+    normuon_update(orthogonal, second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
+
+
 def adam_update(grad: Tensor, weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step_size: Tensor,
                 wd_lr2: Tensor, beta1: float, beta2: float, eps: float, grad_scale: float):
     """Adam with cautious weight decay (#50): decay only where the update shrinks |w|; strength
@@ -455,11 +483,14 @@ class _Shard:
 class NorMuonAdam:
     """One optimizer for every parameter, without DDP (RECIPE 1.10).
 
-    step(): (1) launch the gradient reductions asynchronously in a fixed order (banks first), bf16
-    on the wire: reduce-scatter for sharded parameters, all-reduce for replicated ones; (2) update
-    in the work order (small Adam parameters first, while the bank reductions are in flight;
-    banks last): wait for a reduction, update this rank's shard, launch its all-gather; (3) wait
-    for the gathers. Gradients are SUM-reduced and scaled by 1/world in the update functions.
+    step(): (1) launch the gradient reductions asynchronously, bf16 on the wire: all-reduce for
+    replicated parameters, reduce-scatter for sharded ones; (2) update in the same order: wait for
+    a reduction, update this rank's shard, launch its all-gather; (3) wait for the gathers.
+    Gradients are SUM-reduced and scaled by 1/world in the update functions.
+    The order (`comm_order`): small replicated parameters, then the NorMuon banks, then the big
+    sharded Adam tables, each group in table order. NCCL runs collectives in launch order, so
+    waiting in launch order never waits for an unrelated reduction, and bank i is orthogonalized
+    while bank i+1 and the tables are still reducing.
 
     Tied embedding (#51, #53): while tied, embed's gradient is added to lm_head's, only lm_head is
     reduced and updated and embed is overwritten with it; untie() hands lm_head's Adam state to
@@ -470,8 +501,8 @@ class NorMuonAdam:
         self.params, self.specs, self.hp = params, specs, hp
         self.rank, self.world = rank, world_size
         self.tied = tied  # (follower, leader) = ("embed", "lm_head") while tied
-        self.reduce_order = list(params)  # table order: banks first
-        self.work_order = sorted(params, key=self._work_priority)
+        self.comm_order = sorted((label for label in specs if label in params),
+                                 key=lambda label: (specs[label].comm != "replicated", specs[label].optimizer != "normuon"))
         self.step_count = 0
         self.lr_multiplier = 1.0
         self.momentum = hp.muon_momentum_max
@@ -482,8 +513,7 @@ class NorMuonAdam:
         on_cuda = next(iter(params.values())).is_cuda
         self._use_triton = on_cuda and triton is not None
         compile_fn = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if (on_cuda and hp.compile) else (lambda f: f)
-        self._momentum_fn = compile_fn(normuon_momentum)
-        self._normuon_fn = compile_fn(normuon_update)
+        self._normuon_fn = compile_fn(normuon_bank_step)
         self._adam_fn = compile_fn(adam_update)
         for label, p in params.items():
             spec = specs[label]
@@ -508,13 +538,8 @@ class NorMuonAdam:
                 st["exp_avg_sq"] = torch.zeros(local, dtype=torch.float32, device=p.device)
                 st["step"] = 0
 
-    @staticmethod
-    def _work_priority(label: str) -> int:
-        # Small replicated parameters first, big Adam tables next, NorMuon banks last so that
-        # their reductions have the most time in flight (RECIPE 1.10, phase 2).
-        order = ["lm_head", "embed", "qk_bank", "vo_bank", "mlp_bank"]
-        big = {"value_embeds": -2, "bigram_embed": -1}
-        return order.index(label) + 10 if label in order else big.get(label, -10)
+    def _use_triton_for(self, rows: int, cols: int) -> bool:
+        return self._use_triton and (rows, cols) in TRITON_ORTHOGONALIZE_SHAPES
 
     # --- schedule setters ---------------------------------------------------------------------
     def set_lr_multiplier(self, s: float):
@@ -534,17 +559,15 @@ class NorMuonAdam:
         follower, leader = self.tied if self.tied else (None, None)
         if follower and adam_step and params[follower].grad is not None:
             params[leader].grad.add_(params[follower].grad)
-        active = [label for label in self.reduce_order
+        active = [label for label in self.comm_order
                   if params[label].grad is not None and label != follower
                   and (adam_step or self.specs[label].optimizer == "normuon")]
-        reductions = {label: self._launch_reduction(label) for label in active}
+        reductions = [self._launch_reduction(label) for label in active]
         gathers = []
-        for label in self.work_order:
-            if label in reductions:
-                work, grad = reductions[label]
-                if work is not None:
-                    work.wait()
-                gathers.append(self._update(label, grad))
+        for label, (work, grad) in zip(active, reductions):
+            if work is not None:
+                work.wait()
+            gathers.append(self._update(label, grad))
         for gather in gathers:
             if gather is not None:
                 gather()
@@ -585,14 +608,12 @@ class NorMuonAdam:
         cpu = lambda x: torch.tensor(x, dtype=torch.float32)  # 0-d CPU scalars: no recompiles
         if spec.optimizer == "normuon":
             lr = self.hp.muon_lr * self.lr_multiplier * spec.lr_mul
-            update = self._momentum_fn(grad, st["momentum"], cpu(self.momentum), self.grad_scale)
             rows, cols = spec.matrix_shape
-            # The Triton kernels measured faster only for tall banks (MLP 3072x768: 2.35 vs 2.60 ms
-            # for 24 matrices on an H100); for 768x768 and 256x768 torch's bmm was faster (README).
-            update = orthogonalize(update, self.hp.orthogonalizer, self._use_triton and rows > cols)
-            self._normuon_fn(update, st["second_moment"], weight, st.get("mantissa"), cpu(lr), self.lr_muls[label],
+            self._normuon_fn(grad, st["momentum"], st["second_moment"], weight, st.get("mantissa"),
+                             cpu(self.momentum), cpu(lr), self.lr_muls[label],
                              cpu(self.hp.muon_weight_decay * spec.wd_mul * self.hp.muon_lr * self.lr_multiplier),
-                             self.hp.muon_beta2, -1 if rows >= cols else -2)
+                             self.grad_scale, self.hp.muon_beta2, -1 if rows >= cols else -2,
+                             self.hp.orthogonalizer, self._use_triton_for(rows, cols))
         else:
             beta1, beta2 = spec.betas
             st["step"] += 1
@@ -816,13 +837,15 @@ class GPT(nn.Module):
         self.fp8_grad_scale.fill_(FP8_GRAD_SCALE * grad_scale)
 
     def param_specs(self) -> dict[str, ParamSpec]:
-        """Optimizer table (RECIPE 1.1), in reduction order: banks first."""
+        """Optimizer table (RECIPE 1.1). Within its group (replicated, bank, sharded table) a parameter's
+        place here is its place in the optimizer's communication and work order: the big MLP bank sits
+        between the two small banks, so the first wait and the last gather are short."""
         hp = self.hp
         table = {
             "qk_bank": ParamSpec("normuon", "sharded", matrix_shape=(2 * hp.head_dim, hp.model_dim), wd_mul=1.0),
-            "vo_bank": ParamSpec("normuon", "sharded", matrix_shape=(hp.model_dim, hp.model_dim), wd_mul=1.0),
             "mlp_bank": ParamSpec("normuon", "sharded", matrix_shape=(hp.mlp_hidden, hp.model_dim), wd_mul=1.0,
                                   matrix_lr_muls=(1.0, 2.0)),  # projections (odd index) x2
+            "vo_bank": ParamSpec("normuon", "sharded", matrix_shape=(hp.model_dim, hp.model_dim), wd_mul=1.0),
             "scalars": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.99)),
             "smear_gate": ParamSpec("adam", "replicated", lr_mul=0.01, betas=(0.9, 0.99)),
             "skip_gate": ParamSpec("adam", "replicated", lr_mul=0.05, betas=(0.9, 0.99)),

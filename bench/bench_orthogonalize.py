@@ -1,20 +1,36 @@
-"""Microbenchmark (BENCH.md mode 3): batched Polar Express, Triton symmetric kernels vs plain torch,
-on the real bank shapes. Checks both against a float64 run of the same iteration first.
+"""Microbenchmark (BENCH.md mode 3): batched Polar Express on the real bank shapes, torch bmm vs the
+symmetric Triton kernels, each eager and compiled as one graph (as the optimizer runs it). Every
+variant is first checked against a float64 run of the same iteration.
 
-    python bench/bench_orthogonalize.py
+    python bench/bench_orthogonalize.py            # variants per shape
+    python bench/bench_orthogonalize.py --sweep    # launch configurations per kernel and size
+
+Times are do_bench medians in ms: 'events' times back-to-back calls with CUDA events (what a
+launch-bound caller sees), 'graph' replays a CUDA graph of the calls (the GPU time alone).
+--sweep prints the fastest (block, block_k, num_warps, num_stages) per (kernel, output size,
+reduction size) as a SYMMETRIC_KERNEL_CONFIGS literal for train_gpt.py, beside torch's bmm.
 """
+import argparse
+import itertools
 import os
 import sys
 
 import torch
-from triton.testing import do_bench
+from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train_gpt as T  # noqa: E402
 
-SHAPES = [(24, 768, 768), (24, 3072, 768), (12, 3072, 768), (64, 256, 768)]
+# (batch, rows, cols): BENCH.md's shapes, then the banks of one GPU in rank-slice mode (qk, vo, mlp)
+SHAPES = [(24, 768, 768), (24, 3072, 768), (12, 3072, 768), (64, 256, 768),
+          (60, 256, 768), (20, 768, 768), (22, 3072, 768)]
 REFERENCE_MS = {(24, 768, 768): (0.91, 0.78), (24, 3072, 768): (2.59, 2.00),
                 (12, 3072, 768): (1.34, 1.07), (64, 256, 768): (0.42, 0.86)}  # BENCH.md: torch, reference Triton
+SWEEP = [  # (kernel, batch, rows, cols) of the operand
+    ("xxt", 60, 256, 768), ("ba_plus_caa", 60, 256, 256),
+    ("xxt", 20, 768, 768), ("ba_plus_caa", 20, 768, 768),
+    ("xtx", 22, 3072, 768), ("ba_plus_caa", 22, 768, 768),
+]
 
 
 def float64_iteration(G):
@@ -28,28 +44,90 @@ def float64_iteration(G):
     return X
 
 
-def main():
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+def rotating(fn, inputs):
+    """fn over a rotation of input sets, so repeated calls do not just hit the L2 cache."""
+    state = {"i": 0}
+
+    def call():
+        state["i"] += 1
+        return fn(inputs[state["i"] % len(inputs)])
+    return call
+
+
+def variants():
+    compiled = torch.compile(T.orthogonalize, dynamic=False, fullgraph=True)
+    return {"torch": lambda G: T.orthogonalize(G, use_triton=False),
+            "triton": lambda G: T.orthogonalize(G, use_triton=True),
+            "torch compiled": lambda G: compiled(G, "polar_express", False),
+            "triton compiled": lambda G: compiled(G, "polar_express", True)}
+
+
+def compare_variants():
     rows = []
     for shape in SHAPES:
         G = torch.randn(shape, device="cuda")
         ref = float64_iteration(G)
-        errors = {}
-        for use_triton in (False, True):
-            out = T.orthogonalize(G, use_triton=use_triton)
-            errors[use_triton] = ((out.double() - ref).norm() / ref.norm()).item()
-        inputs = [torch.randn(shape, device="cuda") for _ in range(4)]  # rotate: no cache effects
-        times = {}
-        for use_triton in (False, True):
-            i = iter(range(10 ** 9))
-            times[use_triton] = do_bench(lambda: T.orthogonalize(inputs[next(i) % 4], use_triton=use_triton),
-                                         warmup=50, rep=300, return_mode="median")
-        rows.append((shape, times[False], times[True], errors[False], errors[True]))
-    print(f"{'shape':>18} | {'torch ms':>8} | {'triton ms':>9} | {'ref torch':>9} | {'ref triton':>10} | err torch | err triton")
-    for shape, t_torch, t_triton, e_torch, e_triton in rows:
-        ref_torch, ref_triton = REFERENCE_MS[shape]
-        print(f"{str(shape):>18} | {t_torch:8.3f} | {t_triton:9.3f} | {ref_torch:9.2f} | {ref_triton:10.2f} | {e_torch:.2e} | {e_triton:.2e}")
+        inputs = [torch.randn(shape, device="cuda") for _ in range(4)]
+        row = {"shape": shape}
+        for name, fn in variants().items():
+            out = fn(G)
+            row[name] = (((out.double() - ref).norm() / ref.norm()).item(),
+                         do_bench(rotating(fn, inputs), warmup=50, rep=300, return_mode="median"),
+                         do_bench_cudagraph(rotating(fn, inputs), rep=300, return_mode="median"))
+        rows.append(row)
+    names = list(variants())
+    print("ms per call, median; events (launch-bound caller) / graph (GPU only); max rel. error vs float64")
+    print(f"{'shape':>16} | " + " | ".join(f"{n:>20}" for n in names) + " | ref torch / triton | max err")
+    for row in rows:
+        ref = REFERENCE_MS.get(row["shape"])
+        cells = [f"{row[n][1]:8.3f} / {row[n][2]:8.3f}" for n in names]
+        err = max(row[n][0] for n in names)
+        print(f"{str(row['shape']):>16} | " + " | ".join(f"{c:>20}" for c in cells)
+              + f" | {f'{ref[0]:.2f} / {ref[1]:.2f}' if ref else '-':>18} | {err:.1e}")
+
+
+def sweep():
+    configs = [c for c in itertools.product((64, 128), (32, 64, 128), (4, 8), (3, 4))
+               if not (c[0] == 64 and c[2] == 8)]
+    best_table = {}
+    print(f"{'kernel':>12} {'operand':>16} | {'torch':>7} | best configs (block, block_k, warps, stages): ms")
+    for kernel, batch, rows, cols in SWEEP:
+        A = [torch.randn(batch, rows, cols, device="cuda").bfloat16() for _ in range(3)]
+        if kernel == "ba_plus_caa":
+            A = [T.xxt(a) / cols for a in A]
+            fast = lambda a, cfg: T.ba_plus_caa(a, 0.5, -1.5, cfg)
+            ref = lambda a: torch.baddbmm(a, a, a, beta=-1.5, alpha=0.5)
+            key = (kernel, rows, rows)
+        elif kernel == "xxt":
+            fast, ref, key = T.xxt, (lambda a: a @ a.mT), (kernel, rows, cols)
+        else:
+            fast, ref, key = T.xtx, (lambda a: a.mT @ a), (kernel, cols, rows)
+        torch_ms = do_bench_cudagraph(rotating(ref, A), rep=100, return_mode="median")
+        results = []
+        for cfg in configs:
+            try:
+                out = fast(A[0], cfg)
+                err = ((out.float() - ref(A[0]).float()).norm() / ref(A[0]).float().norm()).item()
+                if not err < 1e-2:
+                    print(f"  {key} {cfg}: error {err:.1e}, skipped")
+                    continue
+                results.append((do_bench_cudagraph(rotating(lambda a: fast(a, cfg), A), rep=100,
+                                                   return_mode="median"), cfg))
+            except Exception as error:  # out of shared memory or registers for this tile shape
+                print(f"  {key} {cfg}: {type(error).__name__}")
+        results.sort()
+        best_table[key] = results[0][1]
+        top = ", ".join(f"{cfg}: {ms:.4f}" for ms, cfg in results[:3])
+        print(f"{kernel:>12} {str((batch, rows, cols)):>16} | {torch_ms:7.4f} | {top}")
+    print("SYMMETRIC_KERNEL_CONFIGS = {")
+    for key, cfg in best_table.items():
+        print(f"    {key!r}: {cfg!r},")
+    print("}")
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sweep", action="store_true", help="time launch configurations per kernel and size")
+    args = parser.parse_args()
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    sweep() if args.sweep else compare_variants()

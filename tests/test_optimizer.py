@@ -162,10 +162,10 @@ def run_steps(rank: int, world: int, dtype=torch.bfloat16, steps: int = 4, untie
     params = make_params(dtype=dtype)
     opt = T.NorMuonAdam(params, SPECS, HP, rank, world, tied=("embed", "lm_head"))
     accum = 8 // world
-    batched = T.orthogonalize
+    batched = T.polar_iterations
     # CPU bf16 bmm rounds differently for different batch sizes, and each rank orthogonalizes a
     # different number of matrices: go one matrix at a time so only the sharding logic is compared.
-    T.orthogonalize = lambda G, *args: torch.cat([batched(g[None], *args) for g in G])
+    T.polar_iterations = lambda X, *args: torch.cat([batched(x[None], *args) for x in X])
     try:
         for step in range(steps):
             grads = [micro_grads(params, step, rank * accum + i) for i in range(accum)]
@@ -178,7 +178,7 @@ def run_steps(rank: int, world: int, dtype=torch.bfloat16, steps: int = 4, untie
             if step == untie_after:
                 opt.untie()
     finally:
-        T.orthogonalize = batched
+        T.polar_iterations = batched
     return {k: p.detach().float().clone() for k, p in params.items()}
 
 
@@ -212,6 +212,19 @@ def test_sharded_step_equals_single_process(world, dtype, tmp_path):
         # general gradients the bf16 sums differ by rounding, which Polar Express amplifies
         # along small singular directions (a few bf16 ulps after 4 steps).
         assert torch.equal(single[k], multi[k]), (k, (single[k] - multi[k]).abs().max().item())
+
+
+def test_communication_order_small_then_banks_then_tables():
+    """Reductions are launched and waited for in one order: replicated parameters, NorMuon banks,
+    sharded Adam tables, each group in table order (NCCL runs collectives in launch order)."""
+    assert T.NorMuonAdam(make_params(), SPECS, HP).comm_order == ["scalars", "qk_bank", "mlp_bank", "lm_head", "embed"]
+    model = T.GPT(T.Hyperparameters(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
+                                    bigram_rows=1001))
+    specs = model.param_specs()
+    order = T.NorMuonAdam(dict(model.named_parameters()), specs, HP).comm_order
+    groups = [(specs[label].comm, specs[label].optimizer) for label in order]
+    assert groups == sorted(groups, key=lambda g: (g[0] != "replicated", g[1] != "normuon"))
+    assert order.index("qk_bank") < order.index("mlp_bank") < order.index("vo_bank")  # big bank in the middle
 
 
 def test_shard_layout_with_padding():
