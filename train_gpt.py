@@ -272,11 +272,18 @@ if triton is not None:
 
 # Launch configurations (block, block_k, num_warps, num_stages) per (kernel, output size, reduction size),
 # tuned on an H100 with `python bench/bench_orthogonalize.py --sweep`; other sizes use the defaults.
-SYMMETRIC_KERNEL_CONFIGS: dict[tuple[str, int, int], tuple[int, int, int, int]] = {}
+SYMMETRIC_KERNEL_CONFIGS: dict[tuple[str, int, int], tuple[int, int, int, int]] = {
+    ("xxt", 256, 768): (128, 64, 4, 3),
+    ("ba_plus_caa", 256, 256): (64, 32, 4, 4),
+    ("xxt", 768, 768): (128, 64, 4, 3),
+    ("ba_plus_caa", 768, 768): (128, 64, 8, 3),
+    ("xtx", 768, 3072): (128, 64, 8, 3),
+}
 TRITON_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
-# Bank matrix shapes (rows, cols) whose orthogonalization runs faster on the Triton kernels than on
-# torch's bmm on an H100 (bench/bench_orthogonalize.py); the others use torch.
-TRITON_ORTHOGONALIZE_SHAPES = {(3072, 768)}
+# Bank matrix shapes (rows, cols) whose compiled bank step runs faster with the Triton kernels than
+# with torch's bmm on an H100 (bench/bench_orthogonalize.py, GPU ms for 22 / 20 / 60 matrices:
+# 3072x768 2.07 vs 2.23, 768x768 0.79 vs 0.80, 256x768 0.46 vs 0.41); the others use torch.
+TRITON_ORTHOGONALIZE_SHAPES = {(3072, 768), (768, 768)}
 
 
 def _symmetric_launch(A: Tensor, kernel: str, n_out: int, reduction: int, config: tuple | None):

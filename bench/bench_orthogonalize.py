@@ -3,7 +3,8 @@ symmetric Triton kernels, each eager and compiled as one graph (as the optimizer
 variant is first checked against a float64 run of the same iteration.
 
     python bench/bench_orthogonalize.py            # variants per shape
-    python bench/bench_orthogonalize.py --sweep    # launch configurations per kernel and size
+    python bench/bench_orthogonalize.py --sweep    # launch configurations per kernel and size, then
+                                                   # the variants again with the fastest ones
 
 Times are do_bench medians in ms: 'events' times back-to-back calls with CUDA events (what a
 launch-bound caller sees), 'graph' replays a CUDA graph of the calls (the GPU time alone).
@@ -55,6 +56,7 @@ def rotating(fn, inputs):
 
 
 def variants():
+    torch._dynamo.config.recompile_limit = 64  # one graph per shape and path
     compiled = torch.compile(T.orthogonalize, dynamic=False, fullgraph=True)
     return {"torch": lambda G: T.orthogonalize(G, use_triton=False),
             "triton": lambda G: T.orthogonalize(G, use_triton=True),
@@ -123,6 +125,7 @@ def sweep():
     for key, cfg in best_table.items():
         print(f"    {key!r}: {cfg!r},")
     print("}")
+    return best_table
 
 
 if __name__ == "__main__":
@@ -130,4 +133,6 @@ if __name__ == "__main__":
     parser.add_argument("--sweep", action="store_true", help="time launch configurations per kernel and size")
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
-    sweep() if args.sweep else compare_variants()
+    if args.sweep:
+        T.SYMMETRIC_KERNEL_CONFIGS.update(sweep())
+    compare_variants()

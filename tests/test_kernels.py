@@ -106,12 +106,13 @@ def test_compiled_triton_bank_step_matches_eager_torch(shape):
     eager torch path: same fp32 master-weight update at bf16 tolerance."""
     grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     weight0 = (torch.randn(shape, device="cuda") * 0.02).bfloat16()
+    momentum0 = torch.randn(shape, device="cuda") * 0.1
     rows, cols = shape[1:]
     axis = -1 if rows >= cols else -2
     updates = []
     compiled = torch.compile(T.normuon_bank_step, dynamic=False, fullgraph=True)
     for fn, use_triton in ((T.normuon_bank_step, False), (compiled, True)):
-        weight, momentum = weight0.clone(), torch.randn(shape, device="cuda") * 0.1
+        weight, momentum = weight0.clone(), momentum0.clone()
         second_moment = torch.zeros((shape[0], rows, 1) if axis == -1 else (shape[0], 1, cols), device="cuda")
         mantissa = torch.zeros(shape, dtype=torch.int16, device="cuda")
         fn(grad, momentum, second_moment, weight, mantissa, torch.tensor(0.9), torch.tensor(0.02),
