@@ -1345,6 +1345,10 @@ class Trainer:
         self.stage = None
         self.losses = torch.zeros(self.schedule.total_steps, device=device)
         self.checked_steps = 0
+        # Every step's multi-token-prediction weights on the device, made once: a per-step copy from
+        # host memory would block the CPU until the GPU drained its queue, exposing launch gaps.
+        self.mtp_weights = [torch.tensor(self.schedule.mtp_weights(step), device=device)
+                            for step in range(self.schedule.total_steps)]
 
     def set_step(self, step: int):
         """Schedule state that lives in the model (YaRN tables), refreshed on stage changes."""
@@ -1357,7 +1361,7 @@ class Trainer:
         self.set_step(step)
         schedule = self.schedule
         shape = schedule.forward_shape(step)
-        mtp_weights = torch.tensor(schedule.mtp_weights(step), device=self.device)
+        mtp_weights = self.mtp_weights[step]
         tokens = schedule.tokens_per_rank(step)
         mean_ce = torch.zeros((), device=self.device)
         for _ in range(self.grad_accum):
