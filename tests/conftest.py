@@ -21,6 +21,30 @@ def shards():
     return module
 
 
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, shards):
+    """Tiny train/val shards of learnable synthetic documents: arithmetic progressions of token
+    ids, each after a BOS (the TINY configuration of test_training.py trains on them)."""
+    import numpy as np
+
+    from train_gpt import BOS_ID
+
+    folder = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+
+    def documents(n):
+        out = []
+        for _ in range(n):
+            start, step, length = rng.integers(0, 1000), rng.integers(1, 5), rng.integers(20, 400)
+            out += [BOS_ID] + [int((start + step * i) % 1000) for i in range(length)]
+        return out
+
+    for i in range(1, 4):
+        shards.write_shard(str(folder / f"tiny_train_{i:06d}.bin"), documents(300))
+    shards.write_shard(str(folder / "tiny_val_000000.bin"), documents(60))
+    return folder
+
+
 @pytest.fixture
 def damaged_shard(shards):
     """damaged_shard(path, kind): write a 10-token shard at path, then damage it as kind names."""

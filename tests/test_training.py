@@ -37,25 +37,6 @@ def tiny_env(tmp_path, corpus, **overrides) -> dict:
     return env
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory, shards):
-    """Learnable synthetic documents: arithmetic progressions of token ids, each after a BOS."""
-    folder = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(0)
-
-    def documents(n):
-        out = []
-        for _ in range(n):
-            start, step, length = rng.integers(0, 1000), rng.integers(1, 5), rng.integers(20, 400)
-            out += [T.BOS_ID] + [int((start + step * i) % 1000) for i in range(length)]
-        return out
-
-    for i in range(1, 4):
-        shards.write_shard(str(folder / f"tiny_train_{i:06d}.bin"), documents(300))
-    shards.write_shard(str(folder / "tiny_val_000000.bin"), documents(60))
-    return folder
-
-
 def random_batch(T_tokens=256, docs=(0, 40, 41, 200)):
     ids = torch.randint(0, 50000, (T_tokens + 1,))
     ids[list(docs)] = T.BOS_ID

@@ -1,0 +1,435 @@
+"""Where the GPU time of a training step goes, per stage: kernel groups of one or more versions of
+train_gpt.py side by side (ms of GPU work per step), plus wall ms/step and launches per step.
+
+    python bench/profile_stages.py [SOURCE ...] [--steps 6] [--stages 1,2,3] [--out DIR] [--verbose]
+    python bench/profile_stages.py --merge DIR/*.json      # the table of earlier runs (rules re-applied)
+
+SOURCE: a path to a train_gpt.py, or a git revision of this repository (HEAD, main~1, a hash: its
+`git show REV:train_gpt.py`), optionally labelled LABEL=SOURCE; default: the working copy. Where the
+machine has no .git (the device tool's copy), write revisions to files first:
+`git show main:train_gpt.py > .bench/main.py`.
+
+Each source runs in its own subprocess (own module, compile state and GPU memory). It imports the
+source, builds its Trainer for one GPU from the environment as main() does (no process group,
+nothing logged, no compile warm-up), then for each stage takes the step in the middle of the stage
+(the optimizer's step_count set to it, so Adam runs on every other step as in the run) and runs:
+--warmup-steps untimed steps (compile), --steps steps between two synchronizations (wall ms/step,
+no profiler), the same steps under torch.profiler. Every kernel, memcpy and memset is summed by name
+(durations, so work overlapping on several streams counts in full);
+those launched inside optimizer.step() (a record_function range, linked CPU launch -> GPU kernel by
+the profiler's correlation ids) form the optimizer group, the others go to the first GROUPS rule
+that matches their name. The child writes DIR/<label>.json (raw per-kernel totals: grouping happens
+here, so --merge applies refined rules to old runs); the parent writes DIR/kernels.csv and
+DIR/table.md and prints the markdown table last.
+
+Environment: that of a rank-slice run (README, BENCH.md), e.g. RANK_SLICE=1 TRAIN_FILES=...
+VAL_FILES=... VAL_TOKENS=3932160. A source needs this repository's interfaces (Hyperparameters.
+from_env, Trainer(hp, rank, world_size, device, log).train_step(step, loader), RunLog, TrainLoader,
+the optimizer's step_count / is_adam_step / untie); other repositories' scripts need a port.
+"""
+import argparse
+import csv
+import dataclasses
+import gzip
+import importlib.util
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OPTIMIZER = "optimizer (NorMuon + Adam)"
+OTHER = "other"
+OPTIMIZER_RANGE = "profile_stages:optimizer.step"  # record_function label around optimizer.step()
+
+# Inductor kernels are named triton_<poi|red|per|for|tem>_fused_<sorted aten ops>_<n> (the ops as
+# before decomposition, e.g. _fused_rms_norm, _to_copy); library kernels by their C++ names.
+# A fused kernel carrying only layout/cast/fill ops is a copy.
+_LAYOUT_OPS = ("_to_copy", "_unsafe_view", "alias", "as_strided", "cat", "clone", "constant_pad_nd", "copy_?",
+               "empty", "expand", "fill_?", "full", "lift_fresh", "new_empty", "new_zeros", "permute", "repeat",
+               "repeat_interleave", "select", "select_backward", "slice", "slice_backward", "split",
+               "split_with_sizes", "squeeze", "stack", "t", "transpose", "unbind", "unsqueeze", "view", "zeros",
+               "zeros_like")
+# (group, rule on the kernel name): first match wins, case-insensitive. Kernels launched inside
+# optimizer.step() go to OPTIMIZER when no earlier rule (NCCL) takes them.
+GROUPS = [
+    ("NCCL communication", r"nccl"),
+    (OPTIMIZER, r"_aat_kernel|_ata_kernel|(?:^|_)lerp(?:_|$)"),
+    # FA2 (pytorch_flash::flash_*), FA3 (flash::FlashAttn*, cutlass-named), cuDNN (*sdpa*), mem-efficient
+    # (fmha_cutlass*), math SDPA softmax, flex templates (triton_tem_fused_* except matmul templates)
+    ("attention (flash fwd+bwd)", r"flash|fmha|attention|sdpa|varlen_attn|(?:^|_)_?(?:safe_)?softmax(?:_|$)"
+                                  r"|^triton_tem_(?!.*_(?:mm|addmm|bmm|baddbmm|_scaled_mm)(?:_|$))"),
+    ("MLP Triton GEMM (+ReLU²)", r"mlp|relu_?sq|squared_relu|relu2"),
+    ("cuBLAS/cutlass GEMM", r"gemm|gemv|nvjet|cutlass|xmma|cublas|splitkreduce|^triton_tem_"),
+    # lse of the soft-capped logits, the target gather, and their backward (exp, scatter), also
+    # where inductor fuses the e5m2 gradient quantization into it
+    ("softcapped CE fwd+bwd", r"softcap|cross_?entropy|(?:^|_)(?:ce|logsumexp|exp|gather|scatter|_?log_softmax"
+                              r"|nll_loss)(?:_|$)"),
+    ("ReLU² elementwise", r"(?:^|_)(?:relu|threshold_backward|square)(?:_|$)"),
+    ("RMSNorm/residual fusions", r"rms_?norm|(?:^|_)(?:rsqrt|mean|pow)(?:_|$)"),
+    ("FP8 quantize/transpose", r"(?:^|_)(?:_scaled_mm(?:_|$)|clamp(?:_(?!max|min)|$))"),
+    ("embeddings (index, index_put)", r"(?:^|_)(?:index|index_select|index_put|index_add|embedding\w*)(?:_|$)"
+                                      r"|indexselect|indexing_backward|index_elementwise"),
+    ("gates (sigmoid)", r"(?:^|_)sigmoid(?:_|$)"),  # attention output, value-embedding, smear and skip gates
+    ("copies/memset", r"^mem(?:cpy|set)|direct_copy|catarraybatchedcopy|copy_kernel|fillfunctor"
+                      r"|^triton_[a-z]{3}_fused(?:_(?:" + "|".join(_LAYOUT_OPS) + r"))+_\d+$"),
+]
+_RULES = [(group, re.compile(rule, re.IGNORECASE)) for group, rule in GROUPS]
+GROUP_ORDER = [group for group, _ in GROUPS] + [OTHER]
+
+
+def classify(kernel: str, in_optimizer: bool = False) -> str:
+    for group, rule in _RULES:
+        if group == OPTIMIZER and in_optimizer:
+            return group
+        if rule.search(kernel):
+            return group
+    return OTHER
+
+
+# --- sources -----------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Source:
+    label: str
+    path: str  # a train_gpt.py to import
+    description: str  # the path, or the revision and its commit
+
+
+def resolve_sources(specs: list[str], repo_dir: str, tmp_dir: str) -> list[Source]:
+    """Each spec: [LABEL=]PATH or [LABEL=]REV (a git revision of repo_dir, written to tmp_dir).
+    Repeated labels get #2, #3 (timing the same version twice is how a difference is judged)."""
+    sources, seen = [], {}
+    for spec in specs:
+        label, target = None, spec
+        head, sep, rest = spec.partition("=")
+        if sep and head and rest and "/" not in head and not os.path.exists(spec):
+            label, target = head, rest
+        if os.path.isfile(target):
+            path = os.path.abspath(target)
+            if path == os.path.join(os.path.abspath(repo_dir), "train_gpt.py"):
+                default = "working"
+            elif os.path.basename(path) == "train_gpt.py":
+                default = os.path.basename(os.path.dirname(path))
+            else:
+                default = os.path.splitext(os.path.basename(path))[0]
+            description = target
+        else:
+            commit = _git(repo_dir, "rev-parse", "--verify", "--quiet", f"{target}^{{commit}}")
+            if commit is None:
+                raise SystemExit(f"error: {target!r} is neither a file nor a git revision of {repo_dir}")
+            text = _git(repo_dir, "show", f"{commit}:train_gpt.py", strip=False)
+            if text is None:
+                raise SystemExit(f"error: revision {target} ({commit[:10]}) has no train_gpt.py")
+            default, description = target, f"git {target} ({commit[:10]})"
+            path = os.path.join(tmp_dir, f"rev_{commit[:12]}_{len(sources)}.py")
+            with open(path, "w") as f:
+                f.write(text)
+        label = label or default
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            label = f"{label}#{seen[label]}"
+        sources.append(Source(label, path, description))
+    return sources
+
+
+def _git(repo_dir: str, *args: str, strip: bool = True) -> str | None:
+    proc = subprocess.run(["git", "-C", repo_dir, *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.strip() if strip else proc.stdout
+
+
+# --- the profile of one source (child process) ------------------------------------------------------
+def stage_step(schedule, stage: int) -> int:
+    """The middle step of stage 1..3, avoiding the untie step (whose train_step unties)."""
+    start, end = schedule.stage_starts[stage - 1], schedule.stage_starts[stage]
+    step = (start + end) // 2
+    if step == schedule.untie_step:
+        step = step + 1 if step + 1 < end else step - 1
+    return step
+
+
+def kernel_totals(events: list[dict]) -> tuple[dict, int, int]:
+    """From Chrome-trace events: {(name, kind, launched inside optimizer.step): [µs, count]} over the
+    kernels, memcpys and memsets; the number of optimizer ranges; the GPU events whose correlation id
+    matches no CPU launch (those cannot be attributed to the optimizer)."""
+    ranges: dict[tuple, list] = {}
+    for e in events:
+        if e.get("cat") == "user_annotation" and e.get("name") == OPTIMIZER_RANGE:
+            ranges.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    launched, inside = set(), set()
+    for e in events:
+        correlation = e.get("args", {}).get("correlation")
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and correlation is not None:
+            launched.add(correlation)
+            if any(start <= e["ts"] <= end for start, end in ranges.get((e.get("pid"), e.get("tid")), ())):
+                inside.add(correlation)
+    totals: dict[tuple, list] = {}
+    unlinked = 0
+    for e in events:
+        kind = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}.get(e.get("cat"))
+        if kind is None:
+            continue
+        correlation = e.get("args", {}).get("correlation")
+        unlinked += correlation not in launched
+        entry = totals.setdefault((e["name"], kind, correlation in inside), [0.0, 0])
+        entry[0] += e["dur"]
+        entry[1] += 1
+    return totals, sum(len(r) for r in ranges.values()), unlinked
+
+
+def load_source(path: str):
+    spec = importlib.util.spec_from_file_location("profiled_train_gpt", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_child(args):
+    module = load_source(args.child)  # first: it sets PYTORCH_ALLOC_CONF before CUDA starts
+    import torch
+
+    hp = module.Hyperparameters.from_env()
+    module.check_hyperparameters(hp)
+    if hp.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("error: no CUDA GPU visible (DEVICE=cpu COMPILE=0 profiles the CPU path, without kernels)")
+        torch.cuda.set_device(0)
+        device = torch.device("cuda", 0)
+    else:
+        device = torch.device(hp.device)
+    cuda = device.type == "cuda"
+    for name in ("recompile_limit", "cache_size_limit"):  # as main(): one graph per stage shape
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
+    trainer = module.Trainer(hp, 0, 1, device, module.RunLog(None))
+    loader = module.TrainLoader(hp.train_files, 0, 1, device, log=lambda _: None, grad_accum=trainer.grad_accum)
+    optimizer, schedule = trainer.optimizer, trainer.schedule
+    optimizer_step = optimizer.step
+
+    def annotated_step():
+        with torch.profiler.record_function(OPTIMIZER_RANGE):
+            optimizer_step()
+
+    optimizer.step = annotated_step
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def run(step, n):
+        """n train steps at `step`; the optimizer's count restarts at `step`, so every window has
+        the same Adam / non-Adam sequence. Returns the number of Adam steps."""
+        optimizer.step_count = step
+        adam_steps = 0
+        for _ in range(n):
+            adam_steps += optimizer.is_adam_step()
+            trainer.train_step(step, loader)
+        return adam_steps
+
+    result = dict(label=args.label, source=args.describe or args.child, steps=args.steps,
+                  device=torch.cuda.get_device_name(device) if cuda else str(device),
+                  torch=torch.__version__, rank_slice=hp.rank_slice, stages=[])
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        for stage in args.stages:
+            step = stage_step(schedule, stage)
+            if schedule.untie_step is not None and step > schedule.untie_step and optimizer.tied:
+                optimizer.untie()  # the run unties at untie_step: later steps update embed and lm_head apart
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            start = time.perf_counter()
+            run(step, args.warmup_steps)
+            sync()
+            print(f"[{args.label}] stage {stage}: step {step}, warm-up ({args.warmup_steps} steps) "
+                  f"{time.perf_counter() - start:.0f}s", flush=True)
+            start = time.perf_counter()
+            adam_steps = run(step, args.steps)
+            sync()
+            wall_ms = 1000 * (time.perf_counter() - start) / args.steps
+            with torch.profiler.profile(activities=activities) as prof:
+                run(step, args.steps)
+                sync()
+            trace = os.path.join(tmp, "trace.json")
+            prof.export_chrome_trace(trace)
+            with open(trace) as f:
+                totals, ranges, unlinked = kernel_totals(json.load(f)["traceEvents"])
+            if args.trace_dir:
+                kept = os.path.join(args.trace_dir, f"{_slug(args.label)}_st{stage}.json.gz")
+                with open(trace, "rb") as fin, gzip.open(kept, "wb") as fout:
+                    shutil.copyfileobj(fin, fout)
+            loss = trainer.losses[step].item()
+            result["stages"].append(dict(
+                stage=stage, step=step, tokens_per_step=schedule.tokens_per_rank(step) * trainer.grad_accum,
+                max_seq_len=schedule.forward_shape(step).max_seq_len, adam_steps=adam_steps, wall_ms=wall_ms,
+                loss=loss if math.isfinite(loss) else str(loss), optimizer_ranges=ranges, unlinked_gpu_events=unlinked,
+                peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+                kernels=[dict(name=name, kind=kind, optimizer=opt, ms=us / 1000 / args.steps, calls=count / args.steps)
+                         for (name, kind, opt), (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])]))
+            print(f"[{args.label}] stage {stage}: wall {wall_ms:.2f} ms/step, loss {loss:.4f}", flush=True)
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+# --- report (parent) ----------------------------------------------------------------------------------
+def group_totals(stage: dict) -> dict[str, list]:
+    """{group: [ms/step, calls/step]} of one profiled stage."""
+    groups: dict[str, list] = {}
+    for k in stage["kernels"]:
+        entry = groups.setdefault(classify(k["name"], k["optimizer"]), [0.0, 0.0])
+        entry[0] += k["ms"]
+        entry[1] += k["calls"]
+    return groups
+
+
+def format_table(results: list[dict]) -> str:
+    """Markdown table, columns `<label> st<k>` stage by stage (sources side by side)."""
+    stages = sorted({s["stage"] for r in results for s in r["stages"]})
+    columns = [(r["label"], s) for stage in stages for r in results for s in r["stages"] if s["stage"] == stage]
+    groups = [group_totals(s) for _, s in columns]
+    rows = []
+    for group in GROUP_ORDER:
+        if any(group in g for g in groups):
+            rows.append([group] + [f"{g[group][0]:.1f}" if group in g else "—" for g in groups])
+    kernels = [s["kernels"] for _, s in columns]
+    rows.append(["all kernels"] + [f"{sum(k['ms'] for k in ks):.1f}" if ks else "—" for ks in kernels])
+    rows.append(["wall"] + [f"{s['wall_ms']:.1f}" for _, s in columns])
+    rows.append(["launches/step"] + [f"{sum(k['calls'] for k in ks if k['kind'] == 'kernel'):.0f}" for ks in kernels])
+    header = ["kernel group (ms/step)"] + [f"{label} st{s['stage']}" for label, s in columns]
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * len(columns) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def describe(results: list[dict]) -> str:
+    lines = []
+    for r in results:
+        lines.append(f"{r['label']}: {r['source']} on {r['device']}, torch {r['torch']}, "
+                     f"{'rank-slice' if r['rank_slice'] else 'full batch'}, {r['steps']} steps per stage")
+        for s in r["stages"]:
+            notes = []
+            if s["optimizer_ranges"] != r["steps"]:
+                notes.append(f"{s['optimizer_ranges']} optimizer ranges in the trace, expected {r['steps']}")
+            if s["unlinked_gpu_events"]:
+                notes.append(f"{s['unlinked_gpu_events']} GPU events without a CPU launch (not attributable to the optimizer)")
+            loss = s["loss"]
+            if isinstance(loss, str):
+                notes.append(f"non-finite loss {loss}")
+            else:
+                loss = f"{loss:.3f}"
+            lines.append(f"  st{s['stage']}: step {s['step']}, {s['tokens_per_step']} tokens/step, seq {s['max_seq_len']}, "
+                         f"{s['adam_steps']}/{r['steps']} Adam steps, loss {loss}, peak {s['peak_memory_gib']:.1f} GiB"
+                         + "".join(f"; warning: {n}" for n in notes))
+    return "\n".join(lines)
+
+
+def unclassified(results: list[dict], top: int = 15) -> str:
+    lines = []
+    for r in results:
+        totals: dict[str, list] = {}
+        for s in r["stages"]:
+            for k in s["kernels"]:
+                if classify(k["name"], k["optimizer"]) == OTHER:
+                    entry = totals.setdefault(k["name"], [0.0, 0.0])
+                    entry[0] += k["ms"]
+                    entry[1] += k["calls"]
+        lines.append(f"{r['label']}: top unclassified kernels (ms/step and calls/step, summed over stages)")
+        for name, (ms, calls) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
+            lines.append(f"  {ms:8.3f} {calls:6.1f}  {name[:200]}")
+    return "\n".join(lines)
+
+
+def write_outputs(results: list[dict], out: str, table: str):
+    with open(os.path.join(out, "kernels.csv"), "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["label", "stage", "group", "kernel", "kind", "in_optimizer", "ms_per_step", "calls_per_step"])
+        for r in results:
+            for s in r["stages"]:
+                for k in s["kernels"]:
+                    writer.writerow([r["label"], s["stage"], classify(k["name"], k["optimizer"]), k["name"], k["kind"],
+                                     int(k["optimizer"]), f"{k['ms']:.6f}", f"{k['calls']:g}"])
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(table + "\n")
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sources", nargs="*", help="[LABEL=]PATH or [LABEL=]GIT_REVISION (default: the working copy)")
+    p.add_argument("--steps", type=int, default=6, help="timed and profiled steps per stage (even: as many Adam as non-Adam steps)")
+    p.add_argument("--warmup-steps", type=int, default=4, help="untimed steps per stage before timing (compile)")
+    p.add_argument("--stages", default="1,2,3", help="stages to profile, of 1,2,3")
+    p.add_argument("--out", help="output folder (default logs/profile_stages/<time>)")
+    p.add_argument("--verbose", action="store_true", help="also list the top unclassified kernels")
+    p.add_argument("--traces", action="store_true", help="keep the profiler traces (gzipped Chrome JSON) under --out")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="print the table of earlier per-source JSON files")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--label", help=argparse.SUPPRESS)
+    p.add_argument("--describe", help=argparse.SUPPRESS)
+    p.add_argument("--json", help=argparse.SUPPRESS)
+    p.add_argument("--trace-dir", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.stages = sorted({int(s) for s in args.stages.split(",")})
+    if not set(args.stages) <= {1, 2, 3} or args.steps < 1 or args.warmup_steps < 0:
+        p.error("--stages takes numbers of 1,2,3; --steps >= 1; --warmup-steps >= 0")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.child:
+        return run_child(args)
+    if args.merge:
+        results = []
+        for path in args.merge:
+            with open(path) as f:
+                results.append(json.load(f))
+        if args.verbose:
+            print(unclassified(results))
+        print(describe(results))
+        print(format_table(results))
+        return
+    out = args.out or os.path.join("logs", "profile_stages", time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(out, exist_ok=True)
+    results, failures = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for source in resolve_sources(args.sources or [os.path.join(REPO_ROOT, "train_gpt.py")], REPO_ROOT, tmp):
+            json_path = os.path.join(out, f"{_slug(source.label)}.json")
+            command = [sys.executable, os.path.abspath(__file__), "--child", source.path, "--label", source.label,
+                       "--describe", source.description, "--json", json_path, "--steps", str(args.steps),
+                       "--warmup-steps", str(args.warmup_steps), "--stages", ",".join(map(str, args.stages))]
+            if args.traces:
+                command += ["--trace-dir", out]
+            print(f"profiling {source.label} ({source.description})", flush=True)
+            code = subprocess.run(command).returncode
+            if code != 0:
+                failures.append(f"error: profiling {source.label} ({source.description}) failed with exit code {code}")
+                continue
+            with open(json_path) as f:
+                results.append(json.load(f))
+    for failure in failures:
+        print(failure)
+    if not results:
+        raise SystemExit(1)
+    table = format_table(results)
+    write_outputs(results, out, table)
+    if args.verbose:
+        print(unclassified(results))
+    print(f"per-kernel totals: {out}/kernels.csv, {out}/<label>.json")
+    print(describe(results))
+    print(table)
+    if failures:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
