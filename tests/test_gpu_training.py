@@ -2,7 +2,6 @@
 GPU, so the CPU can queue the next kernels while the current ones run (launch gaps otherwise
 show as idle GPU time, most in stage 1 where kernels are short)."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -14,18 +13,6 @@ TINY = dict(device="cuda", compile=False, warmup=False, model_dim=128, num_heads
             bigram_rows=1001, stage_batch_tokens=(2048, 4096, 4096, 4096), stage_max_seq_len=(128, 256, 256, 256),
             window_block_size=16, val_tokens=2048, val_seq_len=1024, num_scheduled_iterations=12,
             num_extension_iterations=2, rank_slice=True)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory, shards):
-    folder = tmp_path_factory.mktemp("gpu_corpus")
-    rng = np.random.default_rng(1)
-    for name in ("tiny_train_000001.bin", "tiny_val_000000.bin"):
-        tokens = []
-        for _ in range(200):
-            tokens += [T.BOS_ID] + rng.integers(0, 1000, rng.integers(20, 300)).tolist()
-        shards.write_shard(str(folder / name), tokens)
-    return folder
 
 
 def test_training_steps_never_synchronize_with_the_host(corpus):
