@@ -14,6 +14,7 @@ os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
 
 import copy
 import dataclasses
+import functools
 import gc
 import glob
 import json
@@ -358,31 +359,258 @@ def orthogonalize(G: Tensor, method: str = "polar_express", use_triton: bool = F
     return polar_iterations(polar_normalize(G, method), method, use_triton)
 
 
-class FP8Linear(torch.autograd.Function):
-    """x @ wᵀ with e4m3 operands and an e5m2 output gradient through torch._scaled_mm (#19, #51).
+# Logit soft-cap z = 23·σ((u+5)/7.5) (#54) and the FP8 lm_head scales: x/x_s and W/w_s in e4m3, the
+# logit gradient in e5m2 as du/grad_s with grad_s = FP8_GRAD_SCALE·grad_scale (#51, #55, #65).
+SOFTCAP_SCALE, SOFTCAP_SHIFT, SOFTCAP_TEMPERATURE = 23.0, 5.0, 7.5
+FP8_X_SCALE, FP8_W_SCALE, FP8_GRAD_SCALE = 100 / 448, 1.6 / 448, 0.75 / 448
+E4M3_MAX, E5M2_MAX = 448.0, 57344.0  # largest finite float8_e4m3fn / float8_e5m2
+MAX_TARGETS = 4  # target columns per row of the fused cross-entropy
 
-    w is (out, in). Each scale is its own 0-d float32 tensor: cuBLASLt (CUDA 13) rejects scale
-    pointers that are not 16-byte aligned, e.g. views into one shared buffer (BENCH.md). The
-    weight gradient is a bf16 matmul: in fp8 it would need a transposed copy of the gradient."""
+
+def softcap(logits: Tensor) -> Tensor:
+    """Asymmetric logit soft-cap into (0, 23) (#54), computed in fp32 (or the logits' wider dtype)."""
+    u = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return SOFTCAP_SCALE * torch.sigmoid((u + SOFTCAP_SHIFT) / SOFTCAP_TEMPERATURE)
+
+
+# Fused soft-capped multi-target cross-entropy, forward and backward in one kernel (#60, #67, #79;
+# RECIPE 3.24). Persistent programs take rows t = pid, pid + programs, ...; per row, sweep 1 sums
+# exp(z − 23) (z < 23: no running max), sweep 2 re-reads the row (then in L2, last chunk first)
+# and writes the logit gradient; the ≤ MAX_TARGETS target columns are rewritten after a barrier.
+# With tanh: z = h + h·t, t = tanh((u+5)/15), h = 23/2; dz/du = 23/(4·7.5)·(1 − t²).
+if triton is not None:
+    @triton.jit
+    def _tanh(x, FAST: tl.constexpr):
+        if FAST:  # one MUFU op, ~2^-11 relative error (the reference's fast-math kernel does the same)
+            return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        else:
+            return 2 * tl.sigmoid(2 * x) - 1
+
+    @triton.jit
+    def _softcap_ce_kernel(logits_ptr, targets_ptr, weights_ptr, loss_ptr, ce0_ptr, grad_ptr,
+                           n_rows, V, stride_logits, stride_targets, stride_grad, grad_mul,
+                           CAP: tl.constexpr, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr,
+                           N_TARGETS: tl.constexpr, N_PAD: tl.constexpr, BLOCK_V: tl.constexpr,
+                           SATURATE_AT: tl.constexpr, FAST_TANH: tl.constexpr):
+        LOG2E: tl.constexpr = 1.4426950408889634
+        HALF: tl.constexpr = CAP * 0.5
+        cols = tl.arange(0, BLOCK_V)
+        k = tl.arange(0, N_PAD)
+        weights = tl.load(weights_ptr + k, mask=k < N_TARGETS, other=0.0).to(tl.float32)
+        n_chunks = tl.cdiv(V, BLOCK_V)
+        coef = grad_mul * (CAP / (4 * TEMPERATURE))
+        first_row, programs = tl.program_id(0).to(tl.int64), tl.num_programs(0)
+        for i in range(0, tl.cdiv(n_rows - first_row, programs)):
+            row = first_row + i * programs
+            u_row = logits_ptr + row * stride_logits
+            g_row = grad_ptr + row * stride_grad
+            acc = tl.zeros([BLOCK_V], dtype=tl.float32)
+            for c in range(n_chunks):
+                offs = c * BLOCK_V + cols
+                mask = offs < V
+                u = tl.load(u_row + offs, mask=mask, other=0.0).to(tl.float32)
+                t = _tanh((u + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+                acc += tl.where(mask, tl.exp2((t - 1) * (HALF * LOG2E)), 0.0)
+            lse = CAP + tl.log(tl.sum(acc, axis=0))
+            ys = tl.load(targets_ptr + row * stride_targets + k, mask=k < N_TARGETS, other=-1).to(tl.int32)
+            valid = ys >= 0
+            u_y = tl.load(u_row + tl.maximum(ys, 0)).to(tl.float32)
+            ce = lse - CAP * tl.sigmoid((u_y + SHIFT) / TEMPERATURE)
+            w_valid = tl.where(valid, weights, 0.0)
+            tl.store(loss_ptr + row, tl.sum(w_valid * ce, axis=0))
+            tl.store(ce0_ptr + row, tl.sum(tl.where((k == 0) & valid, ce, 0.0), axis=0))
+            weight_sum = tl.sum(w_valid, axis=0)
+            bias = (HALF - lse) * LOG2E  # z − lse = h·t + h − lse
+            for c in range(n_chunks):
+                offs = (n_chunks - 1 - c) * BLOCK_V + cols
+                mask = offs < V
+                u = tl.load(u_row + offs, mask=mask, other=0.0).to(tl.float32)
+                t = _tanh((u + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+                g = (coef * weight_sum) * (1 - t * t) * tl.exp2(t * (HALF * LOG2E) + bias)
+                if SATURATE_AT > 0:  # e5m2: saturate, never overflow to inf
+                    g = tl.minimum(tl.maximum(g, -SATURATE_AT), SATURATE_AT)
+                tl.store(g_row + offs, g.to(grad_ptr.dtype.element_ty), mask=mask)
+            tl.debug_barrier()  # the sweep's stores to the target columns land before their rewrite
+            t_y = _tanh((u_y + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+            same_target = tl.sum(tl.where(ys[:, None] == ys[None, :], w_valid[None, :], 0.0), axis=1)
+            g_y = coef * (1 - t_y * t_y) * (weight_sum * tl.exp2(t_y * (HALF * LOG2E) + bias) - same_target)
+            if SATURATE_AT > 0:
+                g_y = tl.minimum(tl.maximum(g_y, -SATURATE_AT), SATURATE_AT)
+            tl.store(g_row + ys, g_y.to(grad_ptr.dtype.element_ty), mask=valid)
+
+    @triton.jit
+    def _transpose_kernel(src_ptr, dst_ptr, M, N, stride_src, stride_dst,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        # dst (N, M) = srcᵀ: a tile read along src's rows, written along dst's rows
+        offs_m = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        offs_n = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tile = tl.load(src_ptr + offs_m[:, None] * stride_src + offs_n[None, :], mask=mask)
+        tl.store(dst_ptr + offs_n[:, None] * stride_dst + offs_m[None, :], tl.trans(tile), mask=tl.trans(mask))
+
+
+def softcap_ce_reference(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float,
+                         grad_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """Plain-torch form of the fused kernel. logits u (T, V); targets (T, N) int, −1 = none;
+    weights (N,). Returns per row loss_t = Σ_k w_k·[y_tk ≥ 0]·(lse − z[y_tk]), ce0_t = lse − z[y_t0]
+    (0 where y_t0 = −1) and grad_mul·∂(Σ_t loss_t)/∂u in grad_dtype (e5m2: saturated)."""
+    z = softcap(logits)
+    lse = torch.logsumexp(z, -1, keepdim=True)
+    valid = targets >= 0
+    safe_targets = targets.clamp_min(0)
+    ce = lse - z.gather(1, safe_targets)
+    w_valid = weights.to(z.dtype) * valid
+    loss_rows = (ce * w_valid).sum(-1)
+    ce0_rows = torch.where(valid[:, 0], ce[:, 0], 0.0)
+    dz = torch.exp(z - lse) * w_valid.sum(-1, keepdim=True)
+    dz = dz.scatter_add(1, safe_targets, -w_valid)  # duplicate targets add up
+    sigma = z / SOFTCAP_SCALE
+    grad = (grad_mul * SOFTCAP_SCALE / SOFTCAP_TEMPERATURE) * sigma * (1 - sigma) * dz
+    if grad_dtype == torch.float8_e5m2:
+        grad = grad.clamp(-E5M2_MAX, E5M2_MAX)
+    return loss_rows, ce0_rows, grad.to(grad_dtype)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float, grad_dtype: torch.dtype,
+               use_triton: bool | None = None, block_v: int = 4096, num_warps: int = 8,
+               programs: int | None = None, fast_tanh: bool | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """softcap_ce_reference's function; the fused Triton kernel where use_triton (default: on CUDA).
+    programs: persistent programs (default 2 per SM: rows in flight stay in L2 for sweep 2);
+    fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter)."""
+    if use_triton is None:
+        use_triton = logits.is_cuda and triton is not None
+    if not use_triton:
+        return softcap_ce_reference(logits, targets, weights, grad_mul, grad_dtype)
+    T, V = logits.shape
+    N = targets.size(1)
+    if not 1 <= N <= MAX_TARGETS or weights.numel() != N or logits.stride(1) != 1 or targets.stride(1) != 1:
+        raise ValueError(f"need unit-stride (T, V) logits, (T, N <= {MAX_TARGETS}) targets and N weights, got "
+                         f"{tuple(logits.shape)} {tuple(targets.shape)} {tuple(weights.shape)}")
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    loss_rows = torch.empty(T, dtype=torch.float32, device=logits.device)
+    ce0_rows = torch.empty(T, dtype=torch.float32, device=logits.device)
+    grad = torch.empty((T, V), dtype=grad_dtype, device=logits.device)
+    if programs is None:
+        programs = T if interpreting else 2 * _sm_count(logits.device)
+    if fast_tanh is None:
+        fast_tanh = not interpreting
+    _softcap_ce_kernel[(max(1, min(T, programs)),)](
+        logits, targets, weights.contiguous(), loss_rows, ce0_rows, grad, T, V, logits.stride(0),
+        targets.stride(0), grad.stride(0), float(grad_mul), CAP=SOFTCAP_SCALE, SHIFT=SOFTCAP_SHIFT,
+        TEMPERATURE=SOFTCAP_TEMPERATURE, N_TARGETS=N, N_PAD=max(2, triton.next_power_of_2(N)), BLOCK_V=block_v,
+        SATURATE_AT=E5M2_MAX if grad_dtype == torch.float8_e5m2 else 0.0, FAST_TANH=fast_tanh, num_warps=num_warps)
+    return loss_rows, ce0_rows, grad
+
+
+def transpose_copy(src: Tensor, use_triton: bool | None = None, block_m: int = 64, block_n: int = 128,
+                   num_warps: int = 4) -> Tensor:
+    """A contiguous copy of srcᵀ for a 2-D tensor with unit column stride (1- or 2-byte elements:
+    the FP8 operands _scaled_mm wants K-major); tiled Triton kernel where use_triton (default: CUDA)."""
+    if use_triton is None:
+        use_triton = src.is_cuda and triton is not None
+    if not use_triton:
+        return src.t().contiguous()
+    M, N = src.shape
+    if src.stride(1) != 1:
+        raise ValueError("transpose_copy needs unit column stride")
+    dst = torch.empty((N, M), dtype=src.dtype, device=src.device)
+    _transpose_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
+        src, dst, M, N, src.stride(0), dst.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+    return dst
+
+
+def _scale_tensor(value: float, device: torch.device) -> Tensor:
+    """A 0-d float32 scale in its own allocation: cuBLASLt (CUDA 13) rejects scale pointers that
+    are not 16-byte aligned, e.g. views into a shared buffer (BENCH.md)."""
+    return torch.full((), value, dtype=torch.float32, device=device)
+
+
+# The lm_head + loss as two custom ops (opaque to torch.compile): the forward computes the logits,
+# runs the fused cross-entropy, which writes the logit gradient at once (the logits are freed),
+# and the backward only multiplies the upstream scalar in and does the two products.
+# FP8 (#19, #67; RECIPE 3.21): e4m3 x and W inputs select it; logits = x8·W8ᵀ (fast accumulation),
+# gradient e5m2, dx = g8·W8 and dW = g8ᵀ·x8 in FP8 with transposed copies for the K-major operands.
+@torch.library.custom_op("speedrun::lm_head_softcap_ce", mutates_args=())
+def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: Tensor,
+                                grad_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    if x.dtype == torch.float8_e4m3fn:
+        logits = torch._scaled_mm(x, w.t(), scale_a=_scale_tensor(FP8_X_SCALE, x.device),
+                                  scale_b=_scale_tensor(FP8_W_SCALE, x.device), out_dtype=torch.bfloat16,
+                                  use_fast_accum=True)
+        grad_dtype, grad_mul = torch.float8_e5m2, 1 / FP8_GRAD_SCALE  # stores du/grad_s
+    else:
+        logits = x @ w.t()
+        grad_dtype, grad_mul = logits.dtype, grad_scale
+    loss_rows, ce0_rows, grad = softcap_ce(logits, targets, weights, grad_mul, grad_dtype)
+    return loss_rows.sum() * grad_scale, ce0_rows.mean(), grad
+
+
+@_lm_head_softcap_ce_forward.register_fake
+def _(x, w, targets, weights, grad_scale):
+    fp8 = x.dtype == torch.float8_e4m3fn
+    logits_dtype = torch.bfloat16 if fp8 else x.dtype
+    loss_dtype = torch.promote_types(logits_dtype, torch.float32)
+    grad = x.new_empty((x.size(0), w.size(0)), dtype=torch.float8_e5m2 if fp8 else logits_dtype)
+    return x.new_empty((), dtype=loss_dtype), x.new_empty((), dtype=loss_dtype), grad
+
+
+@torch.library.custom_op("speedrun::lm_head_softcap_ce_backward", mutates_args=())
+def _lm_head_softcap_ce_backward(g: Tensor, grad_logits: Tensor, x: Tensor, w: Tensor,
+                                 grad_scale: float) -> tuple[Tensor, Tensor]:
+    if grad_logits.dtype == torch.float8_e5m2:
+        grad_s = (g.float() * (FP8_GRAD_SCALE * grad_scale)).reshape(())  # the upstream scalar, folded in
+        grad_x = torch._scaled_mm(grad_logits, transpose_copy(w).t(), scale_a=grad_s,
+                                  scale_b=_scale_tensor(FP8_W_SCALE, w.device), out_dtype=torch.bfloat16)
+        grad_w = torch._scaled_mm(transpose_copy(grad_logits), transpose_copy(x).t(), scale_a=grad_s,
+                                  scale_b=_scale_tensor(FP8_X_SCALE, x.device), out_dtype=torch.bfloat16)
+        return grad_x, grad_w
+    g = g.to(grad_logits.dtype)
+    return (grad_logits @ w).mul_(g), (grad_logits.t() @ x).mul_(g)
+
+
+@_lm_head_softcap_ce_backward.register_fake
+def _(g, grad_logits, x, w, grad_scale):
+    dtype = torch.bfloat16 if grad_logits.dtype == torch.float8_e5m2 else x.dtype
+    return x.new_empty(x.shape, dtype=dtype), w.new_empty(w.shape, dtype=dtype)
+
+
+def _quantize_e4m3(t: Tensor, scale: float) -> Tensor:
+    return (t.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+class _LMHeadSoftcapCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, grad_scale: float, fp8: bool):
+        if fp8:  # quantized in the compiled graph, where inductor fuses the scale and cast
+            x, w = _quantize_e4m3(x, FP8_X_SCALE), _quantize_e4m3(w, FP8_W_SCALE)
+        loss, ce0_mean, grad_logits = _lm_head_softcap_ce_forward(x, w, targets, weights, grad_scale)
+        ctx.save_for_backward(x, w, grad_logits)
+        ctx.grad_scale = grad_scale
+        ctx.mark_non_differentiable(ce0_mean)
+        return loss, ce0_mean
 
     @staticmethod
-    def forward(ctx, x: Tensor, w: Tensor, x_scale: Tensor, w_scale: Tensor, grad_scale: Tensor):
-        x8 = (x / x_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
-        w8 = (w / w_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
-        out = torch._scaled_mm(x8, w8.t(), scale_a=x_scale, scale_b=w_scale,
-                               out_dtype=torch.bfloat16, use_fast_accum=True)
-        ctx.save_for_backward(x, w8, w_scale, grad_scale)
-        return out
+    def backward(ctx, grad_loss: Tensor, _grad_ce0: Tensor):
+        x, w, grad_logits = ctx.saved_tensors
+        grad_x, grad_w = _lm_head_softcap_ce_backward(grad_loss, grad_logits, x, w, ctx.grad_scale)
+        return grad_x, grad_w, None, None, None, None
 
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        x, w8, w_scale, grad_scale = ctx.saved_tensors
-        grad8 = (grad / grad_scale).clamp(-57344, 57344).to(torch.float8_e5m2)
-        w8_in_major = w8.t().contiguous().t()  # (out, in) column-major, as _scaled_mm wants
-        grad_x = torch._scaled_mm(grad8, w8_in_major, scale_a=grad_scale, scale_b=w_scale,
-                                  out_dtype=torch.bfloat16)
-        grad_w = grad.t() @ x
-        return grad_x, grad_w, None, None, None
+
+def lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, grad_scale: float = 1.0,
+                       fp8: bool = False) -> tuple[Tensor, Tensor]:
+    """Training loss of the lm_head (V, d) on hidden states x (T, d): (Σ_t loss_t · grad_scale as a
+    0-d fp32 tensor, mean ce0_t), with loss_t, ce0_t of softcap_ce_reference for targets (T, N ≤ 4)
+    (−1: none) and weights (N,). fp8 applies on CUDA (needs T % 16 == 0); elsewhere the plain path."""
+    fp8 = fp8 and x.is_cuda
+    if fp8 and x.size(0) % 16:
+        raise ValueError(f"the FP8 lm_head needs a multiple of 16 tokens, got {x.size(0)}")
+    return _LMHeadSoftcapCE.apply(x.contiguous(), lm_head, targets, weights, grad_scale, fp8)
 
 
 # =============================================================================================
@@ -680,8 +908,6 @@ VALUE_EMBED_LAYERS = (1, 2, 8, 9, 10)  # layer -> value-embedding table, in orde
 SKIP_SOURCE_LAYER, SKIP_TARGET_LAYER = 3, 6
 CACHED_LAYER = 7  # its output feeds attention in layers 8-10 (#77) and the backout (#40)
 BIGRAM_SIGN_ROWS = 8192
-SOFTCAP_SCALE, SOFTCAP_SHIFT, SOFTCAP_TEMPERATURE = 23.0, 5.0, 7.5  # z = 23·σ((u+5)/7.5) (#54)
-FP8_X_SCALE, FP8_W_SCALE, FP8_GRAD_SCALE = 100 / 448, 1.6 / 448, 0.75 / 448  # (#51, #55)
 ATTN_SCALE_INIT = 0.1  # softmax scale, raised by YaRN (#31)
 NO_WINDOW = -1
 
@@ -689,11 +915,6 @@ NO_WINDOW = -1
 def norm(x: Tensor) -> Tensor:
     """RMSNorm without weights (eps: the dtype's machine epsilon)."""
     return F.rms_norm(x, (x.size(-1),))
-
-
-def softcap(logits: Tensor) -> Tensor:
-    """Asymmetric logit soft-cap into (0, 23) (#54), computed in fp32."""
-    return SOFTCAP_SCALE * torch.sigmoid((logits.float() + SOFTCAP_SHIFT) / SOFTCAP_TEMPERATURE)
 
 
 def rope_frequencies(head_dim: int) -> Tensor:
@@ -825,8 +1046,6 @@ class GPT(nn.Module):
         self.register_buffer("rope_cos", torch.empty(positions, hd // 4, **bf16), persistent=False)
         self.register_buffer("rope_sin", torch.empty(positions, hd // 4, **bf16), persistent=False)
         self.register_buffer("attn_scale", torch.tensor(ATTN_SCALE_INIT), persistent=False)
-        for name, value in (("fp8_x_scale", FP8_X_SCALE), ("fp8_w_scale", FP8_W_SCALE), ("fp8_grad_scale", FP8_GRAD_SCALE)):
-            self.register_buffer(name, torch.tensor(value, dtype=torch.float32), persistent=False)
         self.set_long_window_history([1])
 
     # --- schedule-dependent state ---------------------------------------------------------------
@@ -839,9 +1058,6 @@ class GPT(nn.Module):
         self.rope_cos.copy_(angles.cos())
         self.rope_sin.copy_(angles.sin())
         self.attn_scale.fill_(scale)
-
-    def set_fp8_grad_scale(self, grad_scale: float):
-        self.fp8_grad_scale.fill_(FP8_GRAD_SCALE * grad_scale)
 
     def param_specs(self) -> dict[str, ParamSpec]:
         """Optimizer table (RECIPE 1.1). Within its group (replicated, bank, sharded table) a parameter's
@@ -884,19 +1100,12 @@ class GPT(nn.Module):
                 z = softcap(x[i: i + eval_chunk] @ self.lm_head.t())
                 total = total + (torch.logsumexp(z, -1) - z.gather(1, targets[i: i + eval_chunk, None])[:, 0]).sum()
             return total
-        if self.hp.fp8_lm_head and x.is_cuda:
-            logits = FP8Linear.apply(x, self.lm_head, self.fp8_x_scale, self.fp8_w_scale, self.fp8_grad_scale)
-        else:
-            logits = x @ self.lm_head.t()
-        z = softcap(logits)
-        lse = torch.logsumexp(z, -1)
-        # Multi-token prediction (#53): the same logits also score the targets t+1, t+2 (weights
-        # zero past the end). All terms are (T, n) so every reduction has the same length.
-        T = z.size(0)
-        ahead = torch.arange(T, device=z.device)[:, None] + torch.arange(shape.n_predict, device=z.device)
-        ce = lse[:, None] - z.gather(1, targets[ahead.clamp_max(T - 1)])
-        weights = mtp_weights * (ahead < T)
-        return (ce * weights).sum() * grad_scale, ce[:, 0].detach().mean()
+        # Multi-token prediction (#53): the same logits also score the targets t+1, t+2 (column k:
+        # target t+k, −1 past the end), in the fused lm_head + cross-entropy (FP8 on CUDA).
+        T = x.size(0)
+        ahead = torch.arange(T, device=x.device)[:, None] + torch.arange(shape.n_predict, device=x.device)
+        target_columns = torch.where(ahead < T, targets[ahead.clamp_max(T - 1)], -1)
+        return lm_head_softcap_ce(x, self.lm_head, target_columns, mtp_weights, grad_scale, self.hp.fp8_lm_head)
 
     def hidden_states(self, input_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape) -> Tensor:
         hp = self.hp
@@ -1337,7 +1546,6 @@ class Trainer:
         if world_size > 1:
             for tensor in [*self.model.parameters(), self.model.bigram_signs] if hp.bigram_embed else self.model.parameters():
                 dist.broadcast(tensor.data, 0)
-        self.model.set_fp8_grad_scale(self.grad_scale)
         self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), self.model.param_specs(), hp, rank,
                                      world_size, tied=("embed", "lm_head"))
         self.forward = torch.compile(self.model, dynamic=False, fullgraph=True) if hp.compile else self.model
