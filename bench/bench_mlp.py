@@ -98,7 +98,7 @@ def sweep(epilogues, tokens_list, top):
                     results.setdefault((epilogue, config), {})[t] = timed(lambda v: run_gemm(epilogue, v, config), data[t], 20, 50)
             except Exception as exc:  # out of shared memory, compile failure or a wrong result: skip it
                 results.pop((epilogue, config), None)
-                print(f"  skipped {describe(config)}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}", flush=True)
+                print(f"  skipped {describe(config)}: {type(exc).__name__} {str(exc)[:40]!r}", flush=True)
             if (i + 1) % 20 == 0:
                 print(f"  {i + 1}/{len(configs)} done", flush=True)
     cublas = {t: timed(lambda v: v["x"] @ v["fc"].t(), data[t]) for t in tokens_list}
