@@ -66,7 +66,7 @@ def float_reference(x, fc, proj, grad):
     return (out, *torch.autograd.grad(out, (x, fc, proj), grad.float()))
 
 
-def fused_output_and_grads(fn, x, fc, proj, grad):
+def output_and_grads(fn, x, fc, proj, grad):
     x, fc, proj = (t.clone().requires_grad_() for t in (x, fc, proj))
     out = fn(x, fc, proj)
     return (out, *torch.autograd.grad(out, (x, fc, proj), grad))
@@ -92,10 +92,10 @@ def test_relu_square_gemm_rejects_shapes_tma_cannot_stride():
 def test_relu_square_mlp_reference_path_matches_autograd():
     x, fc, proj, grad = mlp_inputs(37)
     reference = float_reference(x, fc, proj, grad)
-    fused = fused_output_and_grads(T.relu_square_mlp, x, fc, proj, grad)
+    fused = output_and_grads(T.relu_square_mlp, x, fc, proj, grad)
     for name, got, want in zip(("out", "x", "fc", "proj"), fused, reference):
         assert got.dtype == torch.bfloat16 and rel_err(got, want) < 1e-2, name
-    plain = fused_output_and_grads(lambda *w: T.relu_square_mlp(*w, fused=False), x, fc, proj, grad)
+    plain = output_and_grads(lambda *w: T.relu_square_mlp(*w, fused=False), x, fc, proj, grad)
     assert torch.equal(plain[0], fused[0])  # the same forward ops on the reference path
     for got, want in zip(plain, reference):
         assert rel_err(got, want) < 1e-2
@@ -105,9 +105,9 @@ def test_relu_square_mlp_traces_whole_into_compiled_graphs():
     """fullgraph under aot_eager gives the eager numbers; the forward graph calls the fused GEMM
     op, the backward graph the fused-gradient op, both as opaque custom ops."""
     x, fc, proj, grad = mlp_inputs(29)
-    eager = fused_output_and_grads(T.relu_square_mlp, x, fc, proj, grad)
+    eager = output_and_grads(T.relu_square_mlp, x, fc, proj, grad)
     torch._dynamo.reset()
-    compiled = fused_output_and_grads(torch.compile(T.relu_square_mlp, backend="aot_eager", fullgraph=True),
+    compiled = output_and_grads(torch.compile(T.relu_square_mlp, backend="aot_eager", fullgraph=True),
                                       x, fc, proj, grad)
     for got, want in zip(compiled, eager):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -118,7 +118,7 @@ def test_relu_square_mlp_traces_whole_into_compiled_graphs():
         return make_boxed_func(gm.forward)
 
     torch._dynamo.reset()
-    fused_output_and_grads(torch.compile(T.relu_square_mlp, backend=aot_autograd(fw_compiler=record, bw_compiler=record),
+    output_and_grads(torch.compile(T.relu_square_mlp, backend=aot_autograd(fw_compiler=record, bw_compiler=record),
                                          fullgraph=True), x, fc, proj, grad)
     forward, backward = graphs
     assert "speedrun.relu_square_matmul" in forward and "relu_square_grad_matmul" not in forward
@@ -167,9 +167,9 @@ def test_relu_square_gemm_on_gpu(M, N, K, config):
 def test_fused_mlp_matches_the_reference_on_gpu(M):
     x, fc, proj, grad = mlp_inputs(M, d=768, hidden=3072, device="cuda")
     reference = float_reference(x, fc, proj, grad)
-    eager = fused_output_and_grads(T.relu_square_mlp, x, fc, proj, grad)
+    eager = output_and_grads(T.relu_square_mlp, x, fc, proj, grad)
     torch._dynamo.reset()
-    compiled = fused_output_and_grads(torch.compile(T.relu_square_mlp, dynamic=False, fullgraph=True),
+    compiled = output_and_grads(torch.compile(T.relu_square_mlp, dynamic=False, fullgraph=True),
                                       x, fc, proj, grad)
     for name, e, c, want in zip(("out", "x", "fc", "proj"), eager, compiled, reference):
         assert rel_err(e, want) < 1e-2, name
