@@ -41,6 +41,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 try:
     import triton
     import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # CPU-only installs may lack Triton; the torch paths below cover them
     triton = None
 try:
@@ -118,6 +119,7 @@ class Hyperparameters:
     backout: bool = True
     late_attn_from_layer7: bool = True
     fp8_lm_head: bool = True  # used on CUDA only
+    fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA, RECIPE 3.23)
     attention_backend: str = "auto"  # auto | fa3 | varlen | flex | sdpa
     # --- run ---
     rank_slice: bool = False  # one GPU computes one rank's share of each 8-GPU step (BENCH.md)
@@ -611,6 +613,171 @@ def lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Ten
     if fp8 and x.size(0) % 16:
         raise ValueError(f"the FP8 lm_head needs a multiple of 16 tokens, got {x.size(0)}")
     return _LMHeadSoftcapCE.apply(x.contiguous(), lm_head, targets, weights, grad_scale, fp8)
+
+
+# Fused MLP up-projection + ReLU² (#59, #87; RECIPE 3.23): one persistent TMA GEMM C = A·Bᵀ
+# (A (M, K), B (N, K), both row-major bf16) with fp32 accumulation and the activation in the
+# epilogue. Forward: post = relu(x·fcᵀ)², so the pre-activation never reaches memory. Backward:
+# dpre = (grad·projᵀ)·2·√post, as √post = relu(pre). TMA zero-fills out-of-bounds loads and clips
+# out-of-bounds stores, so ragged M, N, K need no masks.
+if triton is not None:
+    @triton.jit
+    def _grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+        # GROUP_M row blocks share each sweep over the column blocks (L2 reuse of both operands)
+        per_group = GROUP_M * tiles_n
+        first_m = (tile // per_group) * GROUP_M
+        rows = tl.minimum(tiles_m - first_m, GROUP_M)
+        return first_m + (tile % per_group) % rows, (tile % per_group) // rows
+
+    @triton.jit
+    def _relu_square_epilogue(c_desc, aux_desc, acc, m, n, EPILOGUE: tl.constexpr):
+        if EPILOGUE == "relu_square":
+            acc = tl.maximum(acc, 0.0)
+            acc = acc * acc
+        else:  # "relu_square_grad": aux holds post
+            acc = acc * (2.0 * tl.sqrt(aux_desc.load([m, n]).to(tl.float32)))
+        c_desc.store([m, n], acc.to(tl.bfloat16))
+
+    @triton.jit
+    def _relu_square_gemm_kernel(a_desc, b_desc, c_desc, aux_desc, M, N, K, num_programs,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 GROUP_M: tl.constexpr, EPILOGUE: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
+                                 FLATTEN: tl.constexpr, UPCAST: tl.constexpr):
+        tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+        # the epilogue keeps its own tile counter, so the pipelined loads do not depend on the stores
+        epilogue_tile = tl.program_id(0) - num_programs
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, num_programs, flatten=FLATTEN):
+            pid_m, pid_n = _grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k in range(0, tl.cdiv(K, BLOCK_K)):
+                a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+                b = b_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
+                if UPCAST:
+                    a, b = a.to(tl.float32), b.to(tl.float32)
+                acc = tl.dot(a, tl.trans(b), acc)
+            epilogue_tile += num_programs
+            pid_m, pid_n = _grouped_tile(epilogue_tile, tiles_m, tiles_n, GROUP_M)
+            m, n = pid_m * BLOCK_M, pid_n * BLOCK_N
+            if SPLIT_EPILOGUE:  # two (BLOCK_M, BLOCK_N/2) halves: half the shared memory for C and aux
+                left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+                _relu_square_epilogue(c_desc, aux_desc, left, m, n, EPILOGUE)
+                _relu_square_epilogue(c_desc, aux_desc, right, m, n + BLOCK_N // 2, EPILOGUE)
+            else:
+                _relu_square_epilogue(c_desc, aux_desc, acc, m, n, EPILOGUE)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Launch of _relu_square_gemm_kernel (bench/bench_mlp.py --sweep times the alternatives)."""
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    stages: int = 3
+    warps: int = 8
+    group_m: int = 8
+    persistent: bool = True  # one program per SM looping over the tiles, else one program per tile
+    flatten: bool = True  # pipeline across tiles: the next tile's loads overlap this tile's epilogue
+    split_epilogue: bool = True
+
+
+RELU_SQUARE_GEMM_CONFIGS = {"relu_square": GemmConfig(), "relu_square_grad": GemmConfig()}
+
+
+def _tma_operand(t: Tensor) -> Tensor:
+    """t, or a copy of it, row-major from a 16-byte aligned address (TMA's requirement)."""
+    if not t.is_contiguous() or t.data_ptr() % 16:
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+def relu_square_gemm(a: Tensor, b: Tensor, aux: Tensor | None = None, config: GemmConfig | None = None,
+                     out: Tensor | None = None) -> Tensor:
+    """Triton: relu(a·bᵀ)² when aux is None, else (a·bᵀ)·2·√aux; a (M, K), b (N, K), aux (M, N),
+    all bf16, bf16 out (M, N). N and K must be multiples of 8 (16-byte TMA row strides)."""
+    epilogue = "relu_square" if aux is None else "relu_square_grad"
+    config = config or RELU_SQUARE_GEMM_CONFIGS[epilogue]
+    (M, K), N = a.shape, b.size(0)
+    tensors = [t for t in (a, b, aux, out) if t is not None]
+    if b.size(1) != K or any(t.shape != (M, N) for t in (aux, out) if t is not None):
+        raise ValueError(f"expected a (M, K), b (N, K), aux and out (M, N), got {[tuple(t.shape) for t in tensors]}")
+    if N % 8 or K % 8:
+        raise ValueError(f"N={N} and K={K} must be multiples of 8 (16-byte TMA row strides)")
+    if any(t.dtype != torch.bfloat16 for t in tensors):
+        raise ValueError(f"expected bf16 tensors, got {[t.dtype for t in tensors]}")
+    if out is None:
+        out = a.new_empty((M, N))
+    elif not out.is_contiguous() or out.data_ptr() % 16:
+        raise ValueError("out must be contiguous from a 16-byte aligned address")
+    c_block = [config.block_m, config.block_n // 2 if config.split_epilogue else config.block_n]
+    a_desc = TensorDescriptor.from_tensor(_tma_operand(a), [config.block_m, config.block_k])
+    b_desc = TensorDescriptor.from_tensor(_tma_operand(b), [config.block_n, config.block_k])
+    aux_desc = None if aux is None else TensorDescriptor.from_tensor(_tma_operand(aux), c_block)
+    tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
+    # persistent: one program per SM (a few on the CPU interpreter, so each still loops over tiles)
+    slots = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
+    programs = min(tiles, slots) if config.persistent else tiles
+    _relu_square_gemm_kernel[(programs,)](
+        a_desc, b_desc, TensorDescriptor.from_tensor(out, c_block), aux_desc, M, N, K, programs,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        EPILOGUE=epilogue, SPLIT_EPILOGUE=config.split_epilogue, FLATTEN=config.flatten,
+        UPCAST=os.environ.get("TRITON_INTERPRET") == "1", num_warps=config.warps, num_stages=config.stages)
+    return out
+
+
+def _tma_gemm_device(t: Tensor) -> bool:
+    """Where relu_square_gemm runs: a CUDA GPU with TMA (Hopper or newer) and Triton."""
+    return t.is_cuda and triton is not None and torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+# The two GEMMs as custom ops (opaque to torch.compile); elsewhere they run the torch reference.
+@torch.library.custom_op("speedrun::relu_square_matmul", mutates_args=())
+def relu_square_matmul(x: Tensor, w: Tensor) -> Tensor:
+    """post = relu(x·wᵀ)², x (M, K), w (N, K)."""
+    if _tma_gemm_device(x):
+        return relu_square_gemm(x, w)
+    return torch.relu(x @ w.t()).square()
+
+
+@relu_square_matmul.register_fake
+def _relu_square_matmul_fake(x: Tensor, w: Tensor) -> Tensor:
+    return x.new_empty((x.size(0), w.size(0)))
+
+
+@torch.library.custom_op("speedrun::relu_square_grad_matmul", mutates_args=())
+def relu_square_grad_matmul(grad: Tensor, w: Tensor, post: Tensor) -> Tensor:
+    """dpre = (grad·wᵀ)·2·√post, grad (M, K), w (N, K), post (M, N)."""
+    if _tma_gemm_device(grad):
+        return relu_square_gemm(grad, w, post)
+    return (grad @ w.t()) * (2 * post.sqrt())
+
+
+@relu_square_grad_matmul.register_fake
+def _relu_square_grad_matmul_fake(grad: Tensor, w: Tensor, post: Tensor) -> Tensor:
+    return post.new_empty(post.shape)
+
+
+class ReluSquareMLP(torch.autograd.Function):
+    """relu(x·fcᵀ)²·proj with fc (hidden, d) and proj (hidden, d) stored (in, out). Saves x and
+    post only; the backward's first GEMM produces dpre directly, the other three are cuBLAS."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, fc: Tensor, proj: Tensor):
+        post = relu_square_matmul(x, fc)
+        ctx.save_for_backward(x, fc, proj, post)
+        return post @ proj
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, fc, proj, post = ctx.saved_tensors
+        dpre = relu_square_grad_matmul(grad, proj, post)
+        return dpre @ fc, dpre.t() @ x, post.t() @ grad
+
+
+def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, fused: bool = True) -> Tensor:
+    """The MLP, ReLU² (#5): fused GEMM + activation kernels (CUDA), or the plain expression."""
+    if fused:
+        return ReluSquareMLP.apply(x, fc, proj)
+    return torch.relu(x @ fc.t()).square() @ proj
 
 
 # =============================================================================================
@@ -1154,7 +1321,7 @@ class GPT(nn.Module):
             elif layer == SKIP_TARGET_LAYER and hp.skip_connection:
                 gate = 2 * torch.sigmoid(x0[:, :12] @ self.skip_gate.t())
                 x = x + torch.sigmoid(skip_lambda) * gate * cached[SKIP_SOURCE_LAYER]
-            mlp_out = torch.relu(norm(x) @ mlp_fc[layer].t()).square() @ mlp_proj[layer]  # ReLU² (#5)
+            mlp_out = relu_square_mlp(norm(x), mlp_fc[layer], mlp_proj[layer], hp.fused_mlp)
             x = (self.resid_lambdas[layer, 1] * x + self.post_lambdas[layer, 1] * mlp_out
                  if hp.residual_lambdas else x + mlp_out)
             cached[layer] = x
