@@ -5,7 +5,7 @@
 (b) the whole lm_head + loss forward+backward (compiled as in training), FP8 against bf16, with a
     breakdown of the FP8 path's pieces;
 (c) the transpose copy of the e5m2 gradient.
-Each problem is checked against the reference first. Floors: bytes / 3.0 TB/s (one read of the
+Each problem is checked against a float64 reference first. Floors: bytes / 3.0 TB/s (one read of the
 logits, one write of the gradient; sweep 2's re-read assumed to hit L2).
 
     python bench/bench_cross_entropy.py                         # defaults of train_gpt.py
@@ -65,9 +65,9 @@ def section_kernel(args):
     rows = []
     for tokens in args.tokens:
         logits, targets, weights = problem(tokens)
-        check = slice(0, 4096)  # rows are independent: check a slice against the eager reference
+        check = slice(0, 2048)  # rows are independent: a slice against the float64 reference
         for grad_dtype, grad_mul in ((torch.float8_e5m2, 1 / T.FP8_GRAD_SCALE), (torch.bfloat16, 1.0)):
-            ref = T.softcap_ce_reference(logits[check], targets[check], weights, grad_mul, grad_dtype)
+            ref = T.softcap_ce_reference(logits[check].double(), targets[check], weights, grad_mul, torch.float64)
             for block_v, warps, per_sm, fast in itertools.product(args.block_v, args.num_warps, args.programs_per_sm,
                                                                   args.fast_tanh):
                 config = dict(block_v=block_v, num_warps=warps, programs=per_sm * T._sm_count(logits.device),
@@ -91,7 +91,8 @@ def section_kernel(args):
         rows.append((tokens, targets.size(1), "compiled autograd, previous formulation", ms_autograd))
         del logits, leaf
         torch.cuda.empty_cache()
-    print("\n(a) fused kernel, median ms (floor: logits read + gradient write at 3.0 TB/s)")
+    print("\n(a) fused kernel, median ms (floor: logits read + gradient write at 3.0 TB/s; errors against float64,"
+          " the gradient's include its rounding to e5m2 / bf16)")
     print(f"{'T':>6} {'N':>2} {'grad':>10} {'block_v':>7} {'warps':>5} {'prog/SM':>7} {'fast':>4} | {'ms':>7} | "
           f"{'floor':>6} | {'GB/s':>6} | err loss | err ce0 | err grad")
     for r in rows:
