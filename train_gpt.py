@@ -929,7 +929,7 @@ class GPT(nn.Module):
             self.mudd_b2 = nn.Parameter((coefficients / MUDD_SCALE).to(torch.bfloat16))
         if hp.mudd_gates:  # MUDD gates (#85): x -> s·(W2·GELU(W1·x) + b2), s learned
             outputs = mudd_gate_outputs(hp)
-            self.gate_outputs = ([o for o in outputs if o[1] < POST_GATE_LAYER], [o for o in outputs if o[1] >= POST_GATE_LAYER])
+            self.gate_outputs = tuple([o for o in outputs if (o[1] >= POST_GATE_LAYER) == post] for post in (False, True))
             initial = torch.tensor([value for _, _, width, value in outputs for _ in range(width)])
             self.mudd_gate_w1 = nn.Parameter(mudd_w1())
             self.mudd_gate_w2 = nn.Parameter(torch.zeros(len(initial), MUDD_HIDDEN, **bf16))
@@ -1058,8 +1058,7 @@ class GPT(nn.Module):
         x0 = norm(x)
         gates = self.mudd_gates(0, x0) if hp.mudd_gates else {}
 
-        def injection(kind: str, layer: int) -> Tensor:
-            """Weight of x0 / the bigram embedding added after a layer's attention: a per-token MUDD gate, else a per-layer scalar."""
+        def injection(kind: str, layer: int) -> Tensor:  # weight of x0 / the bigram embedding (#9, #62, #85)
             return gates[(kind, layer)] if hp.mudd_gates else scalars[f"{kind}_lambdas"][layer]
 
         x = x0
@@ -1101,7 +1100,8 @@ class GPT(nn.Module):
                     v_mudd = (mudd["v_input"] * x_input + mudd["v_layer7"] * cached[CACHED_LAYER]
                               + mudd["v_residual"] * x).view(T, H, hd)
                     aux_v = v_mudd if aux_v is None else aux_v + v_mudd
-                    x = (1 + mudd["mix_residual"]) * x + mudd["mix_input"] * x_input + mudd["mix_layer7"] * cached[CACHED_LAYER]
+                    x = ((1 + mudd["mix_residual"]) * x + mudd["mix_input"] * x_input
+                         + mudd["mix_layer7"] * cached[CACHED_LAYER])
                 out_gate = xsa_alpha = dc_weights = None
                 if hp.attn_output_gates:
                     out_gate = (gates.get(("out_gate", layer)) if hp.mudd_gates

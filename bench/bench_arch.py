@@ -3,9 +3,11 @@ backward median time, compiled like training, at the three stages' tokens per ra
 
 - xsa:   gated XSA on one layer (RECIPE 3.17; the model runs it on 4 layers)
 - dc:    lightweight DC-MHA on one layer, 112-key window (RECIPE 3.20; layer 10 only)
-- model: the whole model's forward + backward (without the lm_head) with a feature off / on
+- model: the whole model's forward + backward (without the lm_head) at stage 3: RECIPE HEAD
+         defaults, with DC_MHA=1, and with MUDD connections, MUDD gates and XSA all off (the
+         difference is what they cost together); three compiles, a few minutes
 
-    python bench/bench_arch.py [--tokens 16384,32768,49152] [--skip-model]
+    python bench/bench_arch.py [--tokens 16384,32768,49152] [--model-tokens 49152 | 0]
 
 Correctness of each piece against its definition is checked first (tests/test_architecture.py
 holds the full checks). Prints a table last.
@@ -55,14 +57,13 @@ def piece_rows(tokens):
             ("dc_mha (1 layer)", tokens, bench(dc, (q, k, v, doc_ids, w1, w2)))]
 
 
-def model_rows(tokens, stage):
+def model_rows(tokens):
     base = T.Hyperparameters(fp8_lm_head=False)
     schedule = T.Schedule(base)
-    step = schedule.stage_starts[stage]
+    step = schedule.stage_starts[2]
     rows = []
-    variants = [("HEAD defaults", {}), ("MUDD_CONNECTIONS=0", dict(mudd_connections=False)),
-                ("MUDD_GATES=0", dict(mudd_gates=False)), ("XSA=0", dict(xsa=False)), ("DC_MHA=1", dict(dc_mha=True)),
-                ("all four off", dict(mudd_connections=False, mudd_gates=False, xsa=False))]
+    variants = [("defaults", {}), ("DC_MHA=1", dict(dc_mha=True)),
+                ("MUDD, gates, XSA off", dict(mudd_connections=False, mudd_gates=False, xsa=False))]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 50257, (tokens,), generator=g).int().cuda()
     lengths = np.full(tokens // 512, 512)  # documents within every stage's max_seq_len
@@ -74,6 +75,7 @@ def model_rows(tokens, stage):
         shape = schedule.forward_shape(step)
         hidden = torch.compile(model.hidden_states, dynamic=False, fullgraph=True)
         rows.append((f"model: {name}", tokens, bench(hidden, (ids, cu, shape))))
+        print(*rows[-1], flush=True)
         del model, hidden
         torch.cuda.empty_cache()
     return rows
@@ -81,15 +83,15 @@ def model_rows(tokens, stage):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", default="16384,32768,49152")
-    parser.add_argument("--skip-model", action="store_true", help="only the pieces (the model rows compile 6 models per size)")
+    parser.add_argument("--tokens", default="16384,32768,49152", help="tokens per rank for the pieces")
+    parser.add_argument("--model-tokens", type=int, default=49152, help="tokens per rank for the model rows (0: none)")
     args = parser.parse_args()
     rows = []
-    for stage, tokens in enumerate(int(t) for t in args.tokens.split(",")):
+    for tokens in (int(t) for t in args.tokens.split(",")):
         rows += piece_rows(tokens)
-        if not args.skip_model:
-            rows += model_rows(tokens, min(stage, 2))
         print(*rows[-1], flush=True)
+    if args.model_tokens:
+        rows += model_rows(args.model_tokens)
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}: forward + backward, median ms")
     print(f"| {'what':<28} | {'tokens':>6} | {'ms':>8} |\n|---|---:|---:|")
     for name, tokens, ms in rows:

