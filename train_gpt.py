@@ -22,7 +22,6 @@ import math
 import shlex
 import subprocess
 import sys
-import threading
 import time
 import typing
 import uuid
@@ -118,6 +117,12 @@ class Hyperparameters:
     bigram_embed: bool = True
     backout: bool = True
     late_attn_from_layer7: bool = True
+    mudd_connections: bool = True  # dynamic dense connections into layer 10 and the head (#81)
+    mudd_gates: bool = True  # per-token gates for XSA, output gates, x0/bigram/skip injections (#85)
+    xsa: bool = True  # gated exclusive self-attention on layers 1, 3, 4, 7 (#82)
+    dc_mha: bool = False  # lightweight DC-MHA on layer 10 (#85); needs mudd_gates
+    prefix_loss: bool = True  # prefix-token auxiliary loss (#88); reads tokenizer_dir/encoder.json
+    tokenizer_dir: str = "data/gpt2"  # GPT-2's encoder.json (python data/cached_fineweb10B.py fetches it)
     fp8_lm_head: bool = True  # used on CUDA only
     fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA, RECIPE 3.23)
     attention_backend: str = "auto"  # auto | fa3 | varlen | flex | sdpa
@@ -870,11 +875,12 @@ def adam_update(grad: Tensor, weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tenso
 
 class _Shard:
     """One rank's rows of a parameter viewed as (n, ...): rows [start, start + rows) of a padded
-    (n_pad = rows·world, ...) layout. Padding rows exist only in communication buffers."""
+    (n_pad = rows·world, ...) layout. Padding rows exist only in communication buffers. A 0-d
+    parameter counts as one row (it is always replicated)."""
 
     def __init__(self, view_shape: tuple[int, ...], rank: int, world: int):
         self.view_shape = view_shape
-        n = view_shape[0]
+        n = view_shape[0] if view_shape else 1
         self.rows = -(-n // world)
         self.padded = self.rows * world != n
         self.start = rank * self.rows
@@ -1076,6 +1082,20 @@ KEY_OFFSET_LAYERS = (3, 10)
 VALUE_EMBED_LAYERS = (1, 2, 8, 9, 10)  # layer -> value-embedding table, in order
 SKIP_SOURCE_LAYER, SKIP_TARGET_LAYER = 3, 6
 CACHED_LAYER = 7  # its output feeds attention in layers 8-10 (#77) and the backout (#40)
+XSA_LAYERS = (1, 3, 4, 7)  # exclusive self-attention (#82, #85)
+OUTPUT_GATE_LAYERS = (3, 10)  # attention output gates from the MUDD gates (#85)
+MUDD_LAYER = 10  # residual mix, extra value input and value-embedding gate from a MUDD block (#81)
+POST_GATE_LAYER = 4  # the post MUDD gate reads the residual entering this layer (#85)
+DC_LAYER, DC_WINDOW = 10, 112  # lightweight DC-MHA: its layer and local window in keys (#85)
+MUDD_HIDDEN, MUDD_SCALE, MUDD_GATE_SCALE_INIT = 64, 0.1, 0.1
+# Per-token coefficients of the MUDD block at layer 10 (computed from the residual entering it) and
+# of the final mix before the head (from the last residual), in output order (RECIPE 3.18). "input"
+# is the residual entering layer 0, "layerN" the residual after layer N.
+MUDD_LAYER_OUTPUTS = ("v_input", "v_layer7", "v_residual", "mix_input", "mix_layer7", "mix_residual",
+                      "ve_gate_first_heads", "ve_gate_last_heads", "attn_residual", "attn_out", "attn_input",
+                      "attn_bigram", "mlp_residual", "mlp_out")
+MUDD_FINAL_OUTPUTS = ("input", "layer7", "layer9", "value_embed", "layer3")
+RESIDUAL_LAMBDA_INIT, BIGRAM_LAMBDA_INIT, BACKOUT_LAMBDA_INIT, SKIP_LAMBDA_INIT = math.sqrt(1.1), 0.05, 0.5, -1.5
 BIGRAM_SIGN_ROWS = 8192
 ATTN_SCALE_INIT = 0.1  # softmax scale, raised by YaRN (#31)
 NO_WINDOW = -1
@@ -1157,6 +1177,96 @@ def attend(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, doc_ids: Tensor,
     raise ValueError(f"unknown attention backend {backend!r} (auto, fa3, varlen, flex, sdpa)")
 
 
+def exclusive_self_attention(y: Tensor, v: Tensor, alpha: Tensor) -> Tensor:
+    """Gated XSA (arXiv 2603.09078; #82, #85): removes tanh(α) of each head output's component along
+    the token's own value vector. y, v (T, H, D); alpha (T, H) or (H,)."""
+    yf, vf = y.float(), v.float()
+    along = (yf * vf).sum(-1, keepdim=True) / vf.square().sum(-1, keepdim=True).clamp_min(1e-8)
+    return (yf - torch.tanh(alpha.float())[..., None] * along * vf).to(y.dtype)
+
+
+def dc_mha(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor, window: int = DC_WINDOW) -> Tensor:
+    """Lightweight DC-MHA (#85, RECIPE 3.20): the heads' softmax patterns over the last `window` keys
+    of the query's document, mixed across heads by w1 (T, H) and applied to every head's values,
+    scaled by w2 (T, H): out_h(t) = w2[t,h]·Σ_s (Σ_g w1[t,g]·p_g(t,s))·v_h(s). q (T, H, D) carries
+    the softmax scale. Blocked: each block of `window` queries sees its own and the previous block
+    of keys, so memory and work are O(T·window), not O(T²)."""
+    T, H, D = q.shape
+    n = -(-T // window)
+    pad = n * window - T
+
+    def blocks(t: Tensor) -> Tensor:  # (T, H, C) -> (n, H, window, C)
+        return F.pad(t, (0, 0, 0, 0, 0, pad)).view(n, window, H, t.size(-1)).transpose(1, 2)
+
+    def with_previous(t: Tensor) -> Tensor:  # (n, ..., window, D) -> (n, ..., 2·window, D)
+        return torch.cat([torch.cat([torch.zeros_like(t[:1]), t[:-1]]), t], dim=-2)
+
+    positions = torch.arange(n * window, device=q.device).view(n, window)
+    docs = F.pad(doc_ids, (0, pad), value=-1).view(n, window)  # padding: a document of its own
+    key_positions = torch.cat([positions - window, positions], 1)
+    key_docs = torch.cat([torch.cat([torch.full_like(docs[:1], -2), docs[:-1]]), docs], 1)
+    distance = positions[:, :, None] - key_positions[:, None, :]
+    visible = (distance >= 0) & (distance < window) & (docs[:, :, None] == key_docs[:, None, :])
+    scores = (blocks(q) @ with_previous(blocks(k)).mT).float().masked_fill(~visible[:, None], float("-inf"))
+    mix = (scores.softmax(-1) * blocks(w1[..., None])).sum(1, keepdim=True)  # (n, 1, window, 2·window)
+    out = (mix.to(v.dtype) @ with_previous(blocks(v))) * blocks(w2[..., None])
+    return out.transpose(1, 2).reshape(n * window, H, D)[:T]
+
+
+def injection_layers(hp: Hyperparameters) -> list[int]:
+    """Layers that add x0 and the bigram embedding after their attention (#9, #62, #73); with MUDD
+    connections layer 10 takes them from its MUDD block instead."""
+    return [layer for layer in ATTENTION_LAYERS if not (hp.mudd_connections and layer == MUDD_LAYER)]
+
+
+def scalar_layout(hp: Hyperparameters) -> dict[str, Tensor]:
+    """Initial values of the named parts of the `scalars` parameter (RECIPE 0.7), in storage order."""
+    parts = {}
+    if hp.attn_lambdas:
+        parts["attn_lambdas"] = torch.tensor([0.5, 1.0]).repeat(NUM_LAYERS, 1)
+    if not hp.mudd_gates:  # static per-layer injection weights; per-token MUDD gates otherwise
+        parts["x0_lambdas"] = torch.zeros(NUM_LAYERS)
+        if hp.bigram_embed:
+            parts["bigram_lambdas"] = torch.full((NUM_LAYERS,), BIGRAM_LAMBDA_INIT)
+    if hp.smear_gate:
+        parts["smear_lambda"] = torch.tensor(0.0)
+    if hp.skip_connection:
+        parts["skip_lambda"] = torch.tensor(SKIP_LAMBDA_INIT)
+    if hp.backout and not hp.mudd_connections:
+        parts["backout_lambda"] = torch.tensor(BACKOUT_LAMBDA_INIT)
+    return parts
+
+
+def mudd_gate_outputs(hp: Hyperparameters) -> list[tuple[str, int, int, float]]:
+    """(kind, layer, width, initial value) of every MUDD-gate output (RECIPE 3.19), in order. Layers
+    before POST_GATE_LAYER read the pre gate (input x0), the others the post gate."""
+    H = hp.num_heads
+    outputs = [("xsa", layer, H, 0.0) for layer in XSA_LAYERS if hp.xsa]
+    outputs += [("out_gate", layer, H, 0.25) for layer in OUTPUT_GATE_LAYERS if hp.attn_output_gates]
+    for layer in injection_layers(hp):
+        outputs.append(("x0", layer, 1, 0.0))
+        if hp.bigram_embed:
+            outputs.append(("bigram", layer, 1, BIGRAM_LAMBDA_INIT))
+    if hp.skip_connection:
+        outputs.append(("skip", SKIP_TARGET_LAYER, 1, 0.5))
+    if hp.dc_mha:
+        outputs += [("dc_w1", DC_LAYER, H, 1.0), ("dc_w2", DC_LAYER, H, 0.0)]
+    return sorted(outputs, key=lambda output: output[1] >= POST_GATE_LAYER)  # stable: pre gate first
+
+
+def mudd_initial_coefficients(hp: Hyperparameters) -> Tensor:
+    """Initial MUDD coefficients (layer-10 block, then the final mix) = the static architecture they
+    replace (RECIPE 3.18): the layer-10 residual lambdas, value-embedding gate 2 (= 2σ(0)), bigram
+    0.05, no x0, and the backout −0.5·layer7 before the head."""
+    residual = RESIDUAL_LAMBDA_INIT if hp.residual_lambdas else 1.0
+    layer = dict.fromkeys(MUDD_LAYER_OUTPUTS, 0.0)
+    layer.update(ve_gate_first_heads=2.0, ve_gate_last_heads=2.0, attn_residual=residual, attn_out=1.0,
+                 attn_bigram=BIGRAM_LAMBDA_INIT, mlp_residual=residual, mlp_out=1.0)
+    final = dict.fromkeys(MUDD_FINAL_OUTPUTS, 0.0)
+    final["layer7"] = -BACKOUT_LAMBDA_INIT if hp.backout else 0.0
+    return torch.tensor([*layer.values(), *final.values()])
+
+
 @dataclass(frozen=True)
 class ForwardShape:
     """What a forward needs besides the tokens; each value is a compile-time constant."""
@@ -1164,6 +1274,7 @@ class ForwardShape:
     long_window: int
     max_seq_len: int  # longest document (attention kernels' max_seqlen)
     n_predict: int = 1  # multi-token prediction targets t+1 .. t+n_predict
+    prefix_target: bool = False  # one more target column: the prefix token of the next token (#88)
 
 
 class GPT(nn.Module):
@@ -1189,26 +1300,51 @@ class GPT(nn.Module):
         mlp[:, 0].uniform_(-bound, bound)  # fc (hidden, d); proj stored (hidden, d) = (in, out), zero (#5)
         mlp[:, 1].zero_()
         self.mlp_bank = nn.Parameter(mlp)
+        # value embeddings whose gate is a learned sigmoid; with MUDD connections layer 10's comes from MUDD
+        self.ve_gate_layers = tuple(layer for layer in VALUE_EMBED_LAYERS
+                                    if not (hp.mudd_connections and layer == MUDD_LAYER))
         if hp.value_embeds:  # (#14, #63, #70)
             self.value_embeds = nn.Parameter(torch.empty(len(VALUE_EMBED_LAYERS) * V, d, **bf16).normal_(0, 0.01))
-            self.ve_gate_bank = nn.Parameter(torch.zeros(len(VALUE_EMBED_LAYERS), H, 12, **bf16))
+            self.ve_gate_bank = nn.Parameter(torch.zeros(len(self.ve_gate_layers), H, 12, **bf16))
         if hp.bigram_embed:  # hashed bigram table with random sign rows (#62, #83, #85)
             self.bigram_embed = nn.Parameter(torch.zeros(hp.bigram_rows, d, **bf16))
             signs = torch.randn(BIGRAM_SIGN_ROWS, d).sign().to(torch.bfloat16)
             self.register_buffer("bigram_signs", signs, persistent=False)
-        if hp.attn_output_gates:  # per-head sigmoid output gates (#28)
+        if hp.attn_output_gates and not hp.mudd_gates:  # per-head sigmoid output gates on every layer (#28)
             self.attn_gate_bank = nn.Parameter(torch.zeros(n_attn, H, 12, **bf16))
         if hp.smear_gate:  # one-token look-back on the embeddings (#34)
             self.smear_gate = nn.Parameter(torch.zeros(1, 12, **bf16))
-        if hp.skip_connection:  # U-net remnant 3 -> 6 with a learned token gate (#45, #55)
+        if hp.skip_connection and not hp.mudd_gates:  # U-net remnant 3 -> 6 with a learned token gate (#45, #55)
             self.skip_gate = nn.Parameter(torch.zeros(1, 12, **bf16))
         if hp.residual_lambdas:  # per-sublayer residual and output weights (#9, #73)
-            self.resid_lambdas = nn.Parameter(torch.full((NUM_LAYERS, 2), math.sqrt(1.1)))
+            self.resid_lambdas = nn.Parameter(torch.full((NUM_LAYERS, 2), RESIDUAL_LAMBDA_INIT))
             self.post_lambdas = nn.Parameter(torch.ones(NUM_LAYERS, 2))
-        # scalars: attention lambdas (2 per layer), x0 lambdas, bigram lambdas, smear, skip, backout
-        scalars = torch.cat([torch.tensor([0.5, 1.0]).repeat(NUM_LAYERS), torch.zeros(NUM_LAYERS),
-                             torch.full((NUM_LAYERS,), 0.05), torch.tensor([0.0, -1.5, 0.5])])
-        self.scalars = nn.Parameter(scalars)
+        # scalars: attention lambdas, static x0/bigram lambdas, smear, skip, backout (as switched on)
+        layout = scalar_layout(hp)
+        self.scalar_parts, offset = {}, 0
+        for name, values in layout.items():
+            self.scalar_parts[name] = (offset, values.shape)
+            offset += values.numel()
+        if layout:
+            self.scalars = nn.Parameter(torch.cat([values.flatten() for values in layout.values()]))
+        if hp.xsa and not hp.mudd_gates:  # static per-head XSA strengths (#82)
+            self.xsa_alphas = nn.Parameter(torch.zeros(len(XSA_LAYERS), H))
+        mudd_w1 = lambda: torch.empty(2, MUDD_HIDDEN, d, **bf16).uniform_(-d ** -0.5, d ** -0.5)  # Kaiming-uniform
+        if hp.mudd_connections:  # MUDD (#81): two small MLPs, x -> 0.1·(W2·GELU(W1·x) + b2)
+            coefficients = mudd_initial_coefficients(hp)
+            self.mudd_w1 = nn.Parameter(mudd_w1())
+            self.mudd_w2 = nn.Parameter(torch.zeros(len(coefficients), MUDD_HIDDEN, **bf16))
+            self.mudd_b2 = nn.Parameter((coefficients / MUDD_SCALE).to(torch.bfloat16))
+        if hp.mudd_gates:  # MUDD gates (#85): x -> s·(W2·GELU(W1·x) + b2), s learned
+            outputs = mudd_gate_outputs(hp)
+            self.gate_outputs = tuple([o for o in outputs if (o[1] >= POST_GATE_LAYER) == post] for post in (False, True))
+            initial = torch.tensor([value for _, _, width, value in outputs for _ in range(width)])
+            self.mudd_gate_w1 = nn.Parameter(mudd_w1())
+            self.mudd_gate_w2 = nn.Parameter(torch.zeros(len(initial), MUDD_HIDDEN, **bf16))
+            self.mudd_gate_b2 = nn.Parameter((initial / MUDD_GATE_SCALE_INIT).to(torch.bfloat16))
+            self.mudd_gate_scale = nn.Parameter(torch.tensor(MUDD_GATE_SCALE_INIT))
+        if hp.prefix_loss:  # prefix token of every token, filled by the trainer (#88); -1: none
+            self.register_buffer("prefix_ids", torch.full((V,), -1, dtype=torch.long), persistent=False)
         freqs = rope_frequencies(hd)
         self.register_buffer("rope_base", freqs, persistent=False)
         positions = 2 * max(hp.val_seq_len, max(hp.stage_batch_tokens) // 8)  # paired layers double T
@@ -1243,12 +1379,20 @@ class GPT(nn.Module):
             "skip_gate": ParamSpec("adam", "replicated", lr_mul=0.05, betas=(0.9, 0.99)),
             "ve_gate_bank": ParamSpec("adam", "replicated", wd_mul=1.0, betas=(0.9, 0.99)),
             "attn_gate_bank": ParamSpec("adam", "replicated", wd_mul=1.0, betas=(0.9, 0.99)),
+            "xsa_alphas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
             "lm_head": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
             "bigram_embed": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
             "post_lambdas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
             "resid_lambdas": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.95)),
             "value_embeds": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
             "embed": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
+            "mudd_w1": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
+            "mudd_w2": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
+            "mudd_b2": ParamSpec("adam", "replicated", lr_mul=0.25, betas=(0.9, 0.99)),
+            "mudd_gate_w1": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
+            "mudd_gate_w2": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
+            "mudd_gate_b2": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
+            "mudd_gate_scale": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
         }
         names = dict(self.named_parameters())
         missing = set(names) - set(table)
@@ -1258,8 +1402,9 @@ class GPT(nn.Module):
 
     # --- forward ----------------------------------------------------------------------------------
     def forward(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
-                mtp_weights: Tensor | None = None, grad_scale: float = 1.0, eval_chunk: int = 0):
-        """Training (eval_chunk == 0): returns (loss to backpropagate, mean next-token CE).
+                target_weights: Tensor | None = None, grad_scale: float = 1.0, eval_chunk: int = 0):
+        """Training (eval_chunk == 0): returns (loss to backpropagate, mean next-token CE);
+        target_weights weighs the target columns (t+1 ... t+n_predict, then the prefix target).
         Evaluation: returns the summed next-token CE, lm_head applied eval_chunk tokens at a time."""
         x = self.hidden_states(input_ids, cu_seqlens, shape)
         targets = target_ids.long()
@@ -1269,33 +1414,61 @@ class GPT(nn.Module):
                 z = softcap(x[i: i + eval_chunk] @ self.lm_head.t())
                 total = total + (torch.logsumexp(z, -1) - z.gather(1, targets[i: i + eval_chunk, None])[:, 0]).sum()
             return total
-        # Multi-token prediction (#53): the same logits also score the targets t+1, t+2 (column k:
-        # target t+k, −1 past the end), in the fused lm_head + cross-entropy (FP8 on CUDA).
+        # Target matrix (T, N), -1 = none: multi-token prediction (#53) scores the same logits against
+        # the targets t+1 .. t+n_predict (none past the end); the prefix-token loss (#88) against the
+        # token spelling the longest proper prefix of the next token.
         T = x.size(0)
         ahead = torch.arange(T, device=x.device)[:, None] + torch.arange(shape.n_predict, device=x.device)
-        target_columns = torch.where(ahead < T, targets[ahead.clamp_max(T - 1)], -1)
-        return lm_head_softcap_ce(x, self.lm_head, target_columns, mtp_weights, grad_scale, self.hp.fp8_lm_head)
+        columns = [torch.where(ahead < T, targets[ahead.clamp_max(T - 1)], -1)]
+        if shape.prefix_target:
+            columns.append(self.prefix_ids[targets][:, None])
+        # The fused lm_head + soft-capped cross-entropy (FP8 on CUDA) scores every column at once.
+        return lm_head_softcap_ce(x, self.lm_head, torch.cat(columns, 1), target_weights, grad_scale,
+                                  self.hp.fp8_lm_head)
+
+    def named_scalars(self) -> dict[str, Tensor]:
+        return {name: self.scalars[offset: offset + math.prod(shape)].view(shape)
+                for name, (offset, shape) in self.scalar_parts.items()}
+
+    def mudd(self, which: int, x: Tensor) -> tuple[Tensor, ...]:
+        """MUDD coefficients (#81, RECIPE 3.18), one (T, 1) tensor each: which = 0 for the layer-10
+        block (from the residual entering it), 1 for the final mix (from the last residual)."""
+        rows = slice(0, len(MUDD_LAYER_OUTPUTS)) if which == 0 else slice(len(MUDD_LAYER_OUTPUTS), None)
+        out = F.gelu(x @ self.mudd_w1[which].t()) @ self.mudd_w2[rows].t() + self.mudd_b2[rows]
+        return (MUDD_SCALE * out).split(1, -1)
+
+    def mudd_gates(self, which: int, x: Tensor) -> dict[tuple[str, int], Tensor]:
+        """MUDD gates (#85, RECIPE 3.19): which = 0 (pre gate, from x0) or 1 (post gate, from the
+        residual entering POST_GATE_LAYER); {(kind, layer): (T, width)} for the layers it serves."""
+        outputs = self.gate_outputs[which]
+        widths = [width for _, _, width, _ in outputs]
+        first = sum(width for _, _, width, _ in self.gate_outputs[0]) if which else 0
+        rows = slice(first, first + sum(widths))
+        out = F.gelu(x @ self.mudd_gate_w1[which].t()) @ self.mudd_gate_w2[rows].t() + self.mudd_gate_b2[rows]
+        return {(kind, layer): g for (kind, layer, *_), g in zip(outputs, (self.mudd_gate_scale * out).split(widths, -1))}
 
     def hidden_states(self, input_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape) -> Tensor:
         hp = self.hp
         T, H, hd = input_ids.size(0), hp.num_heads, hp.head_dim
         ids = input_ids.long()
-        L = NUM_LAYERS  # scalars: [sa_lambdas (L x 2), x0_lambdas (L), bigram_lambdas (L), smear, skip, backout]
-        sa_lambdas = self.scalars[: 2 * L].view(L, 2)
-        x0_lambdas = self.scalars[2 * L: 3 * L]
-        bigram_lambdas = self.scalars[3 * L: 4 * L]
-        smear_lambda, skip_lambda, backout_lambda = self.scalars[4 * L:].unbind()
+        scalars = self.named_scalars() if self.scalar_parts else {}
 
         x = self.embed[ids]
         if hp.smear_gate:
             gate = torch.sigmoid(x[1:, :12] @ self.smear_gate.t())
-            x = torch.cat([x[:1], x[1:] + smear_lambda * gate * x[:-1]])
+            x = torch.cat([x[:1], x[1:] + scalars["smear_lambda"] * gate * x[:-1]])
         x0 = norm(x)
+        gates = self.mudd_gates(0, x0) if hp.mudd_gates else {}
+
+        def injection(kind: str, layer: int) -> Tensor:  # weight of x0 / the bigram embedding (#9, #62, #85)
+            return gates[(kind, layer)] if hp.mudd_gates else scalars[f"{kind}_lambdas"][layer]
+
         x = x0
         x_bigram = None
         if hp.bigram_embed:
             x_bigram = self.bigram_embed[bigram_ids(ids, hp.bigram_rows)] * self.bigram_signs[bigram_sign_ids(ids)]
-            x = x + bigram_lambdas[0] * x_bigram
+            x = x + injection("bigram", 0) * x_bigram
+        x_input = x  # the residual entering layer 0 (MUDD reads it)
         value_embeds = self.value_embeds.view(len(VALUE_EMBED_LAYERS), hp.vocab_size, -1) if hp.value_embeds else None
 
         doc_ids = torch.searchsorted(cu_seqlens, torch.arange(T, device=ids.device, dtype=cu_seqlens.dtype), right=True)
@@ -1305,45 +1478,89 @@ class GPT(nn.Module):
         qk = self.qk_bank.view(len(ATTENTION_LAYERS), 2 * H * hd, -1).unbind(0)
         vo = self.vo_bank.view(len(ATTENTION_LAYERS), 2, hp.model_dim, -1).unbind(0)
         mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
-        cached = {}
+        cached, value_embed = {}, {}
         for layer in range(NUM_LAYERS):
+            if layer == POST_GATE_LAYER and hp.mudd_gates:
+                gates.update(self.mudd_gates(1, x))
+            mudd = (dict(zip(MUDD_LAYER_OUTPUTS, self.mudd(0, x)))
+                    if hp.mudd_connections and layer == MUDD_LAYER else None)
             if layer in ATTENTION_LAYERS:
                 slot = ATTENTION_LAYERS.index(layer)
                 source = cached[CACHED_LAYER] if (layer > CACHED_LAYER and hp.late_attn_from_layer7) else x
-                ve = None
+                a_in = norm(source)
+                aux_v = None  # added to the values
                 if value_embeds is not None and layer in VALUE_EMBED_LAYERS:
-                    ve = value_embeds[VALUE_EMBED_LAYERS.index(layer)][ids]
-                attn = self.attention(layer, slot, norm(source), ve, qk[slot], vo[slot], sa_lambdas[layer], attention_context)
-                if hp.residual_lambdas:
-                    x = self.resid_lambdas[layer, 0] * x + self.post_lambdas[layer, 0] * attn + x0_lambdas[layer] * x0
+                    ve = value_embed[layer] = value_embeds[VALUE_EMBED_LAYERS.index(layer)][ids]
+                    if mudd is not None:  # one MUDD gate for each half of the heads
+                        gate = torch.cat([mudd["ve_gate_first_heads"].expand(T, H // 2),
+                                          mudd["ve_gate_last_heads"].expand(T, H - H // 2)], -1)
+                    else:  # gated value embedding (#55, #70)
+                        gate = 2 * torch.sigmoid(torch.cat([a_in[:, :6], ve[:, :6]], -1)
+                                                 @ self.ve_gate_bank[self.ve_gate_layers.index(layer)].t())
+                    aux_v = gate[..., None] * ve.view(T, H, hd)
+                if mudd is not None:  # MUDD value input and residual pre-mix (#81)
+                    v_mudd = (mudd["v_input"] * x_input + mudd["v_layer7"] * cached[CACHED_LAYER]
+                              + mudd["v_residual"] * x).view(T, H, hd)
+                    aux_v = v_mudd if aux_v is None else aux_v + v_mudd
+                    x = ((1 + mudd["mix_residual"]) * x + mudd["mix_input"] * x_input
+                         + mudd["mix_layer7"] * cached[CACHED_LAYER])
+                out_gate = xsa_alpha = dc_weights = None
+                if hp.attn_output_gates:
+                    out_gate = (gates.get(("out_gate", layer)) if hp.mudd_gates
+                                else torch.sigmoid(a_in[:, :12] @ self.attn_gate_bank[slot].t()))
+                if hp.xsa and layer in XSA_LAYERS:
+                    xsa_alpha = gates[("xsa", layer)] if hp.mudd_gates else self.xsa_alphas[XSA_LAYERS.index(layer)]
+                if hp.dc_mha and layer == DC_LAYER:  # w1 RMS-normalized over the heads (RECIPE 3.20)
+                    dc_weights = (F.rms_norm(gates[("dc_w1", layer)].float(), (H,), eps=1e-6), gates[("dc_w2", layer)])
+                attn = self.attention(layer, slot, a_in, aux_v, qk[slot], vo[slot],
+                                      scalars["attn_lambdas"][layer] if hp.attn_lambdas else None,
+                                      attention_context, out_gate, xsa_alpha, dc_weights)
+                if mudd is not None:
+                    x = mudd["attn_residual"] * x + mudd["attn_out"] * attn + mudd["attn_input"] * x_input
+                    if x_bigram is not None:
+                        x = x + mudd["attn_bigram"] * x_bigram
                 else:
-                    x = x + attn
-                if x_bigram is not None and layer > 0:
-                    x = x + bigram_lambdas[layer] * x_bigram
+                    x = (self.resid_lambdas[layer, 0] * x + self.post_lambdas[layer, 0] * attn
+                         if hp.residual_lambdas else x + attn)
+                    x = x + injection("x0", layer) * x0
+                    if x_bigram is not None and layer > 0:
+                        x = x + injection("bigram", layer) * x_bigram
             elif layer == SKIP_TARGET_LAYER and hp.skip_connection:
-                gate = 2 * torch.sigmoid(x0[:, :12] @ self.skip_gate.t())
-                x = x + torch.sigmoid(skip_lambda) * gate * cached[SKIP_SOURCE_LAYER]
+                gate = (gates[("skip", layer)] if hp.mudd_gates
+                        else 2 * torch.sigmoid(x0[:, :12] @ self.skip_gate.t()))
+                x = x + torch.sigmoid(scalars["skip_lambda"]) * gate * cached[SKIP_SOURCE_LAYER]
             mlp_out = relu_square_mlp(norm(x), mlp_fc[layer], mlp_proj[layer], hp.fused_mlp)
-            x = (self.resid_lambdas[layer, 1] * x + self.post_lambdas[layer, 1] * mlp_out
-                 if hp.residual_lambdas else x + mlp_out)
+            if mudd is not None:
+                x = mudd["mlp_residual"] * x + mudd["mlp_out"] * mlp_out
+            else:
+                x = (self.resid_lambdas[layer, 1] * x + self.post_lambdas[layer, 1] * mlp_out
+                     if hp.residual_lambdas else x + mlp_out)
             cached[layer] = x
-        if hp.backout:  # subtract part of the layer-7 residual before the head (#40)
-            x = x - backout_lambda * cached[CACHED_LAYER]
+        if hp.mudd_connections:  # dense mix of earlier residuals before the head (#81), incl. the backout
+            final = dict(zip(MUDD_FINAL_OUTPUTS, self.mudd(1, x)))
+            x = (x + final["input"] * x_input + final["layer7"] * cached[CACHED_LAYER]
+                 + final["layer9"] * cached[MUDD_LAYER - 1] + final["layer3"] * cached[SKIP_SOURCE_LAYER])
+            if value_embeds is not None:
+                x = x + final["value_embed"] * value_embed[VALUE_EMBED_LAYERS[0]]
+        elif hp.backout:  # subtract part of the layer-7 residual before the head (#40)
+            x = x - scalars["backout_lambda"] * cached[CACHED_LAYER]
         return norm(x)
 
-    def attention(self, layer: int, slot: int, x: Tensor, ve: Tensor | None, qk_weight: Tensor,
-                  vo_weight: Tensor, sa_lambdas: Tensor, ctx: dict) -> Tensor:
+    def attention(self, layer: int, slot: int, x: Tensor, aux_v: Tensor | None, qk_weight: Tensor,
+                  vo_weight: Tensor, attn_lambdas: Tensor | None, ctx: dict, out_gate: Tensor | None = None,
+                  xsa_alpha: Tensor | None = None, dc_weights: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """One attention sublayer on the normalized input x; aux_v (T, H, hd) is added to the values,
+        out_gate (T, H) multiplies the heads' outputs."""
         hp, shape = self.hp, ctx["shape"]
         T, H, hd = x.size(0), hp.num_heads, hp.head_dim
         w_qkv = torch.cat([qk_weight, vo_weight[0]])
         w_o = vo_weight[1]
-        if hp.attn_lambdas:  # lambdas pre-multiplied into the weights (#47, #48)
-            w_qkv, w_o = sa_lambdas[0] * w_qkv, sa_lambdas[1] * w_o
+        if attn_lambdas is not None:  # lambdas pre-multiplied into the weights (#47, #48)
+            w_qkv, w_o = attn_lambdas[0] * w_qkv, attn_lambdas[1] * w_o
         q, k, v = (x @ w_qkv.t()).view(T, 3 * H, hd).split(H, dim=1)
         q, k = norm(q), norm(k)  # QK-norm
-        if ve is not None:  # gated value embedding (#55, #70)
-            gate = 2 * torch.sigmoid(torch.cat([x[:, :6], ve[:, :6]], -1) @ self.ve_gate_bank[VALUE_EMBED_LAYERS.index(layer)].t())
-            v = v + gate[..., None] * ve.view(T, H, hd)
+        if aux_v is not None:
+            v = v + aux_v
         paired = hp.paired_heads and layer in PAIRED_HEAD_LAYERS
         window = shape.long_window if layer in LONG_WINDOW_LAYERS else shape.short_window
         cu_seqlens, doc_ids, max_seqlen, masks = ctx["cu_seqlens"], ctx["doc_ids"], shape.max_seq_len, ctx["block_masks"]
@@ -1356,10 +1573,15 @@ class GPT(nn.Module):
         if hp.key_offset and layer in KEY_OFFSET_LAYERS:
             # Partial key offset (#49): the stationary half of each key takes the previous token's.
             k = torch.cat([k[:, :, : hd // 2], torch.cat([k[:1, :, hd // 2:], k[:-1, :, hd // 2:]])], dim=-1)
-        y = attend((q * self.attn_scale).to(v.dtype), k, v, cu_seqlens, doc_ids, window, max_seqlen, ctx["backend"], masks)
+        q = (q * self.attn_scale).to(v.dtype)
+        y = attend(q, k, v, cu_seqlens, doc_ids, window, max_seqlen, ctx["backend"], masks)
         y = y.reshape(T, H, hd)
-        if hp.attn_output_gates:
-            y = y * torch.sigmoid(x[:, :12] @ self.attn_gate_bank[slot].t())[..., None]
+        if dc_weights is not None:  # cross-head composition on a local window (#85); not on paired layers
+            y = y + dc_mha(q, k, v, doc_ids, *dc_weights)
+        if xsa_alpha is not None:  # not on paired layers: v is still (T, H, hd)
+            y = exclusive_self_attention(y, v, xsa_alpha)
+        if out_gate is not None:
+            y = y * out_gate[..., None]
         return y.reshape(T, H * hd) @ w_o.t()
 
 
@@ -1571,11 +1793,48 @@ class ValidationSet:
         return (self.batch(chunk) for chunk in self.chunks)
 
 
+GPT2_SPECIAL_TOKEN = "<|endoftext|>"
+
+
+def gpt2_token_bytes(tokenizer_dir: str) -> dict[int, bytes]:
+    """The byte string of every GPT-2 token id (the special token excluded), read from
+    tokenizer_dir/encoder.json, whose keys spell bytes in GPT-2's byte-level alphabet: printable
+    Latin-1 characters stand for their own byte, the other bytes for chr(256 + n) in byte order."""
+    path = os.path.join(tokenizer_dir, "encoder.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"the prefix-token loss (PREFIX_LOSS=1) needs GPT-2's vocabulary file {path}: "
+            f"`python data/cached_fineweb10B.py` fetches it into data/gpt2/ with the shards; or set "
+            f"TOKENIZER_DIR to a folder holding encoder.json, or PREFIX_LOSS=0 to train without that loss")
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    byte_of = {chr(b): b for b in printable}
+    byte_of.update({chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in printable)})
+    try:
+        with open(path, encoding="utf-8") as f:
+            encoder = json.load(f)
+        return {int(i): bytes(byte_of[c] for c in token) for token, i in encoder.items() if token != GPT2_SPECIAL_TOKEN}
+    except (ValueError, KeyError) as error:
+        raise ValueError(f"{path} is not a GPT-2 encoder.json ({type(error).__name__}: {error})") from None
+
+
+def prefix_token_ids(token_bytes: dict[int, bytes], vocab_size: int) -> Tensor:
+    """For every id: the token whose bytes are the longest proper prefix of its bytes, -1 where none
+    is a token (single bytes, the special token, padding ids) (#88, RECIPE 3.15)."""
+    id_of = {b: i for i, b in token_bytes.items()}
+    table = [-1] * vocab_size
+    for i, b in token_bytes.items():
+        if i >= vocab_size:
+            raise ValueError(f"token id {i} does not fit the vocabulary of {vocab_size} (VOCAB_SIZE)")
+        table[i] = next((id_of[b[:n]] for n in range(len(b) - 1, 0, -1) if b[:n] in id_of), -1)
+    return torch.tensor(table, dtype=torch.long)
+
+
 # =============================================================================================
 # Training
 # =============================================================================================
 
 RANKS_PER_STEP = 8  # the schedule is written for 8 ranks; fewer GPUs accumulate gradients
+PREFIX_LOSS_WEIGHT = 0.25  # prefix-token loss weight in stage 1 (#88)
 
 
 class Schedule:
@@ -1610,7 +1869,8 @@ class Schedule:
 
     def forward_shape(self, step: int, final: bool = False) -> ForwardShape:
         short, long = self.windows(step, final)
-        return ForwardShape(short, long, self.hp.stage_max_seq_len[self.stage(step)], len(self.mtp_weights(step)))
+        return ForwardShape(short, long, self.hp.stage_max_seq_len[self.stage(step)], len(self.mtp_weights(step)),
+                            self.prefix_weight(step) is not None)
 
     def lr_multiplier(self, step: int) -> float:
         stage_mul = self.hp.stage_lr_mul[self.stage(step)]
@@ -1628,14 +1888,32 @@ class Schedule:
             mu = hp.muon_momentum_max - (hp.muon_momentum_max - hp.muon_momentum_min) * (step - cooldown_start) / hp.muon_momentum_cooldown_steps
         return mu
 
+    def stage_progress(self, step: int) -> float:
+        """Fraction of the current stage elapsed before this step."""
+        stage = self.stage(step)
+        start, end = self.stage_starts[stage], (self.stage_starts + [self.total_steps])[stage + 1]
+        return (step - start) / (end - start)
+
     def mtp_weights(self, step: int) -> list[float]:
         """Multi-token prediction weights for targets t+1, t+2, ... (#53, RECIPE 3.14)."""
         stage = self.stage(step)
         if not self.hp.multi_token_prediction or stage >= 2:
             return [1.0]
-        start, end = self.stage_starts[stage], self.stage_starts[stage + 1]
-        tau = (step - start) / (end - start)
+        tau = self.stage_progress(step)
         return [1.0, 0.5, 0.25 * (1 - tau)] if stage == 0 else [1.0, 0.5 * (1 - tau)]
+
+    def prefix_weight(self, step: int) -> float | None:
+        """Weight of the prefix-token loss (#88, RECIPE 3.15): 0.25 in stage 1, 0.25 -> 0 over
+        stage 2; None from stage 3 on (no prefix column)."""
+        stage = self.stage(step)
+        if not self.hp.prefix_loss or stage >= 2:
+            return None
+        return PREFIX_LOSS_WEIGHT * (1 - self.stage_progress(step) if stage == 1 else 1.0)
+
+    def target_weights(self, step: int) -> list[float]:
+        """Weights of the loss's target columns: multi-token prediction, then the prefix token."""
+        prefix = self.prefix_weight(step)
+        return self.mtp_weights(step) + ([] if prefix is None else [prefix])
 
     def warmup_steps(self) -> list[int]:
         """Steps whose graphs the warm-up compiles: the first two and both sides of every stage start."""
@@ -1697,6 +1975,8 @@ def check_hyperparameters(hp: Hyperparameters):
             raise ValueError(f"{name.upper()} has {len(getattr(hp, name))} entries, STAGE_BATCH_TOKENS has {stages}")
     if stages != 4:
         raise ValueError("the schedule has three stages and an extension: give 4 entries per STAGE_* variable")
+    if hp.dc_mha and not hp.mudd_gates:
+        raise ValueError("DC_MHA=1 takes its per-token weights from the MUDD gates: set MUDD_GATES=1")
     for tokens in hp.stage_batch_tokens:
         if tokens % RANKS_PER_STEP:
             raise ValueError(f"STAGE_BATCH_TOKENS entry {tokens} is not divisible by {RANKS_PER_STEP}")
@@ -1719,13 +1999,14 @@ class Trainer:
                                      world_size, tied=("embed", "lm_head"))
         self.forward = torch.compile(self.model, dynamic=False, fullgraph=True) if hp.compile else self.model
         self.val_set = ValidationSet(hp.val_files, hp.val_tokens, hp.val_seq_len, rank, world_size, device)
+        self.token_bytes = gpt2_token_bytes(hp.tokenizer_dir) if hp.prefix_loss else None
         self.stage = None
         self.losses = torch.zeros(self.schedule.total_steps, device=device)
         self.checked_steps = 0
-        # Every step's multi-token-prediction weights on the device, made once: a per-step copy from
-        # host memory would block the CPU until the GPU drained its queue, exposing launch gaps.
-        self.mtp_weights = [torch.tensor(self.schedule.mtp_weights(step), device=device)
-                            for step in range(self.schedule.total_steps)]
+        # Every step's target-column weights on the device, made once: a per-step copy from host
+        # memory would block the CPU until the GPU drained its queue, exposing launch gaps.
+        self.target_weights = [torch.tensor(self.schedule.target_weights(step), device=device)
+                               for step in range(self.schedule.total_steps)]
 
     def set_step(self, step: int):
         """Schedule state that lives in the model (YaRN tables), refreshed on stage changes."""
@@ -1738,12 +2019,12 @@ class Trainer:
         self.set_step(step)
         schedule = self.schedule
         shape = schedule.forward_shape(step)
-        mtp_weights = self.mtp_weights[step]
+        target_weights = self.target_weights[step]
         tokens = schedule.tokens_per_rank(step)
         mean_ce = torch.zeros((), device=self.device)
         for _ in range(self.grad_accum):
             inputs, targets, cu_seqlens = loader.next_batch(tokens, shape.max_seq_len)
-            loss, ce = self.forward(inputs, targets, cu_seqlens, shape, mtp_weights, self.grad_scale)
+            loss, ce = self.forward(inputs, targets, cu_seqlens, shape, target_weights, self.grad_scale)
             loss.backward()
             mean_ce += ce / self.grad_accum
         self.optimizer.set_lr_multiplier(schedule.lr_multiplier(step))
@@ -1757,7 +2038,8 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> float:
         self.set_step(step)
-        shape = dataclasses.replace(self.schedule.forward_shape(step, final), max_seq_len=self.hp.val_seq_len, n_predict=1)
+        shape = dataclasses.replace(self.schedule.forward_shape(step, final), max_seq_len=self.hp.val_seq_len,
+                                    n_predict=1, prefix_target=False)
         total = torch.zeros((), device=self.device)
         count = 0
         for i, (inputs, targets, cu_seqlens) in enumerate(self.val_set):
@@ -1823,6 +2105,8 @@ class Trainer:
         gc.collect()
         self._sync()
         training_ms, t0 = 0.0, time.perf_counter()
+        if self.token_bytes is not None:  # built on the clock, like the reference's (RECIPE 0.12)
+            self.model.prefix_ids.copy_(prefix_token_ids(self.token_bytes, hp.vocab_size))
         val_loss = float("nan")
         for step in range(total + 1):
             last = step == total

@@ -1,7 +1,9 @@
 """Download the GPT-2 token shards of FineWeb from the Hugging Face hub: resumable and verified.
 
 Fetches <prefix>val_000000.bin and the first N train shards <prefix>train_000001.bin ...
-(about 100M tokens each) of a kjj0/*-gpt2 dataset repo into data/<dataset>/.
+(about 100M tokens each) of a kjj0/*-gpt2 dataset repo into data/<dataset>/, and GPT-2's
+tokenizer files (encoder.json, vocab.bpe: 1.5 MB, from the openai-community/gpt2 model repo) into
+data/gpt2/ (the training script's prefix-token loss reads encoder.json).
 Complete files are skipped; an interrupted download continues from its .part file on the
 next run. Every file is checked (size and shard header) before it takes its final name.
 HF_ENDPOINT selects the hub (or a mirror); with HF_HUB_OFFLINE=1 nothing is downloaded and
@@ -9,6 +11,7 @@ the command only checks that the files are present.
 """
 import argparse
 import http.client
+import json
 import os
 import sys
 import urllib.error
@@ -31,6 +34,10 @@ DATASETS = {
     "finewebedu10B": ("kjj0/finewebedu10B-gpt2", "finewebedu_", 99),
 }
 DEFAULT_TRAIN_SHARDS = 9  # ~900M tokens
+# GPT-2's BPE files on the hub: local name -> name in the model repo (same contents as OpenAI's files)
+TOKENIZER_REPO = "openai-community/gpt2"
+TOKENIZER_FILES = {"encoder.json": "vocab.json", "vocab.bpe": "merges.txt"}
+GPT2_TOKENS, GPT2_MERGES, GPT2_END_OF_TEXT = 50257, 50000, 50256
 CHUNK_BYTES = 1 << 20
 TIMEOUT_S = 60  # a request that stalls this long counts as a network failure
 NETWORK_ERRORS = (OSError, http.client.HTTPException)  # URLError, HTTPError, timeouts and resets are OSErrors
@@ -180,6 +187,55 @@ def fetch_all(repo, names, out_dir):
             tqdm.write(f"{name}: {ntokens:,} tokens")
 
 
+def check_tokenizer_file(name, data):
+    """Raise ValueError unless `data` is GPT-2's encoder.json / vocab.bpe."""
+    text = data.decode("utf-8")
+    if name == "encoder.json":
+        vocab = json.loads(text)
+        if not isinstance(vocab, dict) or len(vocab) != GPT2_TOKENS or vocab.get("<|endoftext|>") != GPT2_END_OF_TEXT:
+            raise ValueError(f"not GPT-2's vocabulary ({GPT2_TOKENS} tokens, <|endoftext|> = {GPT2_END_OF_TEXT})")
+    elif not text.startswith("#version") or len(text.strip("\n").split("\n")) != GPT2_MERGES + 1:
+        raise ValueError(f"not GPT-2's merges (a #version line, then {GPT2_MERGES} merges)")
+
+
+def tokenizer_missing(tokenizer_dir):
+    """The tokenizer files that are absent or not valid (an invalid one is reported)."""
+    missing = []
+    for name in TOKENIZER_FILES:
+        path = os.path.join(tokenizer_dir, name)
+        if not os.path.exists(path):
+            missing.append(name)
+            continue
+        try:
+            with open(path, "rb") as f:
+                check_tokenizer_file(name, f.read())
+        except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            tqdm.write(f"warning: {path}: {err}; downloading it again")
+            missing.append(name)
+    return missing
+
+
+def fetch_tokenizer(names, tokenizer_dir):
+    """Download the small tokenizer files whole, check them, then give them their final names."""
+    os.makedirs(tokenizer_dir, exist_ok=True)
+    for name in names:
+        url = hf_hub_url(TOKENIZER_REPO, TOKENIZER_FILES[name])
+        try:
+            with open_url(url) as response:
+                data = response.read()
+        except NETWORK_ERRORS as err:
+            raise network_failure(name, url, err) from None
+        try:
+            check_tokenizer_file(name, data)
+        except ValueError as err:
+            raise DownloadError(f"{url} did not give a usable {name}: {err}") from None
+        part = os.path.join(tokenizer_dir, name + ".part")
+        with open(part, "wb") as f:
+            f.write(data)
+        os.replace(part, os.path.join(tokenizer_dir, name))
+        print(f"{name}: GPT-2 tokenizer file, {len(data):,} bytes")
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -192,6 +248,8 @@ def parse_args(argv):
                         help="which token set: " + ", ".join(f"{d} = {r}" for d, (r, _, _) in DATASETS.items())
                              + " (default fineweb10B)")
     parser.add_argument("--out-dir", help="destination folder (default: data/<dataset> beside this script)")
+    parser.add_argument("--tokenizer-dir", help="folder for GPT-2's encoder.json and vocab.bpe (default: data/gpt2 "
+                                                "beside this script; train_gpt.py's TOKENIZER_DIR)")
     args = parser.parse_args(argv)
     max_train = DATASETS[args.dataset][2]
     if not 0 <= args.num_train <= max_train:
@@ -204,17 +262,22 @@ def main(argv=None):
     repo, prefix, _ = DATASETS[args.dataset]
     out_dir = args.out_dir or os.path.join(HERE, args.dataset)
     names = [f"{prefix}val_000000.bin"] + [f"{prefix}train_{i:06d}.bin" for i in range(1, args.num_train + 1)]
+    tokenizer_dir = args.tokenizer_dir or os.path.join(HERE, "gpt2")
     missing = [name for name in names if not is_complete(os.path.join(out_dir, name))]
-    if not missing:
-        print(f"all {len(names)} files already present and valid in {out_dir}")
+    missing_tokenizer = tokenizer_missing(tokenizer_dir)
+    if not missing and not missing_tokenizer:
+        print(f"all {len(names)} files already present and valid in {out_dir}, the tokenizer in {tokenizer_dir}")
         return 0
     if constants.HF_HUB_OFFLINE:
-        print(f"error: HF_HUB_OFFLINE is set but {len(missing)} file(s) are missing from {out_dir}: "
-              f"{', '.join(missing)}\nUnset HF_HUB_OFFLINE to download them.", file=sys.stderr)
+        absent = [os.path.join(out_dir, n) for n in missing] + [os.path.join(tokenizer_dir, n) for n in missing_tokenizer]
+        print(f"error: HF_HUB_OFFLINE is set but {len(absent)} file(s) are missing: "
+              f"{', '.join(absent)}\nUnset HF_HUB_OFFLINE to download them.", file=sys.stderr)
         return 1
     os.makedirs(out_dir, exist_ok=True)
     try:
-        fetch_all(repo, missing, out_dir)
+        fetch_tokenizer(missing_tokenizer, tokenizer_dir)
+        if missing:
+            fetch_all(repo, missing, out_dir)
     except DownloadError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

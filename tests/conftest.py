@@ -25,9 +25,11 @@ def shards():
 def corpus(tmp_path_factory, shards):
     """Tiny train/val shards of learnable synthetic documents: arithmetic progressions of token
     ids, each after a BOS (the TINY configuration of test_training.py trains on them)."""
+    import json
+
     import numpy as np
 
-    from train_gpt import BOS_ID
+    from train_gpt import BOS_ID, GPT2_SPECIAL_TOKEN
 
     folder = tmp_path_factory.mktemp("corpus")
     rng = np.random.default_rng(0)
@@ -42,6 +44,13 @@ def corpus(tmp_path_factory, shards):
     for i in range(1, 4):
         shards.write_shard(str(folder / f"tiny_train_{i:06d}.bin"), documents(300))
     shards.write_shard(str(folder / "tiny_val_000000.bin"), documents(60))
+
+    # A vocabulary for the prefix-token loss: token i spells i in base 26 (letters), so the prefix of
+    # token i >= 26 is token i // 26.
+    def spelling(i):
+        return chr(ord("a") + i) if i < 26 else spelling(i // 26) + chr(ord("a") + i % 26)
+    vocabulary = {spelling(i): i for i in range(1000)} | {GPT2_SPECIAL_TOKEN: BOS_ID}
+    (folder / "encoder.json").write_text(json.dumps(vocabulary))
     return folder
 
 

@@ -1,4 +1,5 @@
 """End-to-end tests of data/cached_fineweb10B.py against a fake Hugging Face hub on loopback."""
+import json
 import os
 import subprocess
 import sys
@@ -9,8 +10,10 @@ import numpy as np
 import pytest
 
 REPO_PATH = "/datasets/kjj0/fineweb10B-gpt2/resolve/main/"  # what hf_hub_url makes for repo_type="dataset"
+TOKENIZER_PATH = "/openai-community/gpt2/resolve/main/"  # the GPT-2 model repo
 CDN_PATH = "/cdn/"
 NAMES = ["fineweb_val_000000.bin", "fineweb_train_000001.bin", "fineweb_train_000002.bin"]
+TOKENIZER_NAMES = ["vocab.json", "merges.txt"]  # saved as encoder.json, vocab.bpe
 
 
 class FakeHub(ThreadingHTTPServer):
@@ -49,9 +52,10 @@ class FakeHubHandler(BaseHTTPRequestHandler):
     def respond(self, send_body):
         hub = self.server
         at_cdn = self.path.startswith(CDN_PATH)
-        name = self.path.removeprefix(CDN_PATH if at_cdn else REPO_PATH)
+        prefix = next((p for p in (CDN_PATH, REPO_PATH, TOKENIZER_PATH) if self.path.startswith(p)), None)
+        name = self.path.removeprefix(prefix or "")
         hub.requests.append((self.command, name, self.headers.get("Range"), at_cdn))
-        data = hub.files.get(name) if at_cdn or self.path.startswith(REPO_PATH) else None
+        data = hub.files.get(name) if prefix else None
         if data is None:
             self.send_error(404, "Entry not found")
         elif hub.use_cdn and not at_cdn:
@@ -89,9 +93,17 @@ def shard_bytes(shards, tmp_path, name, ntokens, seed):
     return path.read_bytes()
 
 
+def tokenizer_bytes():
+    """Files shaped like GPT-2's: 50257 tokens with <|endoftext|> = 50256, a version line and 50000 merges."""
+    vocab = {f"t{i}": i for i in range(50256)} | {"<|endoftext|>": 50256}
+    merges = "#version: 0.2\n" + "".join(f"a{i} b{i}\n" for i in range(50000))
+    return {"vocab.json": json.dumps(vocab).encode(), "merges.txt": merges.encode()}
+
+
 @pytest.fixture
 def files(shards, tmp_path):
-    return {name: shard_bytes(shards, tmp_path, name, 700 + 300 * i, seed=i) for i, name in enumerate(NAMES)}
+    shard_files = {name: shard_bytes(shards, tmp_path, name, 700 + 300 * i, seed=i) for i, name in enumerate(NAMES)}
+    return shard_files | tokenizer_bytes()
 
 
 @pytest.fixture
@@ -113,7 +125,8 @@ def download(repo_root, tmp_path, hub):
                    NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
         if offline:
             env["HF_HUB_OFFLINE"] = "1"
-        command = [sys.executable, str(repo_root / "data" / "cached_fineweb10B.py"), *args]
+        command = [sys.executable, str(repo_root / "data" / "cached_fineweb10B.py"), *args,
+                   "--tokenizer-dir", str(tmp_path / "gpt2")]
         return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     return run
 
@@ -131,14 +144,16 @@ def assert_clean_failure(result, *fragments):
 
 
 @pytest.mark.parametrize("use_cdn", [True, False], ids=["via-cdn-redirect", "direct"])
-def test_fresh_download_then_skip_then_offline(download, hub, files, out, use_cdn):
+def test_fresh_download_then_skip_then_offline(download, hub, files, out, tmp_path, use_cdn):
     hub.use_cdn = use_cdn
     result = download("2", "--out-dir", str(out))
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == sorted(NAMES)  # no .part left over
     for name in NAMES:
         assert (out / name).read_bytes() == files[name]
-    assert sorted(name for name, _ in hub.gets()) == sorted(NAMES)
+    assert sorted(name for name, _ in hub.gets()) == sorted(NAMES + TOKENIZER_NAMES)
+    assert (tmp_path / "gpt2" / "encoder.json").read_bytes() == files["vocab.json"]
+    assert (tmp_path / "gpt2" / "vocab.bpe").read_bytes() == files["merges.txt"]
 
     hub.requests.clear()
     again = download("2", "--out-dir", str(out))
@@ -198,8 +213,26 @@ def test_corrupted_file_is_rejected(download, hub, out, damage, defect):
 
 def test_offline_with_missing_files(download, hub, out):
     result = download("2", "--out-dir", str(out), offline=True)
-    assert_clean_failure(result, "HF_HUB_OFFLINE", *NAMES)
+    assert_clean_failure(result, "HF_HUB_OFFLINE", *NAMES, "encoder.json", "vocab.bpe")
     assert hub.requests == []
+
+
+def test_tokenizer_alone_missing_or_damaged_is_fetched_again(download, hub, files, out, tmp_path):
+    assert download("2", "--out-dir", str(out)).returncode == 0
+    (tmp_path / "gpt2" / "encoder.json").write_text('{"a": 0}')  # not GPT-2's
+    (tmp_path / "gpt2" / "vocab.bpe").unlink()
+    hub.requests.clear()
+    result = download("2", "--out-dir", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "not GPT-2's vocabulary" in result.stdout and sorted(n for n, _ in hub.gets()) == sorted(TOKENIZER_NAMES)
+    assert (tmp_path / "gpt2" / "encoder.json").read_bytes() == files["vocab.json"]
+
+
+def test_bad_tokenizer_on_the_hub_is_one_clear_error(download, hub, out, tmp_path):
+    hub.files["vocab.json"] = b"<html>not json</html>"
+    result = download("2", "--out-dir", str(out))
+    assert_clean_failure(result, "vocab.json", "did not give a usable encoder.json")
+    assert not (tmp_path / "gpt2" / "encoder.json").exists()
 
 
 def test_too_many_shards_is_a_usage_error(download, hub, out):

@@ -130,6 +130,7 @@ SPECS = {
     "qk_bank": T.ParamSpec("normuon", "sharded", matrix_shape=(8, 12), wd_mul=1.0),
     "mlp_bank": T.ParamSpec("normuon", "sharded", matrix_shape=(24, 12), wd_mul=1.0, matrix_lr_muls=(1.0, 2.0)),
     "scalars": T.ParamSpec("adam", "replicated", lr_mul=5.0),
+    "mudd_gate_scale": T.ParamSpec("adam", "replicated", lr_mul=0.1),  # 0-d
     "lm_head": T.ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
     "embed": T.ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
 }
@@ -142,6 +143,7 @@ def make_params(seed: int = 0, dtype=torch.bfloat16) -> dict:
         "qk_bank": torch.nn.Parameter((torch.randn(5, 8, 12, generator=g) * 0.1).to(dtype)),
         "mlp_bank": torch.nn.Parameter((torch.randn(3, 2, 24, 12, generator=g) * 0.1).to(dtype)),
         "scalars": torch.nn.Parameter(torch.randn(6, generator=g)),
+        "mudd_gate_scale": torch.nn.Parameter(torch.tensor(0.1)),
         "lm_head": torch.nn.Parameter(lm_head),
         "embed": torch.nn.Parameter(lm_head.clone()),
     }

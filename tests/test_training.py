@@ -23,13 +23,14 @@ TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=
             muon_momentum_cooldown_steps=2)
 SWITCHES = [f.name for f in dataclasses.fields(T.Hyperparameters)
             if f.type in (bool, "bool") and f.name not in ("rank_slice", "compile", "warmup", "save_checkpoint")]
+DEFAULTS = T.Hyperparameters()
 
 
 def tiny_env(tmp_path, corpus, **overrides) -> dict:
     """Environment variables for a tiny main() run on the corpus."""
     values = dict(TINY, train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
-                  log_dir=str(tmp_path / "logs"), num_scheduled_iterations=6, num_extension_iterations=1,
-                  val_loss_every=3)
+                  tokenizer_dir=str(corpus), log_dir=str(tmp_path / "logs"), num_scheduled_iterations=6,
+                  num_extension_iterations=1, val_loss_every=3)
     values.update(overrides)
     env = {k: v for k, v in os.environ.items() if k.upper() not in {f.name.upper() for f in dataclasses.fields(T.Hyperparameters)}}
     for key, value in values.items():
@@ -37,40 +38,45 @@ def tiny_env(tmp_path, corpus, **overrides) -> dict:
     return env
 
 
-def random_batch(T_tokens=256, docs=(0, 40, 41, 200)):
-    ids = torch.randint(0, 50000, (T_tokens + 1,))
-    ids[list(docs)] = T.BOS_ID
+def random_batch(T_tokens=256, docs=(0, 40, 41, 200), vocab=50000):
+    ids = torch.randint(0, vocab, (T_tokens + 1,))
+    ids[list(docs)] = min(T.BOS_ID, vocab - 1)
     cu = T.cu_seqlens_for(list(np.diff(list(docs) + [T_tokens + 1])), T_tokens, 16)
     return ids[:-1].int(), ids[1:].int(), torch.from_numpy(cu)
 
 
-@pytest.mark.parametrize("switch", ["all on", "all off"] + SWITCHES)
+@pytest.mark.parametrize("switch", ["defaults", "all on", "all off"] + SWITCHES)
 def test_forward_backward_with_each_switch(switch):
-    base = dict(TINY)
-    if switch == "all off":
-        base.update({name: False for name in SWITCHES}, untie_embed_at=0.0)
-    elif switch != "all on":
-        base[switch] = False
+    """Each switch flipped from its default (and all on, all off); a small vocabulary for speed."""
+    base = dict(TINY, vocab_size=1024)
+    if switch in ("all on", "all off"):
+        base.update({name: switch == "all on" for name in SWITCHES}, untie_embed_at=2 / 3 if switch == "all on" else 0.0)
+    elif switch != "defaults":
+        base[switch] = not getattr(DEFAULTS, switch)
+    if base.get("dc_mha") and not base.get("mudd_gates", True):
+        pytest.skip("DC-MHA needs the MUDD gates")
     hp = T.Hyperparameters(**base)
     torch.manual_seed(0)
     model = T.GPT(hp)
+    if hp.prefix_loss:
+        model.prefix_ids.copy_(torch.arange(1024) // 3 - 1)
     for name, spec in model.param_specs().items():
         assert dict(model.named_parameters())[name] is not None and spec.optimizer in ("normuon", "adam")
-    inputs, targets, cu = random_batch()
-    shape = T.ForwardShape(short_window=32, long_window=96, max_seq_len=128, n_predict=3)
-    loss, ce = model(inputs, targets, cu, shape, torch.tensor([1.0, 0.5, 0.25]), grad_scale=0.5)
+    inputs, targets, cu = random_batch(vocab=1024)
+    shape = T.ForwardShape(short_window=32, long_window=96, max_seq_len=128, n_predict=3, prefix_target=hp.prefix_loss)
+    weights = torch.tensor([1.0, 0.5, 0.25] + [0.25] * hp.prefix_loss)
+    loss, ce = model(inputs, targets, cu, shape, weights, grad_scale=0.5)
     loss.backward()
-    assert torch.isfinite(loss) and torch.isfinite(ce) and 9 < ce.item() < 12  # ~ln(50304) at init
-    scalar_users = ("attn_lambdas", "residual_lambdas", "bigram_embed", "smear_gate", "skip_connection", "backout")
+    assert torch.isfinite(loss) and torch.isfinite(ce) and 6 < ce.item() < 8  # ~ln(1024) at init
     for name, p in model.named_parameters():
-        if name == "scalars" and not any(getattr(hp, f) for f in scalar_users):
-            assert p.grad is None  # nothing reads them
-            continue
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
-    for feature, param in [("value_embeds", "value_embeds"), ("bigram_embed", "bigram_embed"),
-                           ("attn_output_gates", "attn_gate_bank"), ("smear_gate", "smear_gate"),
-                           ("skip_connection", "skip_gate"), ("residual_lambdas", "resid_lambdas")]:
-        assert hasattr(model, param) == getattr(hp, feature), (feature, param)
+    gates = not hp.mudd_gates  # the static gates that the MUDD gates replace
+    for present, param in [(hp.value_embeds, "value_embeds"), (hp.bigram_embed, "bigram_embed"),
+                           (hp.attn_output_gates and gates, "attn_gate_bank"), (hp.smear_gate, "smear_gate"),
+                           (hp.skip_connection and gates, "skip_gate"), (hp.residual_lambdas, "resid_lambdas"),
+                           (hp.xsa and gates, "xsa_alphas"), (hp.mudd_connections, "mudd_w1"),
+                           (hp.mudd_gates, "mudd_gate_w1"), (bool(T.scalar_layout(hp)), "scalars")]:
+        assert hasattr(model, param) == present, param
     with torch.no_grad():
         total = model(inputs, targets, cu, shape, eval_chunk=100)
     assert torch.isfinite(total) and total.ndim == 0
@@ -197,6 +203,13 @@ def test_missing_data_names_the_pattern_and_the_download_command(tmp_path, corpu
     env = tiny_env(tmp_path, corpus, train_files=str(tmp_path / "nothing_*.bin"), run_id="nodata")
     proc = run_main(env)
     assert proc.returncode != 0 and "nothing_*.bin" in proc.stderr and "cached_fineweb10B.py" in proc.stderr
+
+
+def test_missing_vocabulary_names_the_fix(tmp_path, corpus):
+    env = tiny_env(tmp_path, corpus, tokenizer_dir=str(tmp_path / "no_vocabulary"), run_id="novocab")
+    proc = run_main(env)
+    assert proc.returncode != 0 and "no_vocabulary/encoder.json" in proc.stderr
+    assert "cached_fineweb10B.py" in proc.stderr and "PREFIX_LOSS=0" in proc.stderr
 
 
 def test_non_finite_loss_stops_and_names_the_step(tmp_path, corpus):

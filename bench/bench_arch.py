@@ -1,0 +1,102 @@
+"""Cost of the RECIPE-HEAD architecture pieces on the real shapes (BENCH.md mode 3): forward +
+backward median time, compiled like training, at the three stages' tokens per rank, of
+
+- xsa:   gated XSA on one layer (RECIPE 3.17; the model runs it on 4 layers)
+- dc:    lightweight DC-MHA on one layer, 112-key window (RECIPE 3.20; layer 10 only)
+- model: the whole model's forward + backward (without the lm_head) at stage 3: RECIPE HEAD
+         defaults, with DC_MHA=1, and with MUDD connections, MUDD gates and XSA all off (the
+         difference is what they cost together); three compiles, a few minutes
+
+    python bench/bench_arch.py [--tokens 16384,32768,49152] [--model-tokens 49152 | 0]
+
+Correctness of each piece against its definition is checked first (tests/test_architecture.py
+holds the full checks). Prints a table last.
+"""
+import argparse
+import dataclasses
+import os
+import sys
+
+import numpy as np
+import torch
+import triton.testing
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import train_gpt as T  # noqa: E402
+
+H, D = 6, 128
+
+
+def bench(fn, inputs):
+    def step():
+        out = fn(*inputs)
+        out.backward(torch.ones_like(out))
+    return triton.testing.do_bench(step, warmup=10, rep=50)
+
+
+def piece_rows(tokens):
+    q, k, v = (T.norm(torch.randn(tokens, H, D, device="cuda")).bfloat16().requires_grad_() for _ in range(3))
+    y = torch.randn(tokens, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    alpha = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w1 = torch.randn(tokens, H, device="cuda", requires_grad=True)
+    w2 = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    cu = torch.tensor(T.cu_seqlens_for([tokens // 3, tokens // 3, tokens - 2 * (tokens // 3)], tokens, 16), device="cuda")
+    doc_ids = torch.searchsorted(cu, torch.arange(tokens, device="cuda", dtype=cu.dtype), right=True)
+    xsa = torch.compile(T.exclusive_self_attention, dynamic=False, fullgraph=True)
+    dc = torch.compile(lambda *a: T.dc_mha(*a), dynamic=False, fullgraph=True)
+    # correctness on the first 4096 tokens against the float64 definition
+    n = 4096
+    out = dc(q[:n] * 0.12, k[:n], v[:n], doc_ids[:n], w1[:n], w2[:n]).double()
+    pos = torch.arange(n, device="cuda")
+    dist = pos[:, None] - pos[None, :]
+    mask = (dist >= 0) & (dist < T.DC_WINDOW) & (doc_ids[:n, None] == doc_ids[None, :n])
+    p = torch.einsum("thd,shd->hts", q[:n].double() * 0.12, k[:n].double()).masked_fill(~mask, float("-inf")).softmax(-1)
+    ref = torch.einsum("ts,shd->thd", (p * w1[:n].double().T[:, :, None]).sum(0), v[:n].double()) * w2[:n].double()[..., None]
+    assert ((out - ref).norm() / ref.norm()).item() < 2e-2, "dc_mha disagrees with its definition"
+    return [("xsa (1 layer)", tokens, bench(xsa, (y, v, alpha))),
+            ("dc_mha (1 layer)", tokens, bench(dc, (q, k, v, doc_ids, w1, w2)))]
+
+
+def model_rows(tokens):
+    base = T.Hyperparameters(fp8_lm_head=False)
+    schedule = T.Schedule(base)
+    step = schedule.stage_starts[2]
+    rows = []
+    variants = [("defaults", {}), ("DC_MHA=1", dict(dc_mha=True)),
+                ("MUDD, gates, XSA off", dict(mudd_connections=False, mudd_gates=False, xsa=False))]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 50257, (tokens,), generator=g).int().cuda()
+    lengths = np.full(tokens // 512, 512)  # documents within every stage's max_seq_len
+    cu = torch.tensor(T.cu_seqlens_for(list(lengths), tokens, T.max_docs_per_batch(tokens)), device="cuda")
+    for name, switches in variants:
+        hp = dataclasses.replace(base, **switches)
+        torch.manual_seed(0)
+        model = T.GPT(hp).cuda()
+        shape = schedule.forward_shape(step)
+        hidden = torch.compile(model.hidden_states, dynamic=False, fullgraph=True)
+        rows.append((f"model: {name}", tokens, bench(hidden, (ids, cu, shape))))
+        print(*rows[-1], flush=True)
+        del model, hidden
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", default="16384,32768,49152", help="tokens per rank for the pieces")
+    parser.add_argument("--model-tokens", type=int, default=49152, help="tokens per rank for the model rows (0: none)")
+    args = parser.parse_args()
+    rows = []
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        rows += piece_rows(tokens)
+        print(*rows[-1], flush=True)
+    if args.model_tokens:
+        rows += model_rows(args.model_tokens)
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}: forward + backward, median ms")
+    print(f"| {'what':<28} | {'tokens':>6} | {'ms':>8} |\n|---|---:|---:|")
+    for name, tokens, ms in rows:
+        print(f"| {name:<28} | {tokens:>6} | {ms:>8.3f} |")
+
+
+if __name__ == "__main__":
+    main()
