@@ -163,8 +163,9 @@ def test_model_loss_and_gradients_match_the_previous_formulation():
     assert abs(ce.item() - ce_prev[:, 0].mean().item()) < 1e-5 * ce.item()
     assert grads.keys() == {name for name, p in model.named_parameters() if p.grad is not None}
     assert rel_err(grads["lm_head"], model.lm_head.grad) < 1e-5  # the same logit gradient, up to fp32 rounding
-    for name, grad in grads.items():  # deeper, bf16 rounding flips spread: a few bf16 ulps
-        assert rel_err(grad, model.get_parameter(name).grad) < 1e-2, name
+    for name, grad in grads.items():  # deeper, bf16 rounding flips spread: a few bf16 ulps, which do
+        # not average out in a single scalar (e.g. the MUDD gate scale)
+        assert rel_err(grad, model.get_parameter(name).grad) < (1e-2 if grad.numel() > 64 else 5e-2), name
 
 
 def test_fp8_op_math_on_cpu():
