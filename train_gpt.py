@@ -1414,17 +1414,23 @@ class GPT(nn.Module):
                 z = softcap(x[i: i + eval_chunk] @ self.lm_head.t())
                 total = total + (torch.logsumexp(z, -1) - z.gather(1, targets[i: i + eval_chunk, None])[:, 0]).sum()
             return total
-        # Target matrix (T, N), -1 = none: multi-token prediction (#53) scores the same logits against
-        # the targets t+1 .. t+n_predict (none past the end); the prefix-token loss (#88) against the
-        # token spelling the longest proper prefix of the next token.
-        T = x.size(0)
-        ahead = torch.arange(T, device=x.device)[:, None] + torch.arange(shape.n_predict, device=x.device)
-        columns = [torch.where(ahead < T, targets[ahead.clamp_max(T - 1)], -1)]
-        if shape.prefix_target:
-            columns.append(self.prefix_ids[targets][:, None])
         # The fused lm_head + soft-capped cross-entropy (FP8 on CUDA) scores every column at once.
-        return lm_head_softcap_ce(x, self.lm_head, torch.cat(columns, 1), target_weights, grad_scale,
-                                  self.hp.fp8_lm_head)
+        return lm_head_softcap_ce(x, self.lm_head, self.target_columns(targets, shape), target_weights,
+                                  grad_scale, self.hp.fp8_lm_head)
+
+    def target_columns(self, targets: Tensor, shape: ForwardShape) -> Tensor:
+        """Target matrix (T, N), -1 = none: multi-token prediction (#53) scores the same logits
+        against the targets t+1 .. t+n_predict (none past the end); the prefix-token loss (#88)
+        against the token spelling the longest proper prefix of the next token."""
+        T, n = targets.size(0), shape.n_predict
+        # Columns as shifted slices of the padded targets, stacked: torch 2.11's inductor fails on
+        # CUDA (loop merging) for the same matrix built as a gather over (T, n) indices joined with
+        # the prefix column by cat.
+        padded = torch.cat([targets, targets.new_full((n - 1,), -1)]) if n > 1 else targets
+        columns = [padded[k: k + T] for k in range(n)]
+        if shape.prefix_target:
+            columns.append(self.prefix_ids[targets])
+        return torch.stack(columns, 1)
 
     def named_scalars(self) -> dict[str, Tensor]:
         return {name: self.scalars[offset: offset + math.prod(shape)].view(shape)
