@@ -219,7 +219,8 @@ def test_sharded_step_equals_single_process(world, dtype, tmp_path):
 def test_communication_order_small_then_banks_then_tables():
     """Reductions are launched and waited for in one order: replicated parameters, NorMuon banks,
     sharded Adam tables, each group in table order (NCCL runs collectives in launch order)."""
-    assert T.NorMuonAdam(make_params(), SPECS, HP).comm_order == ["scalars", "qk_bank", "mlp_bank", "lm_head", "embed"]
+    order = T.NorMuonAdam(make_params(), SPECS, HP).comm_order
+    assert order == ["scalars", "mudd_gate_scale", "qk_bank", "mlp_bank", "lm_head", "embed"]
     model = T.GPT(T.Hyperparameters(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
                                     bigram_rows=1001))
     specs = model.param_specs()
