@@ -320,8 +320,10 @@ def test_compiled_model_with_every_feature_matches_eager_on_cuda():
     """Inductor (as in training) against eager on the GPU, model width 768 and real head shapes,
     every feature on: loss to 1e-2; gradients to 1e-1 (bf16 rounding in different places, amplified
     through 11 layers; a wrong formula or a dropped term is off by O(1))."""
+    tokens = 4096  # per forward: one eighth of the step's batch (sizes the rotary tables)
     hp = T.Hyperparameters(**dict(SMALL, device="cuda", model_dim=768, num_heads=6, head_dim=128, mlp_hidden=3072,
-                                  vocab_size=50304, bigram_rows=377280, dc_mha=True, fp8_lm_head=False))
+                                  vocab_size=50304, bigram_rows=377280, dc_mha=True, fp8_lm_head=False,
+                                  stage_batch_tokens=(8 * tokens,) * 4))
     torch.manual_seed(0)
     model = T.GPT(hp).cuda()
     model.prefix_ids.copy_(torch.arange(50304, device="cuda") // 2 - 1)
@@ -329,7 +331,6 @@ def test_compiled_model_with_every_feature_matches_eager_on_cuda():
         for name in ("mudd_w2", "mudd_gate_w2"):  # live dynamic coefficients
             getattr(model, name).normal_(0, 0.5)
         model.mlp_bank[:, 1].normal_(0, 0.02)
-    tokens = 4096
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 50257, (tokens + 1,), generator=g)
     cu = torch.tensor(T.cu_seqlens_for([700, 1, 1500, tokens + 1 - 2201], tokens, 16), device="cuda")
