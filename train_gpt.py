@@ -71,6 +71,7 @@ class Hyperparameters:
     # --- schedule (RECIPE Tier 4): three stages by thirds, then an extension at the lr floor ---
     num_scheduled_iterations: int = 1270
     num_extension_iterations: int = 15
+    stop_after: int = 0  # >0: end the run after this many steps, schedule unchanged (quick comparisons)
     stage_batch_tokens: tuple[int, ...] = (131_072, 262_144, 393_216, 393_216)  # global tokens/step
     stage_max_seq_len: tuple[int, ...] = (896, 2048, 2048, 2048)  # document truncation length
     stage_short_window: tuple[int, ...] = (1, 3, 5, 6)  # sliding windows, in blocks
@@ -350,14 +351,19 @@ def polar_iterations(X: Tensor, method: str = "polar_express", use_triton: bool 
     the torch path computes the same function."""
     coeffs, _, _ = ORTHOGONALIZERS[method]
     tall = X.size(-2) > X.size(-1)
+    # On the CPU the products run in fp32, rounded to bf16 where a bf16 GEMM rounds: same function,
+    # but CPU bf16 GEMMs run ~60x slower than fp32 without AVX512-BF16 (CI, tests).
+    work = torch.float32 if X.device.type == "cpu" else torch.bfloat16
     for a, b, c in coeffs:
         if use_triton:
             A = xtx(X) if tall else xxt(X)
             B = ba_plus_caa(A, alpha=c, beta=b)
         else:
-            A = X.mT @ X if tall else X @ X.mT
-            B = torch.baddbmm(A, A, A, beta=b, alpha=c)
-        X = torch.baddbmm(X, X, B, beta=a) if tall else torch.baddbmm(X, B, X, beta=a)
+            Y = X.to(work)
+            A = (Y.mT @ Y if tall else Y @ Y.mT).bfloat16().to(work)
+            B = torch.baddbmm(A, A, A, beta=b, alpha=c).bfloat16()
+        Y, B = X.to(work), B.to(work)
+        X = (torch.baddbmm(Y, Y, B, beta=a) if tall else torch.baddbmm(Y, B, Y, beta=a)).bfloat16()
     return X
 
 
@@ -534,6 +540,15 @@ def transpose_copy(src: Tensor, use_triton: bool | None = None, block_m: int = 6
     return dst
 
 
+def vocab_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for the vocabulary-sized lm_head products. On the CPU, 16-bit operands are multiplied
+    in fp32 and the result rounded back: the same fp32-accumulated exact products as a bf16 GEMM,
+    without CPU bf16 kernels that run ~60x slower where AVX512-BF16 is missing (CI, tests)."""
+    if a.is_cuda or a.dtype not in (torch.bfloat16, torch.float16):
+        return a @ b
+    return (a.float() @ b.float()).to(a.dtype)
+
+
 def _scale_tensor(value: float, device: torch.device) -> Tensor:
     """A 0-d float32 scale in its own allocation: cuBLASLt (CUDA 13) rejects scale pointers that
     are not 16-byte aligned, e.g. views into a shared buffer (BENCH.md)."""
@@ -554,7 +569,7 @@ def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: 
                                   use_fast_accum=True)
         grad_dtype, grad_mul = torch.float8_e5m2, 1 / FP8_GRAD_SCALE  # stores du/grad_s
     else:
-        logits = x @ w.t()
+        logits = vocab_matmul(x, w.t())
         grad_dtype, grad_mul = logits.dtype, grad_scale
     loss_rows, ce0_rows, grad = softcap_ce(logits, targets, weights, grad_mul, grad_dtype)
     return loss_rows.sum() * grad_scale, ce0_rows.mean(), grad
@@ -580,7 +595,7 @@ def _lm_head_softcap_ce_backward(g: Tensor, grad_logits: Tensor, x: Tensor, w: T
                                   scale_b=_scale_tensor(FP8_X_SCALE, x.device), out_dtype=torch.bfloat16)
         return grad_x, grad_w
     g = g.to(grad_logits.dtype)
-    return (grad_logits @ w).mul_(g), (grad_logits.t() @ x).mul_(g)
+    return vocab_matmul(grad_logits, w).mul_(g), vocab_matmul(grad_logits.t(), x).mul_(g)
 
 
 @_lm_head_softcap_ce_backward.register_fake
@@ -1411,7 +1426,7 @@ class GPT(nn.Module):
         if eval_chunk:
             total = x.new_zeros((), dtype=torch.float32)
             for i in range(0, x.size(0), eval_chunk):
-                z = softcap(x[i: i + eval_chunk] @ self.lm_head.t())
+                z = softcap(vocab_matmul(x[i: i + eval_chunk], self.lm_head.t()))
                 total = total + (torch.logsumexp(z, -1) - z.gather(1, targets[i: i + eval_chunk, None])[:, 0]).sum()
             return total
         # The fused lm_head + soft-capped cross-entropy (FP8 on CUDA) scores every column at once.
@@ -1981,6 +1996,9 @@ def check_hyperparameters(hp: Hyperparameters):
             raise ValueError(f"{name.upper()} has {len(getattr(hp, name))} entries, STAGE_BATCH_TOKENS has {stages}")
     if stages != 4:
         raise ValueError("the schedule has three stages and an extension: give 4 entries per STAGE_* variable")
+    total_steps = hp.num_scheduled_iterations + hp.num_extension_iterations
+    if not 0 <= hp.stop_after <= total_steps:
+        raise ValueError(f"STOP_AFTER={hp.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
     if hp.dc_mha and not hp.mudd_gates:
         raise ValueError("DC_MHA=1 takes its per-token weights from the MUDD gates: set MUDD_GATES=1")
     for tokens in hp.stage_batch_tokens:
@@ -1996,6 +2014,7 @@ class Trainer:
         self.grad_accum = 1 if hp.rank_slice else RANKS_PER_STEP // world_size
         self.grad_scale = 1.0 / self.grad_accum
         self.schedule = Schedule(hp)
+        self.last_step = hp.stop_after or self.schedule.total_steps  # the run's final validation
         torch.manual_seed(hp.seed)
         self.model = GPT(hp).to(device)
         if world_size > 1:
@@ -2080,7 +2099,7 @@ class Trainer:
     def warmup(self):
         """Compile every graph the run will use (each stage's shapes, Adam and non-Adam steps, the
         untie step, every validation shape) on real steps, then restore the initial state (#47)."""
-        steps = self.schedule.warmup_steps()
+        steps = [step for step in self.schedule.warmup_steps() if step < self.last_step]
         self.log(f"Compiling model and warming up kernels on steps {steps}")
         initial_model = copy.deepcopy(self.model.state_dict())
         initial_optimizer = self.optimizer.state_dict()
@@ -2094,7 +2113,7 @@ class Trainer:
             self.train_step(step, loader)
             self._sync()
             self.log(f"warm-up step {step} done at {time.perf_counter() - start:.0f}s")
-        self.evaluate(self.schedule.total_steps, final=True, max_batches=1)
+        self.evaluate(self.last_step, final=self.last_step == self.schedule.total_steps, max_batches=1)
         self.log(f"Compile and warm-up took {time.perf_counter() - start:.0f}s. Resetting model")
         self.model.load_state_dict(initial_model)
         self.optimizer.load_state_dict(initial_optimizer)
@@ -2114,13 +2133,13 @@ class Trainer:
         if self.token_bytes is not None:  # built on the clock, like the reference's (RECIPE 0.12)
             self.model.prefix_ids.copy_(prefix_token_ids(self.token_bytes, hp.vocab_size))
         val_loss = float("nan")
-        for step in range(total + 1):
-            last = step == total
+        for step in range(self.last_step + 1):
+            last = step == self.last_step
             if last or (hp.val_loss_every > 0 and step % hp.val_loss_every == 0):
                 self._sync()
                 training_ms += 1000 * (time.perf_counter() - t0)
                 self.check_finite(step)
-                val_loss = self.evaluate(step, final=last)
+                val_loss = self.evaluate(step, final=step == total)
                 log(f"step:{step}/{total} val_loss:{val_loss:.4f} train_time:{training_ms:.0f}ms "
                     f"step_avg:{training_ms / max(step, 1):.2f}ms")
                 self._sync()
