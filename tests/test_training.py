@@ -222,6 +222,23 @@ def test_non_finite_loss_stops_and_names_the_step(tmp_path, corpus):
     assert "step:7/7 val_loss" not in log
 
 
+def test_stop_after_ends_the_run_early_with_the_schedule_unchanged(tmp_path, corpus):
+    """STOP_AFTER=4 of a 7-step schedule: steps 1-4 with the full schedule's numbering, a
+    validation at step 4 (not the final-window one), and a warm-up of the steps before it only."""
+    env = tiny_env(tmp_path, corpus, rank_slice=True, warmup=True, stop_after=4, run_id="stop")
+    proc = run_main(env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (tmp_path / "logs" / "stop.txt").read_text()
+    assert "warming up kernels on steps [0, 1, 2, 3]" in log
+    assert re.findall(r"^step:(\d+)/7 val_loss", log, re.M) == ["0", "3", "4"]
+    assert re.findall(r"^step:(\d+)/7 train_time", log, re.M) == ["1", "2", "3", "4"]
+    tool = load_records_tool()
+    with pytest.raises(tool.RecordsError, match=r"truncated run: no final validation line \(last step 4/7\)"):
+        tool.parse_log(str(tmp_path / "logs" / "stop.txt"))  # a stopped run never becomes a record
+    with pytest.raises(ValueError, match="STOP_AFTER=8: must lie in 0..7"):
+        T.check_hyperparameters(T.Hyperparameters(num_scheduled_iterations=6, num_extension_iterations=1, stop_after=8))
+
+
 @pytest.mark.multiproc
 def test_two_gloo_processes_match_one_process_with_accumulation(tmp_path, corpus):
     """Full-batch mode: world 2 (accumulation 4) against world 1 (accumulation 8), same seed and
