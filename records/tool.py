@@ -7,6 +7,7 @@ Run from the repository root:
     python records/tool.py new NAME LOGS... [--date YYYY-MM-DD] [--records-dir records] [--target 3.28]
     python records/tool.py diff [DIR] [--working]
     python records/tool.py table [--write | --check]
+    python records/tool.py ablation LOGS...
 
 Logs are parsed exactly as specified by the log format that train_gpt.py writes: the source
 text, a line of 100 '=', the environment header, a line of 100 '=', the run description
@@ -21,6 +22,7 @@ import difflib
 import json
 import math
 import re
+import shlex
 import shutil
 import statistics
 import sys
@@ -580,6 +582,57 @@ def cmd_table(args) -> int:
     return 1
 
 
+# Overrides that name a run or where its files go, not what it computes.
+NOT_ABLATIONS = {"RUN_ID", "LOG_DIR", "SEED"}
+
+
+def ablation_groups(runs: list[Run]) -> dict[str, list[Run]]:
+    """Runs grouped by the environment overrides that not every run shares ("defaults": none)."""
+    tokens = [{t for t in shlex.split(r.overrides) if t.split("=", 1)[0] not in NOT_ABLATIONS} for r in runs]
+    shared = set.intersection(*tokens)
+    groups: dict[str, list[Run]] = {}
+    for r, own in zip(runs, tokens):
+        groups.setdefault(" ".join(sorted(own - shared)) or "defaults", []).append(r)
+    if "defaults" not in groups:
+        raise RecordsError("no run with only the shared overrides: add a run of the defaults to compare against "
+                           f"(overrides seen: {', '.join(sorted(groups))})")
+    return groups
+
+
+def ablation_table(runs: list[Run]) -> str:
+    """Final val loss and train time per configuration against the defaults, then val loss at
+    every validation step (means over each configuration's runs)."""
+    check_consistent(runs)
+    for r in runs[1:]:
+        if r.source != runs[0].source:
+            raise RecordsError(f"{r.path} and {runs[0].path} ran different train_gpt.py sources: "
+                               "an ablation compares switches of one source")
+    groups = ablation_groups(runs)
+    base_loss = statistics.fmean(r.final_loss for r in groups["defaults"])
+    base_time = statistics.fmean(r.train_time for r in groups["defaults"])
+    order = sorted(groups, key=lambda g: (g != "defaults", -statistics.fmean(r.final_loss for r in groups[g])))
+    out = ["| overrides | runs | final val loss | vs defaults | train time (s) | vs defaults |",
+           "|---|---:|---:|---:|---:|---:|"]
+    for g in order:
+        loss = statistics.fmean(r.final_loss for r in groups[g])
+        secs = statistics.fmean(r.train_time for r in groups[g])
+        out.append(f"| {g} | {len(groups[g])} | {loss:.4f} | {loss - base_loss:+.4f} | {secs:.2f} | "
+                   f"{100 * (secs / base_time - 1):+.1f}% |")
+    steps = sorted(set.intersection(*({s for s, _, _ in r.val} for r in runs)))
+    out += ["", "| overrides | " + " | ".join(f"step {s}" for s in steps) + " |",
+            "|---|" + "---:|" * len(steps)]
+    for g in order:
+        means = [statistics.fmean(loss for r in groups[g] for s, _, loss in r.val if s == step) for step in steps]
+        out.append(f"| {g} | " + " | ".join(f"{m:.4f}" for m in means) + " |")
+    return "\n".join(out) + "\n"
+
+
+def cmd_ablation(args) -> int:
+    runs = [parse_log(p) for p in args.logs]
+    sys.stdout.write(ablation_table(runs))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python records/tool.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--root", type=Path, default=REPO_ROOT,
@@ -609,6 +662,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--write", action="store_true", help="replace the table between the markers in README.md")
     g.add_argument("--check", action="store_true", help="exit 1 if README.md's table is out of date")
     t.set_defaults(func=cmd_table)
+    a = sub.add_parser("ablation", parents=[common],
+                       help="final val loss and time per set of overrides against the defaults, from logs of one source")
+    a.add_argument("logs", nargs="+", help="run logs (*.txt): defaults and runs with switches overridden (e.g. XSA=0)")
+    a.set_defaults(func=cmd_ablation)
     return p
 
 

@@ -25,7 +25,7 @@ NVSMI = """Sat Nov 22 03:13:00 2025
 
 def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None, source=SOURCE,
              hardware="8x NVIDIA H100 80GB HBM3", mode="rank-slice", data=None, truncate_after_step=None,
-             bad_line_at_step=None, error_at_step=None):
+             bad_line_at_step=None, error_at_step=None, overrides=None):
     """Write a complete log (or a broken one) with a known final val loss and train time (ms)."""
     path = Path(path)
     data = data or "FineWeb (train data/fineweb10B/fineweb_train_*.bin; val data/fineweb10B/fineweb_val_*.bin, 10485760 tokens)"
@@ -34,7 +34,7 @@ def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None
              "Running PyTorch 2.11.0+cu128 compiled for CUDA 12.8", "Running Triton version 3.6.0",
              NVSMI, "=" * 100,
              f"run_id: {run_id or path.stem}", f"hardware: {hardware}", f"mode: {mode}", "world_size: 8",
-             "grad_accum_steps: 1", f"data: {data}",
+             "grad_accum_steps: 1", f"data: {data}", *([f"overrides: {overrides}"] if overrides is not None else []),
              "hyperparameters: " + json.dumps({"num_iterations": total, "val_loss_every": val_every}),
              "Compiling model and warming up kernels", "Warm-up steps [0, 1, 2]", "Resetting model"]
     for step in range(total + 1):
@@ -303,3 +303,30 @@ def test_repo_readme_table_in_sync(capsys):
     if not readme.is_file() or tool.TABLE_START not in readme.read_text(encoding="utf-8"):
         pytest.skip("repo README.md has no records-table markers yet")
     assert run_tool("--root", REPO, "table", "--check") == 0, capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ ablation
+
+def test_ablation_groups_runs_by_their_own_overrides(tmp_path, capsys):
+    shared = "RANK_SLICE=1 TRAIN_FILES='/data/p_*.bin' LOG_DIR=/out"
+    logs = [make_log(tmp_path / "a.txt", 3.60, 80_000, overrides=f"{shared} SEED=1"),
+            make_log(tmp_path / "b.txt", 3.62, 82_000, overrides=shared),
+            make_log(tmp_path / "x.txt", 3.65, 81_000, overrides=f"{shared} XSA=0"),
+            make_log(tmp_path / "y.txt", 3.70, 84_000, overrides=f"XSA=0 {shared} MUDD_GATES=0")]
+    assert run_tool("ablation", *logs) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "| defaults | 2 | 3.6100 | +0.0000 | 81.00 | +0.0% |"  # seeds are repeats
+    assert lines[3] == "| MUDD_GATES=0 XSA=0 | 1 | 3.7000 | +0.0900 | 84.00 | +3.7% |"  # worst first
+    assert lines[4] == "| XSA=0 | 1 | 3.6500 | +0.0400 | 81.00 | +0.0% |"
+    assert lines[6] == "| overrides | step 0 | step 25 | step 50 | step 75 | step 100 |"
+    assert lines[8] == "| defaults | 8.6100 | 7.3600 | 6.1100 | 4.8600 | 3.6100 |"
+
+
+def test_ablation_needs_defaults_and_one_source(tmp_path, capsys):
+    x = make_log(tmp_path / "x.txt", 3.65, 81_000, overrides="XSA=0")
+    y = make_log(tmp_path / "y.txt", 3.70, 84_000, overrides="MUDD_GATES=0")
+    assert run_tool("ablation", x, y) == 2
+    assert "no run with only the shared overrides" in capsys.readouterr().err
+    d = make_log(tmp_path / "d.txt", 3.60, 80_000, overrides="", source=SOURCE + "# changed\n")
+    assert run_tool("ablation", d, x) == 2
+    assert "ran different train_gpt.py sources" in capsys.readouterr().err
