@@ -355,14 +355,14 @@ def polar_iterations(X: Tensor, method: str = "polar_express", use_triton: bool 
     # but CPU bf16 GEMMs run ~60x slower than fp32 without AVX512-BF16 (CI, tests).
     work = torch.float32 if X.device.type == "cpu" else torch.bfloat16
     for a, b, c in coeffs:
+        Y = X.to(work)
         if use_triton:
             A = xtx(X) if tall else xxt(X)
             B = ba_plus_caa(A, alpha=c, beta=b)
         else:
-            Y = X.to(work)
             A = (Y.mT @ Y if tall else Y @ Y.mT).bfloat16().to(work)
             B = torch.baddbmm(A, A, A, beta=b, alpha=c).bfloat16()
-        Y, B = X.to(work), B.to(work)
+        B = B.to(work)
         X = (torch.baddbmm(Y, Y, B, beta=a) if tall else torch.baddbmm(Y, B, Y, beta=a)).bfloat16()
     return X
 
@@ -1996,7 +1996,7 @@ def check_hyperparameters(hp: Hyperparameters):
             raise ValueError(f"{name.upper()} has {len(getattr(hp, name))} entries, STAGE_BATCH_TOKENS has {stages}")
     if stages != 4:
         raise ValueError("the schedule has three stages and an extension: give 4 entries per STAGE_* variable")
-    total_steps = hp.num_scheduled_iterations + hp.num_extension_iterations
+    total_steps = Schedule(hp).total_steps
     if not 0 <= hp.stop_after <= total_steps:
         raise ValueError(f"STOP_AFTER={hp.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
     if hp.dc_mha and not hp.mudd_gates:

@@ -8,6 +8,7 @@ Run from the repository root:
     python records/tool.py diff [DIR] [--working]
     python records/tool.py table [--write | --check]
     python records/tool.py ablation LOGS...
+    python records/tool.py compare BASE_LOG LOGS... [--tolerance 5e-3]
 
 Logs are parsed exactly as specified by the log format that train_gpt.py writes: the source
 text, a line of 100 '=', the environment header, a line of 100 '=', the run description
@@ -72,6 +73,9 @@ class Run:
     train_time: float = math.nan  # seconds, train_time of the final validation line
     peak_allocated: int = 0  # MiB
     peak_reserved: int = 0  # MiB
+    train_losses: dict = field(default_factory=dict)  # step -> rank-mean train loss (TRAIN_LOSS_EVERY logs)
+    last_step: int = 0
+    step_avg_ms: float = math.nan  # step_avg of the last step line
 
     @property
     def software(self) -> str:
@@ -81,7 +85,9 @@ class Run:
 
 # ---------------------------------------------------------------- parsing
 
-def parse_log(path) -> Run:
+def parse_log(path, complete: bool = True) -> Run:
+    """The run of a log; complete=False also accepts a run that stopped early (STOP_AFTER,
+    interrupted): its step lines up to the last one, without final results."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -138,7 +144,7 @@ def parse_log(path) -> Run:
     except json.JSONDecodeError as e:
         raise err(desc["hyperparameters"][1], f"cannot parse hyperparameters JSON: {e.msg}") from None
 
-    last_step, final_idx = None, None
+    final_idx = None
     for idx in range(k, len(lines)):
         ln = lines[idx].rstrip()
         if ln.startswith("step:"):
@@ -149,7 +155,9 @@ def parse_log(path) -> Run:
             step, total = int((sm or tm).group(1)), int((sm or tm).group(2))
             if run.total and total != run.total:
                 raise err(idx, f"step line has total {total}, earlier lines have {run.total}")
-            run.total, last_step = total, step
+            run.total, run.last_step, run.step_avg_ms = total, step, float((sm or tm).group(5))
+            if tm and tm.group(3) is not None:
+                run.train_losses[step] = float(tm.group(3))
             if sm:
                 loss, ms = float(sm.group(3)), float(sm.group(4))
                 run.val.append((step, ms / 1000.0, loss))
@@ -165,9 +173,11 @@ def parse_log(path) -> Run:
             return run
         elif ln.startswith("error:"):
             raise err(idx, f"run stopped with an error: {ln}")
+    if not complete:
+        return run
     n = len(lines) - (1 if lines and lines[-1] == "" else 0)
     if final_idx is None:
-        where = f"last step {last_step}/{run.total}" if last_step is not None else "no step lines"
+        where = f"last step {run.last_step}/{run.total}" if run.total else "no step lines"
         raise err(n - 1, f"truncated run: no final validation line ({where})")
     raise err(n - 1, "truncated run: no 'peak memory allocated' line after the final validation line")
 
@@ -633,6 +643,50 @@ def cmd_ablation(args) -> int:
     return 0
 
 
+def largest_difference(a: dict, b: dict) -> tuple[float, int | None, int]:
+    """(max |a - b|, the step where it occurs, number of steps compared) over the common steps."""
+    common = sorted(set(a) & set(b))
+    if not common:
+        return math.nan, None, 0
+    step = max(common, key=lambda s: abs(a[s] - b[s]))
+    return abs(a[step] - b[step]), step, len(common)
+
+
+def comparison_table(runs: list[Run], tolerance: float) -> tuple[str, bool]:
+    """Per-step equivalence of runs that should compute the same training (1 GPU with accumulation
+    against 2 or 4 GPUs): largest train- and val-loss differences against the first run, ms/step."""
+    for r in runs:
+        if not r.train_losses:
+            raise RecordsError(f"{r.path}: no train_loss in its step lines; rerun with TRAIN_LOSS_EVERY=1")
+    base = runs[0]
+
+    def setup(r: Run) -> str:
+        return f"{r.mode}, world {r.world_size}, accumulation {r.grad_accum_steps}"
+
+    out = ["| log | setup | steps | ms/step | max abs train-loss diff (step) | max abs val-loss diff (step) |",
+           "|---|---|---:|---:|---:|---:|",
+           f"| {base.path} (base) | {setup(base)} | {base.last_step} | {base.step_avg_ms:.2f} | | |"]
+    ok = True
+    for r in runs[1:]:
+        cells = []
+        for mine, theirs in ((r.train_losses, base.train_losses),
+                             ({s: v for s, _, v in r.val}, {s: v for s, _, v in base.val})):
+            diff, step, count = largest_difference(mine, theirs)
+            ok &= count > 0 and diff <= tolerance
+            cells.append(f"{diff:.2e} ({step}, {count} steps)" if count else "no common steps")
+        out.append(f"| {r.path} | {setup(r)} | {r.last_step} | {r.step_avg_ms:.2f} | {cells[0]} | {cells[1]} |")
+    return "\n".join(out) + "\n", ok
+
+
+def cmd_compare(args) -> int:
+    if len(args.logs) < 2:
+        raise RecordsError("give at least two logs: the base and one to compare with it")
+    table, ok = comparison_table([parse_log(p, complete=False) for p in args.logs], args.tolerance)
+    sys.stdout.write(table)
+    print(f"all differences within {args.tolerance:g}" if ok else f"a difference exceeds {args.tolerance:g}")
+    return 0 if ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python records/tool.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--root", type=Path, default=REPO_ROOT,
@@ -666,6 +720,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="final val loss and time per set of overrides against the defaults, from logs of one source")
     a.add_argument("logs", nargs="+", help="run logs (*.txt): defaults and runs with switches overridden (e.g. XSA=0)")
     a.set_defaults(func=cmd_ablation)
+    c = sub.add_parser("compare", parents=[common],
+                       help="per-step loss differences and ms/step of runs that should match (1 vs 2 vs 4 GPUs)")
+    c.add_argument("logs", nargs="+", help="TRAIN_LOSS_EVERY=1 logs, complete or stopped early; the first is the base")
+    c.add_argument("--tolerance", type=float, default=5e-3,
+                   help="largest accepted loss difference (default 5e-3); exit code 1 beyond it")
+    c.set_defaults(func=cmd_compare)
     return p
 
 

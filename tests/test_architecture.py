@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import train_gpt as T
+from helpers import rel_err
 
 # A tiny model with a small vocabulary (the CPU is slow with 50304-row tables).
 SMALL = dict(device="cpu", compile=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, vocab_size=1024,
@@ -18,10 +19,6 @@ SMALL = dict(device="cpu", compile=False, model_dim=128, num_heads=2, head_dim=6
              window_block_size=16, val_tokens=2048, val_seq_len=1024)
 DOCS = (0, 40, 41, 200)  # document starts in a 256-token batch
 SHAPE = T.ForwardShape(short_window=32, long_window=96, max_seq_len=256)
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def small_batch(tokens=256, seed=0):

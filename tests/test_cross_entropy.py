@@ -3,17 +3,14 @@ against their torch references (Triton's CPU interpreter here, compiled in the g
 the op's gradients against autograd through the plain formulation, the whole model against the
 previous formulation, tracing under torch.compile, and the FP8 path on a GPU."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 import train_gpt as T
+from helpers import rel_err, run_in_triton_interpreter
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 # Every empty tensor starts as NaN (floats) or 0xFF (bytes), so elements a kernel leaves unwritten fail.
@@ -47,8 +44,7 @@ INTERPRETER_CHECK = POISON + textwrap.dedent("""
     torch.empty = poisoned_empty
 
     torch.manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
-    def rel(a, b):
-        return ((a.double() - b.double()).norm() / b.double().norm()).item()
+    from helpers import rel_err as rel
     results = []
     # (rows, vocab, targets per row, block, programs, grad multiplier): vocab never a multiple of the block
     for T_rows, V, N, block, programs, grad_mul in ((9, 300, 1, 64, 4, 0.5), (7, 257, 2, 128, 7, 3.0),
@@ -87,14 +83,7 @@ INTERPRETER_CHECK = POISON + textwrap.dedent("""
 def test_kernels_in_the_triton_interpreter():
     """Loss rows, ce0 rows and bf16/e5m2 gradients of the fused kernel (N = 1..4, −1 and duplicate
     targets, masked vocabulary tail, persistent programs, saturation) and the transpose copy."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", INTERPRETER_CHECK], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+    run_in_triton_interpreter(INTERPRETER_CHECK, timeout=900)
 
 
 def plain_loss(x, w, targets, weights, grad_scale):

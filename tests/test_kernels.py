@@ -2,24 +2,20 @@
 interpreter here, compiled on a GPU in the gpu-marked tests) and attention backends. The fused
 cross-entropy and the FP8 lm_head: test_cross_entropy.py."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 import train_gpt as T
+from helpers import rel_err, run_in_triton_interpreter
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 INTERPRETER_CHECK = textwrap.dedent("""
     import torch, train_gpt as T
     torch.manual_seed(int.from_bytes(__import__('os').urandom(4), 'little'))
-    def rel(a, b):
-        return ((a.double() - b.double()).norm() / b.double().norm()).item()
+    from helpers import rel_err as rel
     results = []
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
         for shape, block in (((2, 40, 70), 16), ((3, 33, 16), 16), ((2, 64, 128), 32), ((1, 100, 48), None)):
@@ -41,14 +37,7 @@ INTERPRETER_CHECK = textwrap.dedent("""
 @pytest.mark.skipif(T.triton is None, reason="Triton not installed")
 def test_symmetric_kernels_in_the_triton_interpreter():
     """Every tile path (diagonal, mirrored, wrapped odd sizes, masked reduction) on the CPU."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", INTERPRETER_CHECK], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+    run_in_triton_interpreter(INTERPRETER_CHECK, timeout=600)
 
 
 @cuda

@@ -2,9 +2,6 @@
 interpreter, the custom ops and their autograd on the torch reference path (eager and traced by
 torch.compile), gradients into the banked weights, and the compiled kernels on a GPU (gpu-marked)."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -13,8 +10,8 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 import train_gpt as T
+from helpers import rel_err, run_in_triton_interpreter
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 # Shapes (M, N, K) and configs cover: several tiles per persistent program (4 programs in the
@@ -22,8 +19,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 INTERPRETER_CHECK = textwrap.dedent("""
     import torch, train_gpt as T
     torch.manual_seed(int.from_bytes(__import__('os').urandom(4), 'little'))
-    def rel(a, b):
-        return ((a.double() - b.double()).norm() / b.double().norm()).item()
+    from helpers import rel_err as rel
     cases = [((70, 48, 40), T.GemmConfig(32, 32, 16, stages=2, warps=4, group_m=2)),
              ((70, 48, 40), T.GemmConfig(16, 16, 16, stages=2, warps=4, group_m=1, persistent=False,
                                          flatten=False, split_epilogue=False)),
@@ -42,10 +38,6 @@ INTERPRETER_CHECK = textwrap.dedent("""
         print(*r)
     assert not bad, bad
 """)
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def mlp_inputs(M, d=64, hidden=96, device="cpu"):
@@ -74,10 +66,7 @@ def output_and_grads(fn, x, fc, proj, grad):
 
 @pytest.mark.skipif(T.triton is None, reason="Triton not installed")
 def test_relu_square_gemm_epilogues_in_the_triton_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", INTERPRETER_CHECK], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_in_triton_interpreter(INTERPRETER_CHECK, timeout=600)
 
 
 @pytest.mark.skipif(T.triton is None, reason="Triton not installed")

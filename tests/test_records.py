@@ -25,7 +25,7 @@ NVSMI = """Sat Nov 22 03:13:00 2025
 
 def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None, source=SOURCE,
              hardware="8x NVIDIA H100 80GB HBM3", mode="rank-slice", data=None, truncate_after_step=None,
-             bad_line_at_step=None, error_at_step=None, overrides=None):
+             bad_line_at_step=None, error_at_step=None, overrides=None, world_size=8, grad_accum=1, train_loss=None):
     """Write a complete log (or a broken one) with a known final val loss and train time (ms)."""
     path = Path(path)
     data = data or "FineWeb (train data/fineweb10B/fineweb_train_*.bin; val data/fineweb10B/fineweb_val_*.bin, 10485760 tokens)"
@@ -33,8 +33,8 @@ def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None
              "Running Python 3.12.3 (main, Apr 10 2024, 05:33:47) [GCC 13.2.0]",
              "Running PyTorch 2.11.0+cu128 compiled for CUDA 12.8", "Running Triton version 3.6.0",
              NVSMI, "=" * 100,
-             f"run_id: {run_id or path.stem}", f"hardware: {hardware}", f"mode: {mode}", "world_size: 8",
-             "grad_accum_steps: 1", f"data: {data}", *([f"overrides: {overrides}"] if overrides is not None else []),
+             f"run_id: {run_id or path.stem}", f"hardware: {hardware}", f"mode: {mode}", f"world_size: {world_size}",
+             f"grad_accum_steps: {grad_accum}", f"data: {data}", *([f"overrides: {overrides}"] if overrides is not None else []),
              "hyperparameters: " + json.dumps({"num_iterations": total, "val_loss_every": val_every}),
              "Compiling model and warming up kernels", "Warm-up steps [0, 1, 2]", "Resetting model"]
     for step in range(total + 1):
@@ -50,8 +50,9 @@ def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None
         if step % val_every == 0 or step == total:
             loss = final_loss if step == total else final_loss + 5.0 * (1 - step / total)
             lines.append(f"step:{step}/{total} val_loss:{loss:.4f} train_time:{ms:.0f}ms step_avg:{avg:.2f}ms")
-        if step < total:
-            lines.append(f"step:{step + 1}/{total} train_time:{ms:.0f}ms step_avg:{avg:.2f}ms")
+        if step < total:  # train_loss(step): the loss logged after step + 1 (TRAIN_LOSS_EVERY=1)
+            loss_field = f"train_loss:{train_loss(step + 1):.4f} " if train_loss else ""
+            lines.append(f"step:{step + 1}/{total} {loss_field}train_time:{ms:.0f}ms step_avg:{avg:.2f}ms")
         if step == total // 2:
             lines.append("data: pass 2 over 3 train files")
     else:
@@ -330,3 +331,32 @@ def test_ablation_needs_defaults_and_one_source(tmp_path, capsys):
     d = make_log(tmp_path / "d.txt", 3.60, 80_000, overrides="", source=SOURCE + "# changed\n")
     assert run_tool("ablation", d, x) == 2
     assert "ran different train_gpt.py sources" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ compare
+
+def test_compare_reports_largest_differences_and_fails_past_the_tolerance(tmp_path, capsys):
+    kw = dict(total=8, val_every=4, mode="full-batch")
+    base = make_log(tmp_path / "one.txt", 3.6, 8_000, world_size=1, grad_accum=8, train_loss=lambda s: 10.0 - s, **kw)
+    close = make_log(tmp_path / "two.txt", 3.603, 4_000, world_size=2, grad_accum=4,
+                     train_loss=lambda s: 10.0 - s + (0.002 if s == 2 else 0.0), **kw)
+    far = make_log(tmp_path / "four.txt", 3.6, 2_000, world_size=4, grad_accum=2,
+                   train_loss=lambda s: 10.0 - s + (0.2 if s == 3 else 0.0), **kw)
+    assert run_tool("compare", base, close) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == f"| {base} (base) | full-batch, world 1, accumulation 8 | 8 | 1000.00 | | |"
+    assert out[3].startswith(f"| {close} | full-batch, world 2, accumulation 4 | 8 | 500.00 | 2.00e-03 (2, 8 steps) | 3.00e-03 (")
+    assert out[-1] == "all differences within 0.005"
+    assert run_tool("compare", base, close, far) == 1
+    assert "2.00e-01 (3, 8 steps)" in capsys.readouterr().out
+
+
+def test_compare_accepts_stopped_runs_and_names_missing_train_loss(tmp_path, capsys):
+    base = make_log(tmp_path / "one.txt", 3.6, 8_000, total=8, val_every=4, train_loss=lambda s: 10.0 - s)
+    stopped = make_log(tmp_path / "stop.txt", 3.6, 8_000, total=8, val_every=4, train_loss=lambda s: 10.0 - s,
+                       truncate_after_step=4)
+    assert run_tool("compare", base, stopped) == 0
+    assert "| 4 | 1000.00 | 0.00e+00 (1, 4 steps) | 0.00e+00 (0, 1 steps) |" in capsys.readouterr().out
+    plain = make_log(tmp_path / "plain.txt", 3.6, 8_000, total=8, val_every=4)
+    assert run_tool("compare", base, plain) == 2
+    assert "no train_loss in its step lines; rerun with TRAIN_LOSS_EVERY=1" in capsys.readouterr().err
