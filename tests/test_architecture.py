@@ -124,6 +124,23 @@ def make_live(*models):
             m.mlp_bank[:, 0] *= 4  # larger activations
 
 
+def test_value_embeddings_are_token_major_rows():
+    """The value-embedding table is (V, layers·d): token t's row holds every layer's embedding, and
+    the gradient lands in the rows of the tokens used, in every layer's block, nowhere else."""
+    model = make_model()
+    make_live(model)
+    d, layers = SMALL["model_dim"], len(T.VALUE_EMBED_LAYERS)
+    assert model.value_embeds.shape == (SMALL["vocab_size"], layers * d)
+    inputs, _, cu = small_batch()
+    model.hidden_states(inputs, cu, SHAPE).float().square().sum().backward()
+    grad = model.value_embeds.grad.float()
+    used = torch.zeros(SMALL["vocab_size"], dtype=torch.bool)
+    used[inputs.long()] = True
+    assert grad[~used].abs().max() == 0
+    for block in grad[used].split(d, -1):
+        assert (block.abs().sum(-1) > 0).float().mean() > 0.9
+
+
 def test_mudd_connections_at_init_reproduce_the_static_architecture():
     """RECIPE 3.18: at init the layer-10 block and the final mix equal the layer-10 lambdas, the
     static value-embedding gate and the backout they replace."""
@@ -325,8 +342,10 @@ def test_compiled_model_with_every_feature_matches_eager_on_cuda():
     model = T.GPT(hp).cuda()
     model.prefix_ids.copy_(torch.arange(50304, device="cuda") // 2 - 1)
     with torch.no_grad():
-        for name in ("mudd_w2", "mudd_gate_w2"):  # live dynamic coefficients
-            getattr(model, name).normal_(0, 0.5)
+        # live dynamic coefficients; at std 0.5 the untrained net is chaotic (loss ~21/token, eager vs
+        # inductor gradients 50% apart while the loss agrees to 4e-6), at 0.05 they agree to 2-5e-2
+        for name in ("mudd_w2", "mudd_gate_w2"):
+            getattr(model, name).normal_(0, 0.05)
         model.mlp_bank[:, 1].normal_(0, 0.02)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 50257, (tokens + 1,), generator=g)

@@ -179,7 +179,7 @@ def test_compiled_model_with_the_fused_mlp_matches_the_plain_mlp():
     results = []
     for fused in (True, False):
         hp = T.Hyperparameters(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001,
-                               val_seq_len=1024, fused_mlp=fused)
+                               val_seq_len=1024, fused_mlp=fused, fused_mlp_min_tokens=0)
         torch.manual_seed(0)
         model = T.GPT(hp).cuda()
         with torch.no_grad():
@@ -194,3 +194,20 @@ def test_compiled_model_with_the_fused_mlp_matches_the_plain_mlp():
     (loss, total, grad_mlp, grad_qk), (ref_loss, ref_total, ref_mlp, ref_qk) = results
     assert rel_err(loss, ref_loss) < 1e-2 and rel_err(total, ref_total) < 1e-2
     assert rel_err(grad_mlp, ref_mlp) < 3e-2 and rel_err(grad_qk, ref_qk) < 3e-2  # bf16 through 11 layers
+
+
+def test_fused_mlp_runs_from_its_token_threshold(monkeypatch):
+    """FUSED_MLP_MIN_TOKENS: forwards of fewer tokens per rank take the plain MLP (launch-bound there)."""
+    calls = []
+    plain = T.relu_square_mlp
+    monkeypatch.setattr(T, "relu_square_mlp", lambda x, fc, proj, fused: calls.append(fused) or plain(x, fc, proj, False))
+    tokens = 128
+    inputs = torch.randint(0, 1000, (tokens,), dtype=torch.int32)
+    cu = torch.from_numpy(T.cu_seqlens_for([tokens], tokens, 16))
+    shape = T.ForwardShape(short_window=128, long_window=128, max_seq_len=tokens)
+    for threshold, fused in [(tokens, True), (tokens + 1, False)]:
+        hp = T.Hyperparameters(model_dim=64, num_heads=2, head_dim=32, mlp_hidden=128, vocab_size=1024,
+                               bigram_rows=101, device="cpu", fused_mlp_min_tokens=threshold)
+        calls.clear()
+        T.GPT(hp).hidden_states(inputs, cu, shape)
+        assert calls == [fused] * T.NUM_LAYERS
