@@ -803,6 +803,248 @@ def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, fused: bool = True) -> 
     return torch.relu(x @ fc.t()).square() @ proj
 
 
+# Lightweight DC-MHA (#85, RECIPE 3.20) as Triton kernels. A program takes BLOCK queries; they see
+# three key tiles of BLOCK keys (the two previous blocks and their own), enough for windows up to
+# 2·BLOCK + 1 keys. Forward: per head the softmax normalizer over the three tiles (online), then the
+# probabilities mixed over the heads by w1 into a (kept in bf16 for the backward), then o_h = a·V_h.
+# Backward: per query block da = Σ_h dO_h·V_hᵀ, dw1_h = Σ_s p_h·da, dS_h = w1_h·p_h·(da − dw1_h) (kept
+# in bf16) and dq_h; then per key tile dk_h = Σ dS_hᵀ·q_h and dv_h = Σ aᵀ·dO_h over the three query
+# blocks that see it, so every gradient has one writer (deterministic, no atomics). Scores are
+# recomputed rather than held (fewer live registers). Tile j of query block i holds the keys of
+# block i + j − 2; a and dS are kept as (rows, 3·BLOCK), column j·BLOCK + c for key c of tile j.
+if triton is not None:
+    @triton.jit
+    def _dc_load_head(ptr, rows, h, H: tl.constexpr, D: tl.constexpr, T, UPCAST: tl.constexpr):
+        # rows of head h from a contiguous (T, H, D) tensor, zeros outside [0, T)
+        ok = (rows >= 0) & (rows < T)
+        t = tl.load(ptr + (rows[:, None] * H + h) * D + tl.arange(0, D)[None, :], mask=ok[:, None], other=0.0)
+        return t.to(tl.float32) if UPCAST else t
+
+    @triton.jit
+    def _dc_store_head(ptr, value, rows, h, H: tl.constexpr, D: tl.constexpr, T):
+        offs = (rows[:, None] * H + h) * D + tl.arange(0, D)[None, :]
+        tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=(rows < T)[:, None])
+
+    @triton.jit
+    def _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys, h, T, H: tl.constexpr, D: tl.constexpr,
+                   WINDOW: tl.constexpr, UPCAST: tl.constexpr):
+        # (BLOCK, BLOCK) scores of one key tile; −inf where the key is not in the query's document
+        # among its last WINDOW positions (rows past T carry document −1 and see nothing)
+        key_ok = (keys >= 0) & (keys < T)
+        doc_k = tl.load(docs_ptr + keys, mask=key_ok, other=-2)
+        distance = rows[:, None] - keys[None, :]
+        visible = (doc_q[:, None] == doc_k[None, :]) & (distance >= 0) & (distance < WINDOW)
+        s = tl.dot(q, tl.trans(_dc_load_head(k_ptr, keys, h, H, D, T, UPCAST)))
+        return tl.where(visible, s, float("-inf"))
+
+    @triton.jit
+    def _dc_operand(t, dtype: tl.constexpr, UPCAST: tl.constexpr):
+        # a tile rounded to the storage dtype as the GPU's dot sees it (fp32 again in the interpreter)
+        t = t.to(dtype)
+        return t.to(tl.float32) if UPCAST else t
+
+    @triton.jit
+    def _dc_forward_kernel(q_ptr, k_ptr, v_ptr, docs_ptr, w1_ptr, o_ptr, lse_ptr, a_ptr, T,
+                           H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
+                           UPCAST: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK)
+        row_ok = rows < T
+        doc_q = tl.load(docs_ptr + rows, mask=row_ok, other=-1)
+        keys0, keys1, keys2 = rows - 2 * BLOCK, rows - BLOCK, rows
+        a0 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        a1 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        a2 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        for h in range(H):
+            q = _dc_load_head(q_ptr, rows, h, H, D, T, UPCAST)
+            s = _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys0, h, T, H, D, WINDOW, UPCAST)
+            m = tl.maximum(tl.max(s, 1), -1e30)  # finite: rows that see nothing get total 0
+            total = tl.sum(tl.exp(s - m[:, None]), 1)
+            s = _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys1, h, T, H, D, WINDOW, UPCAST)
+            m_new = tl.maximum(m, tl.max(s, 1))
+            total = total * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), 1)
+            s = _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys2, h, T, H, D, WINDOW, UPCAST)
+            m = tl.maximum(m_new, tl.max(s, 1))
+            total = total * tl.exp(m_new - m) + tl.sum(tl.exp(s - m[:, None]), 1)
+            total = tl.where(total > 0, total, 1.0)
+            lse = m + tl.log(total)
+            tl.store(lse_ptr + rows * H + h, lse, mask=row_ok)
+            weight = tl.load(w1_ptr + rows * H + h, mask=row_ok, other=0.0)[:, None]
+            lse = lse[:, None]
+            a0 += weight * tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys0, h, T, H, D, WINDOW, UPCAST) - lse)
+            a1 += weight * tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys1, h, T, H, D, WINDOW, UPCAST) - lse)
+            a2 += weight * tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys2, h, T, H, D, WINDOW, UPCAST) - lse)
+        a_rows = a_ptr + rows[:, None] * (3 * BLOCK) + cols[None, :]
+        a0 = _dc_operand(a0, a_ptr.dtype.element_ty, UPCAST)
+        a1 = _dc_operand(a1, a_ptr.dtype.element_ty, UPCAST)
+        a2 = _dc_operand(a2, a_ptr.dtype.element_ty, UPCAST)
+        tl.store(a_rows, a0.to(a_ptr.dtype.element_ty))
+        tl.store(a_rows + BLOCK, a1.to(a_ptr.dtype.element_ty))
+        tl.store(a_rows + 2 * BLOCK, a2.to(a_ptr.dtype.element_ty))
+        for h in range(H):
+            o = tl.dot(a0, _dc_load_head(v_ptr, keys0, h, H, D, T, UPCAST))
+            o = tl.dot(a1, _dc_load_head(v_ptr, keys1, h, H, D, T, UPCAST), o)
+            o = tl.dot(a2, _dc_load_head(v_ptr, keys2, h, H, D, T, UPCAST), o)
+            _dc_store_head(o_ptr, o, rows, h, H, D, T)
+
+    @triton.jit
+    def _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys, h, lse, T, H: tl.constexpr, D: tl.constexpr,
+                  WINDOW: tl.constexpr, UPCAST: tl.constexpr):
+        return tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys, h, T, H, D, WINDOW, UPCAST) - lse)
+
+    @triton.jit
+    def _dc_backward_query_kernel(q_ptr, k_ptr, v_ptr, docs_ptr, w1_ptr, lse_ptr, do_ptr, dq_ptr, dw1_ptr,
+                                  ds_ptr, T, T_pad, H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                                  WINDOW: tl.constexpr, UPCAST: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK)
+        row_ok = rows < T
+        doc_q = tl.load(docs_ptr + rows, mask=row_ok, other=-1)
+        keys0, keys1, keys2 = rows - 2 * BLOCK, rows - BLOCK, rows
+        da0 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)  # dL/da over the three tiles
+        da1 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        da2 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        for h in range(H):
+            do = _dc_load_head(do_ptr, rows, h, H, D, T, UPCAST)
+            da0 = tl.dot(do, tl.trans(_dc_load_head(v_ptr, keys0, h, H, D, T, UPCAST)), da0)
+            da1 = tl.dot(do, tl.trans(_dc_load_head(v_ptr, keys1, h, H, D, T, UPCAST)), da1)
+            da2 = tl.dot(do, tl.trans(_dc_load_head(v_ptr, keys2, h, H, D, T, UPCAST)), da2)
+        ds_type: tl.constexpr = ds_ptr.dtype.element_ty
+        for h in range(H):
+            q = _dc_load_head(q_ptr, rows, h, H, D, T, UPCAST)
+            lse = tl.load(lse_ptr + rows * H + h, mask=row_ok, other=0.0)[:, None]
+            dw1 = tl.sum(_dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys0, h, lse, T, H, D, WINDOW, UPCAST) * da0, 1)
+            dw1 += tl.sum(_dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys1, h, lse, T, H, D, WINDOW, UPCAST) * da1, 1)
+            dw1 += tl.sum(_dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys2, h, lse, T, H, D, WINDOW, UPCAST) * da2, 1)
+            tl.store(dw1_ptr + rows * H + h, dw1, mask=row_ok)
+            w1 = tl.load(w1_ptr + rows * H + h, mask=row_ok, other=0.0)[:, None]
+            ds_rows = ds_ptr + (h * T_pad + rows)[:, None] * (3 * BLOCK) + cols[None, :]
+            p = _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys0, h, lse, T, H, D, WINDOW, UPCAST)
+            ds = _dc_operand(w1 * p * (da0 - dw1[:, None]), ds_type, UPCAST)
+            tl.store(ds_rows, ds.to(ds_type))
+            dq = tl.dot(ds, _dc_load_head(k_ptr, keys0, h, H, D, T, UPCAST))
+            p = _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys1, h, lse, T, H, D, WINDOW, UPCAST)
+            ds = _dc_operand(w1 * p * (da1 - dw1[:, None]), ds_type, UPCAST)
+            tl.store(ds_rows + BLOCK, ds.to(ds_type))
+            dq = tl.dot(ds, _dc_load_head(k_ptr, keys1, h, H, D, T, UPCAST), dq)
+            p = _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys2, h, lse, T, H, D, WINDOW, UPCAST)
+            ds = _dc_operand(w1 * p * (da2 - dw1[:, None]), ds_type, UPCAST)
+            tl.store(ds_rows + 2 * BLOCK, ds.to(ds_type))
+            dq = tl.dot(ds, _dc_load_head(k_ptr, keys2, h, H, D, T, UPCAST), dq)
+            _dc_store_head(dq_ptr, dq, rows, h, H, D, T)
+
+    @triton.jit
+    def _dc_backward_key_kernel(q_ptr, do_ptr, a_ptr, ds_ptr, dk_ptr, dv_ptr, T, T_pad, H: tl.constexpr,
+                                D: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr):
+        keys = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK)
+        for h in range(H):
+            dk = tl.zeros((BLOCK, D), dtype=tl.float32)
+            dv = tl.zeros((BLOCK, D), dtype=tl.float32)
+            for j in tl.static_range(3):
+                rows = keys + (2 - j) * BLOCK  # the query block that holds these keys as its tile j
+                in_pad = (rows < T_pad)[:, None]
+                tile = j * BLOCK + cols[None, :]
+                ds = tl.load(ds_ptr + (h * T_pad + rows)[:, None] * (3 * BLOCK) + tile, mask=in_pad, other=0.0)
+                a = tl.load(a_ptr + rows[:, None] * (3 * BLOCK) + tile, mask=in_pad, other=0.0)
+                if UPCAST:
+                    ds, a = ds.to(tl.float32), a.to(tl.float32)
+                dk = tl.dot(tl.trans(ds), _dc_load_head(q_ptr, rows, h, H, D, T, UPCAST), dk)
+                dv = tl.dot(tl.trans(a), _dc_load_head(do_ptr, rows, h, H, D, T, UPCAST), dv)
+            _dc_store_head(dk_ptr, dk, keys, h, H, D, T)
+            _dc_store_head(dv_ptr, dv, keys, h, H, D, T)
+
+
+DC_BLOCK = 64  # queries per program and keys per tile: windows up to 129 keys
+# Launch options per kernel. No software pipelining of the head loops: Triton would multi-buffer
+# every tile load they issue, 344-515 KB of shared memory against Hopper's 227 KB per block (tests
+# compile them for sm_90). Warps: the faster of 4 and 8 per kernel on an H100 at 49,152 tokens
+# (forward 0.42 vs 0.49 ms at 8, backward-query 0.84 vs 1.11 ms and backward-key 0.22 vs 0.30 ms at 4).
+DC_LAUNCH = {"forward": dict(num_warps=8, num_stages=1), "backward_query": dict(num_warps=4, num_stages=1),
+             "backward_key": dict(num_warps=4, num_stages=1)}
+
+
+def _dc_launch(q: Tensor, block: int) -> tuple[int, int, int, int, int]:
+    T, H, D = q.shape
+    n = triton.cdiv(T, block)
+    if not _dc_fits_int32(T, H, D, block):
+        raise ValueError(f"DC-MHA kernels index with int32: {T} tokens x {H} heads x {D} is too many")
+    return T, H, D, n, n * block
+
+
+def _dc_fits_int32(T: int, H: int, D: int, block: int) -> bool:
+    """q/k/v (T, H, D) and dS (H, T_pad, 3·block) below 2^31 elements."""
+    T_pad = -(-T // block) * block
+    return max(T * H * D, H * T_pad * 3 * block) < 2**31
+
+
+@torch.library.custom_op("speedrun::dc_mha_forward", mutates_args=())
+def dc_mha_forward(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, window: int,
+                   block: int) -> tuple[Tensor, Tensor, Tensor]:
+    """o (T, H, D) = a·V_h per head, the softmax normalizers lse (T, H) fp32 and the head mix a
+    (T_pad, 3·block); q, k, v contiguous (T, H, D), w1 (T, H) fp32."""
+    T, H, D, n, T_pad = _dc_launch(q, block)
+    o, lse = torch.empty_like(q), q.new_empty((T, H), dtype=torch.float32)
+    a = q.new_empty((T_pad, 3 * block))
+    _dc_forward_kernel[(n,)](q, k, v, doc_ids, w1, o, lse, a, T, H=H, D=D, BLOCK=block, WINDOW=window,
+                             UPCAST=TRITON_INTERPRETER, **DC_LAUNCH["forward"])
+    return o, lse, a
+
+
+@dc_mha_forward.register_fake
+def _dc_mha_forward_fake(q, k, v, doc_ids, w1, window, block):
+    T_pad = -(-q.size(0) // block) * block
+    return (torch.empty_like(q), q.new_empty((q.size(0), q.size(1)), dtype=torch.float32),
+            q.new_empty((T_pad, 3 * block)))
+
+
+@torch.library.custom_op("speedrun::dc_mha_backward", mutates_args=())
+def dc_mha_backward(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, lse: Tensor, a: Tensor,
+                    grad_o: Tensor, window: int, block: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv (T, H, D) and dw1 (T, H) fp32 of dc_mha_forward's o, given grad_o (contiguous)."""
+    T, H, D, n, T_pad = _dc_launch(q, block)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dw1 = torch.empty_like(w1)
+    ds = q.new_empty((H, T_pad, 3 * block))
+    _dc_backward_query_kernel[(n,)](q, k, v, doc_ids, w1, lse, grad_o, dq, dw1, ds, T, T_pad, H=H, D=D,
+                                    BLOCK=block, WINDOW=window, UPCAST=TRITON_INTERPRETER,
+                                    **DC_LAUNCH["backward_query"])
+    _dc_backward_key_kernel[(n,)](q, grad_o, a, ds, dk, dv, T, T_pad, H=H, D=D, BLOCK=block,
+                                  UPCAST=TRITON_INTERPRETER, **DC_LAUNCH["backward_key"])
+    return dq, dk, dv, dw1
+
+
+@dc_mha_backward.register_fake
+def _dc_mha_backward_fake(q, k, v, doc_ids, w1, lse, a, grad_o, window, block):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w1)
+
+
+class DCMHAKernel(torch.autograd.Function):
+    """o_h(t) = Σ_s (Σ_g w1[t,g]·p_g(t,s))·v_h(s) with the Triton kernels (dc_mha multiplies by w2)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, window: int, block: int):
+        q, k, v, w1_32 = q.contiguous(), k.contiguous(), v.contiguous(), w1.float().contiguous()
+        o, lse, a = dc_mha_forward(q, k, v, doc_ids, w1_32, window, block)
+        ctx.save_for_backward(q, k, v, doc_ids, w1_32, lse, a)
+        ctx.window, ctx.block, ctx.w1_dtype = window, block, w1.dtype
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o: Tensor):
+        q, k, v, doc_ids, w1_32, lse, a = ctx.saved_tensors
+        dq, dk, dv, dw1 = dc_mha_backward(q, k, v, doc_ids, w1_32, lse, a, grad_o.contiguous(), ctx.window, ctx.block)
+        return dq, dk, dv, None, dw1.to(ctx.w1_dtype), None, None
+
+
+def dc_mha_kernel_supports(q: Tensor, window: int, block: int = DC_BLOCK) -> bool:
+    """Whether the Triton DC-MHA kernels take these inputs: Triton, head_dim a power of two ≥ 16,
+    windows up to 2·block + 1 keys, tensors they can index with int32."""
+    T, H, D = q.shape
+    return (triton is not None and D >= 16 and D & (D - 1) == 0 and 1 <= window <= 2 * block + 1
+            and _dc_fits_int32(T, H, D, block))
+
+
 # =============================================================================================
 # Optimizer
 # =============================================================================================
@@ -1201,12 +1443,24 @@ def exclusive_self_attention(y: Tensor, v: Tensor, alpha: Tensor) -> Tensor:
     return (yf - torch.tanh(alpha.float())[..., None] * along * vf).to(y.dtype)
 
 
-def dc_mha(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor, window: int = DC_WINDOW) -> Tensor:
+def dc_mha(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor, window: int = DC_WINDOW,
+           use_triton: bool | None = None) -> Tensor:
     """Lightweight DC-MHA (#85, RECIPE 3.20): the heads' softmax patterns over the last `window` keys
     of the query's document, mixed across heads by w1 (T, H) and applied to every head's values,
     scaled by w2 (T, H): out_h(t) = w2[t,h]·Σ_s (Σ_g w1[t,g]·p_g(t,s))·v_h(s). q (T, H, D) carries
-    the softmax scale. Blocked: each block of `window` queries sees its own and the previous block
-    of keys, so memory and work are O(T·window), not O(T²)."""
+    the softmax scale. The Triton kernels where use_triton (default: on CUDA, where they apply),
+    else dc_mha_torch."""
+    if use_triton is None:
+        use_triton = q.is_cuda and dc_mha_kernel_supports(q, window)
+    if use_triton:
+        return DCMHAKernel.apply(q, k, v, doc_ids, w1, window, DC_BLOCK) * w2[..., None]
+    return dc_mha_torch(q, k, v, doc_ids, w1, w2, window)
+
+
+def dc_mha_torch(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor,
+                 window: int = DC_WINDOW) -> Tensor:
+    """dc_mha in plain torch (the kernels' reference). Blocked: each block of `window` queries sees
+    its own and the previous block of keys, so memory and work are O(T·window), not O(T²)."""
     T, H, D = q.shape
     n = -(-T // window)
     pad = n * window - T

@@ -2,12 +2,13 @@
 backward median time, compiled like training, at the three stages' tokens per rank, of
 
 - xsa:   gated XSA on one layer (RECIPE 3.17; the model runs it on 4 layers)
-- dc:    lightweight DC-MHA on one layer, 112-key window (RECIPE 3.20; layer 10 only)
+- dc:    lightweight DC-MHA on one layer, 112-key window (RECIPE 3.20; layer 10 only), the Triton
+         kernels (the default on CUDA) and the blocked torch form
 - model: the whole model's forward + backward (without the lm_head) at stage 3: RECIPE HEAD
          defaults, with DC_MHA=1, and with MUDD connections, MUDD gates and XSA all off (the
          difference is what they cost together); three compiles, a few minutes
 
-    python bench/bench_arch.py [--tokens 16384,32768,49152] [--model-tokens 49152 | 0]
+    python bench/bench_arch.py [--tokens 16384,32768,49152] [--model-tokens 49152 | 0] [--dc-warps 4,8]
 
 Correctness of each piece against its definition is checked first (tests/test_architecture.py
 holds the full checks). Prints a table last.
@@ -27,14 +28,24 @@ import train_gpt as T  # noqa: E402
 H, D = 6, 128
 
 
-def bench(fn, inputs):
+def bench(fn, inputs, profiled_steps=20):
+    """(median wall ms of a forward + backward, GPU kernel ms of one: the device time the profiler
+    records, so host and launch overhead excluded)."""
     def step():
         out = fn(*inputs)
         out.backward(torch.ones_like(out))
-    return triton.testing.do_bench(step, warmup=10, rep=50)
+    wall = triton.testing.do_bench(step, warmup=10, rep=50)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(profiled_steps):
+            step()
+        torch.cuda.synchronize()
+    kernels_us = sum(e.self_device_time_total for e in prof.key_averages())
+    return wall, kernels_us / profiled_steps / 1e3
 
 
-def piece_rows(tokens):
+def piece_rows(tokens, dc_warps):
+    default_launch = T.DC_LAUNCH
     q, k, v = (T.norm(torch.randn(tokens, H, D, device="cuda")).bfloat16().requires_grad_() for _ in range(3))
     y = torch.randn(tokens, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     alpha = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -43,18 +54,27 @@ def piece_rows(tokens):
     cu = torch.tensor(T.cu_seqlens_for([tokens // 3, tokens // 3, tokens - 2 * (tokens // 3)], tokens, 16), device="cuda")
     doc_ids = torch.searchsorted(cu, torch.arange(tokens, device="cuda", dtype=cu.dtype), right=True)
     xsa = torch.compile(T.exclusive_self_attention, dynamic=False, fullgraph=True)
-    dc = torch.compile(lambda *a: T.dc_mha(*a), dynamic=False, fullgraph=True)
+    dcs = {name: torch.compile(lambda *a, use_triton=use_triton: T.dc_mha(*a, use_triton=use_triton),
+                               dynamic=False, fullgraph=True)
+           for name, use_triton in (("triton", True), ("torch", False))}
     # correctness on the first 4096 tokens against the float64 definition
     n = 4096
-    out = dc(q[:n] * 0.12, k[:n], v[:n], doc_ids[:n], w1[:n], w2[:n]).double()
     pos = torch.arange(n, device="cuda")
     dist = pos[:, None] - pos[None, :]
     mask = (dist >= 0) & (dist < T.DC_WINDOW) & (doc_ids[:n, None] == doc_ids[None, :n])
     p = torch.einsum("thd,shd->hts", q[:n].double() * 0.12, k[:n].double()).masked_fill(~mask, float("-inf")).softmax(-1)
     ref = torch.einsum("ts,shd->thd", (p * w1[:n].double().T[:, :, None]).sum(0), v[:n].double()) * w2[:n].double()[..., None]
-    assert ((out - ref).norm() / ref.norm()).item() < 2e-2, "dc_mha disagrees with its definition"
-    return [("xsa (1 layer)", tokens, bench(xsa, (y, v, alpha))),
-            ("dc_mha (1 layer)", tokens, bench(dc, (q, k, v, doc_ids, w1, w2)))]
+    for name, dc in dcs.items():
+        out = dc((q[:n] * 0.12).bfloat16(), k[:n], v[:n], doc_ids[:n], w1[:n], w2[:n]).double()
+        assert ((out - ref).norm() / ref.norm()).item() < 2e-2, f"dc_mha ({name}) disagrees with its definition"
+    rows = [("xsa (1 layer)", tokens, bench(xsa, (y, v, alpha))),
+            ("dc_mha torch (1 layer)", tokens, bench(dcs["torch"], (q, k, v, doc_ids, w1, w2))),
+            ("dc_mha triton (1 layer)", tokens, bench(dcs["triton"], (q, k, v, doc_ids, w1, w2)))]
+    for warps in dc_warps:  # every kernel at this many warps (the kernels read T.DC_LAUNCH at launch)
+        T.DC_LAUNCH = {kernel: dict(options, num_warps=warps) for kernel, options in default_launch.items()}
+        rows.append((f"dc_mha triton, {warps} warps", tokens, bench(dcs["triton"], (q, k, v, doc_ids, w1, w2))))
+    T.DC_LAUNCH = default_launch
+    return rows
 
 
 def model_rows(tokens):
@@ -62,7 +82,7 @@ def model_rows(tokens):
     schedule = T.Schedule(base)
     step = schedule.stage_starts[2]
     rows = []
-    variants = [("defaults", {}), ("DC_MHA=1", dict(dc_mha=True)),
+    variants = [("defaults", {}), ("DC_MHA=1 (Triton kernels)", dict(dc_mha=True)),
                 ("MUDD, gates, XSA off", dict(mudd_connections=False, mudd_gates=False, xsa=False))]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 50257, (tokens,), generator=g).int().cuda()
@@ -85,17 +105,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default="16384,32768,49152", help="tokens per rank for the pieces")
     parser.add_argument("--model-tokens", type=int, default=49152, help="tokens per rank for the model rows (0: none)")
+    parser.add_argument("--dc-warps", default="", help="also time the DC-MHA kernels all at these warps, e.g. 4,8")
     args = parser.parse_args()
     rows = []
     for tokens in (int(t) for t in args.tokens.split(",")):
-        rows += piece_rows(tokens)
-        print(*rows[-1], flush=True)
+        for row in piece_rows(tokens, [int(w) for w in args.dc_warps.split(",") if w]):
+            rows.append(row)
+            print(*row, flush=True)
     if args.model_tokens:
         rows += model_rows(args.model_tokens)
-    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}: forward + backward, median ms")
-    print(f"| {'what':<28} | {'tokens':>6} | {'ms':>8} |\n|---|---:|---:|")
-    for name, tokens, ms in rows:
-        print(f"| {name:<28} | {tokens:>6} | {ms:>8.3f} |")
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}: forward + backward, median wall ms "
+          "and GPU kernel ms (profiler)")
+    print(f"| {'what':<28} | {'tokens':>6} | {'wall ms':>8} | {'GPU ms':>8} |\n|---|---:|---:|---:|")
+    for name, tokens, (wall, gpu) in rows:
+        print(f"| {name:<28} | {tokens:>6} | {wall:>8.3f} | {gpu:>8.3f} |")
 
 
 if __name__ == "__main__":
