@@ -807,11 +807,13 @@ def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, fused: bool = True) -> 
 # three key tiles of BLOCK keys (the two previous blocks and their own), enough for windows up to
 # 2·BLOCK + 1 keys. Forward: per head the softmax normalizer over the three tiles (online), then the
 # probabilities mixed over the heads by w1 into a (kept in bf16 for the backward), then o_h = a·V_h.
-# Backward: per query block da = Σ_h dO_h·V_hᵀ, dw1_h = Σ_s p_h·da, dS_h = w1_h·p_h·(da − dw1_h) (kept
-# in bf16) and dq_h; then per key tile dk_h = Σ dS_hᵀ·q_h and dv_h = Σ aᵀ·dO_h over the three query
-# blocks that see it, so every gradient has one writer (deterministic, no atomics). Scores are
-# recomputed rather than held (fewer live registers). Tile j of query block i holds the keys of
-# block i + j − 2; a and dS are kept as (rows, 3·BLOCK), column j·BLOCK + c for key c of tile j.
+# Backward: per query block da = Σ_h dO_h·V_hᵀ (through an fp32 scratch buffer), dw1_h = Σ_s p_h·da,
+# dS_h = w1_h·p_h·(da − dw1_h) (kept in bf16) and dq_h; then per key tile dk_h = Σ dS_hᵀ·q_h and
+# dv_h = Σ aᵀ·dO_h over the three query blocks that see it, so every gradient has one writer
+# (deterministic, no atomics). Scores are recomputed rather than held, and da is reloaded per tile
+# (ptxas: the backward-query kernel spills 12 bytes instead of 1.1 KB with da held in registers).
+# Tile j of query block i holds the keys of block i + j − 2; a, da and dS are kept as (rows, 3·BLOCK),
+# column j·BLOCK + c for key c of tile j.
 if triton is not None:
     @triton.jit
     def _dc_load_head(ptr, rows, h, H: tl.constexpr, D: tl.constexpr, T, UPCAST: tl.constexpr):
@@ -894,43 +896,40 @@ if triton is not None:
 
     @triton.jit
     def _dc_backward_query_kernel(q_ptr, k_ptr, v_ptr, docs_ptr, w1_ptr, lse_ptr, do_ptr, dq_ptr, dw1_ptr,
-                                  ds_ptr, T, T_pad, H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                                  da_ptr, ds_ptr, T, T_pad, H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
                                   WINDOW: tl.constexpr, UPCAST: tl.constexpr):
         rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         cols = tl.arange(0, BLOCK)
         row_ok = rows < T
         doc_q = tl.load(docs_ptr + rows, mask=row_ok, other=-1)
-        keys0, keys1, keys2 = rows - 2 * BLOCK, rows - BLOCK, rows
-        da0 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)  # dL/da over the three tiles
-        da1 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
-        da2 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
-        for h in range(H):
-            do = _dc_load_head(do_ptr, rows, h, H, D, T, UPCAST)
-            da0 = tl.dot(do, tl.trans(_dc_load_head(v_ptr, keys0, h, H, D, T, UPCAST)), da0)
-            da1 = tl.dot(do, tl.trans(_dc_load_head(v_ptr, keys1, h, H, D, T, UPCAST)), da1)
-            da2 = tl.dot(do, tl.trans(_dc_load_head(v_ptr, keys2, h, H, D, T, UPCAST)), da2)
+        # dL/da per key tile, through a scratch buffer (L2-resident) rather than held in registers
+        da_rows = da_ptr + rows[:, None] * (3 * BLOCK) + cols[None, :]
+        for tile in tl.static_range(3):
+            da = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+            for h in range(H):
+                v = _dc_load_head(v_ptr, rows + (tile - 2) * BLOCK, h, H, D, T, UPCAST)
+                da = tl.dot(_dc_load_head(do_ptr, rows, h, H, D, T, UPCAST), tl.trans(v), da)
+            tl.store(da_rows + tile * BLOCK, da)
+        tl.debug_barrier()
         ds_type: tl.constexpr = ds_ptr.dtype.element_ty
         for h in range(H):
             q = _dc_load_head(q_ptr, rows, h, H, D, T, UPCAST)
             lse = tl.load(lse_ptr + rows * H + h, mask=row_ok, other=0.0)[:, None]
-            dw1 = tl.sum(_dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys0, h, lse, T, H, D, WINDOW, UPCAST) * da0, 1)
-            dw1 += tl.sum(_dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys1, h, lse, T, H, D, WINDOW, UPCAST) * da1, 1)
-            dw1 += tl.sum(_dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys2, h, lse, T, H, D, WINDOW, UPCAST) * da2, 1)
+            dw1 = tl.zeros((BLOCK,), dtype=tl.float32)
+            for j in range(3):
+                keys = rows + (j - 2) * BLOCK
+                p = _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys, h, lse, T, H, D, WINDOW, UPCAST)
+                dw1 += tl.sum(p * tl.load(da_rows + j * BLOCK), 1)
             tl.store(dw1_ptr + rows * H + h, dw1, mask=row_ok)
             w1 = tl.load(w1_ptr + rows * H + h, mask=row_ok, other=0.0)[:, None]
             ds_rows = ds_ptr + (h * T_pad + rows)[:, None] * (3 * BLOCK) + cols[None, :]
-            p = _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys0, h, lse, T, H, D, WINDOW, UPCAST)
-            ds = _dc_operand(w1 * p * (da0 - dw1[:, None]), ds_type, UPCAST)
-            tl.store(ds_rows, ds.to(ds_type))
-            dq = tl.dot(ds, _dc_load_head(k_ptr, keys0, h, H, D, T, UPCAST))
-            p = _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys1, h, lse, T, H, D, WINDOW, UPCAST)
-            ds = _dc_operand(w1 * p * (da1 - dw1[:, None]), ds_type, UPCAST)
-            tl.store(ds_rows + BLOCK, ds.to(ds_type))
-            dq = tl.dot(ds, _dc_load_head(k_ptr, keys1, h, H, D, T, UPCAST), dq)
-            p = _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys2, h, lse, T, H, D, WINDOW, UPCAST)
-            ds = _dc_operand(w1 * p * (da2 - dw1[:, None]), ds_type, UPCAST)
-            tl.store(ds_rows + 2 * BLOCK, ds.to(ds_type))
-            dq = tl.dot(ds, _dc_load_head(k_ptr, keys2, h, H, D, T, UPCAST), dq)
+            dq = tl.zeros((BLOCK, D), dtype=tl.float32)
+            for j in range(3):
+                keys = rows + (j - 2) * BLOCK
+                p = _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys, h, lse, T, H, D, WINDOW, UPCAST)
+                ds = _dc_operand(w1 * p * (tl.load(da_rows + j * BLOCK) - dw1[:, None]), ds_type, UPCAST)
+                tl.store(ds_rows + j * BLOCK, ds.to(ds_type))
+                dq = tl.dot(ds, _dc_load_head(k_ptr, keys, h, H, D, T, UPCAST), dq)
             _dc_store_head(dq_ptr, dq, rows, h, H, D, T)
 
     @triton.jit
@@ -959,7 +958,8 @@ DC_BLOCK = 64  # queries per program and keys per tile: windows up to 129 keys
 # Launch options per kernel. No software pipelining of the head loops: Triton would multi-buffer
 # every tile load they issue, 344-515 KB of shared memory against Hopper's 227 KB per block (tests
 # compile them for sm_90). Warps: the faster of 4 and 8 per kernel on an H100 at 49,152 tokens
-# (forward 0.42 vs 0.49 ms at 8, backward-query 0.84 vs 1.11 ms and backward-key 0.22 vs 0.30 ms at 4).
+# (forward 0.42 vs 0.49 ms at 8, backward-key 0.22 vs 0.30 ms at 4; backward-query 0.84 vs 1.11 ms at
+# 4 when it held da in registers, not yet timed since).
 DC_LAUNCH = {"forward": dict(num_warps=8, num_stages=1), "backward_query": dict(num_warps=4, num_stages=1),
              "backward_key": dict(num_warps=4, num_stages=1)}
 
@@ -1005,8 +1005,8 @@ def dc_mha_backward(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor
     T, H, D, n, T_pad = _dc_launch(q, block)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dw1 = torch.empty_like(w1)
-    ds = q.new_empty((H, T_pad, 3 * block))
-    _dc_backward_query_kernel[(n,)](q, k, v, doc_ids, w1, lse, grad_o, dq, dw1, ds, T, T_pad, H=H, D=D,
+    da, ds = q.new_empty((T_pad, 3 * block), dtype=torch.float32), q.new_empty((H, T_pad, 3 * block))
+    _dc_backward_query_kernel[(n,)](q, k, v, doc_ids, w1, lse, grad_o, dq, dw1, da, ds, T, T_pad, H=H, D=D,
                                     BLOCK=block, WINDOW=window, UPCAST=TRITON_INTERPRETER,
                                     **DC_LAUNCH["backward_query"])
     _dc_backward_key_kernel[(n,)](q, grad_o, a, ds, dk, dv, T, T_pad, H=H, D=D, BLOCK=block,
