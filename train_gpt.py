@@ -964,18 +964,22 @@ DC_LAUNCH = {"forward": dict(num_warps=8, num_stages=1), "backward_query": dict(
              "backward_key": dict(num_warps=4, num_stages=1)}
 
 
-def _dc_launch(q: Tensor, block: int) -> tuple[int, int, int, int, int]:
-    T, H, D = q.shape
-    n = triton.cdiv(T, block)
-    if not _dc_fits_int32(T, H, D, block):
-        raise ValueError(f"DC-MHA kernels index with int32: {T} tokens x {H} heads x {D} is too many")
-    return T, H, D, n, n * block
+def _dc_padded_tokens(T: int, block: int) -> int:
+    """Rows of the kernels' (T_pad, 3·block) buffers: T rounded up to whole query blocks."""
+    return -(-T // block) * block
 
 
 def _dc_fits_int32(T: int, H: int, D: int, block: int) -> bool:
     """q/k/v (T, H, D) and dS (H, T_pad, 3·block) below 2^31 elements."""
-    T_pad = -(-T // block) * block
-    return max(T * H * D, H * T_pad * 3 * block) < 2**31
+    return max(T * H * D, H * _dc_padded_tokens(T, block) * 3 * block) < 2**31
+
+
+def _dc_launch(q: Tensor, block: int) -> tuple[int, int, int, int, int]:
+    T, H, D = q.shape
+    if not _dc_fits_int32(T, H, D, block):
+        raise ValueError(f"DC-MHA kernels index with int32: {T} tokens x {H} heads x {D} is too many")
+    T_pad = _dc_padded_tokens(T, block)
+    return T, H, D, T_pad // block, T_pad
 
 
 @torch.library.custom_op("speedrun::dc_mha_forward", mutates_args=())
@@ -993,9 +997,8 @@ def dc_mha_forward(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor,
 
 @dc_mha_forward.register_fake
 def _dc_mha_forward_fake(q, k, v, doc_ids, w1, window, block):
-    T_pad = -(-q.size(0) // block) * block
     return (torch.empty_like(q), q.new_empty((q.size(0), q.size(1)), dtype=torch.float32),
-            q.new_empty((T_pad, 3 * block)))
+            q.new_empty((_dc_padded_tokens(q.size(0), block), 3 * block)))
 
 
 @torch.library.custom_op("speedrun::dc_mha_backward", mutates_args=())

@@ -157,14 +157,16 @@ def test_dc_mha_kernels_fit_hopper_shared_memory():
     shapes = dict(H=6, D=128, BLOCK=T.DC_BLOCK, UPCAST=False)
     for docs in ("*i32", "*i64"):
         kernels = [
-            ("forward", T._dc_forward_kernel, dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, docs_ptr=docs, w1_ptr=fp32, o_ptr=bf16,
-                                        lse_ptr=fp32, a_ptr=bf16, T="i32"), dict(shapes, WINDOW=T.DC_WINDOW)),
-            ("backward_query", T._dc_backward_query_kernel, dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, docs_ptr=docs, w1_ptr=fp32,
-                                               lse_ptr=fp32, do_ptr=bf16, dq_ptr=bf16, dw1_ptr=fp32, da_ptr=fp32,
-                                               ds_ptr=bf16,
-                                               T="i32", T_pad="i32"), dict(shapes, WINDOW=T.DC_WINDOW)),
-            ("backward_key", T._dc_backward_key_kernel, dict(q_ptr=bf16, do_ptr=bf16, a_ptr=bf16, ds_ptr=bf16, dk_ptr=bf16,
-                                             dv_ptr=bf16, T="i32", T_pad="i32"), shapes),
+            ("forward", T._dc_forward_kernel,
+             dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, docs_ptr=docs, w1_ptr=fp32, o_ptr=bf16, lse_ptr=fp32,
+                  a_ptr=bf16, T="i32"), dict(shapes, WINDOW=T.DC_WINDOW)),
+            ("backward_query", T._dc_backward_query_kernel,
+             dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, docs_ptr=docs, w1_ptr=fp32, lse_ptr=fp32, do_ptr=bf16,
+                  dq_ptr=bf16, dw1_ptr=fp32, da_ptr=fp32, ds_ptr=bf16, T="i32", T_pad="i32"),
+             dict(shapes, WINDOW=T.DC_WINDOW)),
+            ("backward_key", T._dc_backward_key_kernel,
+             dict(q_ptr=bf16, do_ptr=bf16, a_ptr=bf16, ds_ptr=bf16, dk_ptr=bf16, dv_ptr=bf16, T="i32",
+                  T_pad="i32"), shapes),
         ]
         for launch, kernel, args, constants in kernels:
             index = kernel.arg_names.index
