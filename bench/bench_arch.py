@@ -5,7 +5,7 @@ backward median time, compiled like training, at the three stages' tokens per ra
 - dc:    lightweight DC-MHA on one layer, 112-key window (RECIPE 3.20; layer 10 only), the Triton
          kernels (the default on CUDA) and the blocked torch form
 - model: the whole model's forward + backward (without the lm_head) at stage 3: RECIPE HEAD
-         defaults, with DC_MHA=1, and with MUDD connections, MUDD gates and XSA all off (the
+         defaults, with DC_MHA=0, and with MUDD connections, MUDD gates, XSA and DC-MHA all off (the
          difference is what they cost together); three compiles, a few minutes
 
     python bench/bench_arch.py [--tokens 16384,32768,49152] [--model-tokens 49152 | 0] [--dc-warps 4,8]
@@ -28,9 +28,10 @@ import train_gpt as T  # noqa: E402
 H, D = 6, 128
 
 
-def bench(fn, inputs, profiled_steps=20):
+def bench(fn, inputs, profiled_steps=20, kernel_prefix=None):
     """(median wall ms of a forward + backward, GPU kernel ms of one: the device time the profiler
-    records, so host and launch overhead excluded)."""
+    records, so host and launch overhead excluded). With kernel_prefix, also prints the GPU ms of each
+    kernel whose name starts with it."""
     def step():
         out = fn(*inputs)
         out.backward(torch.ones_like(out))
@@ -41,6 +42,9 @@ def bench(fn, inputs, profiled_steps=20):
             step()
         torch.cuda.synchronize()
     kernels_us = sum(e.self_device_time_total for e in prof.key_averages())
+    for event in prof.key_averages() if kernel_prefix else ():
+        if event.key.startswith(kernel_prefix):
+            print(f"  kernel {event.key}: {event.self_device_time_total / profiled_steps / 1e3:.3f} GPU ms", flush=True)
     return wall, kernels_us / profiled_steps / 1e3
 
 
@@ -68,11 +72,14 @@ def piece_rows(tokens, dc_warps):
         out = dc((q[:n] * 0.12).bfloat16(), k[:n], v[:n], doc_ids[:n], w1[:n], w2[:n]).double()
         assert ((out - ref).norm() / ref.norm()).item() < 2e-2, f"dc_mha ({name}) disagrees with its definition"
     rows = [("xsa (1 layer)", tokens, bench(xsa, (y, v, alpha))),
-            ("dc_mha torch (1 layer)", tokens, bench(dcs["torch"], (q, k, v, doc_ids, w1, w2))),
-            ("dc_mha triton (1 layer)", tokens, bench(dcs["triton"], (q, k, v, doc_ids, w1, w2)))]
+            ("dc_mha torch (1 layer)", tokens, bench(dcs["torch"], (q, k, v, doc_ids, w1, w2)))]
+    print(f"dc_mha triton, DC_LAUNCH warps, {tokens} tokens:", flush=True)
+    rows.append(("dc_mha triton (1 layer)", tokens, bench(dcs["triton"], (q, k, v, doc_ids, w1, w2), kernel_prefix="_dc")))
     for warps in dc_warps:  # every kernel at this many warps (the kernels read T.DC_LAUNCH at launch)
         T.DC_LAUNCH = {kernel: dict(options, num_warps=warps) for kernel, options in default_launch.items()}
-        rows.append((f"dc_mha triton, {warps} warps", tokens, bench(dcs["triton"], (q, k, v, doc_ids, w1, w2))))
+        print(f"dc_mha triton, {warps} warps, {tokens} tokens:", flush=True)
+        rows.append((f"dc_mha triton, {warps} warps", tokens,
+                     bench(dcs["triton"], (q, k, v, doc_ids, w1, w2), kernel_prefix="_dc")))
     T.DC_LAUNCH = default_launch
     return rows
 
@@ -82,8 +89,8 @@ def model_rows(tokens):
     schedule = T.Schedule(base)
     step = schedule.stage_starts[2]
     rows = []
-    variants = [("defaults", {}), ("DC_MHA=1 (Triton kernels)", dict(dc_mha=True)),
-                ("MUDD, gates, XSA off", dict(mudd_connections=False, mudd_gates=False, xsa=False))]
+    variants = [("defaults (DC_MHA=1, Triton kernels)", {}), ("DC_MHA=0", dict(dc_mha=False)),
+                ("MUDD, gates, XSA, DC off", dict(mudd_connections=False, mudd_gates=False, xsa=False, dc_mha=False))]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 50257, (tokens,), generator=g).int().cuda()
     lengths = np.full(tokens // 512, 512)  # documents within every stage's max_seq_len
