@@ -121,7 +121,7 @@ class Hyperparameters:
     mudd_connections: bool = True  # dynamic dense connections into layer 10 and the head (#81)
     mudd_gates: bool = True  # per-token gates for XSA, output gates, x0/bigram/skip injections (#85)
     xsa: bool = True  # gated exclusive self-attention on layers 1, 3, 4, 7 (#82)
-    dc_mha: bool = False  # lightweight DC-MHA on layer 10 (#85); needs mudd_gates
+    dc_mha: bool = True  # lightweight DC-MHA on layer 10 (#85); needs mudd_gates (MUDD_GATES=0 needs DC_MHA=0)
     prefix_loss: bool = True  # prefix-token auxiliary loss (#88); reads tokenizer_dir/encoder.json
     tokenizer_dir: str = "data/gpt2"  # GPT-2's encoder.json (python data/cached_fineweb10B.py fetches it)
     fp8_lm_head: bool = True  # used on CUDA only
@@ -1561,6 +1561,9 @@ class GPT(nn.Module):
         d, H, hd, V = hp.model_dim, hp.num_heads, hp.head_dim, hp.vocab_size
         if H * hd != d or H % 2:
             raise ValueError(f"need num_heads*head_dim == model_dim and an even num_heads, got {H}x{hd} vs {d}")
+        if hp.dc_mha and not hp.mudd_gates:
+            raise ValueError("DC_MHA=1 (the default) takes its per-token weights from the MUDD gates: "
+                             "keep MUDD_GATES=1, or set DC_MHA=0 together with MUDD_GATES=0")
         n_attn = len(ATTENTION_LAYERS)
         bound = math.sqrt(3) * 0.5 * d ** -0.5  # uniform with std 0.5/sqrt(d)
         bf16 = dict(dtype=torch.bfloat16)
@@ -2262,8 +2265,6 @@ def check_hyperparameters(hp: Hyperparameters):
     total_steps = Schedule(hp).total_steps
     if not 0 <= hp.stop_after <= total_steps:
         raise ValueError(f"STOP_AFTER={hp.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
-    if hp.dc_mha and not hp.mudd_gates:
-        raise ValueError("DC_MHA=1 takes its per-token weights from the MUDD gates: set MUDD_GATES=1")
     for tokens in hp.stage_batch_tokens:
         if tokens % RANKS_PER_STEP:
             raise ValueError(f"STAGE_BATCH_TOKENS entry {tokens} is not divisible by {RANKS_PER_STEP}")

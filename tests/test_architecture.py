@@ -289,7 +289,7 @@ def test_value_embeddings_are_token_major_rows():
 def test_mudd_connections_at_init_reproduce_the_static_architecture():
     """RECIPE 3.18: at init the layer-10 block and the final mix equal the layer-10 lambdas, the
     static value-embedding gate and the backout they replace."""
-    common = dict(mudd_gates=False, xsa=False, prefix_loss=False)
+    common = dict(mudd_gates=False, dc_mha=False, xsa=False, prefix_loss=False)
     static, mudd = make_model(mudd_connections=False, **common), make_model(mudd_connections=True, **common)
     make_live(static, mudd)
     with torch.no_grad():  # the lambdas as MUDD computes them (bf16 biases: sqrt(1.1)/0.1 -> 10.5)
@@ -320,7 +320,8 @@ def test_mudd_gates_start_at_their_initial_values_and_then_depend_on_the_token()
 def test_mudd_gates_at_init_reproduce_the_static_injections():
     """x0 (0) and bigram (0.05) injection weights from the MUDD gates equal the static lambdas at
     init (the output gates, skip gate and XSA they also drive start differently by design)."""
-    common = dict(mudd_connections=False, xsa=False, attn_output_gates=False, skip_connection=False, prefix_loss=False)
+    common = dict(mudd_connections=False, xsa=False, dc_mha=False, attn_output_gates=False, skip_connection=False,
+                  prefix_loss=False)
     static, gated = make_model(mudd_gates=False, **common), make_model(mudd_gates=True, **common)
     make_live(static, gated)
     a, b = hidden(static), hidden(gated)
@@ -391,7 +392,7 @@ def test_missing_vocabulary_names_the_fix(tmp_path):
 
 
 def test_prefix_loss_adds_the_weighted_prefix_term():
-    model = make_model(mudd_gates=False, mudd_connections=False, xsa=False)
+    model = make_model(mudd_gates=False, dc_mha=False, mudd_connections=False, xsa=False)
     g = torch.Generator().manual_seed(3)
     prefix = torch.randint(0, SMALL["vocab_size"], (SMALL["vocab_size"],), generator=g)
     prefix[::3] = -1  # tokens without a prefix
@@ -442,15 +443,15 @@ RECIPE_TABLE = {  # label: (optimizer, comm, betas, lr_mul, wd_mul), RECIPE 1.1
 
 def test_param_specs_match_the_recipe_table():
     seen = set()
-    for switches in (dict(dc_mha=True), dict(mudd_gates=False)):
+    for switches in (dict(), dict(mudd_gates=False, dc_mha=False)):
         for label, spec in make_model(**switches).param_specs().items():
             optimizer, comm, betas, lr_mul, wd_mul = RECIPE_TABLE[label]
             assert (spec.optimizer, spec.comm, spec.lr_mul, spec.wd_mul) == (optimizer, comm, lr_mul, wd_mul), label
             assert optimizer == "normuon" or spec.betas == betas, label
             seen.add(label)
     assert seen == set(RECIPE_TABLE)
-    with pytest.raises(ValueError, match="MUDD_GATES"):
-        T.check_hyperparameters(T.Hyperparameters(dc_mha=True, mudd_gates=False))
+    with pytest.raises(ValueError, match="DC_MHA=0 together with MUDD_GATES=0"):
+        make_model(mudd_gates=False)
 
 
 def test_model_with_every_feature_traces_whole_with_torch_compile():
