@@ -958,8 +958,8 @@ DC_BLOCK = 64  # queries per program and keys per tile: windows up to 129 keys
 # Launch options per kernel. No software pipelining of the head loops: Triton would multi-buffer
 # every tile load they issue, 344-515 KB of shared memory against Hopper's 227 KB per block (tests
 # compile them for sm_90). Warps: the faster of 4 and 8 per kernel on an H100 at 49,152 tokens
-# (forward 0.42 vs 0.49 ms at 8, backward-key 0.22 vs 0.30 ms at 4; backward-query 0.84 vs 1.11 ms at
-# 4 when it held da in registers, not yet timed since).
+# (bench/bench_arch.py --dc-warps 4,8: forward 0.41 vs 0.48 ms at 8, backward-query 0.57 vs 0.77 ms
+# and backward-key 0.22 vs 0.30 ms at 4).
 DC_LAUNCH = {"forward": dict(num_warps=8, num_stages=1), "backward_query": dict(num_warps=4, num_stages=1),
              "backward_key": dict(num_warps=4, num_stages=1)}
 

@@ -41,8 +41,9 @@ def bench(fn, inputs, profiled_steps=20, kernel_prefix=None):
         for _ in range(profiled_steps):
             step()
         torch.cuda.synchronize()
-    kernels_us = sum(e.self_device_time_total for e in prof.key_averages())
-    for event in prof.key_averages() if kernel_prefix else ():
+    events = prof.key_averages()
+    kernels_us = sum(e.self_device_time_total for e in events)
+    for event in events if kernel_prefix else ():
         if event.key.startswith(kernel_prefix):
             print(f"  kernel {event.key}: {event.self_device_time_total / profiled_steps / 1e3:.3f} GPU ms", flush=True)
     return wall, kernels_us / profiled_steps / 1e3
