@@ -1,0 +1,2504 @@
+"""speedrun: train a GPT-2-small-class model to a target validation loss as fast as possible.
+
+    torchrun --standalone --nproc_per_node=8 train_gpt.py      # also 1, 2 or 4 GPUs (same math)
+
+Sections, in data-flow order: config, kernels, optimizer, model, data, training, main.
+Every hyperparameter is a field of `Hyperparameters`, overridable by the environment variable
+of the same name in upper case (e.g. `VAL_LOSS_EVERY=125`). The techniques follow RECIPE.md;
+the record numbers (#N) name the NanoGPT-speedrun record that introduced each one.
+"""
+
+import os
+
+os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+
+import copy
+import dataclasses
+import functools
+import gc
+import glob
+import json
+import math
+import shlex
+import subprocess
+import sys
+import time
+import typing
+import uuid
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # CPU-only installs may lack Triton; the torch paths below cover them
+    triton = None
+try:
+    from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10
+except ImportError:
+    varlen_attn = None
+try:
+    from flash_attn_interface import flash_attn_varlen_func  # FlashAttention-3, where installed
+except ImportError:
+    flash_attn_varlen_func = None
+
+warnings.filterwarnings("ignore", message=".*reduce_scatter_tensor.*is deprecated.*")
+warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*is deprecated.*")
+
+# =============================================================================================
+# Config
+# =============================================================================================
+
+
+@dataclass
+class Hyperparameters:
+    # --- data (RECIPE 0.1, 0.11) ---
+    train_files: str = "data/fineweb10B/fineweb_train_*.bin"
+    val_files: str = "data/fineweb10B/fineweb_val_*.bin"
+    val_tokens: int = 10_485_760  # proxy runs use 3_932_160
+    val_seq_len: int = 262_144  # tokens per validation forward on one rank
+    val_loss_every: int = 250  # 0: only at the start and the end
+    # --- schedule (RECIPE Tier 4): three stages by thirds, then an extension at the lr floor ---
+    num_scheduled_iterations: int = 1270
+    num_extension_iterations: int = 15
+    stop_after: int = 0  # >0: end the run after this many steps, schedule unchanged (quick comparisons)
+    stage_batch_tokens: tuple[int, ...] = (131_072, 262_144, 393_216, 393_216)  # global tokens/step
+    stage_max_seq_len: tuple[int, ...] = (896, 2048, 2048, 2048)  # document truncation length
+    stage_short_window: tuple[int, ...] = (1, 3, 5, 6)  # sliding windows, in blocks
+    stage_long_window: tuple[int, ...] = (3, 7, 11, 13)
+    stage_lr_mul: tuple[float, ...] = (1.0, 1.52, 1.73, 1.73)
+    final_long_window: int = 20  # long window of the last validation (no YaRN update)
+    window_block_size: int = 128
+    cooldown_frac: float = 0.60
+    lr_floor: float = 0.15
+    # --- optimizer (RECIPE Tier 1) ---
+    muon_lr: float = 0.023
+    muon_momentum_min: float = 0.85
+    muon_momentum_max: float = 0.95
+    muon_momentum_warmup_steps: int = 300
+    muon_momentum_cooldown_steps: int = 50
+    muon_beta2: float = 0.9
+    muon_weight_decay: float = 1.2
+    orthogonalizer: str = "polar_express"  # or "newton_schulz" (classic quintic)
+    mantissa_tracking: bool = True  # bf16 banks with an exact fp32 master (RECIPE 1.8)
+    adam_lr: float = 0.008
+    adam_eps: float = 1e-10
+    adam_weight_decay: float = 0.005
+    adam_every_other_step: bool = True  # Adam on odd steps with two steps' gradients (#39)
+    # --- model (RECIPE Tier 0) ---
+    vocab_size: int = 50304
+    model_dim: int = 768
+    num_heads: int = 6
+    head_dim: int = 128
+    mlp_hidden: int = 3072
+    bigram_rows: int = 50304 * 15 // 2
+    # --- features (RECIPE Tier 3), each switchable for ablations ---
+    value_embeds: bool = True
+    skip_connection: bool = True
+    residual_lambdas: bool = True
+    attn_lambdas: bool = True
+    smear_gate: bool = True
+    attn_output_gates: bool = True
+    sliding_windows: bool = True
+    yarn: bool = True
+    key_offset: bool = True
+    paired_heads: bool = True
+    multi_token_prediction: bool = True
+    untie_embed_at: float = 2 / 3  # fraction of the scheduled steps; 0 keeps them tied
+    bigram_embed: bool = True
+    backout: bool = True
+    late_attn_from_layer7: bool = True
+    mudd_connections: bool = True  # dynamic dense connections into layer 10 and the head (#81)
+    mudd_gates: bool = True  # per-token gates for XSA, output gates, x0/bigram/skip injections (#85)
+    xsa: bool = True  # gated exclusive self-attention on layers 1, 3, 4, 7 (#82)
+    dc_mha: bool = True  # lightweight DC-MHA on layer 10 (#85); needs mudd_gates (MUDD_GATES=0 needs DC_MHA=0)
+    prefix_loss: bool = True  # prefix-token auxiliary loss (#88); reads tokenizer_dir/encoder.json
+    tokenizer_dir: str = "data/gpt2"  # GPT-2's encoder.json (python data/cached_fineweb10B.py fetches it)
+    fp8_lm_head: bool = True  # used on CUDA only
+    fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA, RECIPE 3.23)
+    fused_mlp_min_tokens: int = 32768  # per-rank tokens per forward below which the plain MLP runs (launch-bound)
+    attention_backend: str = "auto"  # auto | fa3 | varlen | flex | sdpa
+    # --- run ---
+    rank_slice: bool = False  # one GPU computes one rank's share of each 8-GPU step (BENCH.md)
+    seed: int = 0
+    device: str = "cuda"  # "cpu" runs the same code on the CPU (tests, smoke runs)
+    compile: bool = True
+    warmup: bool = True  # compile every shape before the clock, then restore the initial state
+    run_id: str = ""
+    log_dir: str = "logs"
+    save_checkpoint: bool = False
+    train_loss_every: int = 0  # >0: add train_loss to every N-th step line (costs a sync)
+    nonfinite_check_every: int = 25  # steps between checks of the recorded training losses
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> "Hyperparameters":
+        """Defaults overridden by environment variables named like the fields, in upper case."""
+        hints = typing.get_type_hints(cls)
+        values = {}
+        for field in dataclasses.fields(cls):
+            raw = environ.get(field.name.upper())
+            if raw is not None:
+                values[field.name] = _parse_env_value(field.name.upper(), raw, hints[field.name])
+        return cls(**values)
+
+
+def _parse_env_value(name: str, raw: str, kind):
+    try:
+        if kind is bool:
+            word = raw.strip().lower()
+            if word in ("1", "true", "yes", "on"):
+                return True
+            if word in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected 1/0/true/false")
+        if kind is int:
+            return int(raw.replace("_", ""))
+        if kind is float:
+            return float(raw)
+        if kind is str:
+            return raw
+        item = typing.get_args(kind)[0]  # tuple[int, ...] / tuple[float, ...]: comma separated
+        return tuple(item(x.replace("_", "")) for x in raw.split(","))
+    except ValueError as error:
+        raise ValueError(f"environment variable {name}={raw!r} is not a valid {kind}: {error}") from None
+
+
+# =============================================================================================
+# Kernels
+# =============================================================================================
+# Polar Express (Amsel, Persson, Musco, Gower 2025; #38): five per-iteration odd quintics,
+# computed for num_iters=5, safety_factor=2e-2, cushion=2, applied after X / (1.02·‖X‖ + 1e-6).
+POLAR_EXPRESS_COEFFS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+# Classic Muon Newton-Schulz quintic (#3): singular values land in about [0.68, 1.13].
+NEWTON_SCHULZ_COEFFS = ((3.4445, -4.7750, 2.0315),) * 5
+ORTHOGONALIZERS = {  # name: (coefficients, norm safety factor, norm epsilon)
+    "polar_express": (POLAR_EXPRESS_COEFFS, 1.02, 1e-6),
+    "newton_schulz": (NEWTON_SCHULZ_COEFFS, 1.0, 1e-7),
+}
+
+# Symmetric batched products for Newton-Schulz / Polar Express (#27, #69, #74): only output tiles
+# on or below the diagonal are computed (a 1-D enumeration of the triangle), each stored at
+# [m, n] and mirrored to [n, m]; fp32 accumulation; operands loaded along their contiguous dim.
+# Odd sizes wrap the output offsets (loads stay in bounds) and mask the stores and reduction.
+# UPCAST only serves Triton's CPU interpreter (TRITON_INTERPRET=1), whose dot cannot do bf16.
+if triton is not None:
+    @triton.jit
+    def _lower_triangle_tile(t):
+        # linear index t = row*(row+1)/2 + col (col <= row): fp32 sqrt guess, integer corrections
+        r = ((tl.sqrt((8 * t + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)
+        r = tl.where((r + 1) * (r + 2) // 2 <= t, r + 1, r)
+        r = tl.where(r * (r + 1) // 2 > t, r - 1, r)
+        return r, t - r * (r + 1) // 2
+
+    @triton.jit
+    def _store_symmetric(out_ptr, c, pid_m, pid_n, offs_m, offs_n, N, stride_om):
+        # tile (m, n) and, off the diagonal, its transpose at (n, m)
+        c = c.to(out_ptr.dtype.element_ty)
+        mask = (offs_m[:, None] < N) & (offs_n[None, :] < N)
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], c, mask=mask)
+        if pid_m != pid_n:
+            mask_t = (offs_n[:, None] < N) & (offs_m[None, :] < N)
+            tl.store(out_ptr + offs_n[:, None] * stride_om + offs_m[None, :], tl.trans(c), mask=mask_t)
+
+    @triton.jit
+    def _aat_kernel(a_ptr, out_ptr, M, K, alpha, beta, stride_ab, stride_am, stride_ob, stride_om,
+                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ADD_A: tl.constexpr,
+                    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+        # out[b] = alpha·A[b]·A[b]ᵀ (+ beta·A[b] when ADD_A, for square symmetric A); A (M, K) row-major
+        pid_m, pid_n = _lower_triangle_tile(tl.program_id(0))
+        pid_b = tl.program_id(1).to(tl.int64)
+        a_ptr += pid_b * stride_ab
+        out_ptr += pid_b * stride_ob
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_k = tl.arange(0, BLOCK_K)
+        rm, rn = offs_m % M, offs_n % M
+        a_ptrs = a_ptr + rm[:, None] * stride_am + offs_k[None, :]
+        b_ptrs = a_ptr + rn[:, None] * stride_am + offs_k[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            if EVEN_K:
+                a, b = tl.load(a_ptrs), tl.load(b_ptrs)
+            else:
+                k_mask = offs_k[None, :] < K - k * BLOCK_K
+                a = tl.load(a_ptrs, mask=k_mask, other=0.0)
+                b = tl.load(b_ptrs, mask=k_mask, other=0.0)
+            if UPCAST:
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=INPUT_PRECISION)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+        acc = alpha * acc
+        if ADD_A:
+            acc += beta * tl.load(a_ptr + rm[:, None] * stride_am + rn[None, :]).to(tl.float32)
+        _store_symmetric(out_ptr, acc, pid_m, pid_n, offs_m, offs_n, M, stride_om)
+
+    @triton.jit
+    def _ata_kernel(a_ptr, out_ptr, M, K, stride_ab, stride_am, stride_ob, stride_om,
+                    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+        # out[b] = A[b]ᵀ·A[b], A (M, K) row-major, reduction over M; tiles [BLOCK_R, BLOCK_N] along K
+        pid_i, pid_j = _lower_triangle_tile(tl.program_id(0))
+        pid_b = tl.program_id(1).to(tl.int64)
+        a_ptr += pid_b * stride_ab
+        out_ptr += pid_b * stride_ob
+        offs_i = pid_i * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_j = pid_j * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_r = tl.arange(0, BLOCK_R)
+        ci, cj = (offs_i, offs_j) if EVEN_N else (offs_i % K, offs_j % K)
+        a_ptrs = a_ptr + offs_r[:, None] * stride_am + ci[None, :]
+        b_ptrs = a_ptr + offs_r[:, None] * stride_am + cj[None, :]
+        acc = tl.zeros((BLOCK_N, BLOCK_N), dtype=tl.float32)
+        for r in range(0, tl.cdiv(M, BLOCK_R)):
+            if EVEN_M:
+                a, b = tl.load(a_ptrs), tl.load(b_ptrs)
+            else:
+                r_mask = offs_r[:, None] < M - r * BLOCK_R
+                a = tl.load(a_ptrs, mask=r_mask, other=0.0)
+                b = tl.load(b_ptrs, mask=r_mask, other=0.0)
+            if UPCAST:
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            acc = tl.dot(tl.trans(a), b, acc, input_precision=INPUT_PRECISION)
+            a_ptrs += BLOCK_R * stride_am
+            b_ptrs += BLOCK_R * stride_am
+        _store_symmetric(out_ptr, acc, pid_i, pid_j, offs_i, offs_j, K, stride_om)
+
+
+# Launch configurations (block, block_k, num_warps, num_stages) per (kernel, output size, reduction size),
+# tuned on an H100 with `python bench/bench_orthogonalize.py --sweep`; other sizes use the defaults.
+SYMMETRIC_KERNEL_CONFIGS: dict[tuple[str, int, int], tuple[int, int, int, int]] = {
+    ("xxt", 256, 768): (128, 64, 4, 3),
+    ("ba_plus_caa", 256, 256): (64, 32, 4, 4),
+    ("xxt", 768, 768): (128, 64, 4, 3),
+    ("ba_plus_caa", 768, 768): (128, 64, 8, 3),
+    ("xtx", 768, 3072): (128, 64, 8, 3),
+}
+TRITON_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
+# Bank matrix shapes (rows, cols) whose compiled bank step runs faster with the Triton kernels than
+# with torch's bmm on an H100 (bench/bench_orthogonalize.py, GPU ms for 22 / 20 / 60 matrices:
+# 3072x768 2.07 vs 2.23, 768x768 0.79 vs 0.80, 256x768 0.46 vs 0.41); the others use torch.
+TRITON_ORTHOGONALIZE_SHAPES = {(3072, 768), (768, 768)}
+
+
+def _symmetric_launch(A: Tensor, kernel: str, n_out: int, reduction: int, config: tuple | None):
+    """Output buffer, grid, tile sizes and launch options for an (n_out x n_out) symmetric product of A."""
+    if A.dim() != 3 or not A.is_contiguous():
+        raise ValueError(f"expected a contiguous (batch, rows, cols) tensor, got {tuple(A.shape)}")
+    fp32 = A.dtype == torch.float32
+    big = n_out >= 512  # 768-wide Gram matrices: 128-tiles; small ones (256): more, smaller programs
+    default = (128 if big else 64, 32 if fp32 else 64, 8 if big else 4, 3 if fp32 else 4)
+    block, block_k, num_warps, num_stages = config or SYMMETRIC_KERNEL_CONFIGS.get((kernel, n_out, reduction), default)
+    tiles = triton.cdiv(n_out, block)
+    options = dict(num_warps=num_warps, num_stages=num_stages, INPUT_PRECISION="ieee" if fp32 else "tf32",
+                   UPCAST=TRITON_INTERPRETER and not fp32)
+    out = A.new_empty((A.size(0), n_out, n_out))
+    return out, (tiles * (tiles + 1) // 2, A.size(0)), block, block_k, options
+
+
+def xxt(A: Tensor, config: tuple | None = None) -> Tensor:
+    """A·Aᵀ for a batch A (B, M, K) -> (B, M, M). config: (block, block_k, num_warps, num_stages)."""
+    B, M, K = A.shape
+    out, grid, block, block_k, options = _symmetric_launch(A, "xxt", M, K, config)
+    _aat_kernel[grid](A, out, M, K, 1.0, 0.0, A.stride(0), A.stride(1), out.stride(0), out.stride(1),
+                      BLOCK_M=block, BLOCK_K=block_k, EVEN_K=K % block_k == 0, ADD_A=False, **options)
+    return out
+
+
+def ba_plus_caa(A: Tensor, alpha: float, beta: float, config: tuple | None = None) -> Tensor:
+    """beta·A + alpha·A·A for a batch of symmetric A (B, N, N) (A·A = A·Aᵀ)."""
+    B, N, _ = A.shape
+    out, grid, block, block_k, options = _symmetric_launch(A, "ba_plus_caa", N, N, config)
+    _aat_kernel[grid](A, out, N, N, float(alpha), float(beta), A.stride(0), A.stride(1), out.stride(0), out.stride(1),
+                      BLOCK_M=block, BLOCK_K=block_k, EVEN_K=N % block_k == 0, ADD_A=True, **options)
+    return out
+
+
+def xtx(A: Tensor, config: tuple | None = None) -> Tensor:
+    """Aᵀ·A for a batch A (B, M, K) -> (B, K, K)."""
+    B, M, K = A.shape
+    out, grid, block, block_k, options = _symmetric_launch(A, "xtx", K, M, config)
+    _ata_kernel[grid](A, out, M, K, A.stride(0), A.stride(1), out.stride(0), out.stride(1),
+                      BLOCK_N=block, BLOCK_R=block_k, EVEN_M=M % block_k == 0, EVEN_N=K % block == 0, **options)
+    return out
+
+
+def polar_normalize(G: Tensor, method: str = "polar_express") -> Tensor:
+    """G / (safety·‖G‖_F + eps) per matrix, in bf16: the start of the iteration below."""
+    _, safety, eps = ORTHOGONALIZERS[method]
+    norm = torch.linalg.vector_norm(G.float(), dim=(-2, -1), keepdim=True)
+    return (G / (norm * safety + eps)).bfloat16()
+
+
+def polar_iterations(X: Tensor, method: str = "polar_express", use_triton: bool = False) -> Tensor:
+    """The odd-polynomial iteration on a normalized bf16 bank X (B, rows, cols). Wide and square
+    matrices iterate on X·Xᵀ, tall ones on Xᵀ·X (#74), so the symmetric products are min(rows, cols)²
+    and nothing is transposed in memory. `use_triton` selects the symmetric Triton kernels above;
+    the torch path computes the same function."""
+    coeffs, _, _ = ORTHOGONALIZERS[method]
+    tall = X.size(-2) > X.size(-1)
+    # On the CPU the products run in fp32, rounded to bf16 where a bf16 GEMM rounds: same function,
+    # but CPU bf16 GEMMs run ~60x slower than fp32 without AVX512-BF16 (CI, tests).
+    work = torch.float32 if X.device.type == "cpu" else torch.bfloat16
+    for a, b, c in coeffs:
+        Y = X.to(work)
+        if use_triton:
+            A = xtx(X) if tall else xxt(X)
+            B = ba_plus_caa(A, alpha=c, beta=b)
+        else:
+            A = (Y.mT @ Y if tall else Y @ Y.mT).bfloat16().to(work)
+            B = torch.baddbmm(A, A, A, beta=b, alpha=c).bfloat16()
+        B = B.to(work)
+        X = (torch.baddbmm(Y, Y, B, beta=a) if tall else torch.baddbmm(Y, B, Y, beta=a)).bfloat16()
+    return X
+
+
+def orthogonalize(G: Tensor, method: str = "polar_express", use_triton: bool = False) -> Tensor:
+    """Approximate U·Vᵀ (the orthogonal polar factor) of every matrix of a bank G (B, rows, cols), in bf16."""
+    return polar_iterations(polar_normalize(G, method), method, use_triton)
+
+
+# Logit soft-cap z = 23·σ((u+5)/7.5) (#54) and the FP8 lm_head scales: x/x_s and W/w_s in e4m3, the
+# logit gradient in e5m2 as du/grad_s with grad_s = FP8_GRAD_SCALE·grad_scale (#51, #55, #65).
+SOFTCAP_SCALE, SOFTCAP_SHIFT, SOFTCAP_TEMPERATURE = 23.0, 5.0, 7.5
+FP8_X_SCALE, FP8_W_SCALE, FP8_GRAD_SCALE = 100 / 448, 1.6 / 448, 0.75 / 448
+E4M3_MAX, E5M2_MAX = 448.0, 57344.0  # largest finite float8_e4m3fn / float8_e5m2
+MAX_TARGETS = 4  # target columns per row of the fused cross-entropy
+
+
+def softcap(logits: Tensor) -> Tensor:
+    """Asymmetric logit soft-cap into (0, 23) (#54), computed in fp32 (or the logits' wider dtype)."""
+    u = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return SOFTCAP_SCALE * torch.sigmoid((u + SOFTCAP_SHIFT) / SOFTCAP_TEMPERATURE)
+
+
+# Fused soft-capped multi-target cross-entropy, forward and backward in one kernel (#60, #67, #79;
+# RECIPE 3.24). Persistent programs take rows t = pid, pid + programs, ...; per row, sweep 1 sums
+# exp(z − 23) (z < 23: no running max), sweep 2 re-reads the row (then in L2, last chunk first)
+# and writes the logit gradient; the ≤ MAX_TARGETS target columns are rewritten after a barrier.
+# With tanh: z = h + h·t, t = tanh((u+5)/15), h = 23/2; dz/du = 23/(4·7.5)·(1 − t²).
+if triton is not None:
+    @triton.jit
+    def _tanh(x, FAST: tl.constexpr):
+        if FAST:  # one MUFU op, ~2^-11 relative error (the reference's fast-math kernel does the same)
+            return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        else:
+            return 2 * tl.sigmoid(2 * x) - 1
+
+    @triton.jit
+    def _softcap_ce_kernel(logits_ptr, targets_ptr, weights_ptr, loss_ptr, ce0_ptr, grad_ptr,
+                           n_rows, V, stride_logits, stride_targets, stride_grad, grad_mul,
+                           CAP: tl.constexpr, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr,
+                           N_TARGETS: tl.constexpr, N_PAD: tl.constexpr, BLOCK_V: tl.constexpr,
+                           SATURATE_AT: tl.constexpr, FAST_TANH: tl.constexpr):
+        LOG2E: tl.constexpr = 1.4426950408889634
+        HALF: tl.constexpr = CAP * 0.5
+        cols = tl.arange(0, BLOCK_V)
+        k = tl.arange(0, N_PAD)
+        weights = tl.load(weights_ptr + k, mask=k < N_TARGETS, other=0.0).to(tl.float32)
+        n_chunks = tl.cdiv(V, BLOCK_V)
+        coef = grad_mul * (CAP / (4 * TEMPERATURE))
+        first_row, programs = tl.program_id(0).to(tl.int64), tl.num_programs(0)
+        for i in range(0, tl.cdiv(n_rows - first_row, programs)):
+            row = first_row + i * programs
+            u_row = logits_ptr + row * stride_logits
+            g_row = grad_ptr + row * stride_grad
+            acc = tl.zeros([BLOCK_V], dtype=tl.float32)
+            for c in range(n_chunks):
+                offs = c * BLOCK_V + cols
+                mask = offs < V
+                u = tl.load(u_row + offs, mask=mask, other=0.0).to(tl.float32)
+                t = _tanh((u + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+                acc += tl.where(mask, tl.exp2((t - 1) * (HALF * LOG2E)), 0.0)
+            lse = CAP + tl.log(tl.sum(acc, axis=0))
+            ys = tl.load(targets_ptr + row * stride_targets + k, mask=k < N_TARGETS, other=-1).to(tl.int32)
+            valid = ys >= 0
+            u_y = tl.load(u_row + tl.maximum(ys, 0)).to(tl.float32)
+            ce = lse - CAP * tl.sigmoid((u_y + SHIFT) / TEMPERATURE)
+            w_valid = tl.where(valid, weights, 0.0)
+            tl.store(loss_ptr + row, tl.sum(w_valid * ce, axis=0))
+            tl.store(ce0_ptr + row, tl.sum(tl.where((k == 0) & valid, ce, 0.0), axis=0))
+            weight_sum = tl.sum(w_valid, axis=0)
+            bias = (HALF - lse) * LOG2E  # z − lse = h·t + h − lse
+            for c in range(n_chunks):
+                offs = (n_chunks - 1 - c) * BLOCK_V + cols
+                mask = offs < V
+                u = tl.load(u_row + offs, mask=mask, other=0.0).to(tl.float32)
+                t = _tanh((u + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+                g = (coef * weight_sum) * (1 - t * t) * tl.exp2(t * (HALF * LOG2E) + bias)
+                if SATURATE_AT > 0:  # e5m2: saturate, never overflow to inf
+                    g = tl.minimum(tl.maximum(g, -SATURATE_AT), SATURATE_AT)
+                tl.store(g_row + offs, g.to(grad_ptr.dtype.element_ty), mask=mask)
+            tl.debug_barrier()  # the sweep's stores to the target columns land before their rewrite
+            t_y = _tanh((u_y + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+            same_target = tl.sum(tl.where(ys[:, None] == ys[None, :], w_valid[None, :], 0.0), axis=1)
+            g_y = coef * (1 - t_y * t_y) * (weight_sum * tl.exp2(t_y * (HALF * LOG2E) + bias) - same_target)
+            if SATURATE_AT > 0:
+                g_y = tl.minimum(tl.maximum(g_y, -SATURATE_AT), SATURATE_AT)
+            tl.store(g_row + ys, g_y.to(grad_ptr.dtype.element_ty), mask=valid)
+
+    @triton.jit
+    def _transpose_kernel(src_ptr, dst_ptr, M, N, stride_src, stride_dst,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        # dst (N, M) = srcᵀ: a tile read along src's rows, written along dst's rows
+        offs_m = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        offs_n = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tile = tl.load(src_ptr + offs_m[:, None] * stride_src + offs_n[None, :], mask=mask)
+        tl.store(dst_ptr + offs_n[:, None] * stride_dst + offs_m[None, :], tl.trans(tile), mask=tl.trans(mask))
+
+
+def softcap_ce_reference(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float,
+                         grad_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """Plain-torch form of the fused kernel. logits u (T, V); targets (T, N) int, −1 = none;
+    weights (N,). Returns per row loss_t = Σ_k w_k·[y_tk ≥ 0]·(lse − z[y_tk]), ce0_t = lse − z[y_t0]
+    (0 where y_t0 = −1) and grad_mul·∂(Σ_t loss_t)/∂u in grad_dtype (e5m2: saturated)."""
+    z = softcap(logits)
+    lse = torch.logsumexp(z, -1, keepdim=True)
+    valid = targets >= 0
+    safe_targets = targets.clamp_min(0)
+    ce = lse - z.gather(1, safe_targets)
+    w_valid = weights.to(z.dtype) * valid
+    loss_rows = (ce * w_valid).sum(-1)
+    ce0_rows = torch.where(valid[:, 0], ce[:, 0], 0.0)
+    dz = torch.exp(z - lse) * w_valid.sum(-1, keepdim=True)
+    dz = dz.scatter_add(1, safe_targets, -w_valid)  # duplicate targets add up
+    sigma = z / SOFTCAP_SCALE
+    grad = (grad_mul * SOFTCAP_SCALE / SOFTCAP_TEMPERATURE) * sigma * (1 - sigma) * dz
+    if grad_dtype == torch.float8_e5m2:
+        grad = grad.clamp(-E5M2_MAX, E5M2_MAX)
+    return loss_rows, ce0_rows, grad.to(grad_dtype)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float, grad_dtype: torch.dtype,
+               use_triton: bool | None = None, block_v: int = 8192, num_warps: int = 16,
+               programs: int | None = None, fast_tanh: bool | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """softcap_ce_reference's function; the fused Triton kernel where use_triton (default: on CUDA).
+    programs: persistent programs (default 2 per SM: rows in flight stay in L2 for sweep 2);
+    block_v, num_warps: the fastest on an H100 (bench/bench_cross_entropy.py, T = 49,152: 3.85 ms
+    against 4.42 ms at 4096 / 8 warps; the bytes floor is 2.47 ms);
+    fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter)."""
+    if use_triton is None:
+        use_triton = logits.is_cuda and triton is not None
+    if not use_triton:
+        return softcap_ce_reference(logits, targets, weights, grad_mul, grad_dtype)
+    T, V = logits.shape
+    N = targets.size(1)
+    if not 1 <= N <= MAX_TARGETS or weights.numel() != N or logits.stride(1) != 1 or targets.stride(1) != 1:
+        raise ValueError(f"need unit-stride (T, V) logits, (T, N <= {MAX_TARGETS}) targets and N weights, got "
+                         f"{tuple(logits.shape)} {tuple(targets.shape)} {tuple(weights.shape)}")
+    interpreting = TRITON_INTERPRETER
+    loss_rows = torch.empty(T, dtype=torch.float32, device=logits.device)
+    ce0_rows = torch.empty(T, dtype=torch.float32, device=logits.device)
+    grad = torch.empty((T, V), dtype=grad_dtype, device=logits.device)
+    if programs is None:
+        programs = T if interpreting else 2 * _sm_count(logits.device)
+    if fast_tanh is None:
+        fast_tanh = not interpreting
+    _softcap_ce_kernel[(max(1, min(T, programs)),)](
+        logits, targets, weights.contiguous(), loss_rows, ce0_rows, grad, T, V, logits.stride(0),
+        targets.stride(0), grad.stride(0), float(grad_mul), CAP=SOFTCAP_SCALE, SHIFT=SOFTCAP_SHIFT,
+        TEMPERATURE=SOFTCAP_TEMPERATURE, N_TARGETS=N, N_PAD=max(2, triton.next_power_of_2(N)), BLOCK_V=block_v,
+        SATURATE_AT=E5M2_MAX if grad_dtype == torch.float8_e5m2 else 0.0, FAST_TANH=fast_tanh, num_warps=num_warps)
+    return loss_rows, ce0_rows, grad
+
+
+def transpose_copy(src: Tensor, use_triton: bool | None = None, block_m: int = 64, block_n: int = 128,
+                   num_warps: int = 4) -> Tensor:
+    """A contiguous copy of srcᵀ for a 2-D tensor with unit column stride (1- or 2-byte elements:
+    the FP8 operands _scaled_mm wants K-major); tiled Triton kernel where use_triton (default: CUDA)."""
+    if use_triton is None:
+        use_triton = src.is_cuda and triton is not None
+    if not use_triton:
+        return src.t().contiguous()
+    M, N = src.shape
+    if src.stride(1) != 1:
+        raise ValueError("transpose_copy needs unit column stride")
+    dst = torch.empty((N, M), dtype=src.dtype, device=src.device)
+    _transpose_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
+        src, dst, M, N, src.stride(0), dst.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+    return dst
+
+
+def vocab_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for the vocabulary-sized lm_head products. On the CPU, 16-bit operands are multiplied
+    in fp32 and the result rounded back: the same fp32-accumulated exact products as a bf16 GEMM,
+    without CPU bf16 kernels that run ~60x slower where AVX512-BF16 is missing (CI, tests)."""
+    if a.is_cuda or a.dtype not in (torch.bfloat16, torch.float16):
+        return a @ b
+    return (a.float() @ b.float()).to(a.dtype)
+
+
+def _scale_tensor(value: float, device: torch.device) -> Tensor:
+    """A 0-d float32 scale in its own allocation: cuBLASLt (CUDA 13) rejects scale pointers that
+    are not 16-byte aligned, e.g. views into a shared buffer (BENCH.md)."""
+    return torch.full((), value, dtype=torch.float32, device=device)
+
+
+# The lm_head + loss as two custom ops (opaque to torch.compile): the forward computes the logits,
+# runs the fused cross-entropy, which writes the logit gradient at once (the logits are freed),
+# and the backward only multiplies the upstream scalar in and does the two products.
+# FP8 (#19, #67; RECIPE 3.21): e4m3 x and W inputs select it; logits = x8·W8ᵀ (fast accumulation),
+# gradient e5m2, dx = g8·W8 and dW = g8ᵀ·x8 in FP8 with transposed copies for the K-major operands.
+@torch.library.custom_op("speedrun::lm_head_softcap_ce", mutates_args=())
+def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: Tensor,
+                                grad_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    if x.dtype == torch.float8_e4m3fn:
+        logits = torch._scaled_mm(x, w.t(), scale_a=_scale_tensor(FP8_X_SCALE, x.device),
+                                  scale_b=_scale_tensor(FP8_W_SCALE, x.device), out_dtype=torch.bfloat16,
+                                  use_fast_accum=True)
+        grad_dtype, grad_mul = torch.float8_e5m2, 1 / FP8_GRAD_SCALE  # stores du/grad_s
+    else:
+        logits = vocab_matmul(x, w.t())
+        grad_dtype, grad_mul = logits.dtype, grad_scale
+    loss_rows, ce0_rows, grad = softcap_ce(logits, targets, weights, grad_mul, grad_dtype)
+    return loss_rows.sum() * grad_scale, ce0_rows.mean(), grad
+
+
+@_lm_head_softcap_ce_forward.register_fake
+def _(x, w, targets, weights, grad_scale):
+    fp8 = x.dtype == torch.float8_e4m3fn
+    logits_dtype = torch.bfloat16 if fp8 else x.dtype
+    loss_dtype = torch.promote_types(logits_dtype, torch.float32)
+    grad = x.new_empty((x.size(0), w.size(0)), dtype=torch.float8_e5m2 if fp8 else logits_dtype)
+    return x.new_empty((), dtype=loss_dtype), x.new_empty((), dtype=loss_dtype), grad
+
+
+@torch.library.custom_op("speedrun::lm_head_softcap_ce_backward", mutates_args=())
+def _lm_head_softcap_ce_backward(g: Tensor, grad_logits: Tensor, x: Tensor, w: Tensor,
+                                 grad_scale: float) -> tuple[Tensor, Tensor]:
+    if grad_logits.dtype == torch.float8_e5m2:
+        grad_s = (g.float() * (FP8_GRAD_SCALE * grad_scale)).reshape(())  # the upstream scalar, folded in
+        grad_x = torch._scaled_mm(grad_logits, transpose_copy(w).t(), scale_a=grad_s,
+                                  scale_b=_scale_tensor(FP8_W_SCALE, w.device), out_dtype=torch.bfloat16)
+        grad_w = torch._scaled_mm(transpose_copy(grad_logits), transpose_copy(x).t(), scale_a=grad_s,
+                                  scale_b=_scale_tensor(FP8_X_SCALE, x.device), out_dtype=torch.bfloat16)
+        return grad_x, grad_w
+    g = g.to(grad_logits.dtype)
+    return vocab_matmul(grad_logits, w).mul_(g), vocab_matmul(grad_logits.t(), x).mul_(g)
+
+
+@_lm_head_softcap_ce_backward.register_fake
+def _(g, grad_logits, x, w, grad_scale):
+    dtype = torch.bfloat16 if grad_logits.dtype == torch.float8_e5m2 else x.dtype
+    return x.new_empty(x.shape, dtype=dtype), w.new_empty(w.shape, dtype=dtype)
+
+
+def _quantize_e4m3(t: Tensor, scale: float) -> Tensor:
+    return (t.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+class _LMHeadSoftcapCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, grad_scale: float, fp8: bool):
+        if fp8:  # quantized in the compiled graph, where inductor fuses the scale and cast
+            x, w = _quantize_e4m3(x, FP8_X_SCALE), _quantize_e4m3(w, FP8_W_SCALE)
+        loss, ce0_mean, grad_logits = _lm_head_softcap_ce_forward(x, w, targets, weights, grad_scale)
+        ctx.save_for_backward(x, w, grad_logits)
+        ctx.grad_scale = grad_scale
+        ctx.mark_non_differentiable(ce0_mean)
+        return loss, ce0_mean
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_ce0: Tensor):
+        x, w, grad_logits = ctx.saved_tensors
+        grad_x, grad_w = _lm_head_softcap_ce_backward(grad_loss, grad_logits, x, w, ctx.grad_scale)
+        return grad_x, grad_w, None, None, None, None
+
+
+def lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, grad_scale: float = 1.0,
+                       fp8: bool = False) -> tuple[Tensor, Tensor]:
+    """Training loss of the lm_head (V, d) on hidden states x (T, d): (Σ_t loss_t · grad_scale as a
+    0-d fp32 tensor, mean ce0_t), with loss_t, ce0_t of softcap_ce_reference for targets (T, N ≤ 4)
+    (−1: none) and weights (N,). fp8 applies on CUDA (needs T % 16 == 0); elsewhere the plain path."""
+    fp8 = fp8 and x.is_cuda
+    if fp8 and x.size(0) % 16:
+        raise ValueError(f"the FP8 lm_head needs a multiple of 16 tokens, got {x.size(0)}")
+    return _LMHeadSoftcapCE.apply(x.contiguous(), lm_head, targets, weights, grad_scale, fp8)
+
+
+# Fused MLP up-projection + ReLU² (#59, #87; RECIPE 3.23): one persistent TMA GEMM C = A·Bᵀ
+# (A (M, K), B (N, K), both row-major bf16) with fp32 accumulation and the activation in the
+# epilogue. Forward: post = relu(x·fcᵀ)², so the pre-activation never reaches memory. Backward:
+# dpre = (grad·projᵀ)·2·√post, as √post = relu(pre). TMA zero-fills out-of-bounds loads and clips
+# out-of-bounds stores, so ragged M, N, K need no masks.
+if triton is not None:
+    @triton.jit
+    def _grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+        # GROUP_M row blocks share each sweep over the column blocks (L2 reuse of both operands)
+        per_group = GROUP_M * tiles_n
+        first_m = (tile // per_group) * GROUP_M
+        rows = tl.minimum(tiles_m - first_m, GROUP_M)
+        return first_m + (tile % per_group) % rows, (tile % per_group) // rows
+
+    @triton.jit
+    def _relu_square_epilogue(c_desc, aux_desc, acc, m, n, EPILOGUE: tl.constexpr):
+        if EPILOGUE == "relu_square":
+            acc = tl.maximum(acc, 0.0)
+            acc = acc * acc
+        else:  # "relu_square_grad": aux holds post
+            acc = acc * (2.0 * tl.sqrt(aux_desc.load([m, n]).to(tl.float32)))
+        c_desc.store([m, n], acc.to(tl.bfloat16))
+
+    @triton.jit
+    def _relu_square_gemm_kernel(a_desc, b_desc, c_desc, aux_desc, M, N, K, num_programs,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 GROUP_M: tl.constexpr, EPILOGUE: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
+                                 FLATTEN: tl.constexpr, UPCAST: tl.constexpr):
+        tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+        # the epilogue keeps its own tile counter, so the pipelined loads do not depend on the stores
+        epilogue_tile = tl.program_id(0) - num_programs
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, num_programs, flatten=FLATTEN):
+            pid_m, pid_n = _grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k in range(0, tl.cdiv(K, BLOCK_K)):
+                a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+                b = b_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
+                if UPCAST:
+                    a, b = a.to(tl.float32), b.to(tl.float32)
+                acc = tl.dot(a, tl.trans(b), acc)
+            epilogue_tile += num_programs
+            pid_m, pid_n = _grouped_tile(epilogue_tile, tiles_m, tiles_n, GROUP_M)
+            m, n = pid_m * BLOCK_M, pid_n * BLOCK_N
+            if SPLIT_EPILOGUE:  # two (BLOCK_M, BLOCK_N/2) halves: half the shared memory for C and aux
+                left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+                _relu_square_epilogue(c_desc, aux_desc, left, m, n, EPILOGUE)
+                _relu_square_epilogue(c_desc, aux_desc, right, m, n + BLOCK_N // 2, EPILOGUE)
+            else:
+                _relu_square_epilogue(c_desc, aux_desc, acc, m, n, EPILOGUE)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Launch of _relu_square_gemm_kernel (bench/bench_mlp.py --sweep times the alternatives)."""
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    stages: int = 3
+    warps: int = 8
+    group_m: int = 8
+    persistent: bool = True  # one program per SM looping over the tiles, else one program per tile
+    flatten: bool = True  # pipeline across tiles: the next tile's loads overlap this tile's epilogue
+    split_epilogue: bool = True
+
+
+RELU_SQUARE_GEMM_CONFIGS = {"relu_square": GemmConfig(), "relu_square_grad": GemmConfig()}
+
+
+def _tma_operand(t: Tensor) -> Tensor:
+    """t, or a copy of it, row-major from a 16-byte aligned address (TMA's requirement)."""
+    if not t.is_contiguous() or t.data_ptr() % 16:
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+def relu_square_gemm(a: Tensor, b: Tensor, aux: Tensor | None = None, config: GemmConfig | None = None,
+                     out: Tensor | None = None) -> Tensor:
+    """Triton: relu(a·bᵀ)² when aux is None, else (a·bᵀ)·2·√aux; a (M, K), b (N, K), aux (M, N),
+    all bf16, bf16 out (M, N). N and K must be multiples of 8 (16-byte TMA row strides)."""
+    epilogue = "relu_square" if aux is None else "relu_square_grad"
+    config = config or RELU_SQUARE_GEMM_CONFIGS[epilogue]
+    (M, K), N = a.shape, b.size(0)
+    tensors = [t for t in (a, b, aux, out) if t is not None]
+    if b.size(1) != K or any(t.shape != (M, N) for t in (aux, out) if t is not None):
+        raise ValueError(f"expected a (M, K), b (N, K), aux and out (M, N), got {[tuple(t.shape) for t in tensors]}")
+    if N % 8 or K % 8:
+        raise ValueError(f"N={N} and K={K} must be multiples of 8 (16-byte TMA row strides)")
+    if any(t.dtype != torch.bfloat16 for t in tensors):
+        raise ValueError(f"expected bf16 tensors, got {[t.dtype for t in tensors]}")
+    if out is None:
+        out = a.new_empty((M, N))
+    elif not out.is_contiguous() or out.data_ptr() % 16:
+        raise ValueError("out must be contiguous from a 16-byte aligned address")
+    c_block = [config.block_m, config.block_n // 2 if config.split_epilogue else config.block_n]
+    a_desc = TensorDescriptor.from_tensor(_tma_operand(a), [config.block_m, config.block_k])
+    b_desc = TensorDescriptor.from_tensor(_tma_operand(b), [config.block_n, config.block_k])
+    aux_desc = None if aux is None else TensorDescriptor.from_tensor(_tma_operand(aux), c_block)
+    tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
+    # persistent: one program per SM (a few on the CPU interpreter, so each still loops over tiles)
+    slots = _sm_count(a.device) if a.is_cuda else 4
+    programs = min(tiles, slots) if config.persistent else tiles
+    _relu_square_gemm_kernel[(programs,)](
+        a_desc, b_desc, TensorDescriptor.from_tensor(out, c_block), aux_desc, M, N, K, programs,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        EPILOGUE=epilogue, SPLIT_EPILOGUE=config.split_epilogue, FLATTEN=config.flatten,
+        UPCAST=TRITON_INTERPRETER, num_warps=config.warps, num_stages=config.stages)
+    return out
+
+
+def _tma_gemm_device(t: Tensor) -> bool:
+    """Where relu_square_gemm runs: a CUDA GPU with TMA (Hopper or newer) and Triton."""
+    return t.is_cuda and triton is not None and torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+# The two GEMMs as custom ops (opaque to torch.compile); elsewhere they run the torch reference.
+@torch.library.custom_op("speedrun::relu_square_matmul", mutates_args=())
+def relu_square_matmul(x: Tensor, w: Tensor) -> Tensor:
+    """post = relu(x·wᵀ)², x (M, K), w (N, K)."""
+    if _tma_gemm_device(x):
+        return relu_square_gemm(x, w)
+    return torch.relu(x @ w.t()).square()
+
+
+@relu_square_matmul.register_fake
+def _relu_square_matmul_fake(x: Tensor, w: Tensor) -> Tensor:
+    return x.new_empty((x.size(0), w.size(0)))
+
+
+@torch.library.custom_op("speedrun::relu_square_grad_matmul", mutates_args=())
+def relu_square_grad_matmul(grad: Tensor, w: Tensor, post: Tensor) -> Tensor:
+    """dpre = (grad·wᵀ)·2·√post, grad (M, K), w (N, K), post (M, N)."""
+    if _tma_gemm_device(grad):
+        return relu_square_gemm(grad, w, post)
+    return (grad @ w.t()) * (2 * post.sqrt())
+
+
+@relu_square_grad_matmul.register_fake
+def _relu_square_grad_matmul_fake(grad: Tensor, w: Tensor, post: Tensor) -> Tensor:
+    return post.new_empty(post.shape)
+
+
+class ReluSquareMLP(torch.autograd.Function):
+    """relu(x·fcᵀ)²·proj with fc (hidden, d) and proj (hidden, d) stored (in, out). Saves x and
+    post only; the backward's first GEMM produces dpre directly, the other three are cuBLAS."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, fc: Tensor, proj: Tensor):
+        post = relu_square_matmul(x, fc)
+        ctx.save_for_backward(x, fc, proj, post)
+        return post @ proj
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, fc, proj, post = ctx.saved_tensors
+        dpre = relu_square_grad_matmul(grad, proj, post)
+        return dpre @ fc, dpre.t() @ x, post.t() @ grad
+
+
+def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, fused: bool = True) -> Tensor:
+    """The MLP, ReLU² (#5): fused GEMM + activation kernels (CUDA), or the plain expression."""
+    if fused:
+        return ReluSquareMLP.apply(x, fc, proj)
+    return torch.relu(x @ fc.t()).square() @ proj
+
+
+# Lightweight DC-MHA (#85, RECIPE 3.20) as Triton kernels. A program takes BLOCK queries; they see
+# three key tiles of BLOCK keys (the two previous blocks and their own), enough for windows up to
+# 2·BLOCK + 1 keys. Forward: per head the softmax normalizer over the three tiles (online), then the
+# probabilities mixed over the heads by w1 into a (kept in bf16 for the backward), then o_h = a·V_h.
+# Backward: per query block da = Σ_h dO_h·V_hᵀ (through an fp32 scratch buffer), dw1_h = Σ_s p_h·da,
+# dS_h = w1_h·p_h·(da − dw1_h) (kept in bf16) and dq_h; then per key tile dk_h = Σ dS_hᵀ·q_h and
+# dv_h = Σ aᵀ·dO_h over the three query blocks that see it, so every gradient has one writer
+# (deterministic, no atomics). Scores are recomputed rather than held, and da is reloaded per tile
+# (ptxas: the backward-query kernel spills 12 bytes instead of 1.1 KB with da held in registers).
+# Tile j of query block i holds the keys of block i + j − 2; a, da and dS are kept as (rows, 3·BLOCK),
+# column j·BLOCK + c for key c of tile j.
+if triton is not None:
+    @triton.jit
+    def _dc_load_head(ptr, rows, h, H: tl.constexpr, D: tl.constexpr, T, UPCAST: tl.constexpr):
+        # rows of head h from a contiguous (T, H, D) tensor, zeros outside [0, T)
+        ok = (rows >= 0) & (rows < T)
+        t = tl.load(ptr + (rows[:, None] * H + h) * D + tl.arange(0, D)[None, :], mask=ok[:, None], other=0.0)
+        return t.to(tl.float32) if UPCAST else t
+
+    @triton.jit
+    def _dc_store_head(ptr, value, rows, h, H: tl.constexpr, D: tl.constexpr, T):
+        offs = (rows[:, None] * H + h) * D + tl.arange(0, D)[None, :]
+        tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=(rows < T)[:, None])
+
+    @triton.jit
+    def _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys, h, T, H: tl.constexpr, D: tl.constexpr,
+                   WINDOW: tl.constexpr, UPCAST: tl.constexpr):
+        # (BLOCK, BLOCK) scores of one key tile; −inf where the key is not in the query's document
+        # among its last WINDOW positions (rows past T carry document −1 and see nothing)
+        key_ok = (keys >= 0) & (keys < T)
+        doc_k = tl.load(docs_ptr + keys, mask=key_ok, other=-2)
+        distance = rows[:, None] - keys[None, :]
+        visible = (doc_q[:, None] == doc_k[None, :]) & (distance >= 0) & (distance < WINDOW)
+        s = tl.dot(q, tl.trans(_dc_load_head(k_ptr, keys, h, H, D, T, UPCAST)))
+        return tl.where(visible, s, float("-inf"))
+
+    @triton.jit
+    def _dc_operand(t, dtype: tl.constexpr, UPCAST: tl.constexpr):
+        # a tile rounded to the storage dtype as the GPU's dot sees it (fp32 again in the interpreter)
+        t = t.to(dtype)
+        return t.to(tl.float32) if UPCAST else t
+
+    @triton.jit
+    def _dc_forward_kernel(q_ptr, k_ptr, v_ptr, docs_ptr, w1_ptr, o_ptr, lse_ptr, a_ptr, T,
+                           H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
+                           UPCAST: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK)
+        row_ok = rows < T
+        doc_q = tl.load(docs_ptr + rows, mask=row_ok, other=-1)
+        keys0, keys1, keys2 = rows - 2 * BLOCK, rows - BLOCK, rows
+        a0 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        a1 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        a2 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        for h in range(H):
+            q = _dc_load_head(q_ptr, rows, h, H, D, T, UPCAST)
+            s = _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys0, h, T, H, D, WINDOW, UPCAST)
+            m = tl.maximum(tl.max(s, 1), -1e30)  # finite: rows that see nothing get total 0
+            total = tl.sum(tl.exp(s - m[:, None]), 1)
+            s = _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys1, h, T, H, D, WINDOW, UPCAST)
+            m_new = tl.maximum(m, tl.max(s, 1))
+            total = total * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), 1)
+            s = _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys2, h, T, H, D, WINDOW, UPCAST)
+            m = tl.maximum(m_new, tl.max(s, 1))
+            total = total * tl.exp(m_new - m) + tl.sum(tl.exp(s - m[:, None]), 1)
+            total = tl.where(total > 0, total, 1.0)
+            lse = m + tl.log(total)
+            tl.store(lse_ptr + rows * H + h, lse, mask=row_ok)
+            weight = tl.load(w1_ptr + rows * H + h, mask=row_ok, other=0.0)[:, None]
+            lse = lse[:, None]
+            a0 += weight * tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys0, h, T, H, D, WINDOW, UPCAST) - lse)
+            a1 += weight * tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys1, h, T, H, D, WINDOW, UPCAST) - lse)
+            a2 += weight * tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys2, h, T, H, D, WINDOW, UPCAST) - lse)
+        a_rows = a_ptr + rows[:, None] * (3 * BLOCK) + cols[None, :]
+        a0 = _dc_operand(a0, a_ptr.dtype.element_ty, UPCAST)
+        a1 = _dc_operand(a1, a_ptr.dtype.element_ty, UPCAST)
+        a2 = _dc_operand(a2, a_ptr.dtype.element_ty, UPCAST)
+        tl.store(a_rows, a0.to(a_ptr.dtype.element_ty))
+        tl.store(a_rows + BLOCK, a1.to(a_ptr.dtype.element_ty))
+        tl.store(a_rows + 2 * BLOCK, a2.to(a_ptr.dtype.element_ty))
+        for h in range(H):
+            o = tl.dot(a0, _dc_load_head(v_ptr, keys0, h, H, D, T, UPCAST))
+            o = tl.dot(a1, _dc_load_head(v_ptr, keys1, h, H, D, T, UPCAST), o)
+            o = tl.dot(a2, _dc_load_head(v_ptr, keys2, h, H, D, T, UPCAST), o)
+            _dc_store_head(o_ptr, o, rows, h, H, D, T)
+
+    @triton.jit
+    def _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys, h, lse, T, H: tl.constexpr, D: tl.constexpr,
+                  WINDOW: tl.constexpr, UPCAST: tl.constexpr):
+        return tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys, h, T, H, D, WINDOW, UPCAST) - lse)
+
+    @triton.jit
+    def _dc_backward_query_kernel(q_ptr, k_ptr, v_ptr, docs_ptr, w1_ptr, lse_ptr, do_ptr, dq_ptr, dw1_ptr,
+                                  da_ptr, ds_ptr, T, T_pad, H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                                  WINDOW: tl.constexpr, UPCAST: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK)
+        row_ok = rows < T
+        doc_q = tl.load(docs_ptr + rows, mask=row_ok, other=-1)
+        # dL/da per key tile, through a scratch buffer (L2-resident) rather than held in registers
+        da_rows = da_ptr + rows[:, None] * (3 * BLOCK) + cols[None, :]
+        for tile in tl.static_range(3):
+            da = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+            for h in range(H):
+                v = _dc_load_head(v_ptr, rows + (tile - 2) * BLOCK, h, H, D, T, UPCAST)
+                da = tl.dot(_dc_load_head(do_ptr, rows, h, H, D, T, UPCAST), tl.trans(v), da)
+            tl.store(da_rows + tile * BLOCK, da)
+        tl.debug_barrier()
+        ds_type: tl.constexpr = ds_ptr.dtype.element_ty
+        for h in range(H):
+            q = _dc_load_head(q_ptr, rows, h, H, D, T, UPCAST)
+            lse = tl.load(lse_ptr + rows * H + h, mask=row_ok, other=0.0)[:, None]
+            dw1 = tl.zeros((BLOCK,), dtype=tl.float32)
+            for j in range(3):
+                keys = rows + (j - 2) * BLOCK
+                p = _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys, h, lse, T, H, D, WINDOW, UPCAST)
+                dw1 += tl.sum(p * tl.load(da_rows + j * BLOCK), 1)
+            tl.store(dw1_ptr + rows * H + h, dw1, mask=row_ok)
+            w1 = tl.load(w1_ptr + rows * H + h, mask=row_ok, other=0.0)[:, None]
+            ds_rows = ds_ptr + (h * T_pad + rows)[:, None] * (3 * BLOCK) + cols[None, :]
+            dq = tl.zeros((BLOCK, D), dtype=tl.float32)
+            for j in range(3):
+                keys = rows + (j - 2) * BLOCK
+                p = _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys, h, lse, T, H, D, WINDOW, UPCAST)
+                ds = _dc_operand(w1 * p * (tl.load(da_rows + j * BLOCK) - dw1[:, None]), ds_type, UPCAST)
+                tl.store(ds_rows + j * BLOCK, ds.to(ds_type))
+                dq = tl.dot(ds, _dc_load_head(k_ptr, keys, h, H, D, T, UPCAST), dq)
+            _dc_store_head(dq_ptr, dq, rows, h, H, D, T)
+
+    @triton.jit
+    def _dc_backward_key_kernel(q_ptr, do_ptr, a_ptr, ds_ptr, dk_ptr, dv_ptr, T, T_pad, H: tl.constexpr,
+                                D: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr):
+        keys = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK)
+        for h in range(H):
+            dk = tl.zeros((BLOCK, D), dtype=tl.float32)
+            dv = tl.zeros((BLOCK, D), dtype=tl.float32)
+            for j in tl.static_range(3):
+                rows = keys + (2 - j) * BLOCK  # the query block that holds these keys as its tile j
+                in_pad = (rows < T_pad)[:, None]
+                tile = j * BLOCK + cols[None, :]
+                ds = tl.load(ds_ptr + (h * T_pad + rows)[:, None] * (3 * BLOCK) + tile, mask=in_pad, other=0.0)
+                a = tl.load(a_ptr + rows[:, None] * (3 * BLOCK) + tile, mask=in_pad, other=0.0)
+                if UPCAST:
+                    ds, a = ds.to(tl.float32), a.to(tl.float32)
+                dk = tl.dot(tl.trans(ds), _dc_load_head(q_ptr, rows, h, H, D, T, UPCAST), dk)
+                dv = tl.dot(tl.trans(a), _dc_load_head(do_ptr, rows, h, H, D, T, UPCAST), dv)
+            _dc_store_head(dk_ptr, dk, keys, h, H, D, T)
+            _dc_store_head(dv_ptr, dv, keys, h, H, D, T)
+
+
+DC_BLOCK = 64  # queries per program and keys per tile: windows up to 129 keys
+# Launch options per kernel. No software pipelining of the head loops: Triton would multi-buffer
+# every tile load they issue, 344-515 KB of shared memory against Hopper's 227 KB per block (tests
+# compile them for sm_90). Warps: the faster of 4 and 8 per kernel on an H100 at 49,152 tokens
+# (bench/bench_arch.py --dc-warps 4,8: forward 0.41 vs 0.48 ms at 8, backward-query 0.57 vs 0.77 ms
+# and backward-key 0.22 vs 0.30 ms at 4).
+DC_LAUNCH = {"forward": dict(num_warps=8, num_stages=1), "backward_query": dict(num_warps=4, num_stages=1),
+             "backward_key": dict(num_warps=4, num_stages=1)}
+
+
+def _dc_padded_tokens(T: int, block: int) -> int:
+    """Rows of the kernels' (T_pad, 3·block) buffers: T rounded up to whole query blocks."""
+    return -(-T // block) * block
+
+
+def _dc_fits_int32(T: int, H: int, D: int, block: int) -> bool:
+    """q/k/v (T, H, D) and dS (H, T_pad, 3·block) below 2^31 elements."""
+    return max(T * H * D, H * _dc_padded_tokens(T, block) * 3 * block) < 2**31
+
+
+def _dc_launch(q: Tensor, block: int) -> tuple[int, int, int, int, int]:
+    T, H, D = q.shape
+    if not _dc_fits_int32(T, H, D, block):
+        raise ValueError(f"DC-MHA kernels index with int32: {T} tokens x {H} heads x {D} is too many")
+    T_pad = _dc_padded_tokens(T, block)
+    return T, H, D, T_pad // block, T_pad
+
+
+@torch.library.custom_op("speedrun::dc_mha_forward", mutates_args=())
+def dc_mha_forward(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, window: int,
+                   block: int) -> tuple[Tensor, Tensor, Tensor]:
+    """o (T, H, D) = a·V_h per head, the softmax normalizers lse (T, H) fp32 and the head mix a
+    (T_pad, 3·block); q, k, v contiguous (T, H, D), w1 (T, H) fp32."""
+    T, H, D, n, T_pad = _dc_launch(q, block)
+    o, lse = torch.empty_like(q), q.new_empty((T, H), dtype=torch.float32)
+    a = q.new_empty((T_pad, 3 * block))
+    _dc_forward_kernel[(n,)](q, k, v, doc_ids, w1, o, lse, a, T, H=H, D=D, BLOCK=block, WINDOW=window,
+                             UPCAST=TRITON_INTERPRETER, **DC_LAUNCH["forward"])
+    return o, lse, a
+
+
+@dc_mha_forward.register_fake
+def _dc_mha_forward_fake(q, k, v, doc_ids, w1, window, block):
+    return (torch.empty_like(q), q.new_empty((q.size(0), q.size(1)), dtype=torch.float32),
+            q.new_empty((_dc_padded_tokens(q.size(0), block), 3 * block)))
+
+
+@torch.library.custom_op("speedrun::dc_mha_backward", mutates_args=())
+def dc_mha_backward(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, lse: Tensor, a: Tensor,
+                    grad_o: Tensor, window: int, block: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv (T, H, D) and dw1 (T, H) fp32 of dc_mha_forward's o, given grad_o (contiguous)."""
+    T, H, D, n, T_pad = _dc_launch(q, block)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dw1 = torch.empty_like(w1)
+    da, ds = q.new_empty((T_pad, 3 * block), dtype=torch.float32), q.new_empty((H, T_pad, 3 * block))
+    _dc_backward_query_kernel[(n,)](q, k, v, doc_ids, w1, lse, grad_o, dq, dw1, da, ds, T, T_pad, H=H, D=D,
+                                    BLOCK=block, WINDOW=window, UPCAST=TRITON_INTERPRETER,
+                                    **DC_LAUNCH["backward_query"])
+    _dc_backward_key_kernel[(n,)](q, grad_o, a, ds, dk, dv, T, T_pad, H=H, D=D, BLOCK=block,
+                                  UPCAST=TRITON_INTERPRETER, **DC_LAUNCH["backward_key"])
+    return dq, dk, dv, dw1
+
+
+@dc_mha_backward.register_fake
+def _dc_mha_backward_fake(q, k, v, doc_ids, w1, lse, a, grad_o, window, block):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w1)
+
+
+class DCMHAKernel(torch.autograd.Function):
+    """o_h(t) = Σ_s (Σ_g w1[t,g]·p_g(t,s))·v_h(s) with the Triton kernels (dc_mha multiplies by w2)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, window: int, block: int):
+        q, k, v, w1_32 = q.contiguous(), k.contiguous(), v.contiguous(), w1.float().contiguous()
+        o, lse, a = dc_mha_forward(q, k, v, doc_ids, w1_32, window, block)
+        ctx.save_for_backward(q, k, v, doc_ids, w1_32, lse, a)
+        ctx.window, ctx.block, ctx.w1_dtype = window, block, w1.dtype
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o: Tensor):
+        q, k, v, doc_ids, w1_32, lse, a = ctx.saved_tensors
+        dq, dk, dv, dw1 = dc_mha_backward(q, k, v, doc_ids, w1_32, lse, a, grad_o.contiguous(), ctx.window, ctx.block)
+        return dq, dk, dv, None, dw1.to(ctx.w1_dtype), None, None
+
+
+def dc_mha_kernel_supports(q: Tensor, window: int, block: int = DC_BLOCK) -> bool:
+    """Whether the Triton DC-MHA kernels take these inputs: Triton, head_dim a power of two ≥ 16,
+    windows up to 2·block + 1 keys, tensors they can index with int32."""
+    T, H, D = q.shape
+    return (triton is not None and D >= 16 and D & (D - 1) == 0 and 1 <= window <= 2 * block + 1
+            and _dc_fits_int32(T, H, D, block))
+
+
+# =============================================================================================
+# Optimizer
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """How one parameter is optimized and communicated (RECIPE 1.1)."""
+    optimizer: str  # "normuon" | "adam"
+    comm: str  # "sharded": reduce-scatter + all-gather along dim 0 | "replicated": all-reduce
+    lr_mul: float = 1.0
+    wd_mul: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    matrix_shape: tuple[int, int] | None = None  # NorMuon: each bank entry is one such matrix
+    matrix_lr_muls: tuple[float, ...] = (1.0,)  # NorMuon: cycled over the bank's matrix index
+
+
+def _fp32_from_bf16_and_mantissa(hi: Tensor, mantissa: Tensor) -> Tensor:
+    """The exact fp32 master weight whose top 16 bits are the bf16 weight (RECIPE 1.8)."""
+    bits = (hi.view(torch.int16).to(torch.int32) << 16) | (mantissa.to(torch.int32) & 0xFFFF)
+    return bits.view(torch.float32)
+
+
+def _split_fp32_to_bf16_and_mantissa(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Inverse of the above: truncated bf16 top half and the low 16 bits as int16."""
+    bits = x.view(torch.int32)
+    hi = (bits >> 16).to(torch.int16).view(torch.bfloat16)
+    mantissa = (((bits & 0xFFFF) ^ 0x8000) - 0x8000).to(torch.int16)
+    return hi, mantissa
+
+
+def normuon_momentum(grad: Tensor, momentum: Tensor, mu: Tensor, grad_scale: float) -> Tensor:
+    """Nesterov momentum in EMA form: m ← μm + (1−μ)g, returns (1−μ)g + μm (RECIPE 1.2)."""
+    g = grad.float() * grad_scale
+    momentum.lerp_(g, 1 - mu)
+    return g.lerp(momentum, mu)
+
+
+def normuon_update(update: Tensor, second_moment: Tensor, weight: Tensor, mantissa: Tensor | None,
+                   lr: Tensor, lr_muls: Tensor, wd_lr: Tensor, beta2: float, axis: int):
+    """NorMuon (arXiv 2510.05491, #41): per-row (axis -1) or per-column (axis -2) RMS equalization
+    of the orthogonalized update by an EMA second moment, keeping each matrix's Frobenius norm;
+    then the step with cautious, lr-coupled weight decay (#43) on the fp32 master weight."""
+    O = update.float()
+    n = O.size(axis)
+    v_mean = O.square().mean(axis, keepdim=True)
+    norm = (v_mean.sum((-2, -1), keepdim=True) * n).sqrt()
+    second_moment.lerp_(v_mean, 1 - beta2)
+    scale = second_moment.clamp_min(1e-10).rsqrt()
+    scaled_norm = (v_mean * scale.square()).sum((-2, -1), keepdim=True).mul(n).sqrt()
+    O = O * scale * (norm / scaled_norm.clamp_min(1e-10))
+    lr_eff = lr * lr_muls
+    w32 = weight.float() if mantissa is None else _fp32_from_bf16_and_mantissa(weight, mantissa)
+    decay = (O * w32 >= 0) * w32 * (wd_lr * lr_eff)
+    w32 = w32 - lr_eff * O - decay
+    if mantissa is None:
+        weight.copy_(w32)
+    else:
+        hi, low = _split_fp32_to_bf16_and_mantissa(w32)
+        weight.copy_(hi)
+        mantissa.copy_(low)
+
+
+def normuon_bank_step(grad: Tensor, momentum: Tensor, second_moment: Tensor, weight: Tensor,
+                      mantissa: Tensor | None, mu: Tensor, lr: Tensor, lr_muls: Tensor, wd_lr: Tensor,
+                      grad_scale: float, beta2: float, axis: int, method: str, use_triton: bool):
+    """A whole NorMuon step of one bank shard: Nesterov momentum, orthogonalization, variance
+    normalization and the cautious update; compiled as one graph per bank (#74)."""
+    update = normuon_momentum(grad, momentum, mu, grad_scale)
+    orthogonal = polar_iterations(polar_normalize(update, method), method, use_triton)
+    normuon_update(orthogonal, second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
+
+
+def adam_update(grad: Tensor, weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step_size: Tensor,
+                wd_lr2: Tensor, beta1: float, beta2: float, eps: float, grad_scale: float):
+    """Adam with cautious weight decay (#50): decay only where the update shrinks |w|; strength
+    lr²·wd so it follows the schedule. step_size carries the bias correction."""
+    g = grad.float() * grad_scale
+    exp_avg.lerp_(g, 1 - beta1)
+    exp_avg_sq.lerp_(g.square(), 1 - beta2)
+    w = weight.float()
+    u = step_size * exp_avg / (exp_avg_sq.sqrt() + eps)
+    u = u + (u * w > 0) * w * wd_lr2
+    weight.copy_(w - u)
+
+
+class _Shard:
+    """One rank's rows of a parameter viewed as (n, ...): rows [start, start + rows) of a padded
+    (n_pad = rows·world, ...) layout. Padding rows exist only in communication buffers. A 0-d
+    parameter counts as one row (it is always replicated)."""
+
+    def __init__(self, view_shape: tuple[int, ...], rank: int, world: int):
+        self.view_shape = view_shape
+        n = view_shape[0] if view_shape else 1
+        self.rows = -(-n // world)
+        self.padded = self.rows * world != n
+        self.start = rank * self.rows
+        self.real_rows = max(0, min(n - self.start, self.rows))
+
+    def full(self, t: Tensor) -> Tensor:
+        return t.view(self.view_shape)
+
+
+class NorMuonAdam:
+    """One optimizer for every parameter, without DDP (RECIPE 1.10).
+
+    step(): (1) launch the gradient reductions asynchronously, bf16 on the wire: all-reduce for
+    replicated parameters, reduce-scatter for sharded ones; (2) update in the same order: wait for
+    a reduction, update this rank's shard, launch its all-gather; (3) wait for the gathers.
+    Gradients are SUM-reduced and scaled by 1/world in the update functions.
+    The order (`comm_order`): small replicated parameters, then the NorMuon banks, then the big
+    sharded Adam tables, each group in table order. NCCL runs collectives in launch order, so
+    waiting in launch order never waits for an unrelated reduction, and bank i is orthogonalized
+    while bank i+1 and the tables are still reducing.
+
+    Tied embedding (#51, #53): while tied, embed's gradient is added to lm_head's, only lm_head is
+    reduced and updated and embed is overwritten with it; untie() hands lm_head's Adam state to
+    embed. Both are stored (vocab, dim), so tying needs no transpose."""
+
+    def __init__(self, params: dict[str, nn.Parameter], specs: dict[str, ParamSpec], hp: Hyperparameters,
+                 rank: int = 0, world_size: int = 1, tied: tuple[str, str] | None = None):
+        self.params, self.specs, self.hp = params, specs, hp
+        self.rank, self.world = rank, world_size
+        self.tied = tied  # (follower, leader) = ("embed", "lm_head") while tied
+        self.comm_order = sorted((label for label in specs if label in params),
+                                 key=lambda label: (specs[label].comm != "replicated", specs[label].optimizer != "normuon"))
+        self.step_count = 0
+        self.lr_multiplier = 1.0
+        self.momentum = hp.muon_momentum_max
+        self.grad_scale = 1.0 / world_size
+        self.state: dict[str, dict[str, Tensor | int]] = {}
+        self.shards: dict[str, _Shard] = {}
+        self.lr_muls: dict[str, Tensor] = {}  # NorMuon: per-matrix lr multipliers of the local shard
+        on_cuda = next(iter(params.values())).is_cuda
+        self._use_triton = on_cuda and triton is not None
+        compile_fn = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if (on_cuda and hp.compile) else (lambda f: f)
+        self._normuon_fn = compile_fn(normuon_bank_step)
+        self._adam_fn = compile_fn(adam_update)
+        for label, p in params.items():
+            spec = specs[label]
+            view = (-1, *spec.matrix_shape) if spec.optimizer == "normuon" else tuple(p.shape)
+            view = tuple(p.view(view).shape)
+            shard = self.shards[label] = _Shard(view, rank, world_size)
+            local = (shard.rows, *view[1:]) if spec.comm == "sharded" else view
+            st = self.state[label] = {}
+            if spec.optimizer == "normuon":
+                rows, cols = spec.matrix_shape
+                axis_shape = (local[0], rows, 1) if rows >= cols else (local[0], 1, cols)
+                st["momentum"] = torch.zeros(local, dtype=torch.float32, device=p.device)
+                st["second_moment"] = torch.zeros(axis_shape, dtype=torch.float32, device=p.device)
+                if hp.mantissa_tracking and p.dtype == torch.bfloat16:
+                    st["mantissa"] = torch.zeros(local, dtype=torch.int16, device=p.device)
+                index = torch.arange(local[0]) + (shard.start if spec.comm == "sharded" else 0)
+                muls = torch.tensor(spec.matrix_lr_muls)[index % len(spec.matrix_lr_muls)]
+                shape_mul = max(1.0, rows / cols) ** 0.5  # tall matrices get a larger step (#42)
+                self.lr_muls[label] = (muls * shape_mul).view(-1, 1, 1).to(p.device)
+            else:
+                st["exp_avg"] = torch.zeros(local, dtype=torch.float32, device=p.device)
+                st["exp_avg_sq"] = torch.zeros(local, dtype=torch.float32, device=p.device)
+                st["step"] = 0
+
+    def _use_triton_for(self, rows: int, cols: int) -> bool:
+        return self._use_triton and (rows, cols) in TRITON_ORTHOGONALIZE_SHAPES
+
+    # --- schedule setters ---------------------------------------------------------------------
+    def set_lr_multiplier(self, s: float):
+        self.lr_multiplier = float(s)
+
+    def set_momentum(self, mu: float):
+        self.momentum = float(mu)
+
+    def is_adam_step(self) -> bool:
+        return self.step_count % 2 == 1 or not self.hp.adam_every_other_step
+
+    # --- step ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self):
+        adam_step = self.is_adam_step()
+        params = self.params
+        follower, leader = self.tied if self.tied else (None, None)
+        if follower and adam_step and params[follower].grad is not None:
+            params[leader].grad.add_(params[follower].grad)
+        active = [label for label in self.comm_order
+                  if params[label].grad is not None and label != follower
+                  and (adam_step or self.specs[label].optimizer == "normuon")]
+        reductions = [self._launch_reduction(label) for label in active]
+        gathers = []
+        for label, (work, grad) in zip(active, reductions):
+            if work is not None:
+                work.wait()
+            gathers.append(self._update(label, grad))
+        for gather in gathers:
+            if gather is not None:
+                gather()
+        if follower and adam_step:
+            params[follower].copy_(params[leader])
+        for label in active + ([follower] if follower and adam_step else []):
+            params[label].grad = None
+        self.step_count += 1
+
+    def _launch_reduction(self, label: str):
+        p, spec, shard = self.params[label], self.specs[label], self.shards[label]
+        grad = p.grad
+        if self.world == 1:
+            return None, shard.full(grad)
+        if spec.comm == "replicated":
+            return dist.all_reduce(grad, op=dist.ReduceOp.SUM, async_op=True), shard.full(grad)
+        full = shard.full(grad)
+        if shard.padded:
+            padded = full.new_zeros((shard.rows * self.world, *full.shape[1:]))
+            padded[: full.size(0)] = full
+            full = padded
+        local = full.new_empty((shard.rows, *full.shape[1:]))
+        return dist.reduce_scatter_tensor(local, full, op=dist.ReduceOp.SUM, async_op=True), local
+
+    def _update(self, label: str, grad: Tensor):
+        """Update this rank's part of one parameter; returns a wait function for its all-gather."""
+        p, spec, shard, st = self.params[label], self.specs[label], self.shards[label], self.state[label]
+        sharded = spec.comm == "sharded" and self.world > 1
+        full_weight = shard.full(p.data)
+        if sharded:
+            if shard.padded:
+                weight = full_weight.new_zeros((shard.rows, *full_weight.shape[1:]))
+                weight[: shard.real_rows] = full_weight[shard.start: shard.start + shard.real_rows]
+            else:
+                weight = full_weight[shard.start: shard.start + shard.rows]
+        else:
+            weight = full_weight
+        cpu = lambda x: torch.tensor(x, dtype=torch.float32)  # 0-d CPU scalars: no recompiles
+        if spec.optimizer == "normuon":
+            lr = self.hp.muon_lr * self.lr_multiplier * spec.lr_mul
+            rows, cols = spec.matrix_shape
+            self._normuon_fn(grad, st["momentum"], st["second_moment"], weight, st.get("mantissa"),
+                             cpu(self.momentum), cpu(lr), self.lr_muls[label],
+                             cpu(self.hp.muon_weight_decay * spec.wd_mul * self.hp.muon_lr * self.lr_multiplier),
+                             self.grad_scale, self.hp.muon_beta2, -1 if rows >= cols else -2,
+                             self.hp.orthogonalizer, self._use_triton_for(rows, cols))
+        else:
+            beta1, beta2 = spec.betas
+            st["step"] += 1
+            t = st["step"]
+            lr = self.hp.adam_lr * spec.lr_mul * self.lr_multiplier
+            step_size = lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+            self._adam_fn(grad, weight, st["exp_avg"], st["exp_avg_sq"], cpu(step_size),
+                          cpu(lr * lr * self.hp.adam_weight_decay * spec.wd_mul),
+                          beta1, beta2, self.hp.adam_eps, self.grad_scale)
+        if not sharded:
+            return None
+        if shard.padded:
+            gathered = weight.new_empty((shard.rows * self.world, *weight.shape[1:]))
+            work = dist.all_gather_into_tensor(gathered, weight, async_op=True)
+            n = full_weight.size(0)
+            return lambda: (work.wait(), full_weight.copy_(gathered[:n]))
+        work = dist.all_gather_into_tensor(full_weight, weight, async_op=True)  # in place
+        return work.wait
+
+    # --- state ----------------------------------------------------------------------------------
+    def untie(self):
+        """Give the follower (embed) the leader's (lm_head's) Adam state and update both from now on (#53)."""
+        follower, leader = self.tied
+        for key in ("exp_avg", "exp_avg_sq"):
+            self.state[follower][key].copy_(self.state[leader][key])
+        self.state[follower]["step"] = self.state[leader]["step"]
+        self.tied = None
+
+    def state_dict(self) -> dict:
+        return {"step_count": self.step_count, "tied": self.tied, "lr_multiplier": self.lr_multiplier,
+                "momentum": self.momentum,
+                "state": {label: {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in st.items()}
+                          for label, st in self.state.items()}}
+
+    def load_state_dict(self, state: dict):
+        self.step_count, self.tied = state["step_count"], state["tied"]
+        self.lr_multiplier, self.momentum = state["lr_multiplier"], state["momentum"]
+        for label, st in state["state"].items():
+            for key, value in st.items():
+                if isinstance(value, Tensor):
+                    self.state[label][key].copy_(value)  # in place: compiled functions keep their inputs
+                else:
+                    self.state[label][key] = value
+
+
+# =============================================================================================
+# Model
+# =============================================================================================
+
+# Layer layout of the 11-layer model (RECIPE 3.0). Layer 6 has no attention (#17).
+NUM_LAYERS = 11
+ATTENTION_LAYERS = (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)  # index in this tuple = bank slot
+LONG_WINDOW_LAYERS = (3, 10)
+PAIRED_HEAD_LAYERS = (0, 2, 5, 9)
+KEY_OFFSET_LAYERS = (3, 10)
+VALUE_EMBED_LAYERS = (1, 2, 8, 9, 10)  # layer -> value-embedding table, in order
+SKIP_SOURCE_LAYER, SKIP_TARGET_LAYER = 3, 6
+CACHED_LAYER = 7  # its output feeds attention in layers 8-10 (#77) and the backout (#40)
+XSA_LAYERS = (1, 3, 4, 7)  # exclusive self-attention (#82, #85)
+OUTPUT_GATE_LAYERS = (3, 10)  # attention output gates from the MUDD gates (#85)
+MUDD_LAYER = 10  # residual mix, extra value input and value-embedding gate from a MUDD block (#81)
+POST_GATE_LAYER = 4  # the post MUDD gate reads the residual entering this layer (#85)
+DC_LAYER, DC_WINDOW = 10, 112  # lightweight DC-MHA: its layer and local window in keys (#85)
+MUDD_HIDDEN, MUDD_SCALE, MUDD_GATE_SCALE_INIT = 64, 0.1, 0.1
+# Per-token coefficients of the MUDD block at layer 10 (computed from the residual entering it) and
+# of the final mix before the head (from the last residual), in output order (RECIPE 3.18). "input"
+# is the residual entering layer 0, "layerN" the residual after layer N.
+MUDD_LAYER_OUTPUTS = ("v_input", "v_layer7", "v_residual", "mix_input", "mix_layer7", "mix_residual",
+                      "ve_gate_first_heads", "ve_gate_last_heads", "attn_residual", "attn_out", "attn_input",
+                      "attn_bigram", "mlp_residual", "mlp_out")
+MUDD_FINAL_OUTPUTS = ("input", "layer7", "layer9", "value_embed", "layer3")
+RESIDUAL_LAMBDA_INIT, BIGRAM_LAMBDA_INIT, BACKOUT_LAMBDA_INIT, SKIP_LAMBDA_INIT = math.sqrt(1.1), 0.05, 0.5, -1.5
+BIGRAM_SIGN_ROWS = 8192
+ATTN_SCALE_INIT = 0.1  # softmax scale, raised by YaRN (#31)
+NO_WINDOW = -1
+
+
+def norm(x: Tensor) -> Tensor:
+    """RMSNorm without weights (eps: the dtype's machine epsilon)."""
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def rope_frequencies(head_dim: int) -> Tensor:
+    """Half-truncated RoPE (#17): head_dim/4 frequencies 1 ... 1/1024 rad/token rotate the first
+    head_dim/2 dimensions as interleaved pairs (#58); the other half is stationary."""
+    return (1 / 1024) ** torch.linspace(0, 1, head_dim // 4, dtype=torch.float64)
+
+
+def yarn(frequencies: Tensor, long_windows: list[int]) -> tuple[Tensor, float]:
+    """YaRN (#31): on each long-window change W_old -> W_new, interpolate the frequencies that
+    rotate less than 32 times over W_old and raise the softmax scale by 1 + 0.2·ln(W_new/W_old).
+    Returns (frequencies, attention scale) after the given sequence of long windows."""
+    freqs, scale = frequencies.clone(), ATTN_SCALE_INIT
+    for old, new in zip(long_windows, long_windows[1:]):
+        if new == old:
+            continue
+        rotations = old * freqs / (2 * math.pi)
+        keep = ((rotations - 1) / (32 - 1)).clamp(0, 1)
+        freqs = freqs * (old / new + keep * (1 - old / new))
+        scale *= 1 + 0.2 * math.log(new / old)
+    return freqs, scale
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (S, H, D) at positions 0..S-1; cos/sin (>=S, D/4)."""
+    S, D = x.size(0), x.size(-1)
+    cos, sin = cos[:S, None, :], sin[:S, None, :]
+    pairs = x[..., : D // 2].unflatten(-1, (D // 4, 2))
+    x1, x2 = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((rotated, x[..., D // 2:]), dim=-1)
+
+
+def resolve_attention_backend(requested: str, device_type: str) -> str:
+    """auto: FA3 where importable, else torch's varlen attention on CUDA, SDPA on the CPU."""
+    if requested != "auto":
+        return requested
+    if device_type != "cuda":
+        return "sdpa"
+    return "fa3" if flash_attn_varlen_func is not None else "varlen"
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, doc_ids: Tensor, window: int,
+           max_seqlen: int, backend: str, block_masks: dict) -> Tensor:
+    """Causal attention within documents (given by cu_seqlens / doc_ids) over keys at most
+    `window` positions back (NO_WINDOW: unbounded). q, k, v: (S, H, D), already scaled."""
+    if backend == "fa3":
+        return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                               softmax_scale=1.0, causal=True, window_size=(window, 0))
+    if backend == "varlen":
+        return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=1.0,
+                           window_size=(window, 0))
+    S = q.size(0)
+    if backend == "flex":
+        if window not in block_masks:
+            def doc_causal_window(b, h, qi, ki):
+                inside = (qi >= ki) & (doc_ids[qi] == doc_ids[ki])
+                return inside if window == NO_WINDOW else inside & (qi - ki <= window)
+            block_masks[window] = create_block_mask(doc_causal_window, None, None, S, S, device=q.device)
+        out = flex_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                             block_mask=block_masks[window], scale=1.0)
+        return out[0].transpose(0, 1)
+    if backend == "sdpa":
+        pos = torch.arange(S, device=q.device)
+        mask = (pos[:, None] >= pos[None, :]) & (doc_ids[:, None] == doc_ids[None, :])
+        if window != NO_WINDOW:
+            mask &= pos[:, None] - pos[None, :] <= window
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                             attn_mask=mask, scale=1.0)
+        return out.transpose(0, 1)
+    raise ValueError(f"unknown attention backend {backend!r} (auto, fa3, varlen, flex, sdpa)")
+
+
+def exclusive_self_attention(y: Tensor, v: Tensor, alpha: Tensor) -> Tensor:
+    """Gated XSA (arXiv 2603.09078; #82, #85): removes tanh(α) of each head output's component along
+    the token's own value vector. y, v (T, H, D); alpha (T, H) or (H,)."""
+    yf, vf = y.float(), v.float()
+    along = (yf * vf).sum(-1, keepdim=True) / vf.square().sum(-1, keepdim=True).clamp_min(1e-8)
+    return (yf - torch.tanh(alpha.float())[..., None] * along * vf).to(y.dtype)
+
+
+def dc_mha(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor, window: int = DC_WINDOW,
+           use_triton: bool | None = None) -> Tensor:
+    """Lightweight DC-MHA (#85, RECIPE 3.20): the heads' softmax patterns over the last `window` keys
+    of the query's document, mixed across heads by w1 (T, H) and applied to every head's values,
+    scaled by w2 (T, H): out_h(t) = w2[t,h]·Σ_s (Σ_g w1[t,g]·p_g(t,s))·v_h(s). q (T, H, D) carries
+    the softmax scale. The Triton kernels where use_triton (default: on CUDA, where they apply),
+    else dc_mha_torch."""
+    if use_triton is None:
+        use_triton = q.is_cuda and dc_mha_kernel_supports(q, window)
+    if use_triton:
+        return DCMHAKernel.apply(q, k, v, doc_ids, w1, window, DC_BLOCK) * w2[..., None]
+    return dc_mha_torch(q, k, v, doc_ids, w1, w2, window)
+
+
+def dc_mha_torch(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor,
+                 window: int = DC_WINDOW) -> Tensor:
+    """dc_mha in plain torch (the kernels' reference). Blocked: each block of `window` queries sees
+    its own and the previous block of keys, so memory and work are O(T·window), not O(T²)."""
+    T, H, D = q.shape
+    n = -(-T // window)
+    pad = n * window - T
+
+    def blocks(t: Tensor) -> Tensor:  # (T, H, C) -> (n, H, window, C)
+        return F.pad(t, (0, 0, 0, 0, 0, pad)).view(n, window, H, t.size(-1)).transpose(1, 2)
+
+    def with_previous(t: Tensor) -> Tensor:  # (n, ..., window, D) -> (n, ..., 2·window, D)
+        return torch.cat([torch.cat([torch.zeros_like(t[:1]), t[:-1]]), t], dim=-2)
+
+    positions = torch.arange(n * window, device=q.device).view(n, window)
+    docs = F.pad(doc_ids, (0, pad), value=-1).view(n, window)  # padding: a document of its own
+    key_positions = torch.cat([positions - window, positions], 1)
+    key_docs = torch.cat([torch.cat([torch.full_like(docs[:1], -2), docs[:-1]]), docs], 1)
+    distance = positions[:, :, None] - key_positions[:, None, :]
+    visible = (distance >= 0) & (distance < window) & (docs[:, :, None] == key_docs[:, None, :])
+    scores = (blocks(q) @ with_previous(blocks(k)).mT).float().masked_fill(~visible[:, None], float("-inf"))
+    mix = (scores.softmax(-1) * blocks(w1[..., None])).sum(1, keepdim=True)  # (n, 1, window, 2·window)
+    out = (mix.to(v.dtype) @ with_previous(blocks(v))) * blocks(w2[..., None])
+    return out.transpose(1, 2).reshape(n * window, H, D)[:T]
+
+
+def injection_layers(hp: Hyperparameters) -> list[int]:
+    """Layers that add x0 and the bigram embedding after their attention (#9, #62, #73); with MUDD
+    connections layer 10 takes them from its MUDD block instead."""
+    return [layer for layer in ATTENTION_LAYERS if not (hp.mudd_connections and layer == MUDD_LAYER)]
+
+
+def scalar_layout(hp: Hyperparameters) -> dict[str, Tensor]:
+    """Initial values of the named parts of the `scalars` parameter (RECIPE 0.7), in storage order."""
+    parts = {}
+    if hp.attn_lambdas:
+        parts["attn_lambdas"] = torch.tensor([0.5, 1.0]).repeat(NUM_LAYERS, 1)
+    if not hp.mudd_gates:  # static per-layer injection weights; per-token MUDD gates otherwise
+        parts["x0_lambdas"] = torch.zeros(NUM_LAYERS)
+        if hp.bigram_embed:
+            parts["bigram_lambdas"] = torch.full((NUM_LAYERS,), BIGRAM_LAMBDA_INIT)
+    if hp.smear_gate:
+        parts["smear_lambda"] = torch.tensor(0.0)
+    if hp.skip_connection:
+        parts["skip_lambda"] = torch.tensor(SKIP_LAMBDA_INIT)
+    if hp.backout and not hp.mudd_connections:
+        parts["backout_lambda"] = torch.tensor(BACKOUT_LAMBDA_INIT)
+    return parts
+
+
+def mudd_gate_outputs(hp: Hyperparameters) -> list[tuple[str, int, int, float]]:
+    """(kind, layer, width, initial value) of every MUDD-gate output (RECIPE 3.19), in order. Layers
+    before POST_GATE_LAYER read the pre gate (input x0), the others the post gate."""
+    H = hp.num_heads
+    outputs = [("xsa", layer, H, 0.0) for layer in XSA_LAYERS if hp.xsa]
+    outputs += [("out_gate", layer, H, 0.25) for layer in OUTPUT_GATE_LAYERS if hp.attn_output_gates]
+    for layer in injection_layers(hp):
+        outputs.append(("x0", layer, 1, 0.0))
+        if hp.bigram_embed:
+            outputs.append(("bigram", layer, 1, BIGRAM_LAMBDA_INIT))
+    if hp.skip_connection:
+        outputs.append(("skip", SKIP_TARGET_LAYER, 1, 0.5))
+    if hp.dc_mha:
+        outputs += [("dc_w1", DC_LAYER, H, 1.0), ("dc_w2", DC_LAYER, H, 0.0)]
+    return sorted(outputs, key=lambda output: output[1] >= POST_GATE_LAYER)  # stable: pre gate first
+
+
+def mudd_initial_coefficients(hp: Hyperparameters) -> Tensor:
+    """Initial MUDD coefficients (layer-10 block, then the final mix) = the static architecture they
+    replace (RECIPE 3.18): the layer-10 residual lambdas, value-embedding gate 2 (= 2σ(0)), bigram
+    0.05, no x0, and the backout −0.5·layer7 before the head."""
+    residual = RESIDUAL_LAMBDA_INIT if hp.residual_lambdas else 1.0
+    layer = dict.fromkeys(MUDD_LAYER_OUTPUTS, 0.0)
+    layer.update(ve_gate_first_heads=2.0, ve_gate_last_heads=2.0, attn_residual=residual, attn_out=1.0,
+                 attn_bigram=BIGRAM_LAMBDA_INIT, mlp_residual=residual, mlp_out=1.0)
+    final = dict.fromkeys(MUDD_FINAL_OUTPUTS, 0.0)
+    final["layer7"] = -BACKOUT_LAMBDA_INIT if hp.backout else 0.0
+    return torch.tensor([*layer.values(), *final.values()])
+
+
+@dataclass(frozen=True)
+class ForwardShape:
+    """What a forward needs besides the tokens; each value is a compile-time constant."""
+    short_window: int  # tokens, or NO_WINDOW
+    long_window: int
+    max_seq_len: int  # longest document (attention kernels' max_seqlen)
+    n_predict: int = 1  # multi-token prediction targets t+1 .. t+n_predict
+    prefix_target: bool = False  # one more target column: the prefix token of the next token (#88)
+
+
+class GPT(nn.Module):
+    """GPT with banked weights: Q/K, V/O and MLP matrices of all layers live in 3-D parameters
+    (#61) that the optimizer orthogonalizes batch-wise. Activations are bf16."""
+
+    def __init__(self, hp: Hyperparameters):
+        super().__init__()
+        self.hp = hp
+        self.attention_backend = resolve_attention_backend(hp.attention_backend, torch.device(hp.device).type)
+        d, H, hd, V = hp.model_dim, hp.num_heads, hp.head_dim, hp.vocab_size
+        if H * hd != d or H % 2:
+            raise ValueError(f"need num_heads*head_dim == model_dim and an even num_heads, got {H}x{hd} vs {d}")
+        if hp.dc_mha and not hp.mudd_gates:
+            raise ValueError("DC_MHA=1 (the default) takes its per-token weights from the MUDD gates: "
+                             "keep MUDD_GATES=1, or set DC_MHA=0 together with MUDD_GATES=0")
+        n_attn = len(ATTENTION_LAYERS)
+        bound = math.sqrt(3) * 0.5 * d ** -0.5  # uniform with std 0.5/sqrt(d)
+        bf16 = dict(dtype=torch.bfloat16)
+        self.lm_head = nn.Parameter(torch.empty(V, d, **bf16).normal_(0, 0.005))
+        self.embed = nn.Parameter(self.lm_head.detach().clone())  # tied at init (#51)
+        # Q/K per head pair (#80): slot a holds H/2 Q groups then H/2 K groups of (2·hd, d).
+        self.qk_bank = nn.Parameter(torch.empty(n_attn * H, 2 * hd, d, **bf16).uniform_(-bound, bound))
+        self.vo_bank = nn.Parameter(torch.empty(2 * n_attn, d, d, **bf16).uniform_(-bound, bound))  # V, O (out, in)
+        mlp = torch.empty(NUM_LAYERS, 2, hp.mlp_hidden, d, **bf16)
+        mlp[:, 0].uniform_(-bound, bound)  # fc (hidden, d); proj stored (hidden, d) = (in, out), zero (#5)
+        mlp[:, 1].zero_()
+        self.mlp_bank = nn.Parameter(mlp)
+        # value embeddings whose gate is a learned sigmoid; with MUDD connections layer 10's comes from MUDD
+        self.ve_gate_layers = tuple(layer for layer in VALUE_EMBED_LAYERS
+                                    if not (hp.mudd_connections and layer == MUDD_LAYER))
+        if hp.value_embeds:  # (#14, #63, #70); token-major (V, layers·d): one gather serves every
+            # layer, and the gradient is one scatter into the table (layer-major, assembling the
+            # per-layer gradients took a full pass over the table each step)
+            self.value_embeds = nn.Parameter(torch.empty(V, len(VALUE_EMBED_LAYERS) * d, **bf16).normal_(0, 0.01))
+            self.ve_gate_bank = nn.Parameter(torch.zeros(len(self.ve_gate_layers), H, 12, **bf16))
+        if hp.bigram_embed:  # hashed bigram table with random sign rows (#62, #83, #85)
+            self.bigram_embed = nn.Parameter(torch.zeros(hp.bigram_rows, d, **bf16))
+            signs = torch.randn(BIGRAM_SIGN_ROWS, d).sign().to(torch.bfloat16)
+            self.register_buffer("bigram_signs", signs, persistent=False)
+        if hp.attn_output_gates and not hp.mudd_gates:  # per-head sigmoid output gates on every layer (#28)
+            self.attn_gate_bank = nn.Parameter(torch.zeros(n_attn, H, 12, **bf16))
+        if hp.smear_gate:  # one-token look-back on the embeddings (#34)
+            self.smear_gate = nn.Parameter(torch.zeros(1, 12, **bf16))
+        if hp.skip_connection and not hp.mudd_gates:  # U-net remnant 3 -> 6 with a learned token gate (#45, #55)
+            self.skip_gate = nn.Parameter(torch.zeros(1, 12, **bf16))
+        if hp.residual_lambdas:  # per-sublayer residual and output weights (#9, #73)
+            self.resid_lambdas = nn.Parameter(torch.full((NUM_LAYERS, 2), RESIDUAL_LAMBDA_INIT))
+            self.post_lambdas = nn.Parameter(torch.ones(NUM_LAYERS, 2))
+        # scalars: attention lambdas, static x0/bigram lambdas, smear, skip, backout (as switched on)
+        layout = scalar_layout(hp)
+        self.scalar_parts, offset = {}, 0
+        for name, values in layout.items():
+            self.scalar_parts[name] = (offset, values.shape)
+            offset += values.numel()
+        if layout:
+            self.scalars = nn.Parameter(torch.cat([values.flatten() for values in layout.values()]))
+        if hp.xsa and not hp.mudd_gates:  # static per-head XSA strengths (#82)
+            self.xsa_alphas = nn.Parameter(torch.zeros(len(XSA_LAYERS), H))
+        mudd_w1 = lambda: torch.empty(2, MUDD_HIDDEN, d, **bf16).uniform_(-d ** -0.5, d ** -0.5)  # Kaiming-uniform
+        if hp.mudd_connections:  # MUDD (#81): two small MLPs, x -> 0.1·(W2·GELU(W1·x) + b2)
+            coefficients = mudd_initial_coefficients(hp)
+            self.mudd_w1 = nn.Parameter(mudd_w1())
+            self.mudd_w2 = nn.Parameter(torch.zeros(len(coefficients), MUDD_HIDDEN, **bf16))
+            self.mudd_b2 = nn.Parameter((coefficients / MUDD_SCALE).to(torch.bfloat16))
+        if hp.mudd_gates:  # MUDD gates (#85): x -> s·(W2·GELU(W1·x) + b2), s learned
+            outputs = mudd_gate_outputs(hp)
+            self.gate_outputs = tuple([o for o in outputs if (o[1] >= POST_GATE_LAYER) == post] for post in (False, True))
+            initial = torch.tensor([value for _, _, width, value in outputs for _ in range(width)])
+            self.mudd_gate_w1 = nn.Parameter(mudd_w1())
+            self.mudd_gate_w2 = nn.Parameter(torch.zeros(len(initial), MUDD_HIDDEN, **bf16))
+            self.mudd_gate_b2 = nn.Parameter((initial / MUDD_GATE_SCALE_INIT).to(torch.bfloat16))
+            self.mudd_gate_scale = nn.Parameter(torch.tensor(MUDD_GATE_SCALE_INIT))
+        if hp.prefix_loss:  # prefix token of every token, filled by the trainer (#88); -1: none
+            self.register_buffer("prefix_ids", torch.full((V,), -1, dtype=torch.long), persistent=False)
+        freqs = rope_frequencies(hd)
+        self.register_buffer("rope_base", freqs, persistent=False)
+        positions = 2 * max(hp.val_seq_len, max(hp.stage_batch_tokens) // 8)  # paired layers double T
+        self.register_buffer("rope_cos", torch.empty(positions, hd // 4, **bf16), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(positions, hd // 4, **bf16), persistent=False)
+        self.register_buffer("attn_scale", torch.tensor(ATTN_SCALE_INIT), persistent=False)
+        self.set_long_window_history([1])
+
+    # --- schedule-dependent state ---------------------------------------------------------------
+    @torch.no_grad()
+    def set_long_window_history(self, long_windows: list[int]):
+        """Rotary tables and softmax scale for the long windows used so far (YaRN if enabled)."""
+        freqs, scale = (yarn(self.rope_base, long_windows) if self.hp.yarn
+                        else (self.rope_base, ATTN_SCALE_INIT))
+        angles = torch.arange(self.rope_cos.size(0), dtype=torch.float64, device=freqs.device)[:, None] * freqs
+        self.rope_cos.copy_(angles.cos())
+        self.rope_sin.copy_(angles.sin())
+        self.attn_scale.fill_(scale)
+
+    def param_specs(self) -> dict[str, ParamSpec]:
+        """Optimizer table (RECIPE 1.1). Within its group (replicated, bank, sharded table) a parameter's
+        place here is its place in the optimizer's communication and work order: the big MLP bank sits
+        between the two small banks, so the first wait and the last gather are short."""
+        hp = self.hp
+        table = {
+            "qk_bank": ParamSpec("normuon", "sharded", matrix_shape=(2 * hp.head_dim, hp.model_dim), wd_mul=1.0),
+            "mlp_bank": ParamSpec("normuon", "sharded", matrix_shape=(hp.mlp_hidden, hp.model_dim), wd_mul=1.0,
+                                  matrix_lr_muls=(1.0, 2.0)),  # projections (odd index) x2
+            "vo_bank": ParamSpec("normuon", "sharded", matrix_shape=(hp.model_dim, hp.model_dim), wd_mul=1.0),
+            "scalars": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.99)),
+            "smear_gate": ParamSpec("adam", "replicated", lr_mul=0.01, betas=(0.9, 0.99)),
+            "skip_gate": ParamSpec("adam", "replicated", lr_mul=0.05, betas=(0.9, 0.99)),
+            "ve_gate_bank": ParamSpec("adam", "replicated", wd_mul=1.0, betas=(0.9, 0.99)),
+            "attn_gate_bank": ParamSpec("adam", "replicated", wd_mul=1.0, betas=(0.9, 0.99)),
+            "xsa_alphas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
+            "lm_head": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
+            "bigram_embed": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
+            "post_lambdas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
+            "resid_lambdas": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.95)),
+            "value_embeds": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
+            "embed": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
+            "mudd_w1": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
+            "mudd_w2": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
+            "mudd_b2": ParamSpec("adam", "replicated", lr_mul=0.25, betas=(0.9, 0.99)),
+            "mudd_gate_w1": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
+            "mudd_gate_w2": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
+            "mudd_gate_b2": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
+            "mudd_gate_scale": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
+        }
+        names = dict(self.named_parameters())
+        missing = set(names) - set(table)
+        if missing:
+            raise ValueError(f"parameters without an optimizer spec: {sorted(missing)}")
+        return {label: spec for label, spec in table.items() if label in names}
+
+    # --- forward ----------------------------------------------------------------------------------
+    def forward(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
+                target_weights: Tensor | None = None, grad_scale: float = 1.0, eval_chunk: int = 0):
+        """Training (eval_chunk == 0): returns (loss to backpropagate, mean next-token CE);
+        target_weights weighs the target columns (t+1 ... t+n_predict, then the prefix target).
+        Evaluation: returns the summed next-token CE, lm_head applied eval_chunk tokens at a time."""
+        x = self.hidden_states(input_ids, cu_seqlens, shape)
+        targets = target_ids.long()
+        if eval_chunk:
+            total = x.new_zeros((), dtype=torch.float32)
+            for i in range(0, x.size(0), eval_chunk):
+                z = softcap(vocab_matmul(x[i: i + eval_chunk], self.lm_head.t()))
+                total = total + (torch.logsumexp(z, -1) - z.gather(1, targets[i: i + eval_chunk, None])[:, 0]).sum()
+            return total
+        # The fused lm_head + soft-capped cross-entropy (FP8 on CUDA) scores every column at once.
+        return lm_head_softcap_ce(x, self.lm_head, self.target_columns(targets, shape), target_weights,
+                                  grad_scale, self.hp.fp8_lm_head)
+
+    def target_columns(self, targets: Tensor, shape: ForwardShape) -> Tensor:
+        """Target matrix (T, N), -1 = none: multi-token prediction (#53) scores the same logits
+        against the targets t+1 .. t+n_predict (none past the end); the prefix-token loss (#88)
+        against the token spelling the longest proper prefix of the next token."""
+        T, n = targets.size(0), shape.n_predict
+        # Columns as shifted slices of the padded targets, stacked: torch 2.11's inductor fails on
+        # CUDA (loop merging) for the same matrix built as a gather over (T, n) indices joined with
+        # the prefix column by cat.
+        padded = torch.cat([targets, targets.new_full((n - 1,), -1)]) if n > 1 else targets
+        columns = [padded[k: k + T] for k in range(n)]
+        if shape.prefix_target:
+            columns.append(self.prefix_ids[targets])
+        return torch.stack(columns, 1)
+
+    def named_scalars(self) -> dict[str, Tensor]:
+        return {name: self.scalars[offset: offset + math.prod(shape)].view(shape)
+                for name, (offset, shape) in self.scalar_parts.items()}
+
+    def mudd(self, which: int, x: Tensor) -> tuple[Tensor, ...]:
+        """MUDD coefficients (#81, RECIPE 3.18), one (T, 1) tensor each: which = 0 for the layer-10
+        block (from the residual entering it), 1 for the final mix (from the last residual)."""
+        rows = slice(0, len(MUDD_LAYER_OUTPUTS)) if which == 0 else slice(len(MUDD_LAYER_OUTPUTS), None)
+        out = F.gelu(x @ self.mudd_w1[which].t()) @ self.mudd_w2[rows].t() + self.mudd_b2[rows]
+        return (MUDD_SCALE * out).split(1, -1)
+
+    def mudd_gates(self, which: int, x: Tensor) -> dict[tuple[str, int], Tensor]:
+        """MUDD gates (#85, RECIPE 3.19): which = 0 (pre gate, from x0) or 1 (post gate, from the
+        residual entering POST_GATE_LAYER); {(kind, layer): (T, width)} for the layers it serves."""
+        outputs = self.gate_outputs[which]
+        widths = [width for _, _, width, _ in outputs]
+        first = sum(width for _, _, width, _ in self.gate_outputs[0]) if which else 0
+        rows = slice(first, first + sum(widths))
+        out = F.gelu(x @ self.mudd_gate_w1[which].t()) @ self.mudd_gate_w2[rows].t() + self.mudd_gate_b2[rows]
+        return {(kind, layer): g for (kind, layer, *_), g in zip(outputs, (self.mudd_gate_scale * out).split(widths, -1))}
+
+    def hidden_states(self, input_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape) -> Tensor:
+        hp = self.hp
+        T, H, hd = input_ids.size(0), hp.num_heads, hp.head_dim
+        ids = input_ids.long()
+        scalars = self.named_scalars() if self.scalar_parts else {}
+
+        x = self.embed[ids]
+        if hp.smear_gate:
+            gate = torch.sigmoid(x[1:, :12] @ self.smear_gate.t())
+            x = torch.cat([x[:1], x[1:] + scalars["smear_lambda"] * gate * x[:-1]])
+        x0 = norm(x)
+        gates = self.mudd_gates(0, x0) if hp.mudd_gates else {}
+
+        def injection(kind: str, layer: int) -> Tensor:  # weight of x0 / the bigram embedding (#9, #62, #85)
+            return gates[(kind, layer)] if hp.mudd_gates else scalars[f"{kind}_lambdas"][layer]
+
+        x = x0
+        x_bigram = None
+        if hp.bigram_embed:
+            x_bigram = self.bigram_embed[bigram_ids(ids, hp.bigram_rows)] * self.bigram_signs[bigram_sign_ids(ids)]
+            x = x + injection("bigram", 0) * x_bigram
+        x_input = x  # the residual entering layer 0 (MUDD reads it)
+        value_embeds = self.value_embeds[ids].split(hp.model_dim, -1) if hp.value_embeds else None
+
+        doc_ids = torch.searchsorted(cu_seqlens, torch.arange(T, device=ids.device, dtype=cu_seqlens.dtype), right=True)
+        attention_context = dict(cu_seqlens=cu_seqlens, doc_ids=doc_ids, block_masks={},
+                                 paired_block_masks={}, shape=shape,
+                                 backend=self.attention_backend)
+        qk = self.qk_bank.view(len(ATTENTION_LAYERS), 2 * H * hd, -1).unbind(0)
+        vo = self.vo_bank.view(len(ATTENTION_LAYERS), 2, hp.model_dim, -1).unbind(0)
+        mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
+        # Small forwards (stage 1) are launch-bound: there the host cost of the custom-op launches
+        # outweighs the fused kernels' GPU saving (H100: 37.3 vs 36.1 ms/step at 16,384 tokens).
+        fused_mlp = hp.fused_mlp and T >= hp.fused_mlp_min_tokens
+        cached, value_embed = {}, {}
+        for layer in range(NUM_LAYERS):
+            if layer == POST_GATE_LAYER and hp.mudd_gates:
+                gates.update(self.mudd_gates(1, x))
+            mudd = (dict(zip(MUDD_LAYER_OUTPUTS, self.mudd(0, x)))
+                    if hp.mudd_connections and layer == MUDD_LAYER else None)
+            if layer in ATTENTION_LAYERS:
+                slot = ATTENTION_LAYERS.index(layer)
+                source = cached[CACHED_LAYER] if (layer > CACHED_LAYER and hp.late_attn_from_layer7) else x
+                a_in = norm(source)
+                aux_v = None  # added to the values
+                if value_embeds is not None and layer in VALUE_EMBED_LAYERS:
+                    ve = value_embed[layer] = value_embeds[VALUE_EMBED_LAYERS.index(layer)]
+                    if mudd is not None:  # one MUDD gate for each half of the heads
+                        gate = torch.cat([mudd["ve_gate_first_heads"].expand(T, H // 2),
+                                          mudd["ve_gate_last_heads"].expand(T, H - H // 2)], -1)
+                    else:  # gated value embedding (#55, #70)
+                        gate = 2 * torch.sigmoid(torch.cat([a_in[:, :6], ve[:, :6]], -1)
+                                                 @ self.ve_gate_bank[self.ve_gate_layers.index(layer)].t())
+                    aux_v = gate[..., None] * ve.view(T, H, hd)
+                if mudd is not None:  # MUDD value input and residual pre-mix (#81)
+                    v_mudd = (mudd["v_input"] * x_input + mudd["v_layer7"] * cached[CACHED_LAYER]
+                              + mudd["v_residual"] * x).view(T, H, hd)
+                    aux_v = v_mudd if aux_v is None else aux_v + v_mudd
+                    x = ((1 + mudd["mix_residual"]) * x + mudd["mix_input"] * x_input
+                         + mudd["mix_layer7"] * cached[CACHED_LAYER])
+                out_gate = xsa_alpha = dc_weights = None
+                if hp.attn_output_gates:
+                    out_gate = (gates.get(("out_gate", layer)) if hp.mudd_gates
+                                else torch.sigmoid(a_in[:, :12] @ self.attn_gate_bank[slot].t()))
+                if hp.xsa and layer in XSA_LAYERS:
+                    xsa_alpha = gates[("xsa", layer)] if hp.mudd_gates else self.xsa_alphas[XSA_LAYERS.index(layer)]
+                if hp.dc_mha and layer == DC_LAYER:  # w1 RMS-normalized over the heads (RECIPE 3.20)
+                    dc_weights = (F.rms_norm(gates[("dc_w1", layer)].float(), (H,), eps=1e-6), gates[("dc_w2", layer)])
+                attn = self.attention(layer, slot, a_in, aux_v, qk[slot], vo[slot],
+                                      scalars["attn_lambdas"][layer] if hp.attn_lambdas else None,
+                                      attention_context, out_gate, xsa_alpha, dc_weights)
+                if mudd is not None:
+                    x = mudd["attn_residual"] * x + mudd["attn_out"] * attn + mudd["attn_input"] * x_input
+                    if x_bigram is not None:
+                        x = x + mudd["attn_bigram"] * x_bigram
+                else:
+                    x = (self.resid_lambdas[layer, 0] * x + self.post_lambdas[layer, 0] * attn
+                         if hp.residual_lambdas else x + attn)
+                    x = x + injection("x0", layer) * x0
+                    if x_bigram is not None and layer > 0:
+                        x = x + injection("bigram", layer) * x_bigram
+            elif layer == SKIP_TARGET_LAYER and hp.skip_connection:
+                gate = (gates[("skip", layer)] if hp.mudd_gates
+                        else 2 * torch.sigmoid(x0[:, :12] @ self.skip_gate.t()))
+                x = x + torch.sigmoid(scalars["skip_lambda"]) * gate * cached[SKIP_SOURCE_LAYER]
+            mlp_out = relu_square_mlp(norm(x), mlp_fc[layer], mlp_proj[layer], fused_mlp)
+            if mudd is not None:
+                x = mudd["mlp_residual"] * x + mudd["mlp_out"] * mlp_out
+            else:
+                x = (self.resid_lambdas[layer, 1] * x + self.post_lambdas[layer, 1] * mlp_out
+                     if hp.residual_lambdas else x + mlp_out)
+            cached[layer] = x
+        if hp.mudd_connections:  # dense mix of earlier residuals before the head (#81), incl. the backout
+            final = dict(zip(MUDD_FINAL_OUTPUTS, self.mudd(1, x)))
+            x = (x + final["input"] * x_input + final["layer7"] * cached[CACHED_LAYER]
+                 + final["layer9"] * cached[MUDD_LAYER - 1] + final["layer3"] * cached[SKIP_SOURCE_LAYER])
+            if value_embeds is not None:
+                x = x + final["value_embed"] * value_embed[VALUE_EMBED_LAYERS[0]]
+        elif hp.backout:  # subtract part of the layer-7 residual before the head (#40)
+            x = x - scalars["backout_lambda"] * cached[CACHED_LAYER]
+        return norm(x)
+
+    def attention(self, layer: int, slot: int, x: Tensor, aux_v: Tensor | None, qk_weight: Tensor,
+                  vo_weight: Tensor, attn_lambdas: Tensor | None, ctx: dict, out_gate: Tensor | None = None,
+                  xsa_alpha: Tensor | None = None, dc_weights: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """One attention sublayer on the normalized input x; aux_v (T, H, hd) is added to the values,
+        out_gate (T, H) multiplies the heads' outputs."""
+        hp, shape = self.hp, ctx["shape"]
+        T, H, hd = x.size(0), hp.num_heads, hp.head_dim
+        w_qkv = torch.cat([qk_weight, vo_weight[0]])
+        w_o = vo_weight[1]
+        if attn_lambdas is not None:  # lambdas pre-multiplied into the weights (#47, #48)
+            w_qkv, w_o = attn_lambdas[0] * w_qkv, attn_lambdas[1] * w_o
+        q, k, v = (x @ w_qkv.t()).view(T, 3 * H, hd).split(H, dim=1)
+        q, k = norm(q), norm(k)  # QK-norm
+        if aux_v is not None:
+            v = v + aux_v
+        paired = hp.paired_heads and layer in PAIRED_HEAD_LAYERS
+        window = shape.long_window if layer in LONG_WINDOW_LAYERS else shape.short_window
+        cu_seqlens, doc_ids, max_seqlen, masks = ctx["cu_seqlens"], ctx["doc_ids"], shape.max_seq_len, ctx["block_masks"]
+        if paired:
+            # Paired-head attention (#58): heads h and h+H/2 become one head over a doubled
+            # sequence (2t: head h, 2t+1: head h+H/2), so each query sees both heads' keys.
+            q, k, v = (t.reshape(2 * T, H // 2, hd) for t in (q, k, v))
+            cu_seqlens, doc_ids, max_seqlen, masks = 2 * cu_seqlens, doc_ids.repeat_interleave(2), 2 * max_seqlen, ctx["paired_block_masks"]
+        q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
+        if hp.key_offset and layer in KEY_OFFSET_LAYERS:
+            # Partial key offset (#49): the stationary half of each key takes the previous token's.
+            k = torch.cat([k[:, :, : hd // 2], torch.cat([k[:1, :, hd // 2:], k[:-1, :, hd // 2:]])], dim=-1)
+        q = (q * self.attn_scale).to(v.dtype)
+        y = attend(q, k, v, cu_seqlens, doc_ids, window, max_seqlen, ctx["backend"], masks)
+        y = y.reshape(T, H, hd)
+        if dc_weights is not None:  # cross-head composition on a local window (#85); not on paired layers
+            y = y + dc_mha(q, k, v, doc_ids, *dc_weights)
+        if xsa_alpha is not None:  # not on paired layers: v is still (T, H, hd)
+            y = exclusive_self_attention(y, v, xsa_alpha)
+        if out_gate is not None:
+            y = y * out_gate[..., None]
+        return y.reshape(T, H * hd) @ w_o.t()
+
+
+def bigram_ids(ids: Tensor, rows: int) -> Tensor:
+    """Hash of (previous, current) token into rows-1 buckets; the first token gets the last row."""
+    prev = torch.cat([ids[:1], ids[:-1]])
+    hashed = ((36313 * ids) ^ (27191 * prev)) % (rows - 1)
+    hashed[0] = rows - 1
+    return hashed
+
+
+def bigram_sign_ids(ids: Tensor) -> Tensor:
+    prev = torch.cat([ids[:1], ids[:-1]])
+    signs = (prev ^ ids) % BIGRAM_SIGN_ROWS
+    signs[0] = 0
+    return signs
+
+
+# =============================================================================================
+# Data
+# =============================================================================================
+
+BOS_ID = 50256  # <|endoftext|> precedes every document
+SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256
+SHARD_HEADER_BYTES = 4 * SHARD_HEADER_INTS
+DOWNLOAD_HINT = "download FineWeb shards with `python data/cached_fineweb10B.py 9`, or point TRAIN_FILES / VAL_FILES at your shards"
+MAX_DOCS_PER_BATCH = {16384: 64, 32768: 96, 49152: 128}  # cu_seqlens lengths (#78)
+
+
+class ShardError(ValueError):
+    """A token shard that cannot be used; the message names the file and the defect."""
+
+
+def read_shard_header(path: str) -> int:
+    """Check a shard's magic, version and size; return its token count."""
+    size = os.path.getsize(path)
+    if size < SHARD_HEADER_BYTES:
+        raise ShardError(f"{path}: {size} bytes, shorter than the {SHARD_HEADER_BYTES}-byte header (truncated download?)")
+    header = np.fromfile(path, dtype="<i4", count=SHARD_HEADER_INTS)
+    if header[0] != SHARD_MAGIC:
+        raise ShardError(f"{path}: bad magic {header[0]} (expected {SHARD_MAGIC}): not a token shard")
+    if header[1] != SHARD_VERSION:
+        raise ShardError(f"{path}: unsupported shard version {header[1]} (expected {SHARD_VERSION})")
+    tokens = int(header[2])
+    expected = SHARD_HEADER_BYTES + 2 * tokens
+    if size != expected:
+        raise ShardError(f"{path}: header says {tokens} tokens ({expected} bytes) but the file has {size} bytes "
+                         f"(truncated or corrupt: download it again)")
+    return tokens
+
+
+def find_shards(pattern: str) -> list[str]:
+    files = sorted(glob.glob(pattern))
+    if not files:
+        raise FileNotFoundError(f"no token shards match {pattern!r}: {DOWNLOAD_HINT}")
+    for path in files:
+        read_shard_header(path)
+    return files
+
+
+class Shard:
+    """One shard's tokens in (pinned) host memory and the positions of its documents' BOS tokens."""
+
+    def __init__(self, path: str, pin_memory: bool):
+        n = read_shard_header(path)
+        storage = torch.empty(n, dtype=torch.int16, pin_memory=pin_memory)
+        self.tokens = storage.numpy().view(np.uint16)
+        with open(path, "rb") as f:
+            f.seek(SHARD_HEADER_BYTES)
+            if f.readinto(self.tokens) != 2 * n:
+                raise ShardError(f"{path}: could not read {n} tokens")
+        self.path = path
+        self.bos = np.flatnonzero(self.tokens == BOS_ID)
+
+
+def max_docs_per_batch(tokens: int) -> int:
+    return MAX_DOCS_PER_BATCH.get(tokens) or max(16, -(-(tokens // 300) // 128) * 128)
+
+
+def plan_batch(bos: np.ndarray, first_doc: int, shard_len: int, tokens: int, num_ranks: int,
+               max_seq_len: int, max_docs: int):
+    """BOS-aligned packing (#26, RECIPE 0.2): every rank gets consecutive documents starting at a
+    BOS, each truncated to max_seq_len and the last cut to fit, totalling exactly tokens+1.
+    A rank's (max_docs)-th segment takes all it still needs, across document boundaries, so that
+    cu_seqlens keeps a fixed length. Returns (per-rank [(start, end)], next document index), or
+    None when the shard runs out (the caller re-plans from the next shard)."""
+    plan, i = [], first_doc
+    for _ in range(num_ranks):
+        segments, length = [], 0
+        while length < tokens + 1:
+            if i >= len(bos):
+                return None
+            start = int(bos[i])
+            need = tokens + 1 - length
+            if len(segments) == max_docs - 1:
+                end = start + need
+                if end > shard_len:
+                    return None
+                i = int(np.searchsorted(bos, end))
+            else:
+                next_start = int(bos[i + 1]) if i + 1 < len(bos) else shard_len
+                end = min(next_start, start + max_seq_len, start + need)
+                i += 1
+            segments.append((start, end))
+            length += end - start
+        plan.append(segments)
+    return plan, i
+
+
+def cu_seqlens_for(lengths: list[int], tokens: int, max_docs: int) -> np.ndarray:
+    """[0, c1, ..., tokens] for segments of the given lengths (the last one loses its final token,
+    which is only a target), padded to max_docs+1 entries by repeating tokens."""
+    cu = np.full(max_docs + 1, tokens, dtype=np.int32)
+    cu[0] = 0
+    cu[1: len(lengths) + 1] = np.minimum(np.cumsum(lengths), tokens)
+    return cu
+
+
+class TrainLoader:
+    """Training batches for one rank: the planner's slice of consecutive documents, the next shard
+    loaded by a background thread, cycling over the files when they run out (logged once per
+    pass). next_batch() accepts a new batch size and max_seq_len at any step."""
+
+    def __init__(self, pattern: str, rank: int, world_size: int, device: torch.device, log=print,
+                 grad_accum: int = 1):
+        self.files = find_shards(pattern)
+        self.rank, self.world_size, self.device, self.log = rank, world_size, device, log
+        self.grad_accum = grad_accum
+        self._step_slices, self._step_shape = [], None  # this rank's remaining micro-batches of the step
+        self.pin_memory = device.type == "cuda"
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        self.file_index, self.passes, self.doc_cursor = 0, 1, 0
+        self.shard = Shard(self.files[0], self.pin_memory)
+        self._next_shard = self._pool.submit(Shard, self.files[1 % len(self.files)], self.pin_memory)
+
+    def _advance_shard(self):
+        self.file_index += 1
+        if self.file_index % len(self.files) == 0:
+            self.passes += 1
+            self.log(f"data: starting pass {self.passes} over {len(self.files)} train files")
+        self.shard = self._next_shard.result()
+        following = self.files[(self.file_index + 1) % len(self.files)]
+        self._next_shard = self._pool.submit(Shard, following, self.pin_memory)
+        self.doc_cursor = 0
+
+    def next_batch(self, tokens: int, max_seq_len: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(inputs int32 (tokens,), targets int32 (tokens,), cu_seqlens int32) on the device."""
+        max_docs = max_docs_per_batch(tokens)
+        if self._step_slices and self._step_shape != (tokens, max_seq_len):
+            raise ValueError(f"batch shape changed to {(tokens, max_seq_len)} in the middle of a step "
+                             f"planned for {self._step_shape}")
+        if not self._step_slices:
+            # Plan the whole step (world_size x grad_accum slices) at once, so that a shard
+            # boundary falls at the same place on 1, 2, 4 or 8 GPUs.
+            ranks = self.world_size * self.grad_accum
+            for _ in range(2 * len(self.files) + 1):
+                planned = plan_batch(self.shard.bos, self.doc_cursor, len(self.shard.tokens), tokens,
+                                     ranks, max_seq_len, max_docs)
+                if planned is not None:
+                    break
+                self._advance_shard()
+            else:
+                raise ShardError(f"no train shard holds a batch of {tokens} tokens x {ranks} slices: shards too small")
+            plan, self.doc_cursor = planned
+            self._step_slices = [plan[k * self.world_size + self.rank] for k in range(self.grad_accum)]
+            self._step_shape = (tokens, max_seq_len)
+        segments = self._step_slices.pop(0)
+        buf = torch.empty(tokens + 1, dtype=torch.int32, pin_memory=self.pin_memory)
+        np.concatenate([self.shard.tokens[s:e] for s, e in segments], out=buf.numpy(), casting="safe")
+        cu = torch.from_numpy(cu_seqlens_for([e - s for s, e in segments], tokens, max_docs))
+        if self.pin_memory:
+            cu = cu.pin_memory()
+        buf = buf.to(self.device, non_blocking=True)
+        return buf[:-1], buf[1:], cu.to(self.device, non_blocking=True)
+
+
+class ValidationSet:
+    """The first val_tokens (+1) tokens of the validation files, in chunks of seq_len tokens
+    (chunk i is evaluated by rank i % world_size); documents are not truncated."""
+
+    def __init__(self, pattern: str, val_tokens: int, seq_len: int, rank: int, world_size: int, device: torch.device):
+        if val_tokens % seq_len:
+            raise ValueError(f"VAL_TOKENS={val_tokens} must be a multiple of VAL_SEQ_LEN={seq_len}")
+        parts, have = [], 0
+        for path in find_shards(pattern):
+            parts.append(Shard(path, pin_memory=False).tokens)
+            have += len(parts[-1])
+            if have > val_tokens:
+                break
+        if have < val_tokens + 1:
+            raise ShardError(f"validation files {pattern!r} hold {have} tokens; VAL_TOKENS={val_tokens} needs {val_tokens + 1}")
+        self.tokens = np.concatenate(parts)[: val_tokens + 1].astype(np.int32)
+        self.seq_len, self.device = seq_len, device
+        self.chunks = list(range(rank, val_tokens // seq_len, world_size))
+        self.max_docs = max_docs_per_batch(seq_len)
+
+    def batch(self, chunk: int) -> tuple[Tensor, Tensor, Tensor]:
+        seq = self.tokens[chunk * self.seq_len: (chunk + 1) * self.seq_len + 1]
+        starts = np.flatnonzero(seq[:-1] == BOS_ID)
+        bounds = np.unique(np.concatenate([[0], starts, [self.seq_len]]))
+        lengths = list(np.diff(bounds))
+        if len(lengths) > self.max_docs:  # fold the excess documents into the last segment
+            lengths = lengths[: self.max_docs - 1] + [int(sum(lengths[self.max_docs - 1:]))]
+        cu = cu_seqlens_for(lengths, self.seq_len, self.max_docs)
+        seq = torch.from_numpy(seq).to(self.device)
+        return seq[:-1], seq[1:], torch.from_numpy(cu).to(self.device)
+
+    def __iter__(self):
+        return (self.batch(chunk) for chunk in self.chunks)
+
+
+GPT2_SPECIAL_TOKEN = "<|endoftext|>"
+
+
+def gpt2_token_bytes(tokenizer_dir: str) -> dict[int, bytes]:
+    """The byte string of every GPT-2 token id (the special token excluded), read from
+    tokenizer_dir/encoder.json, whose keys spell bytes in GPT-2's byte-level alphabet: printable
+    Latin-1 characters stand for their own byte, the other bytes for chr(256 + n) in byte order."""
+    path = os.path.join(tokenizer_dir, "encoder.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"the prefix-token loss (PREFIX_LOSS=1) needs GPT-2's vocabulary file {path}: "
+            f"`python data/cached_fineweb10B.py` fetches it into data/gpt2/ with the shards; or set "
+            f"TOKENIZER_DIR to a folder holding encoder.json, or PREFIX_LOSS=0 to train without that loss")
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    byte_of = {chr(b): b for b in printable}
+    byte_of.update({chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in printable)})
+    try:
+        with open(path, encoding="utf-8") as f:
+            encoder = json.load(f)
+        return {int(i): bytes(byte_of[c] for c in token) for token, i in encoder.items() if token != GPT2_SPECIAL_TOKEN}
+    except (ValueError, KeyError) as error:
+        raise ValueError(f"{path} is not a GPT-2 encoder.json ({type(error).__name__}: {error})") from None
+
+
+def prefix_token_ids(token_bytes: dict[int, bytes], vocab_size: int) -> Tensor:
+    """For every id: the token whose bytes are the longest proper prefix of its bytes, -1 where none
+    is a token (single bytes, the special token, padding ids) (#88, RECIPE 3.15)."""
+    id_of = {b: i for i, b in token_bytes.items()}
+    table = [-1] * vocab_size
+    for i, b in token_bytes.items():
+        if i >= vocab_size:
+            raise ValueError(f"token id {i} does not fit the vocabulary of {vocab_size} (VOCAB_SIZE)")
+        table[i] = next((id_of[b[:n]] for n in range(len(b) - 1, 0, -1) if b[:n] in id_of), -1)
+    return torch.tensor(table, dtype=torch.long)
+
+
+# =============================================================================================
+# Training
+# =============================================================================================
+
+RANKS_PER_STEP = 8  # the schedule is written for 8 ranks; fewer GPUs accumulate gradients
+PREFIX_LOSS_WEIGHT = 0.25  # prefix-token loss weight in stage 1 (#88)
+
+
+class Schedule:
+    """Stages by thirds of the scheduled steps plus an extension (RECIPE 4.1): per-step batch,
+    document length, windows, lr multiplier (cooldown to a floor), momentum and MTP weights."""
+
+    def __init__(self, hp: Hyperparameters):
+        self.hp = hp
+        n = hp.num_scheduled_iterations
+        self.num_scheduled = n
+        self.stage_starts = [round(n * k / 3) for k in range(3)] + [n]
+        self.total_steps = n + hp.num_extension_iterations
+        self.cooldown_start = int(n * (1 - hp.cooldown_frac))
+        self.untie_step = (round(n * hp.untie_embed_at) | 1) if hp.untie_embed_at > 0 else None
+
+    def stage(self, step: int) -> int:
+        return max(i for i, start in enumerate(self.stage_starts) if step >= start)
+
+    def tokens_per_rank(self, step: int) -> int:
+        return self.hp.stage_batch_tokens[self.stage(step)] // RANKS_PER_STEP
+
+    def windows(self, step: int, final: bool = False) -> tuple[int, int]:
+        """(short, long) sliding windows in tokens (#20, RECIPE 3.8)."""
+        if not self.hp.sliding_windows:
+            return NO_WINDOW, NO_WINDOW
+        stage, block = self.stage(step), self.hp.window_block_size
+        long = self.hp.final_long_window if final else self.hp.stage_long_window[stage]
+        return self.hp.stage_short_window[stage] * block, long * block
+
+    def long_window_history(self, step: int) -> list[int]:
+        return [w * self.hp.window_block_size for w in self.hp.stage_long_window[: self.stage(step) + 1]]
+
+    def forward_shape(self, step: int, final: bool = False) -> ForwardShape:
+        short, long = self.windows(step, final)
+        return ForwardShape(short, long, self.hp.stage_max_seq_len[self.stage(step)], len(self.mtp_weights(step)),
+                            self.prefix_weight(step) is not None)
+
+    def lr_multiplier(self, step: int) -> float:
+        stage_mul = self.hp.stage_lr_mul[self.stage(step)]
+        if step < self.cooldown_start:
+            return stage_mul
+        tau = min(1.0, (step - self.cooldown_start) / (self.hp.num_scheduled_iterations - self.cooldown_start))
+        return stage_mul * (1 - tau) + self.hp.lr_floor * tau
+
+    def momentum(self, step: int) -> float:
+        hp = self.hp
+        warm = min(1.0, step / hp.muon_momentum_warmup_steps) if hp.muon_momentum_warmup_steps else 1.0
+        mu = hp.muon_momentum_min + (hp.muon_momentum_max - hp.muon_momentum_min) * warm
+        cooldown_start = self.total_steps - hp.muon_momentum_cooldown_steps
+        if step > cooldown_start:
+            mu = hp.muon_momentum_max - (hp.muon_momentum_max - hp.muon_momentum_min) * (step - cooldown_start) / hp.muon_momentum_cooldown_steps
+        return mu
+
+    def stage_progress(self, step: int) -> float:
+        """Fraction of the current stage elapsed before this step."""
+        stage = self.stage(step)
+        start, end = self.stage_starts[stage], (self.stage_starts + [self.total_steps])[stage + 1]
+        return (step - start) / (end - start)
+
+    def mtp_weights(self, step: int) -> list[float]:
+        """Multi-token prediction weights for targets t+1, t+2, ... (#53, RECIPE 3.14)."""
+        stage = self.stage(step)
+        if not self.hp.multi_token_prediction or stage >= 2:
+            return [1.0]
+        tau = self.stage_progress(step)
+        return [1.0, 0.5, 0.25 * (1 - tau)] if stage == 0 else [1.0, 0.5 * (1 - tau)]
+
+    def prefix_weight(self, step: int) -> float | None:
+        """Weight of the prefix-token loss (#88, RECIPE 3.15): 0.25 in stage 1, 0.25 -> 0 over
+        stage 2; None from stage 3 on (no prefix column)."""
+        stage = self.stage(step)
+        if not self.hp.prefix_loss or stage >= 2:
+            return None
+        return PREFIX_LOSS_WEIGHT * (1 - self.stage_progress(step) if stage == 1 else 1.0)
+
+    def target_weights(self, step: int) -> list[float]:
+        """Weights of the loss's target columns: multi-token prediction, then the prefix token."""
+        prefix = self.prefix_weight(step)
+        return self.mtp_weights(step) + ([] if prefix is None else [prefix])
+
+    def warmup_steps(self) -> list[int]:
+        """Steps whose graphs the warm-up compiles: the first two and both sides of every stage start."""
+        steps = {0, 1}
+        for start in self.stage_starts[1:]:
+            steps.update(s for s in range(start - 2, start + 2) if 0 <= s < self.total_steps)
+        return sorted(steps)
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+class RunLog:
+    """Rank 0 writes logs/<run_id>.txt and echoes chosen lines to the console."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        if path:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+
+    def __call__(self, text: str, console: bool = True):
+        if self.path is None:
+            return
+        if console:
+            print(text, flush=True)
+        with open(self.path, "a") as f:
+            f.write(text + "\n")
+
+
+def environment_report() -> str:
+    try:
+        smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout.rstrip()
+    except (OSError, subprocess.TimeoutExpired):
+        smi = ""
+    lines = [f"Running Python {sys.version.replace(chr(10), ' ')}",
+             f"Running PyTorch {torch.__version__} compiled for CUDA {torch.version.cuda}",
+             f"Running Triton version {triton.__version__ if triton else 'not installed'}",
+             smi or "nvidia-smi: not available"]
+    return "\n".join(lines)
+
+
+def environment_overrides(environ=os.environ) -> str:
+    """The hyperparameter variables set for this run, as shell assignments (RUN_ID excluded)."""
+    names = [f.name.upper() for f in dataclasses.fields(Hyperparameters) if f.name != "run_id"]
+    return " ".join(f"{name}={shlex.quote(environ[name])}" for name in names if name in environ)
+
+
+def data_label(hp: Hyperparameters) -> str:
+    name = os.path.basename(hp.train_files).lower()
+    kind = "proxy" if "proxy" in name else "FineWeb" if name.startswith("fineweb_") else "custom"
+    return f"{kind} (train {hp.train_files}; val {hp.val_files}, {hp.val_tokens} tokens)"
+
+
+def check_hyperparameters(hp: Hyperparameters):
+    stages = len(hp.stage_batch_tokens)
+    for name in ("stage_max_seq_len", "stage_short_window", "stage_long_window", "stage_lr_mul"):
+        if len(getattr(hp, name)) != stages:
+            raise ValueError(f"{name.upper()} has {len(getattr(hp, name))} entries, STAGE_BATCH_TOKENS has {stages}")
+    if stages != 4:
+        raise ValueError("the schedule has three stages and an extension: give 4 entries per STAGE_* variable")
+    total_steps = Schedule(hp).total_steps
+    if not 0 <= hp.stop_after <= total_steps:
+        raise ValueError(f"STOP_AFTER={hp.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
+    for tokens in hp.stage_batch_tokens:
+        if tokens % RANKS_PER_STEP:
+            raise ValueError(f"STAGE_BATCH_TOKENS entry {tokens} is not divisible by {RANKS_PER_STEP}")
+
+
+class Trainer:
+    """Owns the model, optimizer, schedule and data of one run, and performs its steps."""
+
+    def __init__(self, hp: Hyperparameters, rank: int, world_size: int, device: torch.device, log: RunLog):
+        self.hp, self.rank, self.world_size, self.device, self.log = hp, rank, world_size, device, log
+        self.grad_accum = 1 if hp.rank_slice else RANKS_PER_STEP // world_size
+        self.grad_scale = 1.0 / self.grad_accum
+        self.schedule = Schedule(hp)
+        self.last_step = hp.stop_after or self.schedule.total_steps  # the run's final validation
+        torch.manual_seed(hp.seed)
+        self.model = GPT(hp).to(device)
+        if world_size > 1:
+            for tensor in [*self.model.parameters(), self.model.bigram_signs] if hp.bigram_embed else self.model.parameters():
+                dist.broadcast(tensor.data, 0)
+        self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), self.model.param_specs(), hp, rank,
+                                     world_size, tied=("embed", "lm_head"))
+        self.forward = torch.compile(self.model, dynamic=False, fullgraph=True) if hp.compile else self.model
+        self.val_set = ValidationSet(hp.val_files, hp.val_tokens, hp.val_seq_len, rank, world_size, device)
+        self.token_bytes = gpt2_token_bytes(hp.tokenizer_dir) if hp.prefix_loss else None
+        self.stage = None
+        self.losses = torch.zeros(self.schedule.total_steps, device=device)
+        self.checked_steps = 0
+        # Every step's target-column weights on the device, made once: a per-step copy from host
+        # memory would block the CPU until the GPU drained its queue, exposing launch gaps.
+        self.target_weights = [torch.tensor(self.schedule.target_weights(step), device=device)
+                               for step in range(self.schedule.total_steps)]
+
+    def set_step(self, step: int):
+        """Schedule state that lives in the model (YaRN tables), refreshed on stage changes."""
+        stage = self.schedule.stage(step)
+        if stage != self.stage:
+            self.model.set_long_window_history(self.schedule.long_window_history(step))
+            self.stage = stage
+
+    def train_step(self, step: int, loader: TrainLoader) -> Tensor:
+        self.set_step(step)
+        schedule = self.schedule
+        shape = schedule.forward_shape(step)
+        target_weights = self.target_weights[step]
+        tokens = schedule.tokens_per_rank(step)
+        mean_ce = torch.zeros((), device=self.device)
+        for _ in range(self.grad_accum):
+            inputs, targets, cu_seqlens = loader.next_batch(tokens, shape.max_seq_len)
+            loss, ce = self.forward(inputs, targets, cu_seqlens, shape, target_weights, self.grad_scale)
+            loss.backward()
+            mean_ce += ce / self.grad_accum
+        self.optimizer.set_lr_multiplier(schedule.lr_multiplier(step))
+        self.optimizer.set_momentum(schedule.momentum(step))
+        self.optimizer.step()
+        if step == schedule.untie_step and self.optimizer.tied:
+            self.optimizer.untie()
+        self.losses[step] = mean_ce
+        return mean_ce
+
+    @torch.no_grad()
+    def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> float:
+        self.set_step(step)
+        shape = dataclasses.replace(self.schedule.forward_shape(step, final), max_seq_len=self.hp.val_seq_len,
+                                    n_predict=1, prefix_target=False)
+        total = torch.zeros((), device=self.device)
+        count = 0
+        for i, (inputs, targets, cu_seqlens) in enumerate(self.val_set):
+            if max_batches is not None and i >= max_batches:
+                break
+            total += self.forward(inputs, targets, cu_seqlens, shape, eval_chunk=min(32768, self.hp.val_seq_len))
+            count += inputs.numel()
+        stats = torch.stack([total, torch.tensor(float(count), device=self.device)])
+        if self.world_size > 1:
+            dist.all_reduce(stats)
+        return (stats[0] / stats[1]).item()
+
+    def global_mean(self, value: Tensor) -> float:
+        """Mean of a per-rank scalar over all ranks (a collective: every rank must call it)."""
+        value = value.detach().clone()
+        if self.world_size > 1:
+            dist.all_reduce(value)
+        return value.item() / self.world_size
+
+    def check_finite(self, upto: int):
+        """Stop at the first non-finite training loss among the steps not checked yet."""
+        recent = self.losses[self.checked_steps: upto].clone()
+        if self.world_size > 1:
+            dist.all_reduce(recent)  # a NaN on any rank shows on every rank
+        bad = (~torch.isfinite(recent)).nonzero()
+        if len(bad):
+            step = self.checked_steps + int(bad[0])
+            raise NonFiniteLoss(f"non-finite training loss {recent[int(bad[0])].item()} at step {step} "
+                                f"(detected at step {upto}); lower the learning rates or check the data")
+        self.checked_steps = upto
+
+    def warmup(self):
+        """Compile every graph the run will use (each stage's shapes, Adam and non-Adam steps, the
+        untie step, every validation shape) on real steps, then restore the initial state (#47)."""
+        steps = [step for step in self.schedule.warmup_steps() if step < self.last_step]
+        self.log(f"Compiling model and warming up kernels on steps {steps}")
+        initial_model = copy.deepcopy(self.model.state_dict())
+        initial_optimizer = self.optimizer.state_dict()
+        loader = TrainLoader(self.hp.train_files, self.rank, self.world_size, self.device, log=lambda _: None,
+                             grad_accum=self.grad_accum)
+        start = time.perf_counter()
+        for step in steps:
+            self.optimizer.step_count = step
+            if step < self.schedule.num_scheduled:  # validations happen in the stages and at the end
+                self.evaluate(step, max_batches=1)
+            self.train_step(step, loader)
+            self._sync()
+            self.log(f"warm-up step {step} done at {time.perf_counter() - start:.0f}s")
+        self.evaluate(self.last_step, final=self.last_step == self.schedule.total_steps, max_batches=1)
+        self.log(f"Compile and warm-up took {time.perf_counter() - start:.0f}s. Resetting model")
+        self.model.load_state_dict(initial_model)
+        self.optimizer.load_state_dict(initial_optimizer)
+        self.losses.zero_()
+        self.stage = None
+
+    def run(self) -> float:
+        hp, schedule, log = self.hp, self.schedule, self.log
+        total = schedule.total_steps
+        if hp.warmup:
+            self.warmup()
+        loader = TrainLoader(hp.train_files, self.rank, self.world_size, self.device, log=log,
+                             grad_accum=self.grad_accum)
+        gc.collect()
+        self._sync()
+        training_ms, t0 = 0.0, time.perf_counter()
+        if self.token_bytes is not None:  # built on the clock, like the reference's (RECIPE 0.12)
+            self.model.prefix_ids.copy_(prefix_token_ids(self.token_bytes, hp.vocab_size))
+        val_loss = float("nan")
+        for step in range(self.last_step + 1):
+            last = step == self.last_step
+            if last or (hp.val_loss_every > 0 and step % hp.val_loss_every == 0):
+                self._sync()
+                training_ms += 1000 * (time.perf_counter() - t0)
+                self.check_finite(step)
+                val_loss = self.evaluate(step, final=step == total)
+                log(f"step:{step}/{total} val_loss:{val_loss:.4f} train_time:{training_ms:.0f}ms "
+                    f"step_avg:{training_ms / max(step, 1):.2f}ms")
+                self._sync()
+                t0 = time.perf_counter()
+            if last:
+                break
+            ce = self.train_step(step, loader)
+            if hp.nonfinite_check_every and (step + 1) % hp.nonfinite_check_every == 0:
+                self.check_finite(step + 1)
+            elapsed = training_ms + 1000 * (time.perf_counter() - t0)
+            extra = ""
+            if hp.train_loss_every and (step + 1) % hp.train_loss_every == 0:
+                extra = f" train_loss:{self.global_mean(ce):.4f}"
+            log(f"step:{step + 1}/{total}{extra} train_time:{elapsed:.0f}ms step_avg:{elapsed / (step + 1):.2f}ms",
+                console=(step + 1) % 25 == 0 or step < 10)
+        if self.device.type == "cuda":
+            log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
+                f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
+        else:
+            log("peak memory allocated: 0 MiB reserved: 0 MiB")
+        if hp.save_checkpoint:
+            self.save_checkpoint()
+        return val_loss
+
+    def save_checkpoint(self):
+        folder = os.path.join("checkpoints", self.hp.run_id)
+        os.makedirs(folder, exist_ok=True)
+        if self.rank == 0:
+            torch.save({"hyperparameters": dataclasses.asdict(self.hp), "model": self.model.state_dict()},
+                       os.path.join(folder, "model.pt"))
+        torch.save(self.optimizer.state_dict(), os.path.join(folder, f"optimizer_rank{self.rank}.pt"))
+        self.log(f"checkpoint: {folder}/")
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+# =============================================================================================
+# Main
+# =============================================================================================
+
+
+def main():
+    hp = Hyperparameters.from_env()
+    check_hyperparameters(hp)
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if world_size not in (1, 2, 4, 8):
+        raise SystemExit(f"error: world size {world_size} is not supported: run on 1, 2, 4 or 8 GPUs "
+                         f"(gradient accumulation 8 // world_size keeps the 8-GPU math)")
+    if hp.rank_slice and world_size != 1:
+        raise SystemExit("error: RANK_SLICE=1 runs one rank's share on a single GPU: use --nproc_per_node=1")
+    if hp.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("error: no CUDA GPU visible. train_gpt.py trains on NVIDIA GPUs (H100-class); "
+                             "DEVICE=cpu runs a (very slow) CPU smoke test instead")
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device(hp.device)
+    if world_size > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
+    hp.run_id = hp.run_id or str(uuid.uuid4())
+    if world_size > 1:  # every rank logs under rank 0's id
+        shared = [hp.run_id]
+        dist.broadcast_object_list(shared, 0)
+        hp.run_id = shared[0]
+    log = RunLog(os.path.join(hp.log_dir, f"{hp.run_id}.txt") if rank == 0 else None)
+    with open(__file__) as f:
+        log(f.read().rstrip("\n") + "\n" + "=" * 100, console=False)
+    log(environment_report() + "\n" + "=" * 100, console=False)
+    hardware = f"{world_size}x {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"
+    grad_accum = 1 if hp.rank_slice else RANKS_PER_STEP // world_size
+    log("\n".join([f"run_id: {hp.run_id}", f"hardware: {hardware}",
+                   f"mode: {'rank-slice' if hp.rank_slice else 'full-batch'}", f"world_size: {world_size}",
+                   f"grad_accum_steps: {grad_accum}", f"data: {data_label(hp)}",
+                   f"overrides: {environment_overrides()}",
+                   f"hyperparameters: {json.dumps(dataclasses.asdict(hp))}"]))
+    try:
+        Trainer(hp, rank, world_size, device, log).run()
+    except NonFiniteLoss as error:
+        log(f"error: {error}")
+        raise SystemExit(1) from None
+    except torch.OutOfMemoryError:
+        log("error: out of GPU memory. Free the GPU (other processes?), keep PYTORCH_ALLOC_CONF="
+            "expandable_segments:True, or lower STAGE_BATCH_TOKENS / VAL_SEQ_LEN for smaller GPUs.")
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
