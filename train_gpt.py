@@ -196,7 +196,8 @@ ORTHOGONALIZERS = {  # name: (coefficients, norm safety factor, norm epsilon)
 # on or below the diagonal are computed (a 1-D enumeration of the triangle), each stored at
 # [m, n] and mirrored to [n, m]; fp32 accumulation; operands loaded along their contiguous dim.
 # Odd sizes wrap the output offsets (loads stay in bounds) and mask the stores and reduction.
-# UPCAST only serves Triton's CPU interpreter (TRITON_INTERPRET=1), whose dot cannot do bf16.
+# UPCAST only serves Triton's CPU interpreter (TRITON_INTERPRET=1), whose dot cannot do bf16 and
+# whose fp32-to-bf16 cast truncates: there the kernels round to nearest themselves, like a GPU.
 if triton is not None:
     @triton.jit
     def _lower_triangle_tile(t):
@@ -207,8 +208,17 @@ if triton is not None:
         return r, t - r * (r + 1) // 2
 
     @triton.jit
-    def _store_symmetric(out_ptr, c, pid_m, pid_n, offs_m, offs_n, N, stride_om):
+    def _round_to_bf16(x):
+        # fp32 to the nearest bf16 (ties to even), as the GPU's cast rounds; the interpreter's truncates
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _store_symmetric(out_ptr, c, pid_m, pid_n, offs_m, offs_n, N, stride_om, UPCAST: tl.constexpr):
         # tile (m, n) and, off the diagonal, its transpose at (n, m)
+        if UPCAST:
+            c = _round_to_bf16(c)
         c = c.to(out_ptr.dtype.element_ty)
         mask = (offs_m[:, None] < N) & (offs_n[None, :] < N)
         tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], c, mask=mask)
@@ -217,10 +227,11 @@ if triton is not None:
             tl.store(out_ptr + offs_n[:, None] * stride_om + offs_m[None, :], tl.trans(c), mask=mask_t)
 
     @triton.jit
-    def _aat_kernel(a_ptr, out_ptr, M, K, alpha, beta, stride_ab, stride_am, stride_ob, stride_om,
+    def _aat_kernel(a_ptr, out_ptr, M, K, alpha, beta, gamma, stride_ab, stride_am, stride_ob, stride_om,
                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ADD_A: tl.constexpr,
-                    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-        # out[b] = alpha·A[b]·A[b]ᵀ (+ beta·A[b] when ADD_A, for square symmetric A); A (M, K) row-major
+                    ADD_I: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+        # out[b] = alpha·A[b]·A[b]ᵀ (+ beta·A[b] when ADD_A, for square symmetric A) (+ gamma·I when ADD_I);
+        # A (M, K) row-major
         pid_m, pid_n = _lower_triangle_tile(tl.program_id(0))
         pid_b = tl.program_id(1).to(tl.int64)
         a_ptr += pid_b * stride_ab
@@ -247,7 +258,9 @@ if triton is not None:
         acc = alpha * acc
         if ADD_A:
             acc += beta * tl.load(a_ptr + rm[:, None] * stride_am + rn[None, :]).to(tl.float32)
-        _store_symmetric(out_ptr, acc, pid_m, pid_n, offs_m, offs_n, M, stride_om)
+        if ADD_I:
+            acc = tl.where(offs_m[:, None] == offs_n[None, :], acc + gamma, acc)
+        _store_symmetric(out_ptr, acc, pid_m, pid_n, offs_m, offs_n, M, stride_om, UPCAST)
 
     @triton.jit
     def _ata_kernel(a_ptr, out_ptr, M, K, stride_ab, stride_am, stride_ob, stride_om,
@@ -277,7 +290,7 @@ if triton is not None:
             acc = tl.dot(tl.trans(a), b, acc, input_precision=INPUT_PRECISION)
             a_ptrs += BLOCK_R * stride_am
             b_ptrs += BLOCK_R * stride_am
-        _store_symmetric(out_ptr, acc, pid_i, pid_j, offs_i, offs_j, K, stride_om)
+        _store_symmetric(out_ptr, acc, pid_i, pid_j, offs_i, offs_j, K, stride_om, UPCAST)
 
 
 # Launch configurations (block, block_k, num_warps, num_stages) per (kernel, output size, reduction size),
@@ -290,10 +303,6 @@ SYMMETRIC_KERNEL_CONFIGS: dict[tuple[str, int, int], tuple[int, int, int, int]] 
     ("xtx", 768, 3072): (128, 64, 8, 3),
 }
 TRITON_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
-# Bank matrix shapes (rows, cols) whose compiled bank step runs faster with the Triton kernels than
-# with torch's bmm on an H100 (bench/bench_orthogonalize.py, GPU ms for 22 / 20 / 60 matrices:
-# 3072x768 2.07 vs 2.23, 768x768 0.79 vs 0.80, 256x768 0.46 vs 0.41); the others use torch.
-TRITON_ORTHOGONALIZE_SHAPES = {(3072, 768), (768, 768)}
 
 
 def _symmetric_launch(A: Tensor, kernel: str, n_out: int, reduction: int, config: tuple | None):
@@ -315,17 +324,18 @@ def xxt(A: Tensor, config: tuple | None = None) -> Tensor:
     """A·Aᵀ for a batch A (B, M, K) -> (B, M, M). config: (block, block_k, num_warps, num_stages)."""
     B, M, K = A.shape
     out, grid, block, block_k, options = _symmetric_launch(A, "xxt", M, K, config)
-    _aat_kernel[grid](A, out, M, K, 1.0, 0.0, A.stride(0), A.stride(1), out.stride(0), out.stride(1),
-                      BLOCK_M=block, BLOCK_K=block_k, EVEN_K=K % block_k == 0, ADD_A=False, **options)
+    _aat_kernel[grid](A, out, M, K, 1.0, 0.0, 0.0, A.stride(0), A.stride(1), out.stride(0), out.stride(1),
+                      BLOCK_M=block, BLOCK_K=block_k, EVEN_K=K % block_k == 0, ADD_A=False, ADD_I=False, **options)
     return out
 
 
-def ba_plus_caa(A: Tensor, alpha: float, beta: float, config: tuple | None = None) -> Tensor:
-    """beta·A + alpha·A·A for a batch of symmetric A (B, N, N) (A·A = A·Aᵀ)."""
+def ba_plus_caa(A: Tensor, alpha: float, beta: float, config: tuple | None = None, identity: float = 0.0) -> Tensor:
+    """beta·A + alpha·A·A (+ identity·I) for a batch of symmetric A (B, N, N) (A·A = A·Aᵀ)."""
     B, N, _ = A.shape
     out, grid, block, block_k, options = _symmetric_launch(A, "ba_plus_caa", N, N, config)
-    _aat_kernel[grid](A, out, N, N, float(alpha), float(beta), A.stride(0), A.stride(1), out.stride(0), out.stride(1),
-                      BLOCK_M=block, BLOCK_K=block_k, EVEN_K=N % block_k == 0, ADD_A=True, **options)
+    _aat_kernel[grid](A, out, N, N, float(alpha), float(beta), float(identity), A.stride(0), A.stride(1),
+                      out.stride(0), out.stride(1), BLOCK_M=block, BLOCK_K=block_k, EVEN_K=N % block_k == 0,
+                      ADD_A=True, ADD_I=identity != 0.0, **options)
     return out
 
 
@@ -358,13 +368,16 @@ def polar_iterations(X: Tensor, method: str = "polar_express", use_triton: bool 
     for a, b, c in coeffs:
         Y = X.to(work)
         if use_triton:
-            A = xtx(X) if tall else xxt(X)
-            B = ba_plus_caa(A, alpha=c, beta=b)
+            # a·X + X·B as one bmm X·(B + a·I), a·I added in the kernel's fp32 epilogue: baddbmm with
+            # beta != 0 first copies X into its output, a device-to-device copy of the whole bank per
+            # iteration (20-40% of the torch path's time on an H100, bench_orthogonalize.py --profile).
+            B = ba_plus_caa(xtx(X) if tall else xxt(X), alpha=c, beta=b, identity=a).to(work)
+            X = (Y @ B if tall else B @ Y).bfloat16()
         else:
+            # (Not folded: torch would round B to bf16 before adding a·I, 1.1-1.5e-2 from float64.)
             A = (Y.mT @ Y if tall else Y @ Y.mT).bfloat16().to(work)
-            B = torch.baddbmm(A, A, A, beta=b, alpha=c).bfloat16()
-        B = B.to(work)
-        X = (torch.baddbmm(Y, Y, B, beta=a) if tall else torch.baddbmm(Y, B, Y, beta=a)).bfloat16()
+            B = torch.baddbmm(A, A, A, beta=b, alpha=c).bfloat16().to(work)
+            X = (torch.baddbmm(Y, Y, B, beta=a) if tall else torch.baddbmm(Y, B, Y, beta=a)).bfloat16()
     return X
 
 
@@ -1182,7 +1195,7 @@ class NorMuonAdam:
         self.shards: dict[str, _Shard] = {}
         self.lr_muls: dict[str, Tensor] = {}  # NorMuon: per-matrix lr multipliers of the local shard
         on_cuda = next(iter(params.values())).is_cuda
-        self._use_triton = on_cuda and triton is not None
+        self._use_triton = on_cuda and triton is not None  # symmetric kernels on every bank shape (faster than torch on each)
         compile_fn = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if (on_cuda and hp.compile) else (lambda f: f)
         self._normuon_fn = compile_fn(normuon_bank_step)
         self._adam_fn = compile_fn(adam_update)
@@ -1208,9 +1221,6 @@ class NorMuonAdam:
                 st["exp_avg"] = torch.zeros(local, dtype=torch.float32, device=p.device)
                 st["exp_avg_sq"] = torch.zeros(local, dtype=torch.float32, device=p.device)
                 st["step"] = 0
-
-    def _use_triton_for(self, rows: int, cols: int) -> bool:
-        return self._use_triton and (rows, cols) in TRITON_ORTHOGONALIZE_SHAPES
 
     # --- schedule setters ---------------------------------------------------------------------
     def set_lr_multiplier(self, s: float):
@@ -1284,7 +1294,7 @@ class NorMuonAdam:
                              cpu(self.momentum), cpu(lr), self.lr_muls[label],
                              cpu(self.hp.muon_weight_decay * spec.wd_mul * self.hp.muon_lr * self.lr_multiplier),
                              self.grad_scale, self.hp.muon_beta2, -1 if rows >= cols else -2,
-                             self.hp.orthogonalizer, self._use_triton_for(rows, cols))
+                             self.hp.orthogonalizer, self._use_triton)
         else:
             beta1, beta2 = spec.betas
             st["step"] += 1

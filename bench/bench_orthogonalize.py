@@ -21,6 +21,7 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train_gpt as T  # noqa: E402
+from tests.helpers import float64_orthogonalize  # noqa: E402
 
 # (batch, rows, cols): BENCH.md's shapes, then the banks of one GPU in rank-slice mode (qk, vo, mlp)
 SHAPES = [(24, 768, 768), (24, 3072, 768), (12, 3072, 768), (64, 256, 768),
@@ -32,17 +33,6 @@ SWEEP = [  # (kernel, batch, rows, cols) of the operand
     ("xxt", 20, 768, 768), ("ba_plus_caa", 20, 768, 768),
     ("xtx", 22, 3072, 768), ("ba_plus_caa", 22, 768, 768),
 ]
-
-
-def float64_iteration(G):
-    coeffs, safety, eps = T.ORTHOGONALIZERS["polar_express"]
-    X = G.double()
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) * safety + eps)
-    tall = X.size(-2) > X.size(-1)
-    for a, b, c in coeffs:
-        A = X.mT @ X if tall else X @ X.mT
-        X = a * X + (X @ (b * A + c * A @ A) if tall else (b * A + c * A @ A) @ X)
-    return X
 
 
 def rotating(fn, inputs):
@@ -64,12 +54,35 @@ def variants():
             "triton compiled": lambda G: compiled(G, "polar_express", True)}
 
 
-def compare_variants():
+def profile(dtype):
+    """GPU time per kernel of one compiled call (torch.profiler), per shape and path."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    for shape in SHAPES[:4]:
+        G = torch.randn(shape, device="cuda", dtype=dtype)
+        for name, fn in variants().items():
+            if "compiled" not in name:
+                continue
+            for _ in range(3):
+                fn(G)
+            torch.cuda.synchronize()
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    fn(G)
+                torch.cuda.synchronize()
+            events = [e for e in prof.key_averages() if e.device_time_total > 0]
+            events.sort(key=lambda e: -e.device_time_total)
+            total = sum(e.device_time_total for e in events) / 10 / 1000
+            print(f"{shape} {name}: {total:.3f} GPU ms per call")
+            for e in events[:6]:
+                print(f"    {e.device_time_total / 10 / 1000:7.4f} ms  x{e.count // 10:<3} {e.key[:90]}")
+
+
+def compare_variants(dtype=torch.float32):
     rows = []
     for shape in SHAPES:
-        G = torch.randn(shape, device="cuda")
-        ref = float64_iteration(G)
-        inputs = [torch.randn(shape, device="cuda") for _ in range(4)]
+        G = torch.randn(shape, device="cuda", dtype=dtype)
+        ref = float64_orthogonalize(G)
+        inputs = [torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4)]
         row = {"shape": shape}
         for name, fn in variants().items():
             out = fn(G)
@@ -78,14 +91,14 @@ def compare_variants():
                          do_bench_cudagraph(rotating(fn, inputs), rep=300, return_mode="median"))
         rows.append(row)
     names = list(variants())
-    print("ms per call, median; events (launch-bound caller) / graph (GPU only); max rel. error vs float64")
-    print(f"{'shape':>16} | " + " | ".join(f"{n:>20}" for n in names) + " | ref torch / triton | max err")
+    print("ms per call, median; events (launch-bound caller) / graph (GPU only); rel. error vs float64 per path")
+    print(f"{'shape':>16} | " + " | ".join(f"{n:>20}" for n in names) + " | ref torch / triton | error per path")
     for row in rows:
         ref = REFERENCE_MS.get(row["shape"])
         cells = [f"{row[n][1]:8.3f} / {row[n][2]:8.3f}" for n in names]
-        err = max(row[n][0] for n in names)
+        errors = " ".join(f"{row[n][0]:.1e}" for n in names)
         print(f"{str(row['shape']):>16} | " + " | ".join(f"{c:>20}" for c in cells)
-              + f" | {f'{ref[0]:.2f} / {ref[1]:.2f}' if ref else '-':>18} | {err:.1e}")
+              + f" | {f'{ref[0]:.2f} / {ref[1]:.2f}' if ref else '-':>18} | {errors}")
 
 
 def sweep():
@@ -131,8 +144,13 @@ def sweep():
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--sweep", action="store_true", help="time launch configurations per kernel and size")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the bank's dtype")
+    parser.add_argument("--profile", action="store_true", help="GPU time per kernel of the compiled paths")
     args = parser.parse_args()
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    dtype = getattr(torch, args.dtype)
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  input {args.dtype}")
     if args.sweep:
         T.SYMMETRIC_KERNEL_CONFIGS.update(sweep())
-    compare_variants()
+    if args.profile:
+        profile(dtype)
+    compare_variants(dtype)

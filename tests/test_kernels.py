@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import train_gpt as T
-from helpers import rel_err, run_in_triton_interpreter
+from helpers import float64_orthogonalize, rel_err, run_in_triton_interpreter
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -27,6 +27,20 @@ INTERPRETER_CHECK = textwrap.dedent("""
             S = S.to(dtype)
             out = T.ba_plus_caa(S, alpha=0.7, beta=-1.3, config=config)
             results.append(("ba_plus_caa", shape, block, rel(out, -1.3 * S.float() + 0.7 * S.float() @ S.float()), tol))
+            out = T.ba_plus_caa(S, alpha=0.7, beta=-1.3, config=config, identity=2.5)
+            ref = -1.3 * S.float() + 0.7 * S.float() @ S.float() + 2.5 * torch.eye(shape[1])
+            results.append(("ba_plus_caa + I", shape, block, rel(out, ref), tol))
+    # The whole folded iteration (X·(B + a·I)) on tall, wide, square and odd banks against float64,
+    # held to the torch path's accuracy as on the GPU (the kernels round their bf16 stores to nearest
+    # here too): a wrong coefficient, transpose or missing a·I errs by order 1, a worse rounding
+    # placement by more than the 1.3x.
+    from helpers import float64_orthogonalize
+    for shape in ((2, 96, 64), (2, 64, 96), (2, 64, 64), (3, 100, 300)):
+        G = torch.randn(shape)
+        ref = float64_orthogonalize(G)
+        torch_err = rel(T.orthogonalize(G, "polar_express", use_triton=False), ref)
+        triton_err = rel(T.orthogonalize(G, "polar_express", use_triton=True), ref)
+        results.append(("orthogonalize", shape, None, triton_err, min(2e-2, 1.3 * torch_err)))
     bad = [r for r in results if not r[3] < r[4]]
     for r in results:
         print(*r)
@@ -43,17 +57,25 @@ def test_symmetric_kernels_in_the_triton_interpreter():
 @cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(24, 768, 768), (12, 3072, 768), (64, 256, 768), (3, 100, 300), (5, 257, 129)])
-def test_triton_orthogonalize_matches_torch_path(shape):
+def test_triton_orthogonalize_is_as_accurate_as_the_torch_path(shape):
+    """Both paths against the float64 iteration. Five chained bf16 iterations land near 1e-2 from it
+    whichever way they round, and the two paths round differently (Triton: B + a·I once, in the
+    kernel; torch: B, then a·X + X·B), so they differ from each other by about as much (1.3-1.4e-2)
+    as from float64: each is held to float64, the Triton path to the torch path's accuracy."""
     G = torch.randn(shape, device="cuda")
+    ref = float64_orthogonalize(G)
     fast = T.orthogonalize(G, "polar_express", use_triton=True)
-    ref = T.orthogonalize(G, "polar_express", use_triton=False)
     assert torch.isfinite(fast).all()
-    assert rel_err(fast, ref) < 1e-2  # bf16 tolerance (METHOD.md)
+    fast_err, torch_err = rel_err(fast, ref), rel_err(T.orthogonalize(G, "polar_express", use_triton=False), ref)
+    assert fast_err < 2e-2 and torch_err < 2e-2
+    assert fast_err < 1.3 * torch_err
     A = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     assert rel_err(T.xxt(A), A.float() @ A.float().mT) < 1e-2
     assert rel_err(T.xtx(A), A.float().mT @ A.float()) < 1e-2
     S = T.xxt(A) / shape[-1]
     assert rel_err(T.ba_plus_caa(S, 2.0, -3.0), -3.0 * S.float() + 2.0 * S.float() @ S.float()) < 1e-2
+    eye = torch.eye(shape[1], device="cuda")
+    assert rel_err(T.ba_plus_caa(S, 2.0, -3.0, identity=4.0), -3.0 * S.float() + 2.0 * S.float() @ S.float() + 4.0 * eye) < 1e-2
 
 
 @cuda
@@ -74,9 +96,10 @@ def test_attention_backends_match_sdpa(backend, window):
 @cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(22, 3072, 768), (20, 768, 768), (60, 256, 768)])
-def test_compiled_triton_bank_step_matches_eager_torch(shape):
+def test_compiled_triton_bank_step_matches_the_eager_steps(shape):
     """The optimizer's compiled NorMuon bank step (Triton kernels traced into one graph) against the
-    eager torch path: same fp32 master-weight update at bf16 tolerance."""
+    same step run eagerly (the same kernels: a tight match) and against the eager torch path (which
+    rounds differently, see above: about 1.4e-2 apart in the orthogonalized update)."""
     grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     weight0 = (torch.randn(shape, device="cuda") * 0.02).bfloat16()
     momentum0 = torch.randn(shape, device="cuda") * 0.1
@@ -84,12 +107,13 @@ def test_compiled_triton_bank_step_matches_eager_torch(shape):
     axis = -1 if rows >= cols else -2
     updates = []
     compiled = torch.compile(T.normuon_bank_step, dynamic=False, fullgraph=True)
-    for fn, use_triton in ((T.normuon_bank_step, False), (compiled, True)):
+    for fn, use_triton in ((T.normuon_bank_step, False), (T.normuon_bank_step, True), (compiled, True)):
         weight, momentum = weight0.clone(), momentum0.clone()
         second_moment = torch.zeros((shape[0], rows, 1) if axis == -1 else (shape[0], 1, cols), device="cuda")
         mantissa = torch.zeros(shape, dtype=torch.int16, device="cuda")
         fn(grad, momentum, second_moment, weight, mantissa, torch.tensor(0.9), torch.tensor(0.02),
            torch.ones(shape[0], 1, 1, device="cuda"), torch.tensor(0.01), 1.0, 0.9, axis, "polar_express", use_triton)
         updates.append(T._fp32_from_bf16_and_mantissa(weight, mantissa) - weight0.float())
-    assert torch.isfinite(updates[1]).all()
-    assert rel_err(updates[1], updates[0]) < 2e-2
+    assert torch.isfinite(updates[2]).all()
+    assert rel_err(updates[2], updates[1]) < 1e-2
+    assert rel_err(updates[2], updates[0]) < 3e-2

@@ -9,19 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import train_gpt as T
-
-
-def float64_orthogonalize(G: torch.Tensor, method: str) -> torch.Tensor:
-    """The same polynomial iteration in float64: the function the bf16 paths approximate."""
-    coeffs, safety, eps = T.ORTHOGONALIZERS[method]
-    X = G.double()
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) * safety + eps)
-    tall = X.size(-2) > X.size(-1)
-    for a, b, c in coeffs:
-        A = X.mT @ X if tall else X @ X.mT
-        B = b * A + c * A @ A
-        X = a * X + (X @ B if tall else B @ X)
-    return X
+from helpers import float64_orthogonalize
 
 
 def conditioned(batch: int, rows: int, cols: int, smallest: float = 0.1) -> torch.Tensor:
