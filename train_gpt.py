@@ -197,7 +197,7 @@ ORTHOGONALIZERS = {  # name: (coefficients, norm safety factor, norm epsilon)
 # [m, n] and mirrored to [n, m]; fp32 accumulation; operands loaded along their contiguous dim.
 # Odd sizes wrap the output offsets (loads stay in bounds) and mask the stores and reduction.
 # UPCAST only serves Triton's CPU interpreter (TRITON_INTERPRET=1), whose dot cannot do bf16 and
-# whose fp32-to-bf16 cast truncates: there the kernels round to nearest themselves, like a GPU.
+# whose fp32-to-bf16 cast truncates: there the kernels round to nearest themselves (_to_dtype).
 if triton is not None:
     @triton.jit
     def _lower_triangle_tile(t):
@@ -208,18 +208,19 @@ if triton is not None:
         return r, t - r * (r + 1) // 2
 
     @triton.jit
-    def _round_to_bf16(x):
-        # fp32 to the nearest bf16 (ties to even), as the GPU's cast rounds; the interpreter's truncates
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
+    def _to_dtype(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
+        # x.to(dtype) as a GPU casts: fp32 to the nearest bf16 (ties to even); Triton's CPU
+        # interpreter (UPCAST) truncates, so there the bits are rounded first
+        if UPCAST:
+            if dtype == tl.bfloat16:
+                bits = x.to(tl.uint32, bitcast=True)
+                x = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        return x.to(dtype)
 
     @triton.jit
     def _store_symmetric(out_ptr, c, pid_m, pid_n, offs_m, offs_n, N, stride_om, UPCAST: tl.constexpr):
         # tile (m, n) and, off the diagonal, its transpose at (n, m)
-        if UPCAST:
-            c = _round_to_bf16(c)
-        c = c.to(out_ptr.dtype.element_ty)
+        c = _to_dtype(c, out_ptr.dtype.element_ty, UPCAST)
         mask = (offs_m[:, None] < N) & (offs_n[None, :] < N)
         tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], c, mask=mask)
         if pid_m != pid_n:
@@ -836,9 +837,9 @@ if triton is not None:
         return t.to(tl.float32) if UPCAST else t
 
     @triton.jit
-    def _dc_store_head(ptr, value, rows, h, H: tl.constexpr, D: tl.constexpr, T):
+    def _dc_store_head(ptr, value, rows, h, H: tl.constexpr, D: tl.constexpr, T, UPCAST: tl.constexpr):
         offs = (rows[:, None] * H + h) * D + tl.arange(0, D)[None, :]
-        tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=(rows < T)[:, None])
+        tl.store(ptr + offs, _to_dtype(value, ptr.dtype.element_ty, UPCAST), mask=(rows < T)[:, None])
 
     @triton.jit
     def _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys, h, T, H: tl.constexpr, D: tl.constexpr,
@@ -855,7 +856,7 @@ if triton is not None:
     @triton.jit
     def _dc_operand(t, dtype: tl.constexpr, UPCAST: tl.constexpr):
         # a tile rounded to the storage dtype as the GPU's dot sees it (fp32 again in the interpreter)
-        t = t.to(dtype)
+        t = _to_dtype(t, dtype, UPCAST)
         return t.to(tl.float32) if UPCAST else t
 
     @triton.jit
@@ -900,7 +901,7 @@ if triton is not None:
             o = tl.dot(a0, _dc_load_head(v_ptr, keys0, h, H, D, T, UPCAST))
             o = tl.dot(a1, _dc_load_head(v_ptr, keys1, h, H, D, T, UPCAST), o)
             o = tl.dot(a2, _dc_load_head(v_ptr, keys2, h, H, D, T, UPCAST), o)
-            _dc_store_head(o_ptr, o, rows, h, H, D, T)
+            _dc_store_head(o_ptr, o, rows, h, H, D, T, UPCAST)
 
     @triton.jit
     def _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys, h, lse, T, H: tl.constexpr, D: tl.constexpr,
@@ -943,7 +944,7 @@ if triton is not None:
                 ds = _dc_operand(w1 * p * (tl.load(da_rows + j * BLOCK) - dw1[:, None]), ds_type, UPCAST)
                 tl.store(ds_rows + j * BLOCK, ds.to(ds_type))
                 dq = tl.dot(ds, _dc_load_head(k_ptr, keys, h, H, D, T, UPCAST), dq)
-            _dc_store_head(dq_ptr, dq, rows, h, H, D, T)
+            _dc_store_head(dq_ptr, dq, rows, h, H, D, T, UPCAST)
 
     @triton.jit
     def _dc_backward_key_kernel(q_ptr, do_ptr, a_ptr, ds_ptr, dk_ptr, dv_ptr, T, T_pad, H: tl.constexpr,
@@ -963,8 +964,8 @@ if triton is not None:
                     ds, a = ds.to(tl.float32), a.to(tl.float32)
                 dk = tl.dot(tl.trans(ds), _dc_load_head(q_ptr, rows, h, H, D, T, UPCAST), dk)
                 dv = tl.dot(tl.trans(a), _dc_load_head(do_ptr, rows, h, H, D, T, UPCAST), dv)
-            _dc_store_head(dk_ptr, dk, keys, h, H, D, T)
-            _dc_store_head(dv_ptr, dv, keys, h, H, D, T)
+            _dc_store_head(dk_ptr, dk, keys, h, H, D, T, UPCAST)
+            _dc_store_head(dv_ptr, dv, keys, h, H, D, T, UPCAST)
 
 
 DC_BLOCK = 64  # queries per program and keys per tile: windows up to 129 keys

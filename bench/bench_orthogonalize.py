@@ -55,13 +55,12 @@ def variants():
 
 
 def profile(dtype):
-    """GPU time per kernel of one compiled call (torch.profiler), per shape and path."""
+    """GPU time per kernel of one compiled call (torch.profiler), per BENCH.md shape and compiled path."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
-    for shape in SHAPES[:4]:
+    compiled = {name: fn for name, fn in variants().items() if "compiled" in name}
+    for shape in REFERENCE_MS:
         G = torch.randn(shape, device="cuda", dtype=dtype)
-        for name, fn in variants().items():
-            if "compiled" not in name:
-                continue
+        for name, fn in compiled.items():
             for _ in range(3):
                 fn(G)
             torch.cuda.synchronize()
