@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# poll.sh SECONDS: wait until /tmp/R/DONE or SECONDS pass; copy logs to $OUT; print tails
+# poll.sh SECONDS: wait until /tmp/R/DONE or SECONDS pass, snapshotting /tmp/R/logs and queue.log into
+# $OUT/logs.tar.xz every 30 s (one file: the device returns at most 8, and a call cut short by the
+# device budget still returns its last snapshot); print the tails.
 T=$1; t0=$(date +%s)
 [ -f /tmp/R/q.sh ] || { echo "COLD: no queue on this machine"; exit 3; }
 cp .devscripts/batches.txt /tmp/R/batches.txt 2>/dev/null
-while [ ! -f /tmp/R/DONE ] && [ $(( $(date +%s) - t0 )) -lt $T ]; do sleep 10; done
-mkdir -p $OUT/logs; cp -r /tmp/R/logs/. $OUT/logs/ 2>/dev/null; cp /tmp/R/queue.log $OUT/ 2>/dev/null
+snapshot() { tar -C /tmp/R -cJf $OUT/logs.tar.xz.part logs queue.log 2>/dev/null; mv $OUT/logs.tar.xz.part $OUT/logs.tar.xz; }
+while [ ! -f /tmp/R/DONE ] && [ $(( $(date +%s) - t0 )) -lt $T ]; do snapshot; sleep 30; done
+snapshot
 echo "=== queue.log"; tail -5 /tmp/R/queue.log 2>/dev/null
 for f in /tmp/R/logs/*.txt; do echo "=== $f"; grep -E "val_loss|Error|error|peak" $f | tail -4; tail -1 $f; done
 [ -f /tmp/R/DONE ] && echo QUEUE_DONE
