@@ -5,7 +5,8 @@
 T=$1; t0=$(date +%s)
 [ -f /tmp/R/q.sh ] || { echo "COLD: no queue on this machine"; exit 3; }
 cp .devscripts/batches.txt /tmp/R/batches.txt 2>/dev/null
-snapshot() { tar -C /tmp/R -cJf $OUT/logs.tar.xz.part logs queue.log 2>/dev/null; mv $OUT/logs.tar.xz.part $OUT/logs.tar.xz; }
+snapshot() {  # tar exits 1 when a log grows while read; the archive is still whole up to then
+  tar -C /tmp/R -cJf $OUT/logs.tar.xz.part logs queue.log 2>/dev/null; [ -s $OUT/logs.tar.xz.part ] && mv $OUT/logs.tar.xz.part $OUT/logs.tar.xz; }
 while [ ! -f /tmp/R/DONE ] && [ $(( $(date +%s) - t0 )) -lt $T ]; do snapshot; sleep 30; done
 snapshot
 echo "=== queue.log"; tail -5 /tmp/R/queue.log 2>/dev/null
