@@ -25,7 +25,8 @@ NVSMI = """Sat Nov 22 03:13:00 2025
 
 def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None, source=SOURCE,
              hardware="8x NVIDIA H100 80GB HBM3", mode="rank-slice", data=None, truncate_after_step=None,
-             bad_line_at_step=None, error_at_step=None, overrides=None, world_size=8, grad_accum=1, train_loss=None):
+             bad_line_at_step=None, error_at_step=None, overrides=None, world_size=8, grad_accum=1, train_loss=None,
+             seed=None):
     """Write a complete log (or a broken one) with a known final val loss and train time (ms)."""
     path = Path(path)
     data = data or "FineWeb (train data/fineweb10B/fineweb_train_*.bin; val data/fineweb10B/fineweb_val_*.bin, 10485760 tokens)"
@@ -35,7 +36,8 @@ def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None
              NVSMI, "=" * 100,
              f"run_id: {run_id or path.stem}", f"hardware: {hardware}", f"mode: {mode}", f"world_size: {world_size}",
              f"grad_accum_steps: {grad_accum}", f"data: {data}", *([f"overrides: {overrides}"] if overrides is not None else []),
-             "hyperparameters: " + json.dumps({"num_iterations": total, "val_loss_every": val_every}),
+             "hyperparameters: " + json.dumps({"num_iterations": total, "val_loss_every": val_every,
+                                               **({} if seed is None else {"seed": seed})}),
              "Compiling model and warming up kernels", "Warm-up steps [0, 1, 2]", "Resetting model"]
     for step in range(total + 1):
         ms = round(final_ms * step / total)
@@ -186,6 +188,18 @@ def test_stats_single_run_says_needs_two(tmp_path, capsys):
     assert "needs >= 2 runs" in capsys.readouterr().out
     assert "needs >= 2 runs" in (tmp_path / "statistics.md").read_text()
     assert not (tmp_path / "val_loss.png").exists()
+
+
+@pytest.mark.parametrize("seeds,caution,shown", [((0, 0, 1), True, "0, 0, 1"), ((1, 2, 3), False, "1, 2, 3 (one per run)"),
+                                                  ((None, 4), False, "?, 4")])
+def test_stats_lists_seeds_and_cautions_when_runs_repeat_one(tmp_path, capsys, seeds, caution, shown):
+    for i, seed in enumerate(seeds):
+        make_log(tmp_path / f"run{i}.txt", 3.27 + 0.001 * i, 180000, seed=seed)
+    assert run_tool("stats", tmp_path, "--no-plot") == 0
+    out, md = capsys.readouterr().out, (tmp_path / "statistics.md").read_text()
+    for text in (out, md):
+        assert f"- seeds: {shown}" in text
+        assert ("Caution: runs of one seed start from the same initialization" in text) == caution
 
 
 @pytest.mark.parametrize("attr,value", [("hardware", "1x NVIDIA H100 80GB HBM3"), ("mode", "full-batch"),
