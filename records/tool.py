@@ -287,8 +287,6 @@ def summary_lines(s: dict) -> list[str]:
     return out
 
 
-# Measured on the proxy (records/experiments/2026-11-23_SeedSpreadH100): final val loss std 0.0011
-# over five runs of one seed (GPU nondeterminism only), 0.0017 over five seeds (one run each).
 SEED_NOTE = ("runs of one seed start from the same initialization, so the t-test sees GPU nondeterminism "
              "but not initialization variance and overstates its confidence; prove a record with one SEED "
              "per run (on the proxy: std 0.0011 within a seed, 0.0017 across seeds, "
