@@ -23,35 +23,10 @@ def shards():
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, shards):
-    """Tiny train/val shards of learnable synthetic documents: arithmetic progressions of token
-    ids, each after a BOS (the TINY configuration of test_training.py trains on them)."""
-    import json
+    """Tiny train/val shards of learnable synthetic documents and a vocabulary (helpers.write_tiny_corpus)."""
+    from helpers import write_tiny_corpus
 
-    import numpy as np
-
-    from train_gpt import BOS_ID, GPT2_SPECIAL_TOKEN
-
-    folder = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(0)
-
-    def documents(n):
-        out = []
-        for _ in range(n):
-            start, step, length = rng.integers(0, 1000), rng.integers(1, 5), rng.integers(20, 400)
-            out += [BOS_ID] + [int((start + step * i) % 1000) for i in range(length)]
-        return out
-
-    for i in range(1, 4):
-        shards.write_shard(str(folder / f"tiny_train_{i:06d}.bin"), documents(300))
-    shards.write_shard(str(folder / "tiny_val_000000.bin"), documents(60))
-
-    # A vocabulary for the prefix-token loss: token i spells i in base 26 (letters), so the prefix of
-    # token i >= 26 is token i // 26.
-    def spelling(i):
-        return chr(ord("a") + i) if i < 26 else spelling(i // 26) + chr(ord("a") + i % 26)
-    vocabulary = {spelling(i): i for i in range(1000)} | {GPT2_SPECIAL_TOKEN: BOS_ID}
-    (folder / "encoder.json").write_text(json.dumps(vocabulary))
-    return folder
+    return write_tiny_corpus(tmp_path_factory.mktemp("corpus"), shards.write_shard)
 
 
 @pytest.fixture

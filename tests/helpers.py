@@ -34,3 +34,34 @@ def run_in_triton_interpreter(code: str, timeout: int = 900):
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def write_tiny_corpus(folder, write_shard):
+    """Tiny train/val shards of learnable synthetic documents (arithmetic progressions of token ids,
+    each after a BOS) and an encoder.json for the prefix-token loss, in folder (a pathlib.Path).
+    The tiny training configurations of the tests train on it."""
+    import json
+
+    import numpy as np
+
+    from train_gpt import BOS_ID, GPT2_SPECIAL_TOKEN
+
+    rng = np.random.default_rng(0)
+
+    def documents(n):
+        out = []
+        for _ in range(n):
+            start, step, length = rng.integers(0, 1000), rng.integers(1, 5), rng.integers(20, 400)
+            out += [BOS_ID] + [int((start + step * i) % 1000) for i in range(length)]
+        return out
+
+    for i in range(1, 4):
+        write_shard(str(folder / f"tiny_train_{i:06d}.bin"), documents(300))
+    write_shard(str(folder / "tiny_val_000000.bin"), documents(60))
+
+    # Token i spells i in base 26 (letters), so the prefix of token i >= 26 is token i // 26.
+    def spelling(i):
+        return chr(ord("a") + i) if i < 26 else spelling(i // 26) + chr(ord("a") + i % 26)
+    vocabulary = {spelling(i): i for i in range(1000)} | {GPT2_SPECIAL_TOKEN: BOS_ID}
+    (folder / "encoder.json").write_text(json.dumps(vocabulary))
+    return folder
