@@ -2,10 +2,11 @@
 
     torchrun --standalone --nproc_per_node=8 train_gpt.py      # also 1, 2 or 4 GPUs (same math)
 
-Sections, in data-flow order: config, kernels, optimizer, model, data, training, main.
-Every hyperparameter is a field of `Hyperparameters`, overridable by the environment variable
-of the same name in upper case (e.g. `VAL_LOSS_EVERY=125`). The techniques follow RECIPE.md;
-the record numbers (#N) name the NanoGPT-speedrun record that introduced each one.
+Read top-down: config (every hyperparameter, the stage table), model, optimizer, data, schedule and
+training, then the fast paths (Triton kernels, each beside its torch reference). Every field of
+`Hyperparameters` is overridable by the environment variable of the same name in upper case (e.g.
+`VAL_LOSS_EVERY=125`). Comments cite the techniques by section of docs/TECHNIQUES.md (T3.4) and by
+the number of the NanoGPT-speedrun record that introduced them (#62).
 """
 
 import os
@@ -41,7 +42,7 @@ try:
     import triton
     import triton.language as tl
     from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # CPU-only installs may lack Triton; the torch paths below cover them
+except ImportError:  # CPU-only installs may lack Triton; every kernel has a torch path
     triton = None
 try:
     from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10
@@ -59,29 +60,66 @@ warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*is deprecat
 # Config
 # =============================================================================================
 
+RANKS_PER_STEP = 8  # the schedule is written for 8 ranks; fewer GPUs accumulate gradients
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One row of the schedule (T5.1). `fraction`: its share of the scheduled steps, None for the
+    extension that follows them (NUM_EXTENSION_ITERATIONS steps at the lr floor). Weights given as
+    (start, end) move linearly across the stage."""
+    fraction: float | None
+    batch_tokens: int  # global tokens per step; each of the RANKS_PER_STEP ranks takes 1/8
+    max_seq_len: int  # documents are truncated to this length
+    short_window: int  # sliding attention windows, in blocks of WINDOW_BLOCK_SIZE tokens (T3.8)
+    long_window: int
+    lr_mul: float  # learning-rate multiplier before the cooldown
+    mtp_weights: tuple[tuple[float, float], ...]  # loss weight of targets t+1, t+2, ... (T4.2)
+    prefix_weight: tuple[float, float] | None  # prefix-token loss weight (T4.3); None: no such target
+
+
+#       fraction  batch    seq   short long  lr    MTP weights: t+1, t+2, t+3          prefix
+STAGES = (
+    Stage(1 / 3, 131_072, 896, 1, 3, 1.00, ((1.0, 1.0), (0.5, 0.5), (0.25, 0.0)), (0.25, 0.25)),
+    Stage(1 / 3, 262_144, 2048, 3, 7, 1.52, ((1.0, 1.0), (0.5, 0.0)), (0.25, 0.0)),
+    Stage(1 / 3, 393_216, 2048, 5, 11, 1.73, ((1.0, 1.0),), None),
+    Stage(None, 393_216, 2048, 6, 13, 1.73, ((1.0, 1.0),), None),
+)
+# The columns that environment variables STAGE_<COLUMN> override, one comma-separated entry per row
+STAGE_COLUMNS = ("batch_tokens", "max_seq_len", "short_window", "long_window", "lr_mul")
+
+
+def replace_stage_columns(stages: tuple[Stage, ...], **columns: tuple) -> tuple[Stage, ...]:
+    """The table with whole columns replaced, e.g. batch_tokens=(2048, 4096, 4096, 4096)."""
+    for name, values in columns.items():
+        if name not in STAGE_COLUMNS:
+            raise ValueError(f"unknown stage column {name!r} (one of {', '.join(STAGE_COLUMNS)})")
+        if len(values) != len(stages):
+            raise ValueError(f"STAGE_{name.upper()} has {len(values)} entries; the schedule has {len(stages)} "
+                             f"stages (three and the extension)")
+    return tuple(dataclasses.replace(stage, **{name: values[i] for name, values in columns.items()})
+                 for i, stage in enumerate(stages))
+
 
 @dataclass
 class Hyperparameters:
-    # --- data (RECIPE 0.1, 0.11) ---
+    # --- data (T1.1) ---
     train_files: str = "data/fineweb10B/fineweb_train_*.bin"
     val_files: str = "data/fineweb10B/fineweb_val_*.bin"
     val_tokens: int = 10_485_760  # proxy runs use 3_932_160
     val_seq_len: int = 262_144  # tokens per validation forward on one rank
     val_loss_every: int = 250  # 0: only at the start and the end
-    # --- schedule (RECIPE Tier 4): three stages by thirds, then an extension at the lr floor ---
+    # --- schedule (T5) ---
     num_scheduled_iterations: int = 1270
     num_extension_iterations: int = 15
     stop_after: int = 0  # >0: end the run after this many steps, schedule unchanged (quick comparisons)
-    stage_batch_tokens: tuple[int, ...] = (131_072, 262_144, 393_216, 393_216)  # global tokens/step
-    stage_max_seq_len: tuple[int, ...] = (896, 2048, 2048, 2048)  # document truncation length
-    stage_short_window: tuple[int, ...] = (1, 3, 5, 6)  # sliding windows, in blocks
-    stage_long_window: tuple[int, ...] = (3, 7, 11, 13)
-    stage_lr_mul: tuple[float, ...] = (1.0, 1.52, 1.73, 1.73)
-    final_long_window: int = 20  # long window of the last validation (no YaRN update)
+    stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216 etc.
+    final_long_window: int = 20  # long window of the last validation, in blocks (no YaRN update)
     window_block_size: int = 128
     cooldown_frac: float = 0.60
     lr_floor: float = 0.15
-    # --- optimizer (RECIPE Tier 1) ---
+    untie_embed_at: float = 2 / 3  # fraction of the scheduled steps; 0 keeps them tied (T3.15)
+    # --- optimizer (T2) ---
     muon_lr: float = 0.023
     muon_momentum_min: float = 0.85
     muon_momentum_max: float = 0.95
@@ -90,23 +128,23 @@ class Hyperparameters:
     muon_beta2: float = 0.9
     muon_weight_decay: float = 1.2
     orthogonalizer: str = "polar_express"  # or "newton_schulz" (classic quintic)
-    mantissa_tracking: bool = True  # bf16 banks with an exact fp32 master (RECIPE 1.8)
+    mantissa_tracking: bool = True  # bf16 banks with an exact fp32 master (T2.6)
     adam_lr: float = 0.008
     adam_eps: float = 1e-10
     adam_weight_decay: float = 0.005
-    adam_every_other_step: bool = True  # Adam on odd steps with two steps' gradients (#39)
-    # --- model (RECIPE Tier 0) ---
+    adam_every_other_step: bool = True  # Adam on odd steps with two steps' gradients (T2.7)
+    # --- model (T3) ---
     vocab_size: int = 50304
     model_dim: int = 768
     num_heads: int = 6
     head_dim: int = 128
     mlp_hidden: int = 3072
     bigram_rows: int = 50304 * 15 // 2
-    # --- features (RECIPE Tier 3), each switchable for ablations ---
+    # --- features, each switchable for ablations (docs/TECHNIQUES.md) ---
     value_embeds: bool = True
     skip_connection: bool = True
-    residual_lambdas: bool = True
-    attn_lambdas: bool = True
+    residual_lambdas: bool = True  # 0: residual and sublayer weights fixed at 1
+    attn_lambdas: bool = True  # 0: attention weights unscaled
     smear_gate: bool = True
     attn_output_gates: bool = True
     sliding_windows: bool = True
@@ -114,22 +152,19 @@ class Hyperparameters:
     key_offset: bool = True
     paired_heads: bool = True
     multi_token_prediction: bool = True
-    untie_embed_at: float = 2 / 3  # fraction of the scheduled steps; 0 keeps them tied
     bigram_embed: bool = True
-    backout: bool = True
+    backout: bool = True  # the final MUDD mix starts by subtracting half of layer 7's output
     late_attn_from_layer7: bool = True
-    mudd_connections: bool = True  # dynamic dense connections into layer 10 and the head (#81)
-    mudd_gates: bool = True  # per-token gates for XSA, output gates, x0/bigram/skip injections (#85)
-    xsa: bool = True  # gated exclusive self-attention on layers 1, 3, 4, 7 (#82)
-    dc_mha: bool = True  # lightweight DC-MHA on layer 10 (#85); needs mudd_gates (MUDD_GATES=0 needs DC_MHA=0)
-    prefix_loss: bool = True  # prefix-token auxiliary loss (#88); reads tokenizer_dir/encoder.json
+    xsa: bool = True  # gated exclusive self-attention on layers 1, 3, 4, 7
+    dc_mha: bool = True  # lightweight DC-MHA on layer 10
+    prefix_loss: bool = True  # prefix-token auxiliary loss; reads tokenizer_dir/encoder.json
     tokenizer_dir: str = "data/gpt2"  # GPT-2's encoder.json (python data/cached_fineweb10B.py fetches it)
     fp8_lm_head: bool = True  # used on CUDA only
-    fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA, RECIPE 3.23)
+    fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
     fused_mlp_min_tokens: int = 32768  # per-rank tokens per forward below which the plain MLP runs (launch-bound)
     attention_backend: str = "auto"  # auto | fa3 | varlen | flex | sdpa
     # --- run ---
-    rank_slice: bool = False  # one GPU computes one rank's share of each 8-GPU step (BENCH.md)
+    rank_slice: bool = False  # one GPU computes one rank's share of each 8-GPU step
     seed: int = 0
     device: str = "cuda"  # "cpu" runs the same code on the CPU (tests, smoke runs)
     compile: bool = True
@@ -142,14 +177,21 @@ class Hyperparameters:
 
     @classmethod
     def from_env(cls, environ=os.environ) -> "Hyperparameters":
-        """Defaults overridden by environment variables named like the fields, in upper case."""
+        """Defaults overridden by environment variables named like the fields, in upper case; the
+        stage table's columns by STAGE_<COLUMN>."""
         hints = typing.get_type_hints(cls)
         values = {}
         for field in dataclasses.fields(cls):
             raw = environ.get(field.name.upper())
-            if raw is not None:
+            if raw is not None and field.name != "stages":
                 values[field.name] = _parse_env_value(field.name.upper(), raw, hints[field.name])
-        return cls(**values)
+        columns = {}
+        for column in STAGE_COLUMNS:
+            name = f"STAGE_{column.upper()}"
+            if name in environ:
+                kind = typing.get_type_hints(Stage)[column]
+                columns[column] = _parse_env_value(name, environ[name], tuple[kind, ...])
+        return cls(**values, stages=replace_stage_columns(STAGES, **columns))
 
 
 def _parse_env_value(name: str, raw: str, kind):
@@ -173,9 +215,1571 @@ def _parse_env_value(name: str, raw: str, kind):
         raise ValueError(f"environment variable {name}={raw!r} is not a valid {kind}: {error}") from None
 
 
+def config_from(cls, hp: Hyperparameters, **derived):
+    """A part's config: its fields taken from the Hyperparameters of the same name, or from `derived`."""
+    return cls(**{f.name: derived[f.name] if f.name in derived else getattr(hp, f.name)
+                  for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What GPT reads (see Hyperparameters for each field); features resolved for the device."""
+    vocab_size: int
+    model_dim: int
+    num_heads: int
+    head_dim: int
+    mlp_hidden: int
+    bigram_rows: int
+    value_embeds: bool
+    skip_connection: bool
+    residual_lambdas: bool
+    attn_lambdas: bool
+    smear_gate: bool
+    attn_output_gates: bool
+    yarn: bool
+    key_offset: bool
+    paired_heads: bool
+    bigram_embed: bool
+    backout: bool
+    late_attn_from_layer7: bool
+    xsa: bool
+    dc_mha: bool
+    prefix_loss: bool
+    fp8_lm_head: bool  # FP8 lm_head: CUDA only
+    fused_mlp: bool
+    fused_mlp_min_tokens: int
+    attention_backend: str  # resolved: fa3 | varlen | flex | sdpa
+    max_tokens: int  # the longest forward on one rank (sizes the rotary tables)
+
+    @classmethod
+    def from_hyperparameters(cls, hp: Hyperparameters) -> "ModelConfig":
+        device = torch.device(hp.device).type
+        longest_step = max(stage.batch_tokens for stage in hp.stages) // RANKS_PER_STEP
+        return config_from(cls, hp, fp8_lm_head=hp.fp8_lm_head and device == "cuda",
+                           attention_backend=resolve_attention_backend(hp.attention_backend, device),
+                           max_tokens=max(hp.val_seq_len, longest_step))
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """What NorMuonAdam reads (see Hyperparameters)."""
+    muon_lr: float
+    muon_beta2: float
+    muon_weight_decay: float
+    orthogonalizer: str
+    mantissa_tracking: bool
+    adam_lr: float
+    adam_eps: float
+    adam_weight_decay: float
+    compile: bool
+
+    @classmethod
+    def from_hyperparameters(cls, hp: Hyperparameters) -> "OptimConfig":
+        return config_from(cls, hp)
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """What Schedule reads (see Hyperparameters)."""
+    stages: tuple[Stage, ...]
+    num_scheduled_iterations: int
+    num_extension_iterations: int
+    window_block_size: int
+    final_long_window: int
+    cooldown_frac: float
+    lr_floor: float
+    untie_embed_at: float
+    muon_momentum_min: float
+    muon_momentum_max: float
+    muon_momentum_warmup_steps: int
+    muon_momentum_cooldown_steps: int
+    adam_every_other_step: bool
+    sliding_windows: bool
+    multi_token_prediction: bool
+    prefix_loss: bool
+
+    @classmethod
+    def from_hyperparameters(cls, hp: Hyperparameters) -> "ScheduleConfig":
+        return config_from(cls, hp)
+
+
+def grad_accum_steps(hp: Hyperparameters, world_size: int) -> int:
+    """Micro-batches per step on each GPU: fewer GPUs accumulate the 8 ranks' slices (T1.3)."""
+    return 1 if hp.rank_slice else RANKS_PER_STEP // world_size
+
 # =============================================================================================
-# Kernels
+# Model
 # =============================================================================================
+
+# Layer layout of the 11-layer model (T3.1). Layer 6 has no attention (#17).
+NUM_LAYERS = 11
+ATTENTION_LAYERS = (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)  # index in this tuple = bank slot
+LONG_WINDOW_LAYERS = (3, 10)
+PAIRED_HEAD_LAYERS = (0, 2, 5, 9)
+KEY_OFFSET_LAYERS = (3, 10)
+VALUE_EMBED_LAYERS = (1, 2, 8, 9, 10)  # layer -> block of the value-embedding table, in order
+SKIP_SOURCE_LAYER, SKIP_TARGET_LAYER = 3, 6
+CACHED_LAYER = 7  # its output feeds attention in layers 8-10 (#77) and the final mix (#40)
+XSA_LAYERS = (1, 3, 4, 7)  # exclusive self-attention (#82, #85)
+OUTPUT_GATE_LAYERS = (3, 10)  # attention output gates from the MUDD gates (#85)
+MUDD_LAYER = 10  # residual mix, extra value input and value-embedding gate from the MUDD block (#81)
+POST_GATE_LAYER = 4  # the post MUDD gate reads the residual entering this layer (#85)
+DC_LAYER, DC_WINDOW = 10, 112  # lightweight DC-MHA: its layer and local window in keys (#85)
+MUDD_HIDDEN, MUDD_SCALE, MUDD_GATE_SCALE_INIT = 64, 0.1, 0.1
+GATE_INPUTS = 12  # residual channels a learned sigmoid gate reads (smear, value-embedding gates)
+# Per-token coefficients of the MUDD block at layer 10 (from the residual entering it) and of the
+# final mix before the head (from the last residual), in output order (T3.14). "input" is the
+# residual entering layer 0, "layerN" the residual after layer N.
+MUDD_LAYER_OUTPUTS = ("v_input", "v_layer7", "v_residual", "mix_input", "mix_layer7", "mix_residual",
+                      "ve_gate_first_heads", "ve_gate_last_heads", "attn_residual", "attn_out", "attn_input",
+                      "attn_bigram", "mlp_residual", "mlp_out")
+MUDD_FINAL_OUTPUTS = ("input", "layer7", "layer9", "value_embed", "layer3")
+RESIDUAL_LAMBDA_INIT, BIGRAM_LAMBDA_INIT, BACKOUT_LAMBDA_INIT, SKIP_LAMBDA_INIT = math.sqrt(1.1), 0.05, 0.5, -1.5
+BIGRAM_SIGN_ROWS = 8192
+ATTN_SCALE_INIT = 0.1  # softmax scale, raised by YaRN (#31)
+NO_WINDOW = -1
+
+
+@dataclass(frozen=True)
+class ForwardShape:
+    """What a forward needs besides the tokens; each value is a compile-time constant."""
+    short_window: int  # tokens, or NO_WINDOW
+    long_window: int
+    max_seq_len: int  # longest document (attention kernels' max_seqlen)
+    n_predict: int = 1  # multi-token prediction targets t+1 .. t+n_predict
+    prefix_target: bool = False  # one more target column: the prefix token of the next token (#88)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """What one layer does, fixed when the model is built from the layout above and the switches."""
+    index: int
+    attn_slot: int | None  # its slot in the attention banks; None: MLP only (layer 6)
+    long_window: bool
+    paired_heads: bool  # heads h and h + H/2 attend as one head over a doubled sequence (T3.10)
+    key_offset: bool  # keys' stationary half from the previous token (T3.11)
+    value_embed: int | None  # block of the value-embedding table added to its values (T3.3)
+    value_gate: int | None  # row of ve_gate_bank gating it; None at the MUDD layer (MUDD gates it)
+    reads_layer7: bool  # attention reads the cached layer-7 output, not the residual (T3.12)
+    mudd: bool  # the MUDD layer: dense value input and residual weights from MUDD connections (T3.14)
+    skip_target: bool  # adds the gated output of SKIP_SOURCE_LAYER (T3.7)
+
+
+def layer_plans(cfg: ModelConfig) -> tuple[LayerPlan, ...]:
+    ve_layers = VALUE_EMBED_LAYERS if cfg.value_embeds else ()
+    gated = [layer for layer in VALUE_EMBED_LAYERS if layer != MUDD_LAYER]  # rows of ve_gate_bank
+    return tuple(LayerPlan(
+        index=layer,
+        attn_slot=ATTENTION_LAYERS.index(layer) if layer in ATTENTION_LAYERS else None,
+        long_window=layer in LONG_WINDOW_LAYERS,
+        paired_heads=cfg.paired_heads and layer in PAIRED_HEAD_LAYERS,
+        key_offset=cfg.key_offset and layer in KEY_OFFSET_LAYERS,
+        value_embed=ve_layers.index(layer) if layer in ve_layers else None,
+        value_gate=gated.index(layer) if layer in ve_layers and layer in gated else None,
+        reads_layer7=cfg.late_attn_from_layer7 and layer > CACHED_LAYER,
+        mudd=layer == MUDD_LAYER,
+        skip_target=cfg.skip_connection and layer == SKIP_TARGET_LAYER,
+    ) for layer in range(NUM_LAYERS))
+
+
+def norm(x: Tensor) -> Tensor:
+    """RMSNorm without weights (eps: the dtype's machine epsilon) (T3.2)."""
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def rope_frequencies(head_dim: int) -> Tensor:
+    """Half-truncated RoPE (#17): head_dim/4 frequencies 1 ... 1/1024 rad/token rotate the first
+    head_dim/2 dimensions as interleaved pairs (#58); the other half is stationary (T3.9)."""
+    return (1 / 1024) ** torch.linspace(0, 1, head_dim // 4, dtype=torch.float64)
+
+
+def yarn(frequencies: Tensor, long_windows: list[int]) -> tuple[Tensor, float]:
+    """YaRN (#31, T3.9): on each long-window change W_old -> W_new, interpolate the frequencies that
+    rotate less than 32 times over W_old and raise the softmax scale by 1 + 0.2·ln(W_new/W_old).
+    Returns (frequencies, attention scale) after the given sequence of long windows."""
+    freqs, scale = frequencies.clone(), ATTN_SCALE_INIT
+    for old, new in zip(long_windows, long_windows[1:]):
+        if new == old:
+            continue
+        rotations = old * freqs / (2 * math.pi)
+        keep = ((rotations - 1) / (32 - 1)).clamp(0, 1)
+        freqs = freqs * (old / new + keep * (1 - old / new))
+        scale *= 1 + 0.2 * math.log(new / old)
+    return freqs, scale
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (S, H, D) at positions 0..S-1; cos/sin (>=S, D/4)."""
+    S, D = x.size(0), x.size(-1)
+    cos, sin = cos[:S, None, :], sin[:S, None, :]
+    pairs = x[..., : D // 2].unflatten(-1, (D // 4, 2))
+    x1, x2 = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((rotated, x[..., D // 2:]), dim=-1)
+
+
+def shift_key_half(k: Tensor) -> Tensor:
+    """Partial key offset (#49, T3.11): the stationary half of each key takes the previous token's."""
+    half = k.size(-1) // 2
+    return torch.cat([k[:, :, :half], torch.cat([k[:1, :, half:], k[:-1, :, half:]])], dim=-1)
+
+
+def exclusive_self_attention(y: Tensor, v: Tensor, alpha: Tensor) -> Tensor:
+    """Gated XSA (arXiv 2603.09078; #82, #85; T3.13): removes tanh(α) of each head output's component
+    along the token's own value vector. y, v (T, H, D); alpha (T, H) or (H,)."""
+    yf, vf = y.float(), v.float()
+    along = (yf * vf).sum(-1, keepdim=True) / vf.square().sum(-1, keepdim=True).clamp_min(1e-8)
+    return (yf - torch.tanh(alpha.float())[..., None] * along * vf).to(y.dtype)
+
+
+def resolve_attention_backend(requested: str, device_type: str) -> str:
+    """auto: FA3 where importable, else torch's varlen attention on CUDA, SDPA on the CPU."""
+    if requested != "auto":
+        return requested
+    if device_type != "cuda":
+        return "sdpa"
+    return "fa3" if flash_attn_varlen_func is not None else "varlen"
+
+
+@dataclass
+class AttnArgs:
+    """The document layout of one forward as the attention kernels take it, built once per forward."""
+    cu_seqlens: Tensor  # document boundaries [0, ..., T] (varlen kernels)
+    doc_ids: Tensor  # document of every position (DC-MHA, flex and SDPA masks)
+    max_seqlen: int
+    backend: str
+    block_masks: dict  # flex: one block mask per window, made on first use
+
+    def doubled(self) -> "AttnArgs":
+        """The same documents over the doubled sequence of paired-head layers (2t, 2t + 1)."""
+        return AttnArgs(2 * self.cu_seqlens, self.doc_ids.repeat_interleave(2), 2 * self.max_seqlen,
+                        self.backend, {})
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, args: AttnArgs, window: int) -> Tensor:
+    """Causal attention within documents over keys at most `window` positions back (NO_WINDOW:
+    unbounded). q, k, v: (S, H, D), q already scaled."""
+    if args.backend == "fa3":
+        return flash_attn_varlen_func(q, k, v, args.cu_seqlens, args.cu_seqlens, args.max_seqlen, args.max_seqlen,
+                                      softmax_scale=1.0, causal=True, window_size=(window, 0))
+    if args.backend == "varlen":
+        return varlen_attn(q, k, v, args.cu_seqlens, args.cu_seqlens, args.max_seqlen, args.max_seqlen, scale=1.0,
+                           window_size=(window, 0))
+    S, doc_ids = q.size(0), args.doc_ids
+    if args.backend == "flex":
+        if window not in args.block_masks:
+            def doc_causal_window(b, h, qi, ki):
+                inside = (qi >= ki) & (doc_ids[qi] == doc_ids[ki])
+                return inside if window == NO_WINDOW else inside & (qi - ki <= window)
+            args.block_masks[window] = create_block_mask(doc_causal_window, None, None, S, S, device=q.device)
+        out = flex_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                             block_mask=args.block_masks[window], scale=1.0)
+        return out[0].transpose(0, 1)
+    if args.backend == "sdpa":
+        pos = torch.arange(S, device=q.device)
+        mask = (pos[:, None] >= pos[None, :]) & (doc_ids[:, None] == doc_ids[None, :])
+        if window != NO_WINDOW:
+            mask &= pos[:, None] - pos[None, :] <= window
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                             attn_mask=mask, scale=1.0)
+        return out.transpose(0, 1)
+    raise ValueError(f"unknown attention backend {args.backend!r} (auto, fa3, varlen, flex, sdpa)")
+
+
+def scalar_layout(cfg: ModelConfig) -> dict[str, tuple[Tensor, bool]]:
+    """Named scalars: initial value and whether it is learned (a part of the `scalars` parameter,
+    in this order) or fixed by a switch that is off (T3.5). Skip and smear exist only when on."""
+    parts = {"attn_lambdas": (torch.tensor([0.5, 1.0]).repeat(NUM_LAYERS, 1), True) if cfg.attn_lambdas
+             else (torch.ones(NUM_LAYERS, 2), False)}
+    if cfg.smear_gate:
+        parts["smear_lambda"] = (torch.tensor(0.0), True)
+    if cfg.skip_connection:
+        parts["skip_lambda"] = (torch.tensor(SKIP_LAMBDA_INIT), True)
+    return parts
+
+
+def mudd_gate_outputs(cfg: ModelConfig) -> tuple[list, list]:
+    """The MUDD gates' outputs (T3.16), ((kind, layer), width, initial value) each: those of the pre
+    gate (from x0, for layers before POST_GATE_LAYER), then those of the post gate."""
+    H = cfg.num_heads
+    outputs = [(("xsa", layer), H, 0.0) for layer in XSA_LAYERS if cfg.xsa]
+    outputs += [(("out_gate", layer), H, 0.25) for layer in OUTPUT_GATE_LAYERS if cfg.attn_output_gates]
+    for layer in ATTENTION_LAYERS:
+        if layer != MUDD_LAYER:  # x0 and bigram injections; the MUDD layer mixes its own
+            outputs.append((("x0", layer), 1, 0.0))
+            if cfg.bigram_embed:
+                outputs.append((("bigram", layer), 1, BIGRAM_LAMBDA_INIT))
+    if cfg.skip_connection:
+        outputs.append((("skip", SKIP_TARGET_LAYER), 1, 0.5))
+    if cfg.dc_mha:
+        outputs += [(("dc_w1", DC_LAYER), H, 1.0), (("dc_w2", DC_LAYER), H, 0.0)]
+    pre = [o for o in outputs if o[0][1] < POST_GATE_LAYER]
+    return pre, [o for o in outputs if o[0][1] >= POST_GATE_LAYER]
+
+
+def mudd_connection_outputs(cfg: ModelConfig) -> tuple[list, list]:
+    """The MUDD connections' coefficients (T3.14), (name, 1, initial value) each, for the layer-10 block
+    and the final mix. At init they equal the static architecture they replaced: the residual
+    lambdas, value-embedding gate 2 (= 2σ(0)), bigram 0.05, no x0, and the backout −0.5·layer7."""
+    residual = RESIDUAL_LAMBDA_INIT if cfg.residual_lambdas else 1.0
+    layer = dict.fromkeys(MUDD_LAYER_OUTPUTS, 0.0)
+    layer.update(ve_gate_first_heads=2.0, ve_gate_last_heads=2.0, attn_residual=residual, attn_out=1.0,
+                 attn_bigram=BIGRAM_LAMBDA_INIT, mlp_residual=residual, mlp_out=1.0)
+    final = dict.fromkeys(MUDD_FINAL_OUTPUTS, 0.0)
+    final["layer7"] = -BACKOUT_LAMBDA_INIT if cfg.backout else 0.0
+    return [(name, 1, value) for name, value in layer.items()], [(name, 1, value) for name, value in final.items()]
+
+
+class MuddBlock(nn.Module):
+    """Two small per-token MLPs, x -> scale·(W2·GELU(W1[i]·x) + b2) for i = 0, 1, each with named
+    outputs of given widths: MUDD connections (#81, fixed scale 0.1) and MUDD gates (#85, learned scale)."""
+
+    def __init__(self, dim: int, outputs: tuple[list, list], scale: float, learned_scale: bool):
+        super().__init__()
+        self.outputs = outputs
+        initial = torch.tensor([value for part in outputs for _, width, value in part for _ in range(width)])
+        bound = dim ** -0.5  # Kaiming-uniform
+        self.w1 = nn.Parameter(torch.empty(2, MUDD_HIDDEN, dim, dtype=torch.bfloat16).uniform_(-bound, bound))
+        self.w2 = nn.Parameter(torch.zeros(len(initial), MUDD_HIDDEN, dtype=torch.bfloat16))
+        self.b2 = nn.Parameter((initial / scale).to(torch.bfloat16))
+        self.scale = nn.Parameter(torch.tensor(scale)) if learned_scale else scale
+
+    def forward(self, which: int, x: Tensor) -> dict:
+        """{name: (T, width)} of MLP `which` on x (T, dim)."""
+        names, widths = zip(*[(name, width) for name, width, _ in self.outputs[which]])
+        first = sum(width for _, width, _ in self.outputs[0]) if which else 0
+        rows = slice(first, first + sum(widths))
+        out = F.gelu(x @ self.w1[which].t()) @ self.w2[rows].t() + self.b2[rows]
+        return dict(zip(names, (self.scale * out).split(widths, -1)))
+
+
+@dataclass
+class ForwardContext:
+    """What the layers of one forward share besides the residual stream x."""
+    x_input: Tensor  # the residual entering layer 0
+    x0: Tensor  # the normalized embedding, re-injected after every attention (T3.4)
+    bigram: Tensor | None  # the bigram embedding, re-injected likewise
+    value_embeds: tuple[Tensor, ...] | None  # one (T, d) block per value-embedding layer
+    gates: dict  # MUDD gate outputs {(kind, layer): (T, width)}
+    scalars: dict[str, Tensor]
+    attn: AttnArgs
+    attn_paired: AttnArgs | None
+    shape: ForwardShape
+    outputs: dict[int, Tensor]  # residual after each layer so far
+
+
+class GPT(nn.Module):
+    """GPT with banked weights: Q/K, V/O and MLP matrices of all layers live in 3-D parameters
+    (#61, T3.1) that the optimizer orthogonalizes batch-wise. Activations are bf16."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.num_heads * cfg.head_dim != cfg.model_dim or cfg.num_heads % 2:
+            raise ValueError(f"need num_heads*head_dim == model_dim and an even num_heads, got "
+                             f"{cfg.num_heads}x{cfg.head_dim} vs {cfg.model_dim}")
+        self.config = cfg
+        self.layers = layer_plans(cfg)
+        self._init_matrices(cfg)  # parameters in the order they draw from the random generator
+        self._init_embeddings(cfg)
+        self._init_scalars(cfg)
+        self.mudd = MuddBlock(cfg.model_dim, mudd_connection_outputs(cfg), MUDD_SCALE, learned_scale=False)
+        self.gates = MuddBlock(cfg.model_dim, mudd_gate_outputs(cfg), MUDD_GATE_SCALE_INIT, learned_scale=True)
+        if cfg.prefix_loss:  # prefix token of every token, filled by the trainer (#88); -1: none
+            self.register_buffer("prefix_ids", torch.full((cfg.vocab_size,), -1, dtype=torch.long), persistent=False)
+        hd, positions = cfg.head_dim, 2 * cfg.max_tokens  # paired layers double the sequence
+        self.register_buffer("rope_base", rope_frequencies(hd), persistent=False)
+        self.register_buffer("rope_cos", torch.empty(positions, hd // 4, dtype=torch.bfloat16), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(positions, hd // 4, dtype=torch.bfloat16), persistent=False)
+        self.register_buffer("attn_scale", torch.tensor(ATTN_SCALE_INIT), persistent=False)
+        self.set_long_windows([1])
+
+    def _init_matrices(self, cfg: ModelConfig):
+        d, H, hd, V = cfg.model_dim, cfg.num_heads, cfg.head_dim, cfg.vocab_size
+        n_attn, bf16 = len(ATTENTION_LAYERS), dict(dtype=torch.bfloat16)
+        bound = math.sqrt(3) * 0.5 * d ** -0.5  # uniform with std 0.5/sqrt(d)
+        self.lm_head = nn.Parameter(torch.empty(V, d, **bf16).normal_(0, 0.005))
+        self.embed = nn.Parameter(self.lm_head.detach().clone())  # tied at init (#51, T3.15)
+        # Q/K per head pair (#80): slot a holds H/2 Q groups then H/2 K groups of (2·hd, d).
+        self.qk_bank = nn.Parameter(torch.empty(n_attn * H, 2 * hd, d, **bf16).uniform_(-bound, bound))
+        self.vo_bank = nn.Parameter(torch.empty(2 * n_attn, d, d, **bf16).uniform_(-bound, bound))  # V, O (out, in)
+        mlp = torch.empty(NUM_LAYERS, 2, cfg.mlp_hidden, d, **bf16)
+        mlp[:, 0].uniform_(-bound, bound)  # fc (hidden, d); proj stored (hidden, d) = (in, out), zero (#5)
+        mlp[:, 1].zero_()
+        self.mlp_bank = nn.Parameter(mlp)
+
+    def _init_embeddings(self, cfg: ModelConfig):
+        d, H, V, bf16 = cfg.model_dim, cfg.num_heads, cfg.vocab_size, dict(dtype=torch.bfloat16)
+        if cfg.value_embeds:  # (#14, #63, #70; T3.3) token-major (V, layers·d): one gather serves every
+            # layer, and the gradient is one scatter into the table
+            self.value_embeds = nn.Parameter(torch.empty(V, len(VALUE_EMBED_LAYERS) * d, **bf16).normal_(0, 0.01))
+            gated = sum(plan.value_gate is not None for plan in self.layers)
+            self.ve_gate_bank = nn.Parameter(torch.zeros(gated, H, GATE_INPUTS, **bf16))
+        if cfg.bigram_embed:  # hashed bigram table with random sign rows (#62, #83, #85; T3.4)
+            self.bigram_embed = nn.Parameter(torch.zeros(cfg.bigram_rows, d, **bf16))
+            signs = torch.randn(BIGRAM_SIGN_ROWS, d).sign().to(torch.bfloat16)
+            self.register_buffer("bigram_signs", signs, persistent=False)
+        if cfg.smear_gate:  # one-token look-back on the embeddings (#34, T3.6)
+            self.smear_gate = nn.Parameter(torch.zeros(1, GATE_INPUTS, **bf16))
+
+    def _init_scalars(self, cfg: ModelConfig):
+        # per-sublayer residual and output weights (#9, #73; T3.5); fixed at 1 when switched off
+        if cfg.residual_lambdas:
+            self.resid_lambdas = nn.Parameter(torch.full((NUM_LAYERS, 2), RESIDUAL_LAMBDA_INIT))
+            self.post_lambdas = nn.Parameter(torch.ones(NUM_LAYERS, 2))
+        else:
+            self.register_buffer("resid_lambdas", torch.ones(NUM_LAYERS, 2), persistent=False)
+            self.register_buffer("post_lambdas", torch.ones(NUM_LAYERS, 2), persistent=False)
+        layout = scalar_layout(cfg)
+        learned = [value.flatten() for value, is_learned in layout.values() if is_learned]
+        if learned:  # attention lambdas, smear, skip
+            self.scalars = nn.Parameter(torch.cat(learned))
+        fixed = [value.flatten() for value, is_learned in layout.values() if not is_learned]
+        self.register_buffer("fixed_scalars", torch.cat(fixed) if fixed else torch.zeros(0), persistent=False)
+        self.scalar_parts, offsets = {}, {True: 0, False: 0}
+        for name, (value, is_learned) in layout.items():
+            self.scalar_parts[name] = (is_learned, offsets[is_learned], value.shape)
+            offsets[is_learned] += value.numel()
+
+    # --- schedule-dependent state -----------------------------------------------------------------
+    @torch.no_grad()
+    def set_long_windows(self, long_windows: list[int]):
+        """Rotary tables and softmax scale for the long windows used so far (YaRN if enabled)."""
+        freqs, scale = yarn(self.rope_base, long_windows) if self.config.yarn else (self.rope_base, ATTN_SCALE_INIT)
+        angles = torch.arange(self.rope_cos.size(0), dtype=torch.float64, device=freqs.device)[:, None] * freqs
+        self.rope_cos.copy_(angles.cos())
+        self.rope_sin.copy_(angles.sin())
+        self.attn_scale.fill_(scale)
+
+    def param_specs(self) -> dict[str, "ParamSpec"]:
+        """Optimizer table (T2.1). Within its group (replicated, bank, sharded table) a parameter's
+        place here is its place in the optimizer's communication and work order: the big MLP bank sits
+        between the two small banks, so the first wait and the last gather are short."""
+        cfg = self.config
+        table = {
+            "qk_bank": ParamSpec("normuon", "sharded", matrix_shape=(2 * cfg.head_dim, cfg.model_dim), wd_mul=1.0),
+            "mlp_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.mlp_hidden, cfg.model_dim), wd_mul=1.0,
+                                  matrix_lr_muls=(1.0, 2.0)),  # projections (odd index) x2
+            "vo_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.model_dim, cfg.model_dim), wd_mul=1.0),
+            "scalars": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.99)),
+            "smear_gate": ParamSpec("adam", "replicated", lr_mul=0.01, betas=(0.9, 0.99)),
+            "ve_gate_bank": ParamSpec("adam", "replicated", wd_mul=1.0, betas=(0.9, 0.99)),
+            "lm_head": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
+            "bigram_embed": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
+            "post_lambdas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
+            "resid_lambdas": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.95)),
+            "value_embeds": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
+            "embed": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
+            "mudd.w1": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
+            "mudd.w2": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
+            "mudd.b2": ParamSpec("adam", "replicated", lr_mul=0.25, betas=(0.9, 0.99)),
+            "gates.w1": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
+            "gates.w2": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
+            "gates.b2": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
+            "gates.scale": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
+        }
+        names = dict(self.named_parameters())
+        missing = set(names) - set(table)
+        if missing:
+            raise ValueError(f"parameters without an optimizer spec: {sorted(missing)}")
+        return {label: spec for label, spec in table.items() if label in names}
+
+    # --- losses -------------------------------------------------------------------------------------
+    def training_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
+                      target_weights: Tensor, grad_scale: float = 1.0) -> tuple[Tensor, Tensor]:
+        """(loss to backpropagate, mean next-token CE). target_weights weighs the target columns
+        (t+1 ... t+n_predict, then the prefix target); the fused lm_head + soft-capped cross-entropy
+        (FP8 on CUDA, T4.4) scores every column at once."""
+        x = self.hidden_states(input_ids, cu_seqlens, shape)
+        targets = self.target_columns(target_ids.long(), shape)
+        return lm_head_softcap_ce(x, self.lm_head, targets, target_weights, grad_scale, self.config.fp8_lm_head)
+
+    def evaluation_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
+                        chunk: int) -> Tensor:
+        """The summed next-token cross-entropy, the lm_head applied `chunk` tokens at a time."""
+        x = self.hidden_states(input_ids, cu_seqlens, shape)
+        targets = target_ids.long()
+        total = x.new_zeros((), dtype=torch.float32)
+        for i in range(0, x.size(0), chunk):
+            z = softcap(vocab_matmul(x[i: i + chunk], self.lm_head.t()))
+            total = total + (torch.logsumexp(z, -1) - z.gather(1, targets[i: i + chunk, None])[:, 0]).sum()
+        return total
+
+    def target_columns(self, targets: Tensor, shape: ForwardShape) -> Tensor:
+        """Target matrix (T, N), -1 = none: multi-token prediction (#53, T4.2) scores the same logits
+        against the targets t+1 .. t+n_predict (none past the end); the prefix-token loss (#88, T4.3)
+        against the token spelling the longest proper prefix of the next token."""
+        T, n = targets.size(0), shape.n_predict
+        # Columns as shifted slices of the padded targets, stacked: torch 2.11's inductor fails on
+        # CUDA (loop merging) for the same matrix built as a gather over (T, n) indices joined with
+        # the prefix column by cat.
+        padded = torch.cat([targets, targets.new_full((n - 1,), -1)]) if n > 1 else targets
+        columns = [padded[k: k + T] for k in range(n)]
+        if shape.prefix_target:
+            columns.append(self.prefix_ids[targets])
+        return torch.stack(columns, 1)
+
+    # --- forward ------------------------------------------------------------------------------------
+    def hidden_states(self, input_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape) -> Tensor:
+        """The final normalized hidden states (T, d) of a batch of packed documents."""
+        ctx = self.context(input_ids.long(), cu_seqlens, shape)
+        fused_mlp = self.config.fused_mlp and input_ids.size(0) >= self.config.fused_mlp_min_tokens
+        x = ctx.x_input
+        for layer in self.layers:
+            if layer.index == POST_GATE_LAYER:
+                ctx.gates.update(self.gates(1, x))
+            mix = self.mudd(0, x) if layer.mudd else None  # the MUDD layer's coefficients (T3.14)
+            if layer.attn_slot is not None:
+                x = self.attention_block(layer, x, ctx, mix)
+            elif layer.skip_target:  # U-net remnant 3 -> 6 with a per-token gate (#45, #55; T3.7)
+                gate = ctx.gates["skip", layer.index]
+                x = x + torch.sigmoid(ctx.scalars["skip_lambda"]) * gate * ctx.outputs[SKIP_SOURCE_LAYER]
+            x = self.mlp_block(layer, x, mix, fused_mlp)
+            ctx.outputs[layer.index] = x
+        return norm(self.final_mix(x, ctx))
+
+    def context(self, ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape) -> ForwardContext:
+        """Embeddings, the pre MUDD gate and the attention layout: everything the layers share."""
+        x = self.embed[ids]
+        scalars = self.named_scalars()
+        if self.config.smear_gate:  # (#34, T3.6)
+            gate = torch.sigmoid(x[1:, :GATE_INPUTS] @ self.smear_gate.t())
+            x = torch.cat([x[:1], x[1:] + scalars["smear_lambda"] * gate * x[:-1]])
+        x0 = norm(x)
+        gates = self.gates(0, x0)
+        x_input, bigram = x0, None
+        if self.config.bigram_embed:  # (#62, T3.4)
+            bigram = self.bigram_embed[bigram_ids(ids, self.config.bigram_rows)] * self.bigram_signs[bigram_sign_ids(ids)]
+            x_input = x0 + gates["bigram", 0] * bigram
+        value_embeds = self.value_embeds[ids].split(self.config.model_dim, -1) if self.config.value_embeds else None
+        positions = torch.arange(ids.size(0), device=ids.device, dtype=cu_seqlens.dtype)
+        doc_ids = torch.searchsorted(cu_seqlens, positions, right=True)
+        attn = AttnArgs(cu_seqlens, doc_ids, shape.max_seq_len, self.config.attention_backend, {})
+        return ForwardContext(x_input=x_input, x0=x0, bigram=bigram,
+                              value_embeds=value_embeds, gates=gates, scalars=scalars, attn=attn,
+                              attn_paired=attn.doubled() if self.config.paired_heads else None, shape=shape,
+                              outputs={})
+
+    def attention_block(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext, mix: dict | None) -> Tensor:
+        """The attention sublayer and the residual update after it: x0 and the bigram embedding
+        re-injected with their gates (T3.4), or at the MUDD layer its dense mix."""
+        a_in, v_extra, x = self.attention_inputs(layer, x, ctx, mix)
+        y = self.attention(layer, a_in, v_extra, ctx)
+        if mix is not None:
+            x = mix["attn_residual"] * x + mix["attn_out"] * y + mix["attn_input"] * ctx.x_input
+            return x if ctx.bigram is None else x + mix["attn_bigram"] * ctx.bigram
+        i = layer.index
+        x = self.resid_lambdas[i, 0] * x + self.post_lambdas[i, 0] * y + ctx.gates["x0", i] * ctx.x0
+        if ctx.bigram is not None and i > 0:  # layer 0's bigram entered with x0
+            x = x + ctx.gates["bigram", i] * ctx.bigram
+        return x
+
+    def attention_inputs(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext,
+                         mix: dict | None) -> tuple[Tensor, Tensor | None, Tensor]:
+        """(normalized attention input, extra value input (T, H, hd) or None, residual): the value
+        embedding with its gate (T3.3) and, at the MUDD layer, the dense value input and the residual
+        pre-mix (T3.14)."""
+        T, H, hd = x.size(0), self.config.num_heads, self.config.head_dim
+        a_in = norm(ctx.outputs[CACHED_LAYER] if layer.reads_layer7 else x)
+        v_extra = None
+        if layer.value_embed is not None:
+            ve = ctx.value_embeds[layer.value_embed]
+            if mix is not None:  # one MUDD gate for each half of the heads
+                gate = torch.cat([mix["ve_gate_first_heads"].expand(T, H // 2),
+                                  mix["ve_gate_last_heads"].expand(T, H - H // 2)], -1)
+            else:  # gated value embedding (#55, #70)
+                half = GATE_INPUTS // 2
+                gate = 2 * torch.sigmoid(torch.cat([a_in[:, :half], ve[:, :half]], -1)
+                                         @ self.ve_gate_bank[layer.value_gate].t())
+            v_extra = gate[..., None] * ve.view(T, H, hd)
+        if mix is not None:
+            layer7 = ctx.outputs[CACHED_LAYER]
+            v_mudd = (mix["v_input"] * ctx.x_input + mix["v_layer7"] * layer7 + mix["v_residual"] * x).view(T, H, hd)
+            v_extra = v_mudd if v_extra is None else v_extra + v_mudd
+            x = (1 + mix["mix_residual"]) * x + mix["mix_input"] * ctx.x_input + mix["mix_layer7"] * layer7
+        return a_in, v_extra, x
+
+    def attention(self, layer: LayerPlan, x: Tensor, v_extra: Tensor | None, ctx: ForwardContext) -> Tensor:
+        """One attention sublayer on the normalized input x (T3.8-T3.13, T3.16, T3.17)."""
+        cfg, i, slot = self.config, layer.index, layer.attn_slot
+        T, H, hd = x.size(0), cfg.num_heads, cfg.head_dim
+        w_v, w_o = self.vo_bank.view(len(ATTENTION_LAYERS), 2, cfg.model_dim, -1)[slot]
+        w_qkv = torch.cat([self.qk_bank.view(len(ATTENTION_LAYERS), 2 * H * hd, -1)[slot], w_v])
+        lambdas = ctx.scalars["attn_lambdas"][i]  # pre-multiplied into the weights (#47, #48)
+        w_qkv, w_o = lambdas[0] * w_qkv, lambdas[1] * w_o
+        q, k, v = (x @ w_qkv.t()).view(T, 3 * H, hd).split(H, dim=1)
+        q, k = norm(q), norm(k)  # QK-norm
+        if v_extra is not None:
+            v = v + v_extra
+        args = ctx.attn
+        if layer.paired_heads:  # heads h and h+H/2 become one head: 2t is head h, 2t+1 head h+H/2 (#58)
+            q, k, v = (t.reshape(2 * T, H // 2, hd) for t in (q, k, v))
+            args = ctx.attn_paired
+        q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
+        if layer.key_offset:
+            k = shift_key_half(k)
+        q = (q * self.attn_scale).to(v.dtype)
+        window = ctx.shape.long_window if layer.long_window else ctx.shape.short_window
+        y = attend(q, k, v, args, window).reshape(T, H, hd)
+        gates = ctx.gates
+        if ("dc_w1", i) in gates:  # cross-head composition on a local window (#85, T3.17); w1 RMS-normalized
+            w1 = F.rms_norm(gates["dc_w1", i].float(), (H,), eps=1e-6)
+            y = y + dc_mha(q, k, v, ctx.attn.doc_ids, w1, gates["dc_w2", i])
+        if ("xsa", i) in gates:  # (T3.13)
+            y = exclusive_self_attention(y, v, gates["xsa", i])
+        if ("out_gate", i) in gates:  # (#28, #85; T3.16)
+            y = y * gates["out_gate", i][..., None]
+        return y.reshape(T, H * hd) @ w_o.t()
+
+    def mlp_block(self, layer: LayerPlan, x: Tensor, mix: dict | None, fused: bool) -> Tensor:
+        """The ReLU² MLP (#5) and the residual update after it. Small forwards (stage 1) are
+        launch-bound: there the plain expression beats the fused kernels (T6.1)."""
+        mlp_fc, mlp_proj = self.mlp_bank[layer.index]
+        mlp = relu_square_mlp if fused else relu_square_mlp_reference
+        out = mlp(norm(x), mlp_fc, mlp_proj)
+        if mix is not None:
+            return mix["mlp_residual"] * x + mix["mlp_out"] * out
+        return self.resid_lambdas[layer.index, 1] * x + self.post_lambdas[layer.index, 1] * out
+
+    def final_mix(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+        """MUDD's dense mix of earlier residuals before the head (#81, T3.14); at init its layer-7
+        term is the backout (#40, T3.12)."""
+        f, out = self.mudd(1, x), ctx.outputs
+        x = (x + f["input"] * ctx.x_input + f["layer7"] * out[CACHED_LAYER] + f["layer9"] * out[MUDD_LAYER - 1]
+             + f["layer3"] * out[SKIP_SOURCE_LAYER])
+        if ctx.value_embeds is not None:
+            x = x + f["value_embed"] * ctx.value_embeds[0]
+        return x
+
+    def named_scalars(self) -> dict[str, Tensor]:
+        return {name: (self.scalars if learned else self.fixed_scalars)[offset: offset + math.prod(shape)].view(shape)
+                for name, (learned, offset, shape) in self.scalar_parts.items()}
+
+
+def bigram_ids(ids: Tensor, rows: int) -> Tensor:
+    """Hash of (previous, current) token into rows-1 buckets; the first token gets the last row."""
+    prev = torch.cat([ids[:1], ids[:-1]])
+    hashed = ((36313 * ids) ^ (27191 * prev)) % (rows - 1)
+    hashed[0] = rows - 1
+    return hashed
+
+
+def bigram_sign_ids(ids: Tensor) -> Tensor:
+    prev = torch.cat([ids[:1], ids[:-1]])
+    signs = (prev ^ ids) % BIGRAM_SIGN_ROWS
+    signs[0] = 0
+    return signs
+
+# =============================================================================================
+# Optimizer
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """How one parameter is optimized and communicated (T2.1)."""
+    optimizer: str  # "normuon" | "adam"
+    comm: str  # "sharded": reduce-scatter + all-gather along dim 0 | "replicated": all-reduce
+    lr_mul: float = 1.0
+    wd_mul: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    matrix_shape: tuple[int, int] | None = None  # NorMuon: each bank entry is one such matrix
+    matrix_lr_muls: tuple[float, ...] = (1.0,)  # NorMuon: cycled over the bank's matrix index
+
+    def matrix_lr_mul(self, index: Tensor) -> Tensor:
+        """NorMuon: the learning-rate multiplier of the bank's matrices `index`: the table's
+        matrix_lr_muls times √(rows/cols) for tall matrices (#42, T2.4)."""
+        rows, cols = self.matrix_shape
+        return torch.tensor(self.matrix_lr_muls)[index % len(self.matrix_lr_muls)] * max(1.0, rows / cols) ** 0.5
+def _fp32_from_bf16_and_mantissa(hi: Tensor, mantissa: Tensor) -> Tensor:
+    """The exact fp32 master weight whose top 16 bits are the bf16 weight (T2.6)."""
+    bits = (hi.view(torch.int16).to(torch.int32) << 16) | (mantissa.to(torch.int32) & 0xFFFF)
+    return bits.view(torch.float32)
+
+
+def _split_fp32_to_bf16_and_mantissa(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Inverse of the above: truncated bf16 top half and the low 16 bits as int16."""
+    bits = x.view(torch.int32)
+    hi = (bits >> 16).to(torch.int16).view(torch.bfloat16)
+    mantissa = (((bits & 0xFFFF) ^ 0x8000) - 0x8000).to(torch.int16)
+    return hi, mantissa
+
+
+def normuon_momentum(grad: Tensor, momentum: Tensor, mu: Tensor, grad_scale: float) -> Tensor:
+    """Nesterov momentum in EMA form: m ← μm + (1−μ)g, returns (1−μ)g + μm (#3, T2.2)."""
+    g = grad.float() * grad_scale
+    momentum.lerp_(g, 1 - mu)
+    return g.lerp(momentum, mu)
+
+
+def normuon_update(update: Tensor, second_moment: Tensor, weight: Tensor, mantissa: Tensor | None,
+                   lr: Tensor, lr_muls: Tensor, wd_lr: Tensor, beta2: float, axis: int):
+    """NorMuon (arXiv 2510.05491, #41; T2.4): per-row (axis -1) or per-column (axis -2) RMS equalization
+    of the orthogonalized update by an EMA second moment, keeping each matrix's Frobenius norm;
+    then the step with cautious, lr-coupled weight decay (#43, T2.5) on the fp32 master weight."""
+    O = update.float()
+    n = O.size(axis)
+    v_mean = O.square().mean(axis, keepdim=True)
+    norm = (v_mean.sum((-2, -1), keepdim=True) * n).sqrt()
+    second_moment.lerp_(v_mean, 1 - beta2)
+    scale = second_moment.clamp_min(1e-10).rsqrt()
+    scaled_norm = (v_mean * scale.square()).sum((-2, -1), keepdim=True).mul(n).sqrt()
+    O = O * scale * (norm / scaled_norm.clamp_min(1e-10))
+    lr_eff = lr * lr_muls
+    w32 = weight.float() if mantissa is None else _fp32_from_bf16_and_mantissa(weight, mantissa)
+    decay = (O * w32 >= 0) * w32 * (wd_lr * lr_eff)
+    w32 = w32 - lr_eff * O - decay
+    if mantissa is None:
+        weight.copy_(w32)
+    else:
+        hi, low = _split_fp32_to_bf16_and_mantissa(w32)
+        weight.copy_(hi)
+        mantissa.copy_(low)
+
+
+def normuon_bank_step(grad: Tensor, momentum: Tensor, second_moment: Tensor, weight: Tensor,
+                      mantissa: Tensor | None, mu: Tensor, lr: Tensor, lr_muls: Tensor, wd_lr: Tensor,
+                      grad_scale: float, beta2: float, axis: int, method: str, use_triton: bool):
+    """A whole NorMuon step of one bank shard: Nesterov momentum, orthogonalization, variance
+    normalization and the cautious update; compiled as one graph per bank (#74, T2.3)."""
+    update = normuon_momentum(grad, momentum, mu, grad_scale)
+    orthogonal = polar_iterations(polar_normalize(update, method), method, use_triton)
+    normuon_update(orthogonal, second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
+
+
+def adam_update(grad: Tensor, weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step_size: Tensor,
+                wd_lr2: Tensor, beta1: float, beta2: float, eps: float, grad_scale: float):
+    """Adam with cautious weight decay (#50, T2.5): decay only where the update shrinks |w|; strength
+    lr²·wd so it follows the schedule. step_size carries the bias correction."""
+    g = grad.float() * grad_scale
+    exp_avg.lerp_(g, 1 - beta1)
+    exp_avg_sq.lerp_(g.square(), 1 - beta2)
+    w = weight.float()
+    u = step_size * exp_avg / (exp_avg_sq.sqrt() + eps)
+    u = u + (u * w > 0) * w * wd_lr2
+    weight.copy_(w - u)
+
+
+class RankRows:
+    """This rank's rows of a parameter viewed as (n, ...): rows [start, start + rows) of a padded
+    (n_pad = rows·world, ...) layout. Padding rows exist only in communication buffers. A 0-d
+    parameter counts as one row (it is always replicated)."""
+
+    def __init__(self, view_shape: tuple[int, ...], rank: int, world: int):
+        self.view_shape = view_shape
+        n = view_shape[0] if view_shape else 1
+        self.rows = -(-n // world)
+        self.padded = self.rows * world != n
+        self.start = rank * self.rows
+        self.real_rows = max(0, min(n - self.start, self.rows))
+
+    def full(self, t: Tensor) -> Tensor:
+        return t.view(self.view_shape)
+
+
+class NorMuonAdam:
+    """One optimizer for every parameter, without DDP (#61, T2.1).
+
+    step(): (1) launch the gradient reductions asynchronously, bf16 on the wire: all-reduce for
+    replicated parameters, reduce-scatter for sharded ones; (2) update in the same order: wait for
+    a reduction, update this rank's rows, launch their all-gather; (3) wait for the gathers.
+    Gradients are SUM-reduced and scaled by 1/world in the update functions.
+    The order (`comm_order`): small replicated parameters, then the NorMuon banks, then the big
+    sharded Adam tables, each group in table order. NCCL runs collectives in launch order, so
+    waiting in launch order never waits for an unrelated reduction, and bank i is orthogonalized
+    while bank i+1 and the tables are still reducing.
+
+    Step sizes: a NorMuon matrix moves by muon_lr × the schedule's lr multiplier × its spec's lr_mul
+    × spec.matrix_lr_mul(i); an Adam parameter by adam_lr × the lr multiplier × its spec's lr_mul.
+
+    Tied embedding (#51, #53; T3.15): while tied, embed's gradient is added to lm_head's, only lm_head
+    is reduced and updated and embed is overwritten with it; untie() hands lm_head's Adam state to
+    embed. Both are stored (vocab, dim), so tying needs no transpose."""
+
+    def __init__(self, params: dict[str, nn.Parameter], specs: dict[str, ParamSpec], config: OptimConfig,
+                 rank: int = 0, world_size: int = 1, tied: tuple[str, str] | None = None):
+        self.params, self.specs, self.config = params, specs, config
+        self.rank, self.world = rank, world_size
+        self.tied = tied  # (follower, leader) = ("embed", "lm_head") while tied
+        self.comm_order = sorted((label for label in specs if label in params),
+                                 key=lambda label: (specs[label].comm != "replicated", specs[label].optimizer != "normuon"))
+        self.grad_scale = 1.0 / world_size
+        self.state: dict[str, dict[str, Tensor | int]] = {}
+        self.rows: dict[str, RankRows] = {}
+        self.lr_muls: dict[str, Tensor] = {}  # NorMuon: per-matrix lr multipliers of the local rows
+        on_cuda = next(iter(params.values())).is_cuda
+        self.use_triton = triton_applies(next(iter(params.values())))  # symmetric kernels on every bank
+        compile_fn = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if (on_cuda and config.compile) else (lambda f: f)
+        self._normuon_fn = compile_fn(normuon_bank_step)
+        self._adam_fn = compile_fn(adam_update)
+        for label, p in params.items():
+            self._init_state(label, p, specs[label])
+
+    def _init_state(self, label: str, p: Tensor, spec: ParamSpec):
+        view = (-1, *spec.matrix_shape) if spec.optimizer == "normuon" else tuple(p.shape)
+        view = tuple(p.view(view).shape)
+        rows = self.rows[label] = RankRows(view, self.rank, self.world)
+        local = (rows.rows, *view[1:]) if spec.comm == "sharded" else view
+        st = self.state[label] = {}
+        zeros = lambda shape, dtype=torch.float32: torch.zeros(shape, dtype=dtype, device=p.device)  # noqa: E731
+        if spec.optimizer == "adam":
+            st.update(exp_avg=zeros(local), exp_avg_sq=zeros(local), step=0)
+            return
+        matrix_rows, cols = spec.matrix_shape
+        st["momentum"] = zeros(local)
+        st["second_moment"] = zeros((local[0], matrix_rows, 1) if matrix_rows >= cols else (local[0], 1, cols))
+        if self.config.mantissa_tracking and p.dtype == torch.bfloat16:
+            st["mantissa"] = zeros(local, torch.int16)
+        index = torch.arange(local[0]) + (rows.start if spec.comm == "sharded" else 0)
+        self.lr_muls[label] = spec.matrix_lr_mul(index).view(-1, 1, 1).to(p.device)
+
+    # --- step ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, lr_multiplier: float = 1.0, momentum: float = 0.95, adam: bool = True):
+        """One update: NorMuon on the banks with this momentum, Adam on the rest when `adam` (the
+        schedule runs it on every other step with two steps' gradients, T2.7)."""
+        params = self.params
+        follower, leader = self.tied if self.tied else (None, None)
+        if follower and adam and params[follower].grad is not None:
+            params[leader].grad.add_(params[follower].grad)
+        active = [label for label in self.comm_order
+                  if params[label].grad is not None and label != follower
+                  and (adam or self.specs[label].optimizer == "normuon")]
+        reductions = [self._launch_reduction(label) for label in active]
+        gathers = []
+        for label, (work, grad) in zip(active, reductions):
+            if work is not None:
+                work.wait()
+            gathers.append(self._update(label, grad, lr_multiplier, momentum))
+        for gather in gathers:
+            if gather is not None:
+                gather()
+        if follower and adam:
+            params[follower].copy_(params[leader])
+        for label in active + ([follower] if follower and adam else []):
+            params[label].grad = None
+
+    def _launch_reduction(self, label: str):
+        p, spec, rows = self.params[label], self.specs[label], self.rows[label]
+        grad = p.grad
+        if self.world == 1:
+            return None, rows.full(grad)
+        if spec.comm == "replicated":
+            return dist.all_reduce(grad, op=dist.ReduceOp.SUM, async_op=True), rows.full(grad)
+        full = rows.full(grad)
+        if rows.padded:
+            padded = full.new_zeros((rows.rows * self.world, *full.shape[1:]))
+            padded[: full.size(0)] = full
+            full = padded
+        local = full.new_empty((rows.rows, *full.shape[1:]))
+        return dist.reduce_scatter_tensor(local, full, op=dist.ReduceOp.SUM, async_op=True), local
+
+    def _local_weight(self, label: str) -> tuple[Tensor, Tensor, bool]:
+        """(the full weight as viewed, this rank's rows of it, whether they are sharded)."""
+        p, spec, rows = self.params[label], self.specs[label], self.rows[label]
+        full_weight = rows.full(p.data)
+        if not (spec.comm == "sharded" and self.world > 1):
+            return full_weight, full_weight, False
+        if rows.padded:
+            weight = full_weight.new_zeros((rows.rows, *full_weight.shape[1:]))
+            weight[: rows.real_rows] = full_weight[rows.start: rows.start + rows.real_rows]
+            return full_weight, weight, True
+        return full_weight, full_weight[rows.start: rows.start + rows.rows], True
+
+    def _update(self, label: str, grad: Tensor, lr_multiplier: float, momentum: float):
+        """Update this rank's rows of one parameter; returns a wait function for their all-gather."""
+        spec, st, cfg = self.specs[label], self.state[label], self.config
+        full_weight, weight, sharded = self._local_weight(label)
+        cpu = lambda x: torch.tensor(x, dtype=torch.float32)  # 0-d CPU scalars: no recompiles  # noqa: E731
+        if spec.optimizer == "normuon":
+            lr = cfg.muon_lr * lr_multiplier * spec.lr_mul
+            rows, cols = spec.matrix_shape
+            self._normuon_fn(grad, st["momentum"], st["second_moment"], weight, st.get("mantissa"),
+                             cpu(momentum), cpu(lr), self.lr_muls[label],
+                             cpu(cfg.muon_weight_decay * spec.wd_mul * cfg.muon_lr * lr_multiplier),
+                             self.grad_scale, cfg.muon_beta2, -1 if rows >= cols else -2,
+                             cfg.orthogonalizer, self.use_triton)
+        else:
+            beta1, beta2 = spec.betas
+            st["step"] += 1
+            t = st["step"]
+            lr = cfg.adam_lr * spec.lr_mul * lr_multiplier
+            step_size = lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+            self._adam_fn(grad, weight, st["exp_avg"], st["exp_avg_sq"], cpu(step_size),
+                          cpu(lr * lr * cfg.adam_weight_decay * spec.wd_mul), beta1, beta2, cfg.adam_eps,
+                          self.grad_scale)
+        if not sharded:
+            return None
+        if self.rows[label].padded:
+            gathered = weight.new_empty((self.rows[label].rows * self.world, *weight.shape[1:]))
+            work = dist.all_gather_into_tensor(gathered, weight, async_op=True)
+            n = full_weight.size(0)
+            return lambda: (work.wait(), full_weight.copy_(gathered[:n]))
+        work = dist.all_gather_into_tensor(full_weight, weight, async_op=True)  # in place
+        return work.wait
+
+    # --- state ----------------------------------------------------------------------------------
+    def untie(self):
+        """Give the follower (embed) the leader's (lm_head's) Adam state and update both from now on (#53)."""
+        follower, leader = self.tied
+        for key in ("exp_avg", "exp_avg_sq"):
+            self.state[follower][key].copy_(self.state[leader][key])
+        self.state[follower]["step"] = self.state[leader]["step"]
+        self.tied = None
+
+    def state_dict(self) -> dict:
+        return {"tied": self.tied,
+                "state": {label: {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in st.items()}
+                          for label, st in self.state.items()}}
+
+    def load_state_dict(self, state: dict):
+        self.tied = state["tied"]
+        for label, st in state["state"].items():
+            for key, value in st.items():
+                if isinstance(value, Tensor):
+                    self.state[label][key].copy_(value)  # in place: compiled functions keep their inputs
+                else:
+                    self.state[label][key] = value
+
+# =============================================================================================
+# Data
+# =============================================================================================
+
+BOS_ID = 50256  # <|endoftext|> precedes every document
+SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256
+SHARD_HEADER_BYTES = 4 * SHARD_HEADER_INTS
+DOWNLOAD_HINT = "download FineWeb shards with `python data/cached_fineweb10B.py 9`, or point TRAIN_FILES / VAL_FILES at your shards"
+MAX_DOCS_PER_BATCH = {16384: 64, 32768: 96, 49152: 128}  # cu_seqlens lengths (#78)
+
+
+class ShardError(ValueError):
+    """A token shard that cannot be used; the message names the file and the defect."""
+
+
+def read_shard_header(path: str) -> int:
+    """Check a shard's magic, version and size; return its token count."""
+    size = os.path.getsize(path)
+    if size < SHARD_HEADER_BYTES:
+        raise ShardError(f"{path}: {size} bytes, shorter than the {SHARD_HEADER_BYTES}-byte header (truncated download?)")
+    header = np.fromfile(path, dtype="<i4", count=SHARD_HEADER_INTS)
+    if header[0] != SHARD_MAGIC:
+        raise ShardError(f"{path}: bad magic {header[0]} (expected {SHARD_MAGIC}): not a token shard")
+    if header[1] != SHARD_VERSION:
+        raise ShardError(f"{path}: unsupported shard version {header[1]} (expected {SHARD_VERSION})")
+    tokens = int(header[2])
+    expected = SHARD_HEADER_BYTES + 2 * tokens
+    if size != expected:
+        raise ShardError(f"{path}: header says {tokens} tokens ({expected} bytes) but the file has {size} bytes "
+                         f"(truncated or corrupt: download it again)")
+    return tokens
+
+
+def find_shards(pattern: str) -> list[str]:
+    files = sorted(glob.glob(pattern))
+    if not files:
+        raise FileNotFoundError(f"no token shards match {pattern!r}: {DOWNLOAD_HINT}")
+    for path in files:
+        read_shard_header(path)
+    return files
+
+
+class Shard:
+    """One shard's tokens in (pinned) host memory and the positions of its documents' BOS tokens."""
+
+    def __init__(self, path: str, pin_memory: bool):
+        n = read_shard_header(path)
+        storage = torch.empty(n, dtype=torch.int16, pin_memory=pin_memory)
+        self.tokens = storage.numpy().view(np.uint16)
+        with open(path, "rb") as f:
+            f.seek(SHARD_HEADER_BYTES)
+            if f.readinto(self.tokens) != 2 * n:
+                raise ShardError(f"{path}: could not read {n} tokens")
+        self.path = path
+        self.bos = np.flatnonzero(self.tokens == BOS_ID)
+
+
+def max_docs_per_batch(tokens: int) -> int:
+    return MAX_DOCS_PER_BATCH.get(tokens) or max(16, -(-(tokens // 300) // 128) * 128)
+
+
+def plan_batch(bos: np.ndarray, first_doc: int, shard_len: int, tokens: int, num_ranks: int,
+               max_seq_len: int, max_docs: int):
+    """BOS-aligned packing (#26, T1.2): every rank gets consecutive documents starting at a
+    BOS, each truncated to max_seq_len and the last cut to fit, totalling exactly tokens+1.
+    A rank's (max_docs)-th segment takes all it still needs, across document boundaries, so that
+    cu_seqlens keeps a fixed length. Returns (per-rank [(start, end)], next document index), or
+    None when the shard runs out (the caller re-plans from the next shard)."""
+    plan, i = [], first_doc
+    for _ in range(num_ranks):
+        segments, length = [], 0
+        while length < tokens + 1:
+            if i >= len(bos):
+                return None
+            start = int(bos[i])
+            need = tokens + 1 - length
+            if len(segments) == max_docs - 1:
+                end = start + need
+                if end > shard_len:
+                    return None
+                i = int(np.searchsorted(bos, end))
+            else:
+                next_start = int(bos[i + 1]) if i + 1 < len(bos) else shard_len
+                end = min(next_start, start + max_seq_len, start + need)
+                i += 1
+            segments.append((start, end))
+            length += end - start
+        plan.append(segments)
+    return plan, i
+
+
+def cu_seqlens_for(lengths: list[int], tokens: int, max_docs: int) -> np.ndarray:
+    """[0, c1, ..., tokens] for segments of the given lengths (the last one loses its final token,
+    which is only a target), padded to max_docs+1 entries by repeating tokens."""
+    cu = np.full(max_docs + 1, tokens, dtype=np.int32)
+    cu[0] = 0
+    cu[1: len(lengths) + 1] = np.minimum(np.cumsum(lengths), tokens)
+    return cu
+
+
+class TrainLoader:
+    """Training batches for one rank: the planner's slice of consecutive documents, the next shard
+    loaded by a background thread, cycling over the files when they run out (logged once per
+    pass). next_batch() accepts a new batch size and max_seq_len at any step."""
+
+    def __init__(self, pattern: str, rank: int, world_size: int, device: torch.device, log=print,
+                 grad_accum: int = 1):
+        self.files = find_shards(pattern)
+        self.rank, self.world_size, self.device, self.log = rank, world_size, device, log
+        self.grad_accum = grad_accum
+        self._step_slices, self._step_shape = [], None  # this rank's remaining micro-batches of the step
+        self.pin_memory = device.type == "cuda"
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        self.file_index, self.passes, self.doc_cursor = 0, 1, 0
+        self.shard = Shard(self.files[0], self.pin_memory)
+        self._next_shard = self._pool.submit(Shard, self.files[1 % len(self.files)], self.pin_memory)
+
+    def _advance_shard(self):
+        self.file_index += 1
+        if self.file_index % len(self.files) == 0:
+            self.passes += 1
+            self.log(f"data: starting pass {self.passes} over {len(self.files)} train files")
+        self.shard = self._next_shard.result()
+        following = self.files[(self.file_index + 1) % len(self.files)]
+        self._next_shard = self._pool.submit(Shard, following, self.pin_memory)
+        self.doc_cursor = 0
+
+    def next_batch(self, tokens: int, max_seq_len: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(inputs int32 (tokens,), targets int32 (tokens,), cu_seqlens int32) on the device."""
+        max_docs = max_docs_per_batch(tokens)
+        if self._step_slices and self._step_shape != (tokens, max_seq_len):
+            raise ValueError(f"batch shape changed to {(tokens, max_seq_len)} in the middle of a step "
+                             f"planned for {self._step_shape}")
+        if not self._step_slices:
+            # Plan the whole step (world_size x grad_accum slices) at once, so that a shard
+            # boundary falls at the same place on 1, 2, 4 or 8 GPUs.
+            ranks = self.world_size * self.grad_accum
+            for _ in range(2 * len(self.files) + 1):
+                planned = plan_batch(self.shard.bos, self.doc_cursor, len(self.shard.tokens), tokens,
+                                     ranks, max_seq_len, max_docs)
+                if planned is not None:
+                    break
+                self._advance_shard()
+            else:
+                raise ShardError(f"no train shard holds a batch of {tokens} tokens x {ranks} slices: shards too small")
+            plan, self.doc_cursor = planned
+            self._step_slices = [plan[k * self.world_size + self.rank] for k in range(self.grad_accum)]
+            self._step_shape = (tokens, max_seq_len)
+        segments = self._step_slices.pop(0)
+        buf = torch.empty(tokens + 1, dtype=torch.int32, pin_memory=self.pin_memory)
+        np.concatenate([self.shard.tokens[s:e] for s, e in segments], out=buf.numpy(), casting="safe")
+        cu = torch.from_numpy(cu_seqlens_for([e - s for s, e in segments], tokens, max_docs))
+        if self.pin_memory:
+            cu = cu.pin_memory()
+        buf = buf.to(self.device, non_blocking=True)
+        return buf[:-1], buf[1:], cu.to(self.device, non_blocking=True)
+
+
+class ValidationSet:
+    """The first val_tokens (+1) tokens of the validation files, in chunks of seq_len tokens
+    (chunk i is evaluated by rank i % world_size); documents are not truncated."""
+
+    def __init__(self, pattern: str, val_tokens: int, seq_len: int, rank: int, world_size: int, device: torch.device):
+        if val_tokens % seq_len:
+            raise ValueError(f"VAL_TOKENS={val_tokens} must be a multiple of VAL_SEQ_LEN={seq_len}")
+        parts, have = [], 0
+        for path in find_shards(pattern):
+            parts.append(Shard(path, pin_memory=False).tokens)
+            have += len(parts[-1])
+            if have > val_tokens:
+                break
+        if have < val_tokens + 1:
+            raise ShardError(f"validation files {pattern!r} hold {have} tokens; VAL_TOKENS={val_tokens} needs {val_tokens + 1}")
+        self.tokens = np.concatenate(parts)[: val_tokens + 1].astype(np.int32)
+        self.seq_len, self.device = seq_len, device
+        self.chunks = list(range(rank, val_tokens // seq_len, world_size))
+        self.max_docs = max_docs_per_batch(seq_len)
+
+    def batch(self, chunk: int) -> tuple[Tensor, Tensor, Tensor]:
+        seq = self.tokens[chunk * self.seq_len: (chunk + 1) * self.seq_len + 1]
+        starts = np.flatnonzero(seq[:-1] == BOS_ID)
+        bounds = np.unique(np.concatenate([[0], starts, [self.seq_len]]))
+        lengths = list(np.diff(bounds))
+        if len(lengths) > self.max_docs:  # fold the excess documents into the last segment
+            lengths = lengths[: self.max_docs - 1] + [int(sum(lengths[self.max_docs - 1:]))]
+        cu = cu_seqlens_for(lengths, self.seq_len, self.max_docs)
+        seq = torch.from_numpy(seq).to(self.device)
+        return seq[:-1], seq[1:], torch.from_numpy(cu).to(self.device)
+
+    def __iter__(self):
+        return (self.batch(chunk) for chunk in self.chunks)
+
+
+GPT2_SPECIAL_TOKEN = "<|endoftext|>"
+
+
+def gpt2_token_bytes(tokenizer_dir: str) -> dict[int, bytes]:
+    """The byte string of every GPT-2 token id (the special token excluded), read from
+    tokenizer_dir/encoder.json, whose keys spell bytes in GPT-2's byte-level alphabet: printable
+    Latin-1 characters stand for their own byte, the other bytes for chr(256 + n) in byte order."""
+    path = os.path.join(tokenizer_dir, "encoder.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"the prefix-token loss (PREFIX_LOSS=1) needs GPT-2's vocabulary file {path}: "
+            f"`python data/cached_fineweb10B.py` fetches it into data/gpt2/ with the shards; or set "
+            f"TOKENIZER_DIR to a folder holding encoder.json, or PREFIX_LOSS=0 to train without that loss")
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    byte_of = {chr(b): b for b in printable}
+    byte_of.update({chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in printable)})
+    try:
+        with open(path, encoding="utf-8") as f:
+            encoder = json.load(f)
+        return {int(i): bytes(byte_of[c] for c in token) for token, i in encoder.items() if token != GPT2_SPECIAL_TOKEN}
+    except (ValueError, KeyError) as error:
+        raise ValueError(f"{path} is not a GPT-2 encoder.json ({type(error).__name__}: {error})") from None
+
+
+def prefix_token_ids(token_bytes: dict[int, bytes], vocab_size: int) -> Tensor:
+    """For every id: the token whose bytes are the longest proper prefix of its bytes, -1 where none
+    is a token (single bytes, the special token, padding ids) (#88, T4.3)."""
+    id_of = {b: i for i, b in token_bytes.items()}
+    table = [-1] * vocab_size
+    for i, b in token_bytes.items():
+        if i >= vocab_size:
+            raise ValueError(f"token id {i} does not fit the vocabulary of {vocab_size} (VOCAB_SIZE)")
+        table[i] = next((id_of[b[:n]] for n in range(len(b) - 1, 0, -1) if b[:n] in id_of), -1)
+    return torch.tensor(table, dtype=torch.long)
+
+
+# =============================================================================================
+# Schedule and training
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one step takes from the schedule: the loader its batch shape, the model its windows,
+    target columns and loss weights, the optimizer its learning-rate multiplier, momentum and
+    whether Adam runs."""
+    step: int
+    stage: int
+    tokens_per_rank: int
+    shape: ForwardShape
+    target_weights: tuple[float, ...]  # multi-token prediction targets, then the prefix target
+    long_windows: tuple[int, ...]  # the long window of every stage so far, in tokens (YaRN)
+    lr_multiplier: float
+    momentum: float
+    adam_step: bool
+    untie: bool  # untie embed and lm_head after this step
+
+
+class Schedule:
+    """The stage table (T5.1) turned into per-step plans: stage boundaries at the cumulative
+    fractions of the scheduled steps, then the extension; a linear cooldown of the lr multiplier to
+    the floor; the Muon momentum warm-up and cool-down (T2.8)."""
+
+    def __init__(self, config: ScheduleConfig):
+        self.config = cfg = config
+        n = cfg.num_scheduled_iterations
+        self.num_scheduled = n
+        fractions = [stage.fraction for stage in cfg.stages[:-1]]
+        self.stage_starts = [round(n * sum(fractions[:k])) for k in range(len(fractions))] + [n]
+        self.total_steps = n + cfg.num_extension_iterations
+        self.cooldown_start = int(n * (1 - cfg.cooldown_frac))
+        self.untie_step = (round(n * cfg.untie_embed_at) | 1) if cfg.untie_embed_at > 0 else None  # an Adam step
+
+    def plan(self, step: int, final: bool = False) -> StepPlan:
+        """The plan of `step`; `final`: the last validation's, with FINAL_LONG_WINDOW."""
+        cfg, stage = self.config, self.stage(step)
+        row, block = cfg.stages[stage], cfg.window_block_size
+        tau = self.stage_progress(step)
+        mtp = [interpolate(w, tau) for w in row.mtp_weights] if cfg.multi_token_prediction else [1.0]
+        prefix = interpolate(row.prefix_weight, tau) if cfg.prefix_loss and row.prefix_weight else None
+        long = cfg.final_long_window if final else row.long_window
+        windows = (row.short_window * block, long * block) if cfg.sliding_windows else (NO_WINDOW, NO_WINDOW)
+        return StepPlan(
+            step=step, stage=stage, tokens_per_rank=row.batch_tokens // RANKS_PER_STEP,
+            shape=ForwardShape(*windows, row.max_seq_len, len(mtp), prefix is not None),
+            target_weights=tuple(mtp + ([] if prefix is None else [prefix])),
+            long_windows=tuple(s.long_window * block for s in cfg.stages[: stage + 1]),
+            lr_multiplier=self.lr_multiplier(step), momentum=self.momentum(step),
+            adam_step=step % 2 == 1 or not cfg.adam_every_other_step, untie=step == self.untie_step)
+
+    def stage(self, step: int) -> int:
+        return max(i for i, start in enumerate(self.stage_starts) if step >= start)
+
+    def stage_progress(self, step: int) -> float:
+        """Fraction of the current stage elapsed before this step."""
+        stage = self.stage(step)
+        start, end = self.stage_starts[stage], (self.stage_starts + [self.total_steps])[stage + 1]
+        return (step - start) / (end - start)
+
+    def lr_multiplier(self, step: int) -> float:
+        stage_mul = self.config.stages[self.stage(step)].lr_mul
+        if step < self.cooldown_start:
+            return stage_mul
+        tau = min(1.0, (step - self.cooldown_start) / (self.num_scheduled - self.cooldown_start))
+        return stage_mul * (1 - tau) + self.config.lr_floor * tau
+
+    def momentum(self, step: int) -> float:
+        cfg = self.config
+        low, high = cfg.muon_momentum_min, cfg.muon_momentum_max
+        warm = min(1.0, step / cfg.muon_momentum_warmup_steps) if cfg.muon_momentum_warmup_steps else 1.0
+        cooldown_start = self.total_steps - cfg.muon_momentum_cooldown_steps
+        if step > cooldown_start:
+            return high - (high - low) * (step - cooldown_start) / cfg.muon_momentum_cooldown_steps
+        return low + (high - low) * warm
+
+    def warmup_steps(self) -> list[int]:
+        """Steps whose graphs the warm-up compiles: the first two and both sides of every stage start."""
+        steps = {0, 1}
+        for start in self.stage_starts[1:]:
+            steps.update(s for s in range(start - 2, start + 2) if 0 <= s < self.total_steps)
+        return sorted(steps)
+
+
+def interpolate(weights: tuple[float, float], tau: float) -> float:
+    """A stage's weight at fraction tau of it: (start, end) linearly."""
+    start, end = weights
+    return start if start == end else start * (1 - tau) + end * tau
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+class RunLog:
+    """Rank 0 writes logs/<run_id>.txt and echoes chosen lines to the console."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        if path:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+
+    def __call__(self, text: str, console: bool = True):
+        if self.path is None:
+            return
+        if console:
+            print(text, flush=True)
+        with open(self.path, "a") as f:
+            f.write(text + "\n")
+
+
+def environment_report() -> str:
+    try:
+        smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout.rstrip()
+    except (OSError, subprocess.TimeoutExpired):
+        smi = ""
+    lines = [f"Running Python {sys.version.replace(chr(10), ' ')}",
+             f"Running PyTorch {torch.__version__} compiled for CUDA {torch.version.cuda}",
+             f"Running Triton version {triton.__version__ if triton else 'not installed'}",
+             smi or "nvidia-smi: not available"]
+    return "\n".join(lines)
+
+
+def environment_overrides(environ=os.environ) -> str:
+    """The hyperparameter variables set for this run, as shell assignments (RUN_ID excluded)."""
+    names = [f.name.upper() for f in dataclasses.fields(Hyperparameters) if f.name not in ("run_id", "stages")]
+    names += [f"STAGE_{column.upper()}" for column in STAGE_COLUMNS]
+    return " ".join(f"{name}={shlex.quote(environ[name])}" for name in names if name in environ)
+
+
+def data_label(hp: Hyperparameters) -> str:
+    name = os.path.basename(hp.train_files).lower()
+    kind = "proxy" if "proxy" in name else "FineWeb" if name.startswith("fineweb_") else "custom"
+    return f"{kind} (train {hp.train_files}; val {hp.val_files}, {hp.val_tokens} tokens)"
+
+
+def check_hyperparameters(hp: Hyperparameters):
+    stages = hp.stages
+    if len(stages) < 2 or stages[-1].fraction is not None or any(s.fraction is None for s in stages[:-1]):
+        raise ValueError("the stage table needs stages with a fraction of the scheduled steps, then the extension")
+    if abs(sum(s.fraction for s in stages[:-1]) - 1) > 1e-9:
+        raise ValueError("the stages' fractions of the scheduled steps must add up to 1")
+    total_steps = Schedule(ScheduleConfig.from_hyperparameters(hp)).total_steps
+    if not 0 <= hp.stop_after <= total_steps:
+        raise ValueError(f"STOP_AFTER={hp.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
+    for stage in stages:
+        if stage.batch_tokens % RANKS_PER_STEP:
+            raise ValueError(f"STAGE_BATCH_TOKENS entry {stage.batch_tokens} is not divisible by {RANKS_PER_STEP}")
+
+
+class Trainer:
+    """Owns the model, optimizer, schedule and data of one run, and performs its steps."""
+
+    def __init__(self, hp: Hyperparameters, rank: int, world_size: int, device: torch.device, log: RunLog):
+        self.hp, self.rank, self.world_size, self.device, self.log = hp, rank, world_size, device, log
+        self.grad_accum = grad_accum_steps(hp, world_size)
+        self.grad_scale = 1.0 / self.grad_accum
+        self.schedule = Schedule(ScheduleConfig.from_hyperparameters(hp))
+        self.last_step = hp.stop_after or self.schedule.total_steps  # the run's final validation
+        torch.manual_seed(hp.seed)
+        self.model = GPT(ModelConfig.from_hyperparameters(hp)).to(device)
+        if world_size > 1:  # the same initialization on every rank
+            random_buffers = [self.model.bigram_signs] if hp.bigram_embed else []
+            for tensor in [*self.model.parameters(), *random_buffers]:
+                dist.broadcast(tensor.data, 0)
+        self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), self.model.param_specs(),
+                                     OptimConfig.from_hyperparameters(hp), rank, world_size, tied=("embed", "lm_head"))
+        compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.compile else (lambda f: f)
+        self.training_loss = compiled(self.model.training_loss)
+        self.evaluation_loss = compiled(self.model.evaluation_loss)
+        self.val_set = ValidationSet(hp.val_files, hp.val_tokens, hp.val_seq_len, rank, world_size, device)
+        self.token_bytes = gpt2_token_bytes(hp.tokenizer_dir) if hp.prefix_loss else None
+        self.long_windows = None  # those the model's rotary tables are set for
+        self.losses = torch.zeros(self.schedule.total_steps, device=device)
+        self.checked_steps = 0
+        # Every step's target-column weights on the device, made once: a per-step copy from host
+        # memory would block the CPU until the GPU drained its queue, exposing launch gaps.
+        self.target_weights = [torch.tensor(self.schedule.plan(step).target_weights, device=device)
+                               for step in range(self.schedule.total_steps)]
+
+    def set_long_windows(self, plan: StepPlan):
+        """The YaRN state that lives in the model, refreshed when a stage changes the long window."""
+        if plan.long_windows != self.long_windows:
+            self.model.set_long_windows(list(plan.long_windows))
+            self.long_windows = plan.long_windows
+
+    def train_step(self, plan: StepPlan, loader: "TrainLoader") -> Tensor:
+        self.set_long_windows(plan)
+        target_weights = self.target_weights[plan.step]
+        mean_ce = torch.zeros((), device=self.device)
+        for _ in range(self.grad_accum):
+            inputs, targets, cu_seqlens = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)
+            loss, ce = self.training_loss(inputs, targets, cu_seqlens, plan.shape, target_weights, self.grad_scale)
+            loss.backward()
+            mean_ce += ce / self.grad_accum
+        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step)
+        if plan.untie and self.optimizer.tied:
+            self.optimizer.untie()
+        self.losses[plan.step] = mean_ce
+        return mean_ce
+
+    @torch.no_grad()
+    def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> float:
+        plan = self.schedule.plan(step, final)
+        self.set_long_windows(plan)
+        shape = dataclasses.replace(plan.shape, max_seq_len=self.hp.val_seq_len, n_predict=1, prefix_target=False)
+        total = torch.zeros((), device=self.device)
+        count = 0
+        for i, (inputs, targets, cu_seqlens) in enumerate(self.val_set):
+            if max_batches is not None and i >= max_batches:
+                break
+            total += self.evaluation_loss(inputs, targets, cu_seqlens, shape, min(32768, self.hp.val_seq_len))
+            count += inputs.numel()
+        stats = torch.stack([total, torch.tensor(float(count), device=self.device)])
+        if self.world_size > 1:
+            dist.all_reduce(stats)
+        return (stats[0] / stats[1]).item()
+
+    def global_mean(self, value: Tensor) -> float:
+        """Mean of a per-rank scalar over all ranks (a collective: every rank must call it)."""
+        value = value.detach().clone()
+        if self.world_size > 1:
+            dist.all_reduce(value)
+        return value.item() / self.world_size
+
+    def check_finite(self, upto: int):
+        """Stop at the first non-finite training loss among the steps not checked yet."""
+        recent = self.losses[self.checked_steps: upto].clone()
+        if self.world_size > 1:
+            dist.all_reduce(recent)  # a NaN on any rank shows on every rank
+        bad = (~torch.isfinite(recent)).nonzero()
+        if len(bad):
+            step = self.checked_steps + int(bad[0])
+            raise NonFiniteLoss(f"non-finite training loss {recent[int(bad[0])].item()} at step {step} "
+                                f"(detected at step {upto}); lower the learning rates or check the data")
+        self.checked_steps = upto
+
+    def warmup(self):
+        """Compile every graph the run will use (each stage's shapes, Adam and non-Adam steps, the
+        untie step, every validation shape) on real steps, then restore the initial state (#47, T5.2)."""
+        steps = [step for step in self.schedule.warmup_steps() if step < self.last_step]
+        self.log(f"Compiling model and warming up kernels on steps {steps}")
+        initial_model = copy.deepcopy(self.model.state_dict())
+        initial_optimizer = self.optimizer.state_dict()
+        loader = TrainLoader(self.hp.train_files, self.rank, self.world_size, self.device, log=lambda _: None,
+                             grad_accum=self.grad_accum)
+        start = time.perf_counter()
+        for step in steps:
+            if step < self.schedule.num_scheduled:  # validations happen in the stages and at the end
+                self.evaluate(step, max_batches=1)
+            self.train_step(self.schedule.plan(step), loader)
+            self._sync()
+            self.log(f"warm-up step {step} done at {time.perf_counter() - start:.0f}s")
+        self.evaluate(self.last_step, final=self.last_step == self.schedule.total_steps, max_batches=1)
+        self.log(f"Compile and warm-up took {time.perf_counter() - start:.0f}s. Resetting model")
+        self.model.load_state_dict(initial_model)
+        self.optimizer.load_state_dict(initial_optimizer)
+        self.losses.zero_()
+        self.long_windows = None
+
+    def run(self) -> float:
+        hp, total = self.hp, self.schedule.total_steps
+        if hp.warmup:
+            self.warmup()
+        loader = TrainLoader(hp.train_files, self.rank, self.world_size, self.device, log=self.log,
+                             grad_accum=self.grad_accum)
+        gc.collect()
+        self._sync()
+        training_ms, t0 = 0.0, time.perf_counter()
+        if self.token_bytes is not None:  # built on the clock, like the reference's
+            self.model.prefix_ids.copy_(prefix_token_ids(self.token_bytes, hp.vocab_size))
+        val_loss = float("nan")
+        for step in range(self.last_step + 1):
+            last = step == self.last_step
+            if last or (hp.val_loss_every > 0 and step % hp.val_loss_every == 0):
+                self._sync()
+                training_ms += 1000 * (time.perf_counter() - t0)
+                self.check_finite(step)
+                val_loss = self.evaluate(step, final=step == total)
+                self.log(f"step:{step}/{total} val_loss:{val_loss:.4f} train_time:{training_ms:.0f}ms "
+                         f"step_avg:{training_ms / max(step, 1):.2f}ms")
+                self._sync()
+                t0 = time.perf_counter()
+            if last:
+                break
+            ce = self.train_step(self.schedule.plan(step), loader)
+            if hp.nonfinite_check_every and (step + 1) % hp.nonfinite_check_every == 0:
+                self.check_finite(step + 1)
+            self.log_step(step + 1, training_ms + 1000 * (time.perf_counter() - t0), ce)
+        self.log_memory()
+        if hp.save_checkpoint:
+            self.save_checkpoint()
+        return val_loss
+
+    def log_step(self, steps_done: int, elapsed_ms: float, ce: Tensor):
+        extra = ""
+        if self.hp.train_loss_every and steps_done % self.hp.train_loss_every == 0:
+            extra = f" train_loss:{self.global_mean(ce):.4f}"
+        self.log(f"step:{steps_done}/{self.schedule.total_steps}{extra} train_time:{elapsed_ms:.0f}ms "
+                 f"step_avg:{elapsed_ms / steps_done:.2f}ms", console=steps_done % 25 == 0 or steps_done <= 10)
+
+    def log_memory(self):
+        if self.device.type == "cuda":
+            self.log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
+                     f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
+        else:
+            self.log("peak memory allocated: 0 MiB reserved: 0 MiB")
+
+    def save_checkpoint(self):
+        folder = os.path.join("checkpoints", self.hp.run_id)
+        os.makedirs(folder, exist_ok=True)
+        if self.rank == 0:
+            torch.save({"hyperparameters": dataclasses.asdict(self.hp), "model": self.model.state_dict()},
+                       os.path.join(folder, "model.pt"))
+        torch.save(self.optimizer.state_dict(), os.path.join(folder, f"optimizer_rank{self.rank}.pt"))
+        self.log(f"checkpoint: {folder}/")
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
+    """(rank, world size, device) of this process; the process group when several run."""
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if world_size not in (1, 2, 4, 8):
+        raise SystemExit(f"error: world size {world_size} is not supported: run on 1, 2, 4 or 8 GPUs "
+                         f"(gradient accumulation 8 // world_size keeps the 8-GPU math)")
+    if hp.rank_slice and world_size != 1:
+        raise SystemExit("error: RANK_SLICE=1 runs one rank's share on a single GPU: use --nproc_per_node=1")
+    if hp.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("error: no CUDA GPU visible. train_gpt.py trains on NVIDIA GPUs (H100-class); "
+                             "DEVICE=cpu runs a (very slow) CPU smoke test instead")
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device(hp.device)
+    if world_size > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
+    return rank, world_size, device
+
+
+def open_run_log(hp: Hyperparameters, rank: int, world_size: int, device: torch.device) -> RunLog:
+    """The run's log (rank 0 writes it): this source, the environment, the run's description."""
+    hp.run_id = hp.run_id or str(uuid.uuid4())
+    if world_size > 1:  # every rank logs under rank 0's id
+        shared = [hp.run_id]
+        dist.broadcast_object_list(shared, 0)
+        hp.run_id = shared[0]
+    log = RunLog(os.path.join(hp.log_dir, f"{hp.run_id}.txt") if rank == 0 else None)
+    with open(__file__) as f:
+        log(f.read().rstrip("\n") + "\n" + "=" * 100, console=False)
+    log(environment_report() + "\n" + "=" * 100, console=False)
+    hardware = f"{world_size}x {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"
+    log("\n".join([f"run_id: {hp.run_id}", f"hardware: {hardware}",
+                   f"mode: {'rank-slice' if hp.rank_slice else 'full-batch'}", f"world_size: {world_size}",
+                   f"grad_accum_steps: {grad_accum_steps(hp, world_size)}", f"data: {data_label(hp)}",
+                   f"overrides: {environment_overrides()}",
+                   f"hyperparameters: {json.dumps(dataclasses.asdict(hp))}"]))
+    return log
+
+
+def main():
+    hp = Hyperparameters.from_env()
+    check_hyperparameters(hp)
+    rank, world_size, device = init_process(hp)
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
+    log = open_run_log(hp, rank, world_size, device)
+    try:
+        Trainer(hp, rank, world_size, device, log).run()
+    except NonFiniteLoss as error:
+        log(f"error: {error}")
+        raise SystemExit(1) from None
+    except torch.OutOfMemoryError:
+        log("error: out of GPU memory. Free the GPU (other processes?), keep PYTORCH_ALLOC_CONF="
+            "expandable_segments:True, or lower STAGE_BATCH_TOKENS / VAL_SEQ_LEN for smaller GPUs.")
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+# =============================================================================================
+# Fast paths
+# =============================================================================================
+# Each fused op is one block, in this order: its torch reference (the definition and the fallback),
+# the Triton kernels, their launcher, the custom ops that keep them whole in a torch.compile graph,
+# the autograd function, and the dispatcher the model or optimizer calls. One rule picks the path:
+# a dispatcher's `use_triton=None` means triton_applies(input) (a CUDA tensor with Triton installed,
+# and the shapes the kernels take); True forces the kernels (tests run them in Triton's CPU
+# interpreter), False the reference. Features (FP8, the fused MLP in stage 1) are model choices.
+TRITON_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
+
+
+def triton_applies(t: Tensor) -> bool:
+    """Whether the Triton kernels run for this tensor by default: on CUDA, with Triton installed."""
+    return t.is_cuda and triton is not None
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# --- Orthogonalization: Polar Express (T2.3) --------------------------------------------------------
 # Polar Express (Amsel, Persson, Musco, Gower 2025; #38): five per-iteration odd quintics,
 # computed for num_iters=5, safety_factor=2e-2, cushion=2, applied after X / (1.02·‖X‖ + 1e-6).
 POLAR_EXPRESS_COEFFS = (
@@ -191,6 +1795,34 @@ ORTHOGONALIZERS = {  # name: (coefficients, norm safety factor, norm epsilon)
     "polar_express": (POLAR_EXPRESS_COEFFS, 1.02, 1e-6),
     "newton_schulz": (NEWTON_SCHULZ_COEFFS, 1.0, 1e-7),
 }
+
+
+def polar_normalize(G: Tensor, method: str = "polar_express") -> Tensor:
+    """G / (safety·‖G‖_F + eps) per matrix, in bf16: the start of the iteration."""
+    _, safety, eps = ORTHOGONALIZERS[method]
+    norm = torch.linalg.vector_norm(G.float(), dim=(-2, -1), keepdim=True)
+    return (G / (norm * safety + eps)).bfloat16()
+
+
+def _gemm_dtype(X: Tensor) -> torch.dtype:
+    # On the CPU the products run in fp32, rounded to bf16 where a bf16 GEMM rounds: same function,
+    # but CPU bf16 GEMMs run ~60x slower than fp32 without AVX512-BF16 (CI, tests).
+    return torch.float32 if X.device.type == "cpu" else torch.bfloat16
+
+
+def polar_iterations_reference(X: Tensor, method: str = "polar_express") -> Tensor:
+    """The odd-polynomial iteration on a normalized bf16 bank X (B, rows, cols) in torch. Wide and
+    square matrices iterate on X·Xᵀ, tall ones on Xᵀ·X (#74), so the symmetric products are
+    min(rows, cols)² and nothing is transposed in memory. (a·X + X·B is not folded into X·(B + a·I)
+    here: torch would round B to bf16 before adding a·I, 1.1-1.5e-2 from float64.)"""
+    coeffs, _, _ = ORTHOGONALIZERS[method]
+    tall, work = X.size(-2) > X.size(-1), _gemm_dtype(X)
+    for a, b, c in coeffs:
+        Y = X.to(work)
+        A = (Y.mT @ Y if tall else Y @ Y.mT).bfloat16().to(work)
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c).bfloat16().to(work)
+        X = (torch.baddbmm(Y, Y, B, beta=a) if tall else torch.baddbmm(Y, B, Y, beta=a)).bfloat16()
+    return X
 
 # Symmetric batched products for Newton-Schulz / Polar Express (#27, #69, #74): only output tiles
 # on or below the diagonal are computed (a 1-D enumeration of the triangle), each stored at
@@ -303,7 +1935,6 @@ SYMMETRIC_KERNEL_CONFIGS: dict[tuple[str, int, int], tuple[int, int, int, int]] 
     ("ba_plus_caa", 768, 768): (128, 64, 8, 3),
     ("xtx", 768, 3072): (128, 64, 8, 3),
 }
-TRITON_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
 
 
 def _symmetric_launch(A: Tensor, kernel: str, n_out: int, reduction: int, config: tuple | None):
@@ -349,44 +1980,28 @@ def xtx(A: Tensor, config: tuple | None = None) -> Tensor:
     return out
 
 
-def polar_normalize(G: Tensor, method: str = "polar_express") -> Tensor:
-    """G / (safety·‖G‖_F + eps) per matrix, in bf16: the start of the iteration below."""
-    _, safety, eps = ORTHOGONALIZERS[method]
-    norm = torch.linalg.vector_norm(G.float(), dim=(-2, -1), keepdim=True)
-    return (G / (norm * safety + eps)).bfloat16()
-
-
-def polar_iterations(X: Tensor, method: str = "polar_express", use_triton: bool = False) -> Tensor:
-    """The odd-polynomial iteration on a normalized bf16 bank X (B, rows, cols). Wide and square
-    matrices iterate on X·Xᵀ, tall ones on Xᵀ·X (#74), so the symmetric products are min(rows, cols)²
-    and nothing is transposed in memory. `use_triton` selects the symmetric Triton kernels above;
-    the torch path computes the same function."""
+def polar_iterations(X: Tensor, method: str = "polar_express", use_triton: bool | None = None) -> Tensor:
+    """polar_iterations_reference's function; with the symmetric Triton kernels, a·X + X·B is one
+    product X·(B + a·I), a·I added in the kernel's fp32 epilogue: baddbmm with beta != 0 first copies
+    X into its output, a device-to-device copy of the whole bank per iteration (20-40% of the torch
+    path's time on an H100, bench_orthogonalize.py --profile)."""
+    if not (triton_applies(X) if use_triton is None else use_triton):
+        return polar_iterations_reference(X, method)
     coeffs, _, _ = ORTHOGONALIZERS[method]
-    tall = X.size(-2) > X.size(-1)
-    # On the CPU the products run in fp32, rounded to bf16 where a bf16 GEMM rounds: same function,
-    # but CPU bf16 GEMMs run ~60x slower than fp32 without AVX512-BF16 (CI, tests).
-    work = torch.float32 if X.device.type == "cpu" else torch.bfloat16
+    tall, work = X.size(-2) > X.size(-1), _gemm_dtype(X)
     for a, b, c in coeffs:
         Y = X.to(work)
-        if use_triton:
-            # a·X + X·B as one bmm X·(B + a·I), a·I added in the kernel's fp32 epilogue: baddbmm with
-            # beta != 0 first copies X into its output, a device-to-device copy of the whole bank per
-            # iteration (20-40% of the torch path's time on an H100, bench_orthogonalize.py --profile).
-            B = ba_plus_caa(xtx(X) if tall else xxt(X), alpha=c, beta=b, identity=a).to(work)
-            X = (Y @ B if tall else B @ Y).bfloat16()
-        else:
-            # (Not folded: torch would round B to bf16 before adding a·I, 1.1-1.5e-2 from float64.)
-            A = (Y.mT @ Y if tall else Y @ Y.mT).bfloat16().to(work)
-            B = torch.baddbmm(A, A, A, beta=b, alpha=c).bfloat16().to(work)
-            X = (torch.baddbmm(Y, Y, B, beta=a) if tall else torch.baddbmm(Y, B, Y, beta=a)).bfloat16()
+        B = ba_plus_caa(xtx(X) if tall else xxt(X), alpha=c, beta=b, identity=a).to(work)
+        X = (Y @ B if tall else B @ Y).bfloat16()
     return X
 
 
-def orthogonalize(G: Tensor, method: str = "polar_express", use_triton: bool = False) -> Tensor:
+def orthogonalize(G: Tensor, method: str = "polar_express", use_triton: bool | None = None) -> Tensor:
     """Approximate U·Vᵀ (the orthogonal polar factor) of every matrix of a bank G (B, rows, cols), in bf16."""
     return polar_iterations(polar_normalize(G, method), method, use_triton)
 
 
+# --- lm_head and soft-capped multi-target cross-entropy (T4.1, T4.4) ---------------------------------
 # Logit soft-cap z = 23·σ((u+5)/7.5) (#54) and the FP8 lm_head scales: x/x_s and W/w_s in e4m3, the
 # logit gradient in e5m2 as du/grad_s with grad_s = FP8_GRAD_SCALE·grad_scale (#51, #55, #65).
 SOFTCAP_SCALE, SOFTCAP_SHIFT, SOFTCAP_TEMPERATURE = 23.0, 5.0, 7.5
@@ -401,8 +2016,30 @@ def softcap(logits: Tensor) -> Tensor:
     return SOFTCAP_SCALE * torch.sigmoid((u + SOFTCAP_SHIFT) / SOFTCAP_TEMPERATURE)
 
 
+def softcap_ce_reference(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float,
+                         grad_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """Plain-torch form of the fused kernel. logits u (T, V); targets (T, N) int, −1 = none;
+    weights (N,). Returns per row loss_t = Σ_k w_k·[y_tk ≥ 0]·(lse − z[y_tk]), ce0_t = lse − z[y_t0]
+    (0 where y_t0 = −1) and grad_mul·∂(Σ_t loss_t)/∂u in grad_dtype (e5m2: saturated)."""
+    z = softcap(logits)
+    lse = torch.logsumexp(z, -1, keepdim=True)
+    valid = targets >= 0
+    safe_targets = targets.clamp_min(0)
+    ce = lse - z.gather(1, safe_targets)
+    w_valid = weights.to(z.dtype) * valid
+    loss_rows = (ce * w_valid).sum(-1)
+    ce0_rows = torch.where(valid[:, 0], ce[:, 0], 0.0)
+    dz = torch.exp(z - lse) * w_valid.sum(-1, keepdim=True)
+    dz = dz.scatter_add(1, safe_targets, -w_valid)  # duplicate targets add up
+    sigma = z / SOFTCAP_SCALE
+    grad = (grad_mul * SOFTCAP_SCALE / SOFTCAP_TEMPERATURE) * sigma * (1 - sigma) * dz
+    if grad_dtype == torch.float8_e5m2:
+        grad = grad.clamp(-E5M2_MAX, E5M2_MAX)
+    return loss_rows, ce0_rows, grad.to(grad_dtype)
+
+
 # Fused soft-capped multi-target cross-entropy, forward and backward in one kernel (#60, #67, #79;
-# RECIPE 3.24). Persistent programs take rows t = pid, pid + programs, ...; per row, sweep 1 sums
+# T4.1). Persistent programs take rows t = pid, pid + programs, ...; per row, sweep 1 sums
 # exp(z − 23) (z < 23: no running max), sweep 2 re-reads the row (then in L2, last chunk first)
 # and writes the logit gradient; the ≤ MAX_TARGETS target columns are rewritten after a barrier.
 # With tanh: z = h + h·t, t = tanh((u+5)/15), h = 23/2; dz/du = 23/(4·7.5)·(1 − t²).
@@ -478,33 +2115,6 @@ if triton is not None:
         tl.store(dst_ptr + offs_n[:, None] * stride_dst + offs_m[None, :], tl.trans(tile), mask=tl.trans(mask))
 
 
-def softcap_ce_reference(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float,
-                         grad_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-    """Plain-torch form of the fused kernel. logits u (T, V); targets (T, N) int, −1 = none;
-    weights (N,). Returns per row loss_t = Σ_k w_k·[y_tk ≥ 0]·(lse − z[y_tk]), ce0_t = lse − z[y_t0]
-    (0 where y_t0 = −1) and grad_mul·∂(Σ_t loss_t)/∂u in grad_dtype (e5m2: saturated)."""
-    z = softcap(logits)
-    lse = torch.logsumexp(z, -1, keepdim=True)
-    valid = targets >= 0
-    safe_targets = targets.clamp_min(0)
-    ce = lse - z.gather(1, safe_targets)
-    w_valid = weights.to(z.dtype) * valid
-    loss_rows = (ce * w_valid).sum(-1)
-    ce0_rows = torch.where(valid[:, 0], ce[:, 0], 0.0)
-    dz = torch.exp(z - lse) * w_valid.sum(-1, keepdim=True)
-    dz = dz.scatter_add(1, safe_targets, -w_valid)  # duplicate targets add up
-    sigma = z / SOFTCAP_SCALE
-    grad = (grad_mul * SOFTCAP_SCALE / SOFTCAP_TEMPERATURE) * sigma * (1 - sigma) * dz
-    if grad_dtype == torch.float8_e5m2:
-        grad = grad.clamp(-E5M2_MAX, E5M2_MAX)
-    return loss_rows, ce0_rows, grad.to(grad_dtype)
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float, grad_dtype: torch.dtype,
                use_triton: bool | None = None, block_v: int = 8192, num_warps: int = 16,
                programs: int | None = None, fast_tanh: bool | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -513,9 +2123,7 @@ def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float
     block_v, num_warps: the fastest on an H100 (bench/bench_cross_entropy.py, T = 49,152: 3.85 ms
     against 4.42 ms at 4096 / 8 warps; the bytes floor is 2.47 ms);
     fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter)."""
-    if use_triton is None:
-        use_triton = logits.is_cuda and triton is not None
-    if not use_triton:
+    if not (triton_applies(logits) if use_triton is None else use_triton):
         return softcap_ce_reference(logits, targets, weights, grad_mul, grad_dtype)
     T, V = logits.shape
     N = targets.size(1)
@@ -542,9 +2150,7 @@ def transpose_copy(src: Tensor, use_triton: bool | None = None, block_m: int = 6
                    num_warps: int = 4) -> Tensor:
     """A contiguous copy of srcᵀ for a 2-D tensor with unit column stride (1- or 2-byte elements:
     the FP8 operands _scaled_mm wants K-major); tiled Triton kernel where use_triton (default: CUDA)."""
-    if use_triton is None:
-        use_triton = src.is_cuda and triton is not None
-    if not use_triton:
+    if not (triton_applies(src) if use_triton is None else use_triton):
         return src.t().contiguous()
     M, N = src.shape
     if src.stride(1) != 1:
@@ -573,7 +2179,7 @@ def _scale_tensor(value: float, device: torch.device) -> Tensor:
 # The lm_head + loss as two custom ops (opaque to torch.compile): the forward computes the logits,
 # runs the fused cross-entropy, which writes the logit gradient at once (the logits are freed),
 # and the backward only multiplies the upstream scalar in and does the two products.
-# FP8 (#19, #67; RECIPE 3.21): e4m3 x and W inputs select it; logits = x8·W8ᵀ (fast accumulation),
+# FP8 (#19, #67; T4.4): e4m3 x and W inputs select it; logits = x8·W8ᵀ (fast accumulation),
 # gradient e5m2, dx = g8·W8 and dW = g8ᵀ·x8 in FP8 with transposed copies for the K-major operands.
 @torch.library.custom_op("speedrun::lm_head_softcap_ce", mutates_args=())
 def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: Tensor,
@@ -652,7 +2258,15 @@ def lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Ten
     return _LMHeadSoftcapCE.apply(x.contiguous(), lm_head, targets, weights, grad_scale, fp8)
 
 
-# Fused MLP up-projection + ReLU² (#59, #87; RECIPE 3.23): one persistent TMA GEMM C = A·Bᵀ
+# --- MLP: ReLU² with the activation in the GEMM (T6.1) ------------------------------------------------
+
+
+def relu_square_mlp_reference(x: Tensor, fc: Tensor, proj: Tensor) -> Tensor:
+    """The MLP, relu(x·fcᵀ)²·proj (#5), with fc (hidden, d) and proj (hidden, d) stored (in, out);
+    also the model's choice where the step is launch-bound (stage 1), compiled by inductor."""
+    return torch.relu(x @ fc.t()).square() @ proj
+
+# Fused MLP up-projection + ReLU² (#59, #87; T6.1): one persistent TMA GEMM C = A·Bᵀ
 # (A (M, K), B (N, K), both row-major bf16) with fp32 accumulation and the activation in the
 # epilogue. Forward: post = relu(x·fcᵀ)², so the pre-activation never reaches memory. Backward:
 # dpre = (grad·projᵀ)·2·√post, as √post = relu(pre). TMA zero-fills out-of-bounds loads and clips
@@ -760,64 +2374,90 @@ def relu_square_gemm(a: Tensor, b: Tensor, aux: Tensor | None = None, config: Ge
         UPCAST=TRITON_INTERPRETER, num_warps=config.warps, num_stages=config.stages)
     return out
 
+def tma_gemm_applies(t: Tensor) -> bool:
+    """Where relu_square_gemm runs by default: triton_applies and a GPU with TMA (Hopper or newer)."""
+    return triton_applies(t) and torch.cuda.get_device_capability(t.device)[0] >= 9
 
-def _tma_gemm_device(t: Tensor) -> bool:
-    """Where relu_square_gemm runs: a CUDA GPU with TMA (Hopper or newer) and Triton."""
-    return t.is_cuda and triton is not None and torch.cuda.get_device_capability(t.device)[0] >= 9
 
-
-# The two GEMMs as custom ops (opaque to torch.compile); elsewhere they run the torch reference.
+# The two GEMMs as custom ops (opaque to torch.compile); use_triton=False runs the same products in torch.
 @torch.library.custom_op("speedrun::relu_square_matmul", mutates_args=())
-def relu_square_matmul(x: Tensor, w: Tensor) -> Tensor:
+def relu_square_matmul(x: Tensor, w: Tensor, use_triton: bool) -> Tensor:
     """post = relu(x·wᵀ)², x (M, K), w (N, K)."""
-    if _tma_gemm_device(x):
+    if use_triton:
         return relu_square_gemm(x, w)
     return torch.relu(x @ w.t()).square()
 
 
 @relu_square_matmul.register_fake
-def _relu_square_matmul_fake(x: Tensor, w: Tensor) -> Tensor:
+def _relu_square_matmul_fake(x: Tensor, w: Tensor, use_triton: bool) -> Tensor:
     return x.new_empty((x.size(0), w.size(0)))
 
 
 @torch.library.custom_op("speedrun::relu_square_grad_matmul", mutates_args=())
-def relu_square_grad_matmul(grad: Tensor, w: Tensor, post: Tensor) -> Tensor:
+def relu_square_grad_matmul(grad: Tensor, w: Tensor, post: Tensor, use_triton: bool) -> Tensor:
     """dpre = (grad·wᵀ)·2·√post, grad (M, K), w (N, K), post (M, N)."""
-    if _tma_gemm_device(grad):
+    if use_triton:
         return relu_square_gemm(grad, w, post)
     return (grad @ w.t()) * (2 * post.sqrt())
 
 
 @relu_square_grad_matmul.register_fake
-def _relu_square_grad_matmul_fake(grad: Tensor, w: Tensor, post: Tensor) -> Tensor:
+def _relu_square_grad_matmul_fake(grad: Tensor, w: Tensor, post: Tensor, use_triton: bool) -> Tensor:
     return post.new_empty(post.shape)
 
 
 class ReluSquareMLP(torch.autograd.Function):
-    """relu(x·fcᵀ)²·proj with fc (hidden, d) and proj (hidden, d) stored (in, out). Saves x and
-    post only; the backward's first GEMM produces dpre directly, the other three are cuBLAS."""
+    """relu_square_mlp_reference's function saving x and post only: the backward's first GEMM
+    produces dpre directly (dpre = (grad·projᵀ)·2·√post, as √post = relu(pre)), the other three are cuBLAS."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, fc: Tensor, proj: Tensor):
-        post = relu_square_matmul(x, fc)
+    def forward(ctx, x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool):
+        post = relu_square_matmul(x, fc, use_triton)
         ctx.save_for_backward(x, fc, proj, post)
+        ctx.use_triton = use_triton
         return post @ proj
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, fc, proj, post = ctx.saved_tensors
-        dpre = relu_square_grad_matmul(grad, proj, post)
-        return dpre @ fc, dpre.t() @ x, post.t() @ grad
+        dpre = relu_square_grad_matmul(grad, proj, post, ctx.use_triton)
+        return dpre @ fc, dpre.t() @ x, post.t() @ grad, None
 
 
-def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, fused: bool = True) -> Tensor:
-    """The MLP, ReLU² (#5): fused GEMM + activation kernels (CUDA), or the plain expression."""
-    if fused:
-        return ReluSquareMLP.apply(x, fc, proj)
-    return torch.relu(x @ fc.t()).square() @ proj
+def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool | None = None) -> Tensor:
+    """The fused MLP: relu_square_mlp_reference's function with the ReLU² in the GEMM epilogues."""
+    return ReluSquareMLP.apply(x, fc, proj, tma_gemm_applies(x) if use_triton is None else use_triton)
 
 
-# Lightweight DC-MHA (#85, RECIPE 3.20) as Triton kernels. A program takes BLOCK queries; they see
+# --- Lightweight DC-MHA (T3.17) -----------------------------------------------------------------------
+
+def dc_mha_torch(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor,
+                 window: int = DC_WINDOW) -> Tensor:
+    """dc_mha in plain torch (the kernels' reference). Blocked: each block of `window` queries sees
+    its own and the previous block of keys, so memory and work are O(T·window), not O(T²)."""
+    T, H, D = q.shape
+    n = -(-T // window)
+    pad = n * window - T
+
+    def blocks(t: Tensor) -> Tensor:  # (T, H, C) -> (n, H, window, C)
+        return F.pad(t, (0, 0, 0, 0, 0, pad)).view(n, window, H, t.size(-1)).transpose(1, 2)
+
+    def with_previous(t: Tensor) -> Tensor:  # (n, ..., window, D) -> (n, ..., 2·window, D)
+        return torch.cat([torch.cat([torch.zeros_like(t[:1]), t[:-1]]), t], dim=-2)
+
+    positions = torch.arange(n * window, device=q.device).view(n, window)
+    docs = F.pad(doc_ids, (0, pad), value=-1).view(n, window)  # padding: a document of its own
+    key_positions = torch.cat([positions - window, positions], 1)
+    key_docs = torch.cat([torch.cat([torch.full_like(docs[:1], -2), docs[:-1]]), docs], 1)
+    distance = positions[:, :, None] - key_positions[:, None, :]
+    visible = (distance >= 0) & (distance < window) & (docs[:, :, None] == key_docs[:, None, :])
+    scores = (blocks(q) @ with_previous(blocks(k)).mT).float().masked_fill(~visible[:, None], float("-inf"))
+    mix = (scores.softmax(-1) * blocks(w1[..., None])).sum(1, keepdim=True)  # (n, 1, window, 2·window)
+    out = (mix.to(v.dtype) @ with_previous(blocks(v))) * blocks(w2[..., None])
+    return out.transpose(1, 2).reshape(n * window, H, D)[:T]
+
+
+# Lightweight DC-MHA (#85, T3.17) as Triton kernels. A program takes BLOCK queries; they see
 # three key tiles of BLOCK keys (the two previous blocks and their own), enough for windows up to
 # 2·BLOCK + 1 keys. Forward: per head the softmax normalizer over the three tiles (online), then the
 # probabilities mixed over the heads by w1 into a (kept in bf16 for the backward), then o_h = a·V_h.
@@ -1062,1453 +2702,18 @@ def dc_mha_kernel_supports(q: Tensor, window: int, block: int = DC_BLOCK) -> boo
             and _dc_fits_int32(T, H, D, block))
 
 
-# =============================================================================================
-# Optimizer
-# =============================================================================================
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """How one parameter is optimized and communicated (RECIPE 1.1)."""
-    optimizer: str  # "normuon" | "adam"
-    comm: str  # "sharded": reduce-scatter + all-gather along dim 0 | "replicated": all-reduce
-    lr_mul: float = 1.0
-    wd_mul: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.99)
-    matrix_shape: tuple[int, int] | None = None  # NorMuon: each bank entry is one such matrix
-    matrix_lr_muls: tuple[float, ...] = (1.0,)  # NorMuon: cycled over the bank's matrix index
-
-
-def _fp32_from_bf16_and_mantissa(hi: Tensor, mantissa: Tensor) -> Tensor:
-    """The exact fp32 master weight whose top 16 bits are the bf16 weight (RECIPE 1.8)."""
-    bits = (hi.view(torch.int16).to(torch.int32) << 16) | (mantissa.to(torch.int32) & 0xFFFF)
-    return bits.view(torch.float32)
-
-
-def _split_fp32_to_bf16_and_mantissa(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Inverse of the above: truncated bf16 top half and the low 16 bits as int16."""
-    bits = x.view(torch.int32)
-    hi = (bits >> 16).to(torch.int16).view(torch.bfloat16)
-    mantissa = (((bits & 0xFFFF) ^ 0x8000) - 0x8000).to(torch.int16)
-    return hi, mantissa
-
-
-def normuon_momentum(grad: Tensor, momentum: Tensor, mu: Tensor, grad_scale: float) -> Tensor:
-    """Nesterov momentum in EMA form: m ← μm + (1−μ)g, returns (1−μ)g + μm (RECIPE 1.2)."""
-    g = grad.float() * grad_scale
-    momentum.lerp_(g, 1 - mu)
-    return g.lerp(momentum, mu)
-
-
-def normuon_update(update: Tensor, second_moment: Tensor, weight: Tensor, mantissa: Tensor | None,
-                   lr: Tensor, lr_muls: Tensor, wd_lr: Tensor, beta2: float, axis: int):
-    """NorMuon (arXiv 2510.05491, #41): per-row (axis -1) or per-column (axis -2) RMS equalization
-    of the orthogonalized update by an EMA second moment, keeping each matrix's Frobenius norm;
-    then the step with cautious, lr-coupled weight decay (#43) on the fp32 master weight."""
-    O = update.float()
-    n = O.size(axis)
-    v_mean = O.square().mean(axis, keepdim=True)
-    norm = (v_mean.sum((-2, -1), keepdim=True) * n).sqrt()
-    second_moment.lerp_(v_mean, 1 - beta2)
-    scale = second_moment.clamp_min(1e-10).rsqrt()
-    scaled_norm = (v_mean * scale.square()).sum((-2, -1), keepdim=True).mul(n).sqrt()
-    O = O * scale * (norm / scaled_norm.clamp_min(1e-10))
-    lr_eff = lr * lr_muls
-    w32 = weight.float() if mantissa is None else _fp32_from_bf16_and_mantissa(weight, mantissa)
-    decay = (O * w32 >= 0) * w32 * (wd_lr * lr_eff)
-    w32 = w32 - lr_eff * O - decay
-    if mantissa is None:
-        weight.copy_(w32)
-    else:
-        hi, low = _split_fp32_to_bf16_and_mantissa(w32)
-        weight.copy_(hi)
-        mantissa.copy_(low)
-
-
-def normuon_bank_step(grad: Tensor, momentum: Tensor, second_moment: Tensor, weight: Tensor,
-                      mantissa: Tensor | None, mu: Tensor, lr: Tensor, lr_muls: Tensor, wd_lr: Tensor,
-                      grad_scale: float, beta2: float, axis: int, method: str, use_triton: bool):
-    """A whole NorMuon step of one bank shard: Nesterov momentum, orthogonalization, variance
-    normalization and the cautious update; compiled as one graph per bank (#74)."""
-    update = normuon_momentum(grad, momentum, mu, grad_scale)
-    orthogonal = polar_iterations(polar_normalize(update, method), method, use_triton)
-    normuon_update(orthogonal, second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
-
-
-def adam_update(grad: Tensor, weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step_size: Tensor,
-                wd_lr2: Tensor, beta1: float, beta2: float, eps: float, grad_scale: float):
-    """Adam with cautious weight decay (#50): decay only where the update shrinks |w|; strength
-    lr²·wd so it follows the schedule. step_size carries the bias correction."""
-    g = grad.float() * grad_scale
-    exp_avg.lerp_(g, 1 - beta1)
-    exp_avg_sq.lerp_(g.square(), 1 - beta2)
-    w = weight.float()
-    u = step_size * exp_avg / (exp_avg_sq.sqrt() + eps)
-    u = u + (u * w > 0) * w * wd_lr2
-    weight.copy_(w - u)
-
-
-class _Shard:
-    """One rank's rows of a parameter viewed as (n, ...): rows [start, start + rows) of a padded
-    (n_pad = rows·world, ...) layout. Padding rows exist only in communication buffers. A 0-d
-    parameter counts as one row (it is always replicated)."""
-
-    def __init__(self, view_shape: tuple[int, ...], rank: int, world: int):
-        self.view_shape = view_shape
-        n = view_shape[0] if view_shape else 1
-        self.rows = -(-n // world)
-        self.padded = self.rows * world != n
-        self.start = rank * self.rows
-        self.real_rows = max(0, min(n - self.start, self.rows))
-
-    def full(self, t: Tensor) -> Tensor:
-        return t.view(self.view_shape)
-
-
-class NorMuonAdam:
-    """One optimizer for every parameter, without DDP (RECIPE 1.10).
-
-    step(): (1) launch the gradient reductions asynchronously, bf16 on the wire: all-reduce for
-    replicated parameters, reduce-scatter for sharded ones; (2) update in the same order: wait for
-    a reduction, update this rank's shard, launch its all-gather; (3) wait for the gathers.
-    Gradients are SUM-reduced and scaled by 1/world in the update functions.
-    The order (`comm_order`): small replicated parameters, then the NorMuon banks, then the big
-    sharded Adam tables, each group in table order. NCCL runs collectives in launch order, so
-    waiting in launch order never waits for an unrelated reduction, and bank i is orthogonalized
-    while bank i+1 and the tables are still reducing.
-
-    Tied embedding (#51, #53): while tied, embed's gradient is added to lm_head's, only lm_head is
-    reduced and updated and embed is overwritten with it; untie() hands lm_head's Adam state to
-    embed. Both are stored (vocab, dim), so tying needs no transpose."""
-
-    def __init__(self, params: dict[str, nn.Parameter], specs: dict[str, ParamSpec], hp: Hyperparameters,
-                 rank: int = 0, world_size: int = 1, tied: tuple[str, str] | None = None):
-        self.params, self.specs, self.hp = params, specs, hp
-        self.rank, self.world = rank, world_size
-        self.tied = tied  # (follower, leader) = ("embed", "lm_head") while tied
-        self.comm_order = sorted((label for label in specs if label in params),
-                                 key=lambda label: (specs[label].comm != "replicated", specs[label].optimizer != "normuon"))
-        self.step_count = 0
-        self.lr_multiplier = 1.0
-        self.momentum = hp.muon_momentum_max
-        self.grad_scale = 1.0 / world_size
-        self.state: dict[str, dict[str, Tensor | int]] = {}
-        self.shards: dict[str, _Shard] = {}
-        self.lr_muls: dict[str, Tensor] = {}  # NorMuon: per-matrix lr multipliers of the local shard
-        on_cuda = next(iter(params.values())).is_cuda
-        self._use_triton = on_cuda and triton is not None  # symmetric kernels on every bank shape (faster than torch on each)
-        compile_fn = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if (on_cuda and hp.compile) else (lambda f: f)
-        self._normuon_fn = compile_fn(normuon_bank_step)
-        self._adam_fn = compile_fn(adam_update)
-        for label, p in params.items():
-            spec = specs[label]
-            view = (-1, *spec.matrix_shape) if spec.optimizer == "normuon" else tuple(p.shape)
-            view = tuple(p.view(view).shape)
-            shard = self.shards[label] = _Shard(view, rank, world_size)
-            local = (shard.rows, *view[1:]) if spec.comm == "sharded" else view
-            st = self.state[label] = {}
-            if spec.optimizer == "normuon":
-                rows, cols = spec.matrix_shape
-                axis_shape = (local[0], rows, 1) if rows >= cols else (local[0], 1, cols)
-                st["momentum"] = torch.zeros(local, dtype=torch.float32, device=p.device)
-                st["second_moment"] = torch.zeros(axis_shape, dtype=torch.float32, device=p.device)
-                if hp.mantissa_tracking and p.dtype == torch.bfloat16:
-                    st["mantissa"] = torch.zeros(local, dtype=torch.int16, device=p.device)
-                index = torch.arange(local[0]) + (shard.start if spec.comm == "sharded" else 0)
-                muls = torch.tensor(spec.matrix_lr_muls)[index % len(spec.matrix_lr_muls)]
-                shape_mul = max(1.0, rows / cols) ** 0.5  # tall matrices get a larger step (#42)
-                self.lr_muls[label] = (muls * shape_mul).view(-1, 1, 1).to(p.device)
-            else:
-                st["exp_avg"] = torch.zeros(local, dtype=torch.float32, device=p.device)
-                st["exp_avg_sq"] = torch.zeros(local, dtype=torch.float32, device=p.device)
-                st["step"] = 0
-
-    # --- schedule setters ---------------------------------------------------------------------
-    def set_lr_multiplier(self, s: float):
-        self.lr_multiplier = float(s)
-
-    def set_momentum(self, mu: float):
-        self.momentum = float(mu)
-
-    def is_adam_step(self) -> bool:
-        return self.step_count % 2 == 1 or not self.hp.adam_every_other_step
-
-    # --- step ---------------------------------------------------------------------------------
-    @torch.no_grad()
-    def step(self):
-        adam_step = self.is_adam_step()
-        params = self.params
-        follower, leader = self.tied if self.tied else (None, None)
-        if follower and adam_step and params[follower].grad is not None:
-            params[leader].grad.add_(params[follower].grad)
-        active = [label for label in self.comm_order
-                  if params[label].grad is not None and label != follower
-                  and (adam_step or self.specs[label].optimizer == "normuon")]
-        reductions = [self._launch_reduction(label) for label in active]
-        gathers = []
-        for label, (work, grad) in zip(active, reductions):
-            if work is not None:
-                work.wait()
-            gathers.append(self._update(label, grad))
-        for gather in gathers:
-            if gather is not None:
-                gather()
-        if follower and adam_step:
-            params[follower].copy_(params[leader])
-        for label in active + ([follower] if follower and adam_step else []):
-            params[label].grad = None
-        self.step_count += 1
-
-    def _launch_reduction(self, label: str):
-        p, spec, shard = self.params[label], self.specs[label], self.shards[label]
-        grad = p.grad
-        if self.world == 1:
-            return None, shard.full(grad)
-        if spec.comm == "replicated":
-            return dist.all_reduce(grad, op=dist.ReduceOp.SUM, async_op=True), shard.full(grad)
-        full = shard.full(grad)
-        if shard.padded:
-            padded = full.new_zeros((shard.rows * self.world, *full.shape[1:]))
-            padded[: full.size(0)] = full
-            full = padded
-        local = full.new_empty((shard.rows, *full.shape[1:]))
-        return dist.reduce_scatter_tensor(local, full, op=dist.ReduceOp.SUM, async_op=True), local
-
-    def _update(self, label: str, grad: Tensor):
-        """Update this rank's part of one parameter; returns a wait function for its all-gather."""
-        p, spec, shard, st = self.params[label], self.specs[label], self.shards[label], self.state[label]
-        sharded = spec.comm == "sharded" and self.world > 1
-        full_weight = shard.full(p.data)
-        if sharded:
-            if shard.padded:
-                weight = full_weight.new_zeros((shard.rows, *full_weight.shape[1:]))
-                weight[: shard.real_rows] = full_weight[shard.start: shard.start + shard.real_rows]
-            else:
-                weight = full_weight[shard.start: shard.start + shard.rows]
-        else:
-            weight = full_weight
-        cpu = lambda x: torch.tensor(x, dtype=torch.float32)  # 0-d CPU scalars: no recompiles
-        if spec.optimizer == "normuon":
-            lr = self.hp.muon_lr * self.lr_multiplier * spec.lr_mul
-            rows, cols = spec.matrix_shape
-            self._normuon_fn(grad, st["momentum"], st["second_moment"], weight, st.get("mantissa"),
-                             cpu(self.momentum), cpu(lr), self.lr_muls[label],
-                             cpu(self.hp.muon_weight_decay * spec.wd_mul * self.hp.muon_lr * self.lr_multiplier),
-                             self.grad_scale, self.hp.muon_beta2, -1 if rows >= cols else -2,
-                             self.hp.orthogonalizer, self._use_triton)
-        else:
-            beta1, beta2 = spec.betas
-            st["step"] += 1
-            t = st["step"]
-            lr = self.hp.adam_lr * spec.lr_mul * self.lr_multiplier
-            step_size = lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
-            self._adam_fn(grad, weight, st["exp_avg"], st["exp_avg_sq"], cpu(step_size),
-                          cpu(lr * lr * self.hp.adam_weight_decay * spec.wd_mul),
-                          beta1, beta2, self.hp.adam_eps, self.grad_scale)
-        if not sharded:
-            return None
-        if shard.padded:
-            gathered = weight.new_empty((shard.rows * self.world, *weight.shape[1:]))
-            work = dist.all_gather_into_tensor(gathered, weight, async_op=True)
-            n = full_weight.size(0)
-            return lambda: (work.wait(), full_weight.copy_(gathered[:n]))
-        work = dist.all_gather_into_tensor(full_weight, weight, async_op=True)  # in place
-        return work.wait
-
-    # --- state ----------------------------------------------------------------------------------
-    def untie(self):
-        """Give the follower (embed) the leader's (lm_head's) Adam state and update both from now on (#53)."""
-        follower, leader = self.tied
-        for key in ("exp_avg", "exp_avg_sq"):
-            self.state[follower][key].copy_(self.state[leader][key])
-        self.state[follower]["step"] = self.state[leader]["step"]
-        self.tied = None
-
-    def state_dict(self) -> dict:
-        return {"step_count": self.step_count, "tied": self.tied, "lr_multiplier": self.lr_multiplier,
-                "momentum": self.momentum,
-                "state": {label: {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in st.items()}
-                          for label, st in self.state.items()}}
-
-    def load_state_dict(self, state: dict):
-        self.step_count, self.tied = state["step_count"], state["tied"]
-        self.lr_multiplier, self.momentum = state["lr_multiplier"], state["momentum"]
-        for label, st in state["state"].items():
-            for key, value in st.items():
-                if isinstance(value, Tensor):
-                    self.state[label][key].copy_(value)  # in place: compiled functions keep their inputs
-                else:
-                    self.state[label][key] = value
-
-
-# =============================================================================================
-# Model
-# =============================================================================================
-
-# Layer layout of the 11-layer model (RECIPE 3.0). Layer 6 has no attention (#17).
-NUM_LAYERS = 11
-ATTENTION_LAYERS = (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)  # index in this tuple = bank slot
-LONG_WINDOW_LAYERS = (3, 10)
-PAIRED_HEAD_LAYERS = (0, 2, 5, 9)
-KEY_OFFSET_LAYERS = (3, 10)
-VALUE_EMBED_LAYERS = (1, 2, 8, 9, 10)  # layer -> value-embedding table, in order
-SKIP_SOURCE_LAYER, SKIP_TARGET_LAYER = 3, 6
-CACHED_LAYER = 7  # its output feeds attention in layers 8-10 (#77) and the backout (#40)
-XSA_LAYERS = (1, 3, 4, 7)  # exclusive self-attention (#82, #85)
-OUTPUT_GATE_LAYERS = (3, 10)  # attention output gates from the MUDD gates (#85)
-MUDD_LAYER = 10  # residual mix, extra value input and value-embedding gate from a MUDD block (#81)
-POST_GATE_LAYER = 4  # the post MUDD gate reads the residual entering this layer (#85)
-DC_LAYER, DC_WINDOW = 10, 112  # lightweight DC-MHA: its layer and local window in keys (#85)
-MUDD_HIDDEN, MUDD_SCALE, MUDD_GATE_SCALE_INIT = 64, 0.1, 0.1
-# Per-token coefficients of the MUDD block at layer 10 (computed from the residual entering it) and
-# of the final mix before the head (from the last residual), in output order (RECIPE 3.18). "input"
-# is the residual entering layer 0, "layerN" the residual after layer N.
-MUDD_LAYER_OUTPUTS = ("v_input", "v_layer7", "v_residual", "mix_input", "mix_layer7", "mix_residual",
-                      "ve_gate_first_heads", "ve_gate_last_heads", "attn_residual", "attn_out", "attn_input",
-                      "attn_bigram", "mlp_residual", "mlp_out")
-MUDD_FINAL_OUTPUTS = ("input", "layer7", "layer9", "value_embed", "layer3")
-RESIDUAL_LAMBDA_INIT, BIGRAM_LAMBDA_INIT, BACKOUT_LAMBDA_INIT, SKIP_LAMBDA_INIT = math.sqrt(1.1), 0.05, 0.5, -1.5
-BIGRAM_SIGN_ROWS = 8192
-ATTN_SCALE_INIT = 0.1  # softmax scale, raised by YaRN (#31)
-NO_WINDOW = -1
-
-
-def norm(x: Tensor) -> Tensor:
-    """RMSNorm without weights (eps: the dtype's machine epsilon)."""
-    return F.rms_norm(x, (x.size(-1),))
-
-
-def rope_frequencies(head_dim: int) -> Tensor:
-    """Half-truncated RoPE (#17): head_dim/4 frequencies 1 ... 1/1024 rad/token rotate the first
-    head_dim/2 dimensions as interleaved pairs (#58); the other half is stationary."""
-    return (1 / 1024) ** torch.linspace(0, 1, head_dim // 4, dtype=torch.float64)
-
-
-def yarn(frequencies: Tensor, long_windows: list[int]) -> tuple[Tensor, float]:
-    """YaRN (#31): on each long-window change W_old -> W_new, interpolate the frequencies that
-    rotate less than 32 times over W_old and raise the softmax scale by 1 + 0.2·ln(W_new/W_old).
-    Returns (frequencies, attention scale) after the given sequence of long windows."""
-    freqs, scale = frequencies.clone(), ATTN_SCALE_INIT
-    for old, new in zip(long_windows, long_windows[1:]):
-        if new == old:
-            continue
-        rotations = old * freqs / (2 * math.pi)
-        keep = ((rotations - 1) / (32 - 1)).clamp(0, 1)
-        freqs = freqs * (old / new + keep * (1 - old / new))
-        scale *= 1 + 0.2 * math.log(new / old)
-    return freqs, scale
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (S, H, D) at positions 0..S-1; cos/sin (>=S, D/4)."""
-    S, D = x.size(0), x.size(-1)
-    cos, sin = cos[:S, None, :], sin[:S, None, :]
-    pairs = x[..., : D // 2].unflatten(-1, (D // 4, 2))
-    x1, x2 = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).flatten(-2)
-    return torch.cat((rotated, x[..., D // 2:]), dim=-1)
-
-
-def resolve_attention_backend(requested: str, device_type: str) -> str:
-    """auto: FA3 where importable, else torch's varlen attention on CUDA, SDPA on the CPU."""
-    if requested != "auto":
-        return requested
-    if device_type != "cuda":
-        return "sdpa"
-    return "fa3" if flash_attn_varlen_func is not None else "varlen"
-
-
-def attend(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, doc_ids: Tensor, window: int,
-           max_seqlen: int, backend: str, block_masks: dict) -> Tensor:
-    """Causal attention within documents (given by cu_seqlens / doc_ids) over keys at most
-    `window` positions back (NO_WINDOW: unbounded). q, k, v: (S, H, D), already scaled."""
-    if backend == "fa3":
-        return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-                               softmax_scale=1.0, causal=True, window_size=(window, 0))
-    if backend == "varlen":
-        return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=1.0,
-                           window_size=(window, 0))
-    S = q.size(0)
-    if backend == "flex":
-        if window not in block_masks:
-            def doc_causal_window(b, h, qi, ki):
-                inside = (qi >= ki) & (doc_ids[qi] == doc_ids[ki])
-                return inside if window == NO_WINDOW else inside & (qi - ki <= window)
-            block_masks[window] = create_block_mask(doc_causal_window, None, None, S, S, device=q.device)
-        out = flex_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                             block_mask=block_masks[window], scale=1.0)
-        return out[0].transpose(0, 1)
-    if backend == "sdpa":
-        pos = torch.arange(S, device=q.device)
-        mask = (pos[:, None] >= pos[None, :]) & (doc_ids[:, None] == doc_ids[None, :])
-        if window != NO_WINDOW:
-            mask &= pos[:, None] - pos[None, :] <= window
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                             attn_mask=mask, scale=1.0)
-        return out.transpose(0, 1)
-    raise ValueError(f"unknown attention backend {backend!r} (auto, fa3, varlen, flex, sdpa)")
-
-
-def exclusive_self_attention(y: Tensor, v: Tensor, alpha: Tensor) -> Tensor:
-    """Gated XSA (arXiv 2603.09078; #82, #85): removes tanh(α) of each head output's component along
-    the token's own value vector. y, v (T, H, D); alpha (T, H) or (H,)."""
-    yf, vf = y.float(), v.float()
-    along = (yf * vf).sum(-1, keepdim=True) / vf.square().sum(-1, keepdim=True).clamp_min(1e-8)
-    return (yf - torch.tanh(alpha.float())[..., None] * along * vf).to(y.dtype)
-
-
 def dc_mha(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor, window: int = DC_WINDOW,
            use_triton: bool | None = None) -> Tensor:
-    """Lightweight DC-MHA (#85, RECIPE 3.20): the heads' softmax patterns over the last `window` keys
+    """Lightweight DC-MHA (#85, T3.17): the heads' softmax patterns over the last `window` keys
     of the query's document, mixed across heads by w1 (T, H) and applied to every head's values,
     scaled by w2 (T, H): out_h(t) = w2[t,h]·Σ_s (Σ_g w1[t,g]·p_g(t,s))·v_h(s). q (T, H, D) carries
     the softmax scale. The Triton kernels where use_triton (default: on CUDA, where they apply),
     else dc_mha_torch."""
     if use_triton is None:
-        use_triton = q.is_cuda and dc_mha_kernel_supports(q, window)
+        use_triton = triton_applies(q) and dc_mha_kernel_supports(q, window)
     if use_triton:
         return DCMHAKernel.apply(q, k, v, doc_ids, w1, window, DC_BLOCK) * w2[..., None]
     return dc_mha_torch(q, k, v, doc_ids, w1, w2, window)
-
-
-def dc_mha_torch(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor,
-                 window: int = DC_WINDOW) -> Tensor:
-    """dc_mha in plain torch (the kernels' reference). Blocked: each block of `window` queries sees
-    its own and the previous block of keys, so memory and work are O(T·window), not O(T²)."""
-    T, H, D = q.shape
-    n = -(-T // window)
-    pad = n * window - T
-
-    def blocks(t: Tensor) -> Tensor:  # (T, H, C) -> (n, H, window, C)
-        return F.pad(t, (0, 0, 0, 0, 0, pad)).view(n, window, H, t.size(-1)).transpose(1, 2)
-
-    def with_previous(t: Tensor) -> Tensor:  # (n, ..., window, D) -> (n, ..., 2·window, D)
-        return torch.cat([torch.cat([torch.zeros_like(t[:1]), t[:-1]]), t], dim=-2)
-
-    positions = torch.arange(n * window, device=q.device).view(n, window)
-    docs = F.pad(doc_ids, (0, pad), value=-1).view(n, window)  # padding: a document of its own
-    key_positions = torch.cat([positions - window, positions], 1)
-    key_docs = torch.cat([torch.cat([torch.full_like(docs[:1], -2), docs[:-1]]), docs], 1)
-    distance = positions[:, :, None] - key_positions[:, None, :]
-    visible = (distance >= 0) & (distance < window) & (docs[:, :, None] == key_docs[:, None, :])
-    scores = (blocks(q) @ with_previous(blocks(k)).mT).float().masked_fill(~visible[:, None], float("-inf"))
-    mix = (scores.softmax(-1) * blocks(w1[..., None])).sum(1, keepdim=True)  # (n, 1, window, 2·window)
-    out = (mix.to(v.dtype) @ with_previous(blocks(v))) * blocks(w2[..., None])
-    return out.transpose(1, 2).reshape(n * window, H, D)[:T]
-
-
-def injection_layers(hp: Hyperparameters) -> list[int]:
-    """Layers that add x0 and the bigram embedding after their attention (#9, #62, #73); with MUDD
-    connections layer 10 takes them from its MUDD block instead."""
-    return [layer for layer in ATTENTION_LAYERS if not (hp.mudd_connections and layer == MUDD_LAYER)]
-
-
-def scalar_layout(hp: Hyperparameters) -> dict[str, Tensor]:
-    """Initial values of the named parts of the `scalars` parameter (RECIPE 0.7), in storage order."""
-    parts = {}
-    if hp.attn_lambdas:
-        parts["attn_lambdas"] = torch.tensor([0.5, 1.0]).repeat(NUM_LAYERS, 1)
-    if not hp.mudd_gates:  # static per-layer injection weights; per-token MUDD gates otherwise
-        parts["x0_lambdas"] = torch.zeros(NUM_LAYERS)
-        if hp.bigram_embed:
-            parts["bigram_lambdas"] = torch.full((NUM_LAYERS,), BIGRAM_LAMBDA_INIT)
-    if hp.smear_gate:
-        parts["smear_lambda"] = torch.tensor(0.0)
-    if hp.skip_connection:
-        parts["skip_lambda"] = torch.tensor(SKIP_LAMBDA_INIT)
-    if hp.backout and not hp.mudd_connections:
-        parts["backout_lambda"] = torch.tensor(BACKOUT_LAMBDA_INIT)
-    return parts
-
-
-def mudd_gate_outputs(hp: Hyperparameters) -> list[tuple[str, int, int, float]]:
-    """(kind, layer, width, initial value) of every MUDD-gate output (RECIPE 3.19), in order. Layers
-    before POST_GATE_LAYER read the pre gate (input x0), the others the post gate."""
-    H = hp.num_heads
-    outputs = [("xsa", layer, H, 0.0) for layer in XSA_LAYERS if hp.xsa]
-    outputs += [("out_gate", layer, H, 0.25) for layer in OUTPUT_GATE_LAYERS if hp.attn_output_gates]
-    for layer in injection_layers(hp):
-        outputs.append(("x0", layer, 1, 0.0))
-        if hp.bigram_embed:
-            outputs.append(("bigram", layer, 1, BIGRAM_LAMBDA_INIT))
-    if hp.skip_connection:
-        outputs.append(("skip", SKIP_TARGET_LAYER, 1, 0.5))
-    if hp.dc_mha:
-        outputs += [("dc_w1", DC_LAYER, H, 1.0), ("dc_w2", DC_LAYER, H, 0.0)]
-    return sorted(outputs, key=lambda output: output[1] >= POST_GATE_LAYER)  # stable: pre gate first
-
-
-def mudd_initial_coefficients(hp: Hyperparameters) -> Tensor:
-    """Initial MUDD coefficients (layer-10 block, then the final mix) = the static architecture they
-    replace (RECIPE 3.18): the layer-10 residual lambdas, value-embedding gate 2 (= 2σ(0)), bigram
-    0.05, no x0, and the backout −0.5·layer7 before the head."""
-    residual = RESIDUAL_LAMBDA_INIT if hp.residual_lambdas else 1.0
-    layer = dict.fromkeys(MUDD_LAYER_OUTPUTS, 0.0)
-    layer.update(ve_gate_first_heads=2.0, ve_gate_last_heads=2.0, attn_residual=residual, attn_out=1.0,
-                 attn_bigram=BIGRAM_LAMBDA_INIT, mlp_residual=residual, mlp_out=1.0)
-    final = dict.fromkeys(MUDD_FINAL_OUTPUTS, 0.0)
-    final["layer7"] = -BACKOUT_LAMBDA_INIT if hp.backout else 0.0
-    return torch.tensor([*layer.values(), *final.values()])
-
-
-@dataclass(frozen=True)
-class ForwardShape:
-    """What a forward needs besides the tokens; each value is a compile-time constant."""
-    short_window: int  # tokens, or NO_WINDOW
-    long_window: int
-    max_seq_len: int  # longest document (attention kernels' max_seqlen)
-    n_predict: int = 1  # multi-token prediction targets t+1 .. t+n_predict
-    prefix_target: bool = False  # one more target column: the prefix token of the next token (#88)
-
-
-class GPT(nn.Module):
-    """GPT with banked weights: Q/K, V/O and MLP matrices of all layers live in 3-D parameters
-    (#61) that the optimizer orthogonalizes batch-wise. Activations are bf16."""
-
-    def __init__(self, hp: Hyperparameters):
-        super().__init__()
-        self.hp = hp
-        self.attention_backend = resolve_attention_backend(hp.attention_backend, torch.device(hp.device).type)
-        d, H, hd, V = hp.model_dim, hp.num_heads, hp.head_dim, hp.vocab_size
-        if H * hd != d or H % 2:
-            raise ValueError(f"need num_heads*head_dim == model_dim and an even num_heads, got {H}x{hd} vs {d}")
-        if hp.dc_mha and not hp.mudd_gates:
-            raise ValueError("DC_MHA=1 (the default) takes its per-token weights from the MUDD gates: "
-                             "keep MUDD_GATES=1, or set DC_MHA=0 together with MUDD_GATES=0")
-        n_attn = len(ATTENTION_LAYERS)
-        bound = math.sqrt(3) * 0.5 * d ** -0.5  # uniform with std 0.5/sqrt(d)
-        bf16 = dict(dtype=torch.bfloat16)
-        self.lm_head = nn.Parameter(torch.empty(V, d, **bf16).normal_(0, 0.005))
-        self.embed = nn.Parameter(self.lm_head.detach().clone())  # tied at init (#51)
-        # Q/K per head pair (#80): slot a holds H/2 Q groups then H/2 K groups of (2·hd, d).
-        self.qk_bank = nn.Parameter(torch.empty(n_attn * H, 2 * hd, d, **bf16).uniform_(-bound, bound))
-        self.vo_bank = nn.Parameter(torch.empty(2 * n_attn, d, d, **bf16).uniform_(-bound, bound))  # V, O (out, in)
-        mlp = torch.empty(NUM_LAYERS, 2, hp.mlp_hidden, d, **bf16)
-        mlp[:, 0].uniform_(-bound, bound)  # fc (hidden, d); proj stored (hidden, d) = (in, out), zero (#5)
-        mlp[:, 1].zero_()
-        self.mlp_bank = nn.Parameter(mlp)
-        # value embeddings whose gate is a learned sigmoid; with MUDD connections layer 10's comes from MUDD
-        self.ve_gate_layers = tuple(layer for layer in VALUE_EMBED_LAYERS
-                                    if not (hp.mudd_connections and layer == MUDD_LAYER))
-        if hp.value_embeds:  # (#14, #63, #70); token-major (V, layers·d): one gather serves every
-            # layer, and the gradient is one scatter into the table (layer-major, assembling the
-            # per-layer gradients took a full pass over the table each step)
-            self.value_embeds = nn.Parameter(torch.empty(V, len(VALUE_EMBED_LAYERS) * d, **bf16).normal_(0, 0.01))
-            self.ve_gate_bank = nn.Parameter(torch.zeros(len(self.ve_gate_layers), H, 12, **bf16))
-        if hp.bigram_embed:  # hashed bigram table with random sign rows (#62, #83, #85)
-            self.bigram_embed = nn.Parameter(torch.zeros(hp.bigram_rows, d, **bf16))
-            signs = torch.randn(BIGRAM_SIGN_ROWS, d).sign().to(torch.bfloat16)
-            self.register_buffer("bigram_signs", signs, persistent=False)
-        if hp.attn_output_gates and not hp.mudd_gates:  # per-head sigmoid output gates on every layer (#28)
-            self.attn_gate_bank = nn.Parameter(torch.zeros(n_attn, H, 12, **bf16))
-        if hp.smear_gate:  # one-token look-back on the embeddings (#34)
-            self.smear_gate = nn.Parameter(torch.zeros(1, 12, **bf16))
-        if hp.skip_connection and not hp.mudd_gates:  # U-net remnant 3 -> 6 with a learned token gate (#45, #55)
-            self.skip_gate = nn.Parameter(torch.zeros(1, 12, **bf16))
-        if hp.residual_lambdas:  # per-sublayer residual and output weights (#9, #73)
-            self.resid_lambdas = nn.Parameter(torch.full((NUM_LAYERS, 2), RESIDUAL_LAMBDA_INIT))
-            self.post_lambdas = nn.Parameter(torch.ones(NUM_LAYERS, 2))
-        # scalars: attention lambdas, static x0/bigram lambdas, smear, skip, backout (as switched on)
-        layout = scalar_layout(hp)
-        self.scalar_parts, offset = {}, 0
-        for name, values in layout.items():
-            self.scalar_parts[name] = (offset, values.shape)
-            offset += values.numel()
-        if layout:
-            self.scalars = nn.Parameter(torch.cat([values.flatten() for values in layout.values()]))
-        if hp.xsa and not hp.mudd_gates:  # static per-head XSA strengths (#82)
-            self.xsa_alphas = nn.Parameter(torch.zeros(len(XSA_LAYERS), H))
-        mudd_w1 = lambda: torch.empty(2, MUDD_HIDDEN, d, **bf16).uniform_(-d ** -0.5, d ** -0.5)  # Kaiming-uniform
-        if hp.mudd_connections:  # MUDD (#81): two small MLPs, x -> 0.1·(W2·GELU(W1·x) + b2)
-            coefficients = mudd_initial_coefficients(hp)
-            self.mudd_w1 = nn.Parameter(mudd_w1())
-            self.mudd_w2 = nn.Parameter(torch.zeros(len(coefficients), MUDD_HIDDEN, **bf16))
-            self.mudd_b2 = nn.Parameter((coefficients / MUDD_SCALE).to(torch.bfloat16))
-        if hp.mudd_gates:  # MUDD gates (#85): x -> s·(W2·GELU(W1·x) + b2), s learned
-            outputs = mudd_gate_outputs(hp)
-            self.gate_outputs = tuple([o for o in outputs if (o[1] >= POST_GATE_LAYER) == post] for post in (False, True))
-            initial = torch.tensor([value for _, _, width, value in outputs for _ in range(width)])
-            self.mudd_gate_w1 = nn.Parameter(mudd_w1())
-            self.mudd_gate_w2 = nn.Parameter(torch.zeros(len(initial), MUDD_HIDDEN, **bf16))
-            self.mudd_gate_b2 = nn.Parameter((initial / MUDD_GATE_SCALE_INIT).to(torch.bfloat16))
-            self.mudd_gate_scale = nn.Parameter(torch.tensor(MUDD_GATE_SCALE_INIT))
-        if hp.prefix_loss:  # prefix token of every token, filled by the trainer (#88); -1: none
-            self.register_buffer("prefix_ids", torch.full((V,), -1, dtype=torch.long), persistent=False)
-        freqs = rope_frequencies(hd)
-        self.register_buffer("rope_base", freqs, persistent=False)
-        positions = 2 * max(hp.val_seq_len, max(hp.stage_batch_tokens) // 8)  # paired layers double T
-        self.register_buffer("rope_cos", torch.empty(positions, hd // 4, **bf16), persistent=False)
-        self.register_buffer("rope_sin", torch.empty(positions, hd // 4, **bf16), persistent=False)
-        self.register_buffer("attn_scale", torch.tensor(ATTN_SCALE_INIT), persistent=False)
-        self.set_long_window_history([1])
-
-    # --- schedule-dependent state ---------------------------------------------------------------
-    @torch.no_grad()
-    def set_long_window_history(self, long_windows: list[int]):
-        """Rotary tables and softmax scale for the long windows used so far (YaRN if enabled)."""
-        freqs, scale = (yarn(self.rope_base, long_windows) if self.hp.yarn
-                        else (self.rope_base, ATTN_SCALE_INIT))
-        angles = torch.arange(self.rope_cos.size(0), dtype=torch.float64, device=freqs.device)[:, None] * freqs
-        self.rope_cos.copy_(angles.cos())
-        self.rope_sin.copy_(angles.sin())
-        self.attn_scale.fill_(scale)
-
-    def param_specs(self) -> dict[str, ParamSpec]:
-        """Optimizer table (RECIPE 1.1). Within its group (replicated, bank, sharded table) a parameter's
-        place here is its place in the optimizer's communication and work order: the big MLP bank sits
-        between the two small banks, so the first wait and the last gather are short."""
-        hp = self.hp
-        table = {
-            "qk_bank": ParamSpec("normuon", "sharded", matrix_shape=(2 * hp.head_dim, hp.model_dim), wd_mul=1.0),
-            "mlp_bank": ParamSpec("normuon", "sharded", matrix_shape=(hp.mlp_hidden, hp.model_dim), wd_mul=1.0,
-                                  matrix_lr_muls=(1.0, 2.0)),  # projections (odd index) x2
-            "vo_bank": ParamSpec("normuon", "sharded", matrix_shape=(hp.model_dim, hp.model_dim), wd_mul=1.0),
-            "scalars": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.99)),
-            "smear_gate": ParamSpec("adam", "replicated", lr_mul=0.01, betas=(0.9, 0.99)),
-            "skip_gate": ParamSpec("adam", "replicated", lr_mul=0.05, betas=(0.9, 0.99)),
-            "ve_gate_bank": ParamSpec("adam", "replicated", wd_mul=1.0, betas=(0.9, 0.99)),
-            "attn_gate_bank": ParamSpec("adam", "replicated", wd_mul=1.0, betas=(0.9, 0.99)),
-            "xsa_alphas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
-            "lm_head": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
-            "bigram_embed": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
-            "post_lambdas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
-            "resid_lambdas": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.95)),
-            "value_embeds": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
-            "embed": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
-            "mudd_w1": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
-            "mudd_w2": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
-            "mudd_b2": ParamSpec("adam", "replicated", lr_mul=0.25, betas=(0.9, 0.99)),
-            "mudd_gate_w1": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
-            "mudd_gate_w2": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
-            "mudd_gate_b2": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
-            "mudd_gate_scale": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
-        }
-        names = dict(self.named_parameters())
-        missing = set(names) - set(table)
-        if missing:
-            raise ValueError(f"parameters without an optimizer spec: {sorted(missing)}")
-        return {label: spec for label, spec in table.items() if label in names}
-
-    # --- forward ----------------------------------------------------------------------------------
-    def forward(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
-                target_weights: Tensor | None = None, grad_scale: float = 1.0, eval_chunk: int = 0):
-        """Training (eval_chunk == 0): returns (loss to backpropagate, mean next-token CE);
-        target_weights weighs the target columns (t+1 ... t+n_predict, then the prefix target).
-        Evaluation: returns the summed next-token CE, lm_head applied eval_chunk tokens at a time."""
-        x = self.hidden_states(input_ids, cu_seqlens, shape)
-        targets = target_ids.long()
-        if eval_chunk:
-            total = x.new_zeros((), dtype=torch.float32)
-            for i in range(0, x.size(0), eval_chunk):
-                z = softcap(vocab_matmul(x[i: i + eval_chunk], self.lm_head.t()))
-                total = total + (torch.logsumexp(z, -1) - z.gather(1, targets[i: i + eval_chunk, None])[:, 0]).sum()
-            return total
-        # The fused lm_head + soft-capped cross-entropy (FP8 on CUDA) scores every column at once.
-        return lm_head_softcap_ce(x, self.lm_head, self.target_columns(targets, shape), target_weights,
-                                  grad_scale, self.hp.fp8_lm_head)
-
-    def target_columns(self, targets: Tensor, shape: ForwardShape) -> Tensor:
-        """Target matrix (T, N), -1 = none: multi-token prediction (#53) scores the same logits
-        against the targets t+1 .. t+n_predict (none past the end); the prefix-token loss (#88)
-        against the token spelling the longest proper prefix of the next token."""
-        T, n = targets.size(0), shape.n_predict
-        # Columns as shifted slices of the padded targets, stacked: torch 2.11's inductor fails on
-        # CUDA (loop merging) for the same matrix built as a gather over (T, n) indices joined with
-        # the prefix column by cat.
-        padded = torch.cat([targets, targets.new_full((n - 1,), -1)]) if n > 1 else targets
-        columns = [padded[k: k + T] for k in range(n)]
-        if shape.prefix_target:
-            columns.append(self.prefix_ids[targets])
-        return torch.stack(columns, 1)
-
-    def named_scalars(self) -> dict[str, Tensor]:
-        return {name: self.scalars[offset: offset + math.prod(shape)].view(shape)
-                for name, (offset, shape) in self.scalar_parts.items()}
-
-    def mudd(self, which: int, x: Tensor) -> tuple[Tensor, ...]:
-        """MUDD coefficients (#81, RECIPE 3.18), one (T, 1) tensor each: which = 0 for the layer-10
-        block (from the residual entering it), 1 for the final mix (from the last residual)."""
-        rows = slice(0, len(MUDD_LAYER_OUTPUTS)) if which == 0 else slice(len(MUDD_LAYER_OUTPUTS), None)
-        out = F.gelu(x @ self.mudd_w1[which].t()) @ self.mudd_w2[rows].t() + self.mudd_b2[rows]
-        return (MUDD_SCALE * out).split(1, -1)
-
-    def mudd_gates(self, which: int, x: Tensor) -> dict[tuple[str, int], Tensor]:
-        """MUDD gates (#85, RECIPE 3.19): which = 0 (pre gate, from x0) or 1 (post gate, from the
-        residual entering POST_GATE_LAYER); {(kind, layer): (T, width)} for the layers it serves."""
-        outputs = self.gate_outputs[which]
-        widths = [width for _, _, width, _ in outputs]
-        first = sum(width for _, _, width, _ in self.gate_outputs[0]) if which else 0
-        rows = slice(first, first + sum(widths))
-        out = F.gelu(x @ self.mudd_gate_w1[which].t()) @ self.mudd_gate_w2[rows].t() + self.mudd_gate_b2[rows]
-        return {(kind, layer): g for (kind, layer, *_), g in zip(outputs, (self.mudd_gate_scale * out).split(widths, -1))}
-
-    def hidden_states(self, input_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape) -> Tensor:
-        hp = self.hp
-        T, H, hd = input_ids.size(0), hp.num_heads, hp.head_dim
-        ids = input_ids.long()
-        scalars = self.named_scalars() if self.scalar_parts else {}
-
-        x = self.embed[ids]
-        if hp.smear_gate:
-            gate = torch.sigmoid(x[1:, :12] @ self.smear_gate.t())
-            x = torch.cat([x[:1], x[1:] + scalars["smear_lambda"] * gate * x[:-1]])
-        x0 = norm(x)
-        gates = self.mudd_gates(0, x0) if hp.mudd_gates else {}
-
-        def injection(kind: str, layer: int) -> Tensor:  # weight of x0 / the bigram embedding (#9, #62, #85)
-            return gates[(kind, layer)] if hp.mudd_gates else scalars[f"{kind}_lambdas"][layer]
-
-        x = x0
-        x_bigram = None
-        if hp.bigram_embed:
-            x_bigram = self.bigram_embed[bigram_ids(ids, hp.bigram_rows)] * self.bigram_signs[bigram_sign_ids(ids)]
-            x = x + injection("bigram", 0) * x_bigram
-        x_input = x  # the residual entering layer 0 (MUDD reads it)
-        value_embeds = self.value_embeds[ids].split(hp.model_dim, -1) if hp.value_embeds else None
-
-        doc_ids = torch.searchsorted(cu_seqlens, torch.arange(T, device=ids.device, dtype=cu_seqlens.dtype), right=True)
-        attention_context = dict(cu_seqlens=cu_seqlens, doc_ids=doc_ids, block_masks={},
-                                 paired_block_masks={}, shape=shape,
-                                 backend=self.attention_backend)
-        qk = self.qk_bank.view(len(ATTENTION_LAYERS), 2 * H * hd, -1).unbind(0)
-        vo = self.vo_bank.view(len(ATTENTION_LAYERS), 2, hp.model_dim, -1).unbind(0)
-        mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
-        # Small forwards (stage 1) are launch-bound: there the host cost of the custom-op launches
-        # outweighs the fused kernels' GPU saving (H100: 37.3 vs 36.1 ms/step at 16,384 tokens).
-        fused_mlp = hp.fused_mlp and T >= hp.fused_mlp_min_tokens
-        cached, value_embed = {}, {}
-        for layer in range(NUM_LAYERS):
-            if layer == POST_GATE_LAYER and hp.mudd_gates:
-                gates.update(self.mudd_gates(1, x))
-            mudd = (dict(zip(MUDD_LAYER_OUTPUTS, self.mudd(0, x)))
-                    if hp.mudd_connections and layer == MUDD_LAYER else None)
-            if layer in ATTENTION_LAYERS:
-                slot = ATTENTION_LAYERS.index(layer)
-                source = cached[CACHED_LAYER] if (layer > CACHED_LAYER and hp.late_attn_from_layer7) else x
-                a_in = norm(source)
-                aux_v = None  # added to the values
-                if value_embeds is not None and layer in VALUE_EMBED_LAYERS:
-                    ve = value_embed[layer] = value_embeds[VALUE_EMBED_LAYERS.index(layer)]
-                    if mudd is not None:  # one MUDD gate for each half of the heads
-                        gate = torch.cat([mudd["ve_gate_first_heads"].expand(T, H // 2),
-                                          mudd["ve_gate_last_heads"].expand(T, H - H // 2)], -1)
-                    else:  # gated value embedding (#55, #70)
-                        gate = 2 * torch.sigmoid(torch.cat([a_in[:, :6], ve[:, :6]], -1)
-                                                 @ self.ve_gate_bank[self.ve_gate_layers.index(layer)].t())
-                    aux_v = gate[..., None] * ve.view(T, H, hd)
-                if mudd is not None:  # MUDD value input and residual pre-mix (#81)
-                    v_mudd = (mudd["v_input"] * x_input + mudd["v_layer7"] * cached[CACHED_LAYER]
-                              + mudd["v_residual"] * x).view(T, H, hd)
-                    aux_v = v_mudd if aux_v is None else aux_v + v_mudd
-                    x = ((1 + mudd["mix_residual"]) * x + mudd["mix_input"] * x_input
-                         + mudd["mix_layer7"] * cached[CACHED_LAYER])
-                out_gate = xsa_alpha = dc_weights = None
-                if hp.attn_output_gates:
-                    out_gate = (gates.get(("out_gate", layer)) if hp.mudd_gates
-                                else torch.sigmoid(a_in[:, :12] @ self.attn_gate_bank[slot].t()))
-                if hp.xsa and layer in XSA_LAYERS:
-                    xsa_alpha = gates[("xsa", layer)] if hp.mudd_gates else self.xsa_alphas[XSA_LAYERS.index(layer)]
-                if hp.dc_mha and layer == DC_LAYER:  # w1 RMS-normalized over the heads (RECIPE 3.20)
-                    dc_weights = (F.rms_norm(gates[("dc_w1", layer)].float(), (H,), eps=1e-6), gates[("dc_w2", layer)])
-                attn = self.attention(layer, slot, a_in, aux_v, qk[slot], vo[slot],
-                                      scalars["attn_lambdas"][layer] if hp.attn_lambdas else None,
-                                      attention_context, out_gate, xsa_alpha, dc_weights)
-                if mudd is not None:
-                    x = mudd["attn_residual"] * x + mudd["attn_out"] * attn + mudd["attn_input"] * x_input
-                    if x_bigram is not None:
-                        x = x + mudd["attn_bigram"] * x_bigram
-                else:
-                    x = (self.resid_lambdas[layer, 0] * x + self.post_lambdas[layer, 0] * attn
-                         if hp.residual_lambdas else x + attn)
-                    x = x + injection("x0", layer) * x0
-                    if x_bigram is not None and layer > 0:
-                        x = x + injection("bigram", layer) * x_bigram
-            elif layer == SKIP_TARGET_LAYER and hp.skip_connection:
-                gate = (gates[("skip", layer)] if hp.mudd_gates
-                        else 2 * torch.sigmoid(x0[:, :12] @ self.skip_gate.t()))
-                x = x + torch.sigmoid(scalars["skip_lambda"]) * gate * cached[SKIP_SOURCE_LAYER]
-            mlp_out = relu_square_mlp(norm(x), mlp_fc[layer], mlp_proj[layer], fused_mlp)
-            if mudd is not None:
-                x = mudd["mlp_residual"] * x + mudd["mlp_out"] * mlp_out
-            else:
-                x = (self.resid_lambdas[layer, 1] * x + self.post_lambdas[layer, 1] * mlp_out
-                     if hp.residual_lambdas else x + mlp_out)
-            cached[layer] = x
-        if hp.mudd_connections:  # dense mix of earlier residuals before the head (#81), incl. the backout
-            final = dict(zip(MUDD_FINAL_OUTPUTS, self.mudd(1, x)))
-            x = (x + final["input"] * x_input + final["layer7"] * cached[CACHED_LAYER]
-                 + final["layer9"] * cached[MUDD_LAYER - 1] + final["layer3"] * cached[SKIP_SOURCE_LAYER])
-            if value_embeds is not None:
-                x = x + final["value_embed"] * value_embed[VALUE_EMBED_LAYERS[0]]
-        elif hp.backout:  # subtract part of the layer-7 residual before the head (#40)
-            x = x - scalars["backout_lambda"] * cached[CACHED_LAYER]
-        return norm(x)
-
-    def attention(self, layer: int, slot: int, x: Tensor, aux_v: Tensor | None, qk_weight: Tensor,
-                  vo_weight: Tensor, attn_lambdas: Tensor | None, ctx: dict, out_gate: Tensor | None = None,
-                  xsa_alpha: Tensor | None = None, dc_weights: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        """One attention sublayer on the normalized input x; aux_v (T, H, hd) is added to the values,
-        out_gate (T, H) multiplies the heads' outputs."""
-        hp, shape = self.hp, ctx["shape"]
-        T, H, hd = x.size(0), hp.num_heads, hp.head_dim
-        w_qkv = torch.cat([qk_weight, vo_weight[0]])
-        w_o = vo_weight[1]
-        if attn_lambdas is not None:  # lambdas pre-multiplied into the weights (#47, #48)
-            w_qkv, w_o = attn_lambdas[0] * w_qkv, attn_lambdas[1] * w_o
-        q, k, v = (x @ w_qkv.t()).view(T, 3 * H, hd).split(H, dim=1)
-        q, k = norm(q), norm(k)  # QK-norm
-        if aux_v is not None:
-            v = v + aux_v
-        paired = hp.paired_heads and layer in PAIRED_HEAD_LAYERS
-        window = shape.long_window if layer in LONG_WINDOW_LAYERS else shape.short_window
-        cu_seqlens, doc_ids, max_seqlen, masks = ctx["cu_seqlens"], ctx["doc_ids"], shape.max_seq_len, ctx["block_masks"]
-        if paired:
-            # Paired-head attention (#58): heads h and h+H/2 become one head over a doubled
-            # sequence (2t: head h, 2t+1: head h+H/2), so each query sees both heads' keys.
-            q, k, v = (t.reshape(2 * T, H // 2, hd) for t in (q, k, v))
-            cu_seqlens, doc_ids, max_seqlen, masks = 2 * cu_seqlens, doc_ids.repeat_interleave(2), 2 * max_seqlen, ctx["paired_block_masks"]
-        q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
-        if hp.key_offset and layer in KEY_OFFSET_LAYERS:
-            # Partial key offset (#49): the stationary half of each key takes the previous token's.
-            k = torch.cat([k[:, :, : hd // 2], torch.cat([k[:1, :, hd // 2:], k[:-1, :, hd // 2:]])], dim=-1)
-        q = (q * self.attn_scale).to(v.dtype)
-        y = attend(q, k, v, cu_seqlens, doc_ids, window, max_seqlen, ctx["backend"], masks)
-        y = y.reshape(T, H, hd)
-        if dc_weights is not None:  # cross-head composition on a local window (#85); not on paired layers
-            y = y + dc_mha(q, k, v, doc_ids, *dc_weights)
-        if xsa_alpha is not None:  # not on paired layers: v is still (T, H, hd)
-            y = exclusive_self_attention(y, v, xsa_alpha)
-        if out_gate is not None:
-            y = y * out_gate[..., None]
-        return y.reshape(T, H * hd) @ w_o.t()
-
-
-def bigram_ids(ids: Tensor, rows: int) -> Tensor:
-    """Hash of (previous, current) token into rows-1 buckets; the first token gets the last row."""
-    prev = torch.cat([ids[:1], ids[:-1]])
-    hashed = ((36313 * ids) ^ (27191 * prev)) % (rows - 1)
-    hashed[0] = rows - 1
-    return hashed
-
-
-def bigram_sign_ids(ids: Tensor) -> Tensor:
-    prev = torch.cat([ids[:1], ids[:-1]])
-    signs = (prev ^ ids) % BIGRAM_SIGN_ROWS
-    signs[0] = 0
-    return signs
-
-
-# =============================================================================================
-# Data
-# =============================================================================================
-
-BOS_ID = 50256  # <|endoftext|> precedes every document
-SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256
-SHARD_HEADER_BYTES = 4 * SHARD_HEADER_INTS
-DOWNLOAD_HINT = "download FineWeb shards with `python data/cached_fineweb10B.py 9`, or point TRAIN_FILES / VAL_FILES at your shards"
-MAX_DOCS_PER_BATCH = {16384: 64, 32768: 96, 49152: 128}  # cu_seqlens lengths (#78)
-
-
-class ShardError(ValueError):
-    """A token shard that cannot be used; the message names the file and the defect."""
-
-
-def read_shard_header(path: str) -> int:
-    """Check a shard's magic, version and size; return its token count."""
-    size = os.path.getsize(path)
-    if size < SHARD_HEADER_BYTES:
-        raise ShardError(f"{path}: {size} bytes, shorter than the {SHARD_HEADER_BYTES}-byte header (truncated download?)")
-    header = np.fromfile(path, dtype="<i4", count=SHARD_HEADER_INTS)
-    if header[0] != SHARD_MAGIC:
-        raise ShardError(f"{path}: bad magic {header[0]} (expected {SHARD_MAGIC}): not a token shard")
-    if header[1] != SHARD_VERSION:
-        raise ShardError(f"{path}: unsupported shard version {header[1]} (expected {SHARD_VERSION})")
-    tokens = int(header[2])
-    expected = SHARD_HEADER_BYTES + 2 * tokens
-    if size != expected:
-        raise ShardError(f"{path}: header says {tokens} tokens ({expected} bytes) but the file has {size} bytes "
-                         f"(truncated or corrupt: download it again)")
-    return tokens
-
-
-def find_shards(pattern: str) -> list[str]:
-    files = sorted(glob.glob(pattern))
-    if not files:
-        raise FileNotFoundError(f"no token shards match {pattern!r}: {DOWNLOAD_HINT}")
-    for path in files:
-        read_shard_header(path)
-    return files
-
-
-class Shard:
-    """One shard's tokens in (pinned) host memory and the positions of its documents' BOS tokens."""
-
-    def __init__(self, path: str, pin_memory: bool):
-        n = read_shard_header(path)
-        storage = torch.empty(n, dtype=torch.int16, pin_memory=pin_memory)
-        self.tokens = storage.numpy().view(np.uint16)
-        with open(path, "rb") as f:
-            f.seek(SHARD_HEADER_BYTES)
-            if f.readinto(self.tokens) != 2 * n:
-                raise ShardError(f"{path}: could not read {n} tokens")
-        self.path = path
-        self.bos = np.flatnonzero(self.tokens == BOS_ID)
-
-
-def max_docs_per_batch(tokens: int) -> int:
-    return MAX_DOCS_PER_BATCH.get(tokens) or max(16, -(-(tokens // 300) // 128) * 128)
-
-
-def plan_batch(bos: np.ndarray, first_doc: int, shard_len: int, tokens: int, num_ranks: int,
-               max_seq_len: int, max_docs: int):
-    """BOS-aligned packing (#26, RECIPE 0.2): every rank gets consecutive documents starting at a
-    BOS, each truncated to max_seq_len and the last cut to fit, totalling exactly tokens+1.
-    A rank's (max_docs)-th segment takes all it still needs, across document boundaries, so that
-    cu_seqlens keeps a fixed length. Returns (per-rank [(start, end)], next document index), or
-    None when the shard runs out (the caller re-plans from the next shard)."""
-    plan, i = [], first_doc
-    for _ in range(num_ranks):
-        segments, length = [], 0
-        while length < tokens + 1:
-            if i >= len(bos):
-                return None
-            start = int(bos[i])
-            need = tokens + 1 - length
-            if len(segments) == max_docs - 1:
-                end = start + need
-                if end > shard_len:
-                    return None
-                i = int(np.searchsorted(bos, end))
-            else:
-                next_start = int(bos[i + 1]) if i + 1 < len(bos) else shard_len
-                end = min(next_start, start + max_seq_len, start + need)
-                i += 1
-            segments.append((start, end))
-            length += end - start
-        plan.append(segments)
-    return plan, i
-
-
-def cu_seqlens_for(lengths: list[int], tokens: int, max_docs: int) -> np.ndarray:
-    """[0, c1, ..., tokens] for segments of the given lengths (the last one loses its final token,
-    which is only a target), padded to max_docs+1 entries by repeating tokens."""
-    cu = np.full(max_docs + 1, tokens, dtype=np.int32)
-    cu[0] = 0
-    cu[1: len(lengths) + 1] = np.minimum(np.cumsum(lengths), tokens)
-    return cu
-
-
-class TrainLoader:
-    """Training batches for one rank: the planner's slice of consecutive documents, the next shard
-    loaded by a background thread, cycling over the files when they run out (logged once per
-    pass). next_batch() accepts a new batch size and max_seq_len at any step."""
-
-    def __init__(self, pattern: str, rank: int, world_size: int, device: torch.device, log=print,
-                 grad_accum: int = 1):
-        self.files = find_shards(pattern)
-        self.rank, self.world_size, self.device, self.log = rank, world_size, device, log
-        self.grad_accum = grad_accum
-        self._step_slices, self._step_shape = [], None  # this rank's remaining micro-batches of the step
-        self.pin_memory = device.type == "cuda"
-        self._pool = ThreadPoolExecutor(max_workers=1)
-        self.file_index, self.passes, self.doc_cursor = 0, 1, 0
-        self.shard = Shard(self.files[0], self.pin_memory)
-        self._next_shard = self._pool.submit(Shard, self.files[1 % len(self.files)], self.pin_memory)
-
-    def _advance_shard(self):
-        self.file_index += 1
-        if self.file_index % len(self.files) == 0:
-            self.passes += 1
-            self.log(f"data: starting pass {self.passes} over {len(self.files)} train files")
-        self.shard = self._next_shard.result()
-        following = self.files[(self.file_index + 1) % len(self.files)]
-        self._next_shard = self._pool.submit(Shard, following, self.pin_memory)
-        self.doc_cursor = 0
-
-    def next_batch(self, tokens: int, max_seq_len: int) -> tuple[Tensor, Tensor, Tensor]:
-        """(inputs int32 (tokens,), targets int32 (tokens,), cu_seqlens int32) on the device."""
-        max_docs = max_docs_per_batch(tokens)
-        if self._step_slices and self._step_shape != (tokens, max_seq_len):
-            raise ValueError(f"batch shape changed to {(tokens, max_seq_len)} in the middle of a step "
-                             f"planned for {self._step_shape}")
-        if not self._step_slices:
-            # Plan the whole step (world_size x grad_accum slices) at once, so that a shard
-            # boundary falls at the same place on 1, 2, 4 or 8 GPUs.
-            ranks = self.world_size * self.grad_accum
-            for _ in range(2 * len(self.files) + 1):
-                planned = plan_batch(self.shard.bos, self.doc_cursor, len(self.shard.tokens), tokens,
-                                     ranks, max_seq_len, max_docs)
-                if planned is not None:
-                    break
-                self._advance_shard()
-            else:
-                raise ShardError(f"no train shard holds a batch of {tokens} tokens x {ranks} slices: shards too small")
-            plan, self.doc_cursor = planned
-            self._step_slices = [plan[k * self.world_size + self.rank] for k in range(self.grad_accum)]
-            self._step_shape = (tokens, max_seq_len)
-        segments = self._step_slices.pop(0)
-        buf = torch.empty(tokens + 1, dtype=torch.int32, pin_memory=self.pin_memory)
-        np.concatenate([self.shard.tokens[s:e] for s, e in segments], out=buf.numpy(), casting="safe")
-        cu = torch.from_numpy(cu_seqlens_for([e - s for s, e in segments], tokens, max_docs))
-        if self.pin_memory:
-            cu = cu.pin_memory()
-        buf = buf.to(self.device, non_blocking=True)
-        return buf[:-1], buf[1:], cu.to(self.device, non_blocking=True)
-
-
-class ValidationSet:
-    """The first val_tokens (+1) tokens of the validation files, in chunks of seq_len tokens
-    (chunk i is evaluated by rank i % world_size); documents are not truncated."""
-
-    def __init__(self, pattern: str, val_tokens: int, seq_len: int, rank: int, world_size: int, device: torch.device):
-        if val_tokens % seq_len:
-            raise ValueError(f"VAL_TOKENS={val_tokens} must be a multiple of VAL_SEQ_LEN={seq_len}")
-        parts, have = [], 0
-        for path in find_shards(pattern):
-            parts.append(Shard(path, pin_memory=False).tokens)
-            have += len(parts[-1])
-            if have > val_tokens:
-                break
-        if have < val_tokens + 1:
-            raise ShardError(f"validation files {pattern!r} hold {have} tokens; VAL_TOKENS={val_tokens} needs {val_tokens + 1}")
-        self.tokens = np.concatenate(parts)[: val_tokens + 1].astype(np.int32)
-        self.seq_len, self.device = seq_len, device
-        self.chunks = list(range(rank, val_tokens // seq_len, world_size))
-        self.max_docs = max_docs_per_batch(seq_len)
-
-    def batch(self, chunk: int) -> tuple[Tensor, Tensor, Tensor]:
-        seq = self.tokens[chunk * self.seq_len: (chunk + 1) * self.seq_len + 1]
-        starts = np.flatnonzero(seq[:-1] == BOS_ID)
-        bounds = np.unique(np.concatenate([[0], starts, [self.seq_len]]))
-        lengths = list(np.diff(bounds))
-        if len(lengths) > self.max_docs:  # fold the excess documents into the last segment
-            lengths = lengths[: self.max_docs - 1] + [int(sum(lengths[self.max_docs - 1:]))]
-        cu = cu_seqlens_for(lengths, self.seq_len, self.max_docs)
-        seq = torch.from_numpy(seq).to(self.device)
-        return seq[:-1], seq[1:], torch.from_numpy(cu).to(self.device)
-
-    def __iter__(self):
-        return (self.batch(chunk) for chunk in self.chunks)
-
-
-GPT2_SPECIAL_TOKEN = "<|endoftext|>"
-
-
-def gpt2_token_bytes(tokenizer_dir: str) -> dict[int, bytes]:
-    """The byte string of every GPT-2 token id (the special token excluded), read from
-    tokenizer_dir/encoder.json, whose keys spell bytes in GPT-2's byte-level alphabet: printable
-    Latin-1 characters stand for their own byte, the other bytes for chr(256 + n) in byte order."""
-    path = os.path.join(tokenizer_dir, "encoder.json")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"the prefix-token loss (PREFIX_LOSS=1) needs GPT-2's vocabulary file {path}: "
-            f"`python data/cached_fineweb10B.py` fetches it into data/gpt2/ with the shards; or set "
-            f"TOKENIZER_DIR to a folder holding encoder.json, or PREFIX_LOSS=0 to train without that loss")
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    byte_of = {chr(b): b for b in printable}
-    byte_of.update({chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in printable)})
-    try:
-        with open(path, encoding="utf-8") as f:
-            encoder = json.load(f)
-        return {int(i): bytes(byte_of[c] for c in token) for token, i in encoder.items() if token != GPT2_SPECIAL_TOKEN}
-    except (ValueError, KeyError) as error:
-        raise ValueError(f"{path} is not a GPT-2 encoder.json ({type(error).__name__}: {error})") from None
-
-
-def prefix_token_ids(token_bytes: dict[int, bytes], vocab_size: int) -> Tensor:
-    """For every id: the token whose bytes are the longest proper prefix of its bytes, -1 where none
-    is a token (single bytes, the special token, padding ids) (#88, RECIPE 3.15)."""
-    id_of = {b: i for i, b in token_bytes.items()}
-    table = [-1] * vocab_size
-    for i, b in token_bytes.items():
-        if i >= vocab_size:
-            raise ValueError(f"token id {i} does not fit the vocabulary of {vocab_size} (VOCAB_SIZE)")
-        table[i] = next((id_of[b[:n]] for n in range(len(b) - 1, 0, -1) if b[:n] in id_of), -1)
-    return torch.tensor(table, dtype=torch.long)
-
-
-# =============================================================================================
-# Training
-# =============================================================================================
-
-RANKS_PER_STEP = 8  # the schedule is written for 8 ranks; fewer GPUs accumulate gradients
-PREFIX_LOSS_WEIGHT = 0.25  # prefix-token loss weight in stage 1 (#88)
-
-
-class Schedule:
-    """Stages by thirds of the scheduled steps plus an extension (RECIPE 4.1): per-step batch,
-    document length, windows, lr multiplier (cooldown to a floor), momentum and MTP weights."""
-
-    def __init__(self, hp: Hyperparameters):
-        self.hp = hp
-        n = hp.num_scheduled_iterations
-        self.num_scheduled = n
-        self.stage_starts = [round(n * k / 3) for k in range(3)] + [n]
-        self.total_steps = n + hp.num_extension_iterations
-        self.cooldown_start = int(n * (1 - hp.cooldown_frac))
-        self.untie_step = (round(n * hp.untie_embed_at) | 1) if hp.untie_embed_at > 0 else None
-
-    def stage(self, step: int) -> int:
-        return max(i for i, start in enumerate(self.stage_starts) if step >= start)
-
-    def tokens_per_rank(self, step: int) -> int:
-        return self.hp.stage_batch_tokens[self.stage(step)] // RANKS_PER_STEP
-
-    def windows(self, step: int, final: bool = False) -> tuple[int, int]:
-        """(short, long) sliding windows in tokens (#20, RECIPE 3.8)."""
-        if not self.hp.sliding_windows:
-            return NO_WINDOW, NO_WINDOW
-        stage, block = self.stage(step), self.hp.window_block_size
-        long = self.hp.final_long_window if final else self.hp.stage_long_window[stage]
-        return self.hp.stage_short_window[stage] * block, long * block
-
-    def long_window_history(self, step: int) -> list[int]:
-        return [w * self.hp.window_block_size for w in self.hp.stage_long_window[: self.stage(step) + 1]]
-
-    def forward_shape(self, step: int, final: bool = False) -> ForwardShape:
-        short, long = self.windows(step, final)
-        return ForwardShape(short, long, self.hp.stage_max_seq_len[self.stage(step)], len(self.mtp_weights(step)),
-                            self.prefix_weight(step) is not None)
-
-    def lr_multiplier(self, step: int) -> float:
-        stage_mul = self.hp.stage_lr_mul[self.stage(step)]
-        if step < self.cooldown_start:
-            return stage_mul
-        tau = min(1.0, (step - self.cooldown_start) / (self.hp.num_scheduled_iterations - self.cooldown_start))
-        return stage_mul * (1 - tau) + self.hp.lr_floor * tau
-
-    def momentum(self, step: int) -> float:
-        hp = self.hp
-        warm = min(1.0, step / hp.muon_momentum_warmup_steps) if hp.muon_momentum_warmup_steps else 1.0
-        mu = hp.muon_momentum_min + (hp.muon_momentum_max - hp.muon_momentum_min) * warm
-        cooldown_start = self.total_steps - hp.muon_momentum_cooldown_steps
-        if step > cooldown_start:
-            mu = hp.muon_momentum_max - (hp.muon_momentum_max - hp.muon_momentum_min) * (step - cooldown_start) / hp.muon_momentum_cooldown_steps
-        return mu
-
-    def stage_progress(self, step: int) -> float:
-        """Fraction of the current stage elapsed before this step."""
-        stage = self.stage(step)
-        start, end = self.stage_starts[stage], (self.stage_starts + [self.total_steps])[stage + 1]
-        return (step - start) / (end - start)
-
-    def mtp_weights(self, step: int) -> list[float]:
-        """Multi-token prediction weights for targets t+1, t+2, ... (#53, RECIPE 3.14)."""
-        stage = self.stage(step)
-        if not self.hp.multi_token_prediction or stage >= 2:
-            return [1.0]
-        tau = self.stage_progress(step)
-        return [1.0, 0.5, 0.25 * (1 - tau)] if stage == 0 else [1.0, 0.5 * (1 - tau)]
-
-    def prefix_weight(self, step: int) -> float | None:
-        """Weight of the prefix-token loss (#88, RECIPE 3.15): 0.25 in stage 1, 0.25 -> 0 over
-        stage 2; None from stage 3 on (no prefix column)."""
-        stage = self.stage(step)
-        if not self.hp.prefix_loss or stage >= 2:
-            return None
-        return PREFIX_LOSS_WEIGHT * (1 - self.stage_progress(step) if stage == 1 else 1.0)
-
-    def target_weights(self, step: int) -> list[float]:
-        """Weights of the loss's target columns: multi-token prediction, then the prefix token."""
-        prefix = self.prefix_weight(step)
-        return self.mtp_weights(step) + ([] if prefix is None else [prefix])
-
-    def warmup_steps(self) -> list[int]:
-        """Steps whose graphs the warm-up compiles: the first two and both sides of every stage start."""
-        steps = {0, 1}
-        for start in self.stage_starts[1:]:
-            steps.update(s for s in range(start - 2, start + 2) if 0 <= s < self.total_steps)
-        return sorted(steps)
-
-
-class NonFiniteLoss(RuntimeError):
-    pass
-
-
-class RunLog:
-    """Rank 0 writes logs/<run_id>.txt and echoes chosen lines to the console."""
-
-    def __init__(self, path: str | None):
-        self.path = path
-        if path:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-
-    def __call__(self, text: str, console: bool = True):
-        if self.path is None:
-            return
-        if console:
-            print(text, flush=True)
-        with open(self.path, "a") as f:
-            f.write(text + "\n")
-
-
-def environment_report() -> str:
-    try:
-        smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout.rstrip()
-    except (OSError, subprocess.TimeoutExpired):
-        smi = ""
-    lines = [f"Running Python {sys.version.replace(chr(10), ' ')}",
-             f"Running PyTorch {torch.__version__} compiled for CUDA {torch.version.cuda}",
-             f"Running Triton version {triton.__version__ if triton else 'not installed'}",
-             smi or "nvidia-smi: not available"]
-    return "\n".join(lines)
-
-
-def environment_overrides(environ=os.environ) -> str:
-    """The hyperparameter variables set for this run, as shell assignments (RUN_ID excluded)."""
-    names = [f.name.upper() for f in dataclasses.fields(Hyperparameters) if f.name != "run_id"]
-    return " ".join(f"{name}={shlex.quote(environ[name])}" for name in names if name in environ)
-
-
-def data_label(hp: Hyperparameters) -> str:
-    name = os.path.basename(hp.train_files).lower()
-    kind = "proxy" if "proxy" in name else "FineWeb" if name.startswith("fineweb_") else "custom"
-    return f"{kind} (train {hp.train_files}; val {hp.val_files}, {hp.val_tokens} tokens)"
-
-
-def check_hyperparameters(hp: Hyperparameters):
-    stages = len(hp.stage_batch_tokens)
-    for name in ("stage_max_seq_len", "stage_short_window", "stage_long_window", "stage_lr_mul"):
-        if len(getattr(hp, name)) != stages:
-            raise ValueError(f"{name.upper()} has {len(getattr(hp, name))} entries, STAGE_BATCH_TOKENS has {stages}")
-    if stages != 4:
-        raise ValueError("the schedule has three stages and an extension: give 4 entries per STAGE_* variable")
-    total_steps = Schedule(hp).total_steps
-    if not 0 <= hp.stop_after <= total_steps:
-        raise ValueError(f"STOP_AFTER={hp.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
-    for tokens in hp.stage_batch_tokens:
-        if tokens % RANKS_PER_STEP:
-            raise ValueError(f"STAGE_BATCH_TOKENS entry {tokens} is not divisible by {RANKS_PER_STEP}")
-
-
-class Trainer:
-    """Owns the model, optimizer, schedule and data of one run, and performs its steps."""
-
-    def __init__(self, hp: Hyperparameters, rank: int, world_size: int, device: torch.device, log: RunLog):
-        self.hp, self.rank, self.world_size, self.device, self.log = hp, rank, world_size, device, log
-        self.grad_accum = 1 if hp.rank_slice else RANKS_PER_STEP // world_size
-        self.grad_scale = 1.0 / self.grad_accum
-        self.schedule = Schedule(hp)
-        self.last_step = hp.stop_after or self.schedule.total_steps  # the run's final validation
-        torch.manual_seed(hp.seed)
-        self.model = GPT(hp).to(device)
-        if world_size > 1:
-            for tensor in [*self.model.parameters(), self.model.bigram_signs] if hp.bigram_embed else self.model.parameters():
-                dist.broadcast(tensor.data, 0)
-        self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), self.model.param_specs(), hp, rank,
-                                     world_size, tied=("embed", "lm_head"))
-        self.forward = torch.compile(self.model, dynamic=False, fullgraph=True) if hp.compile else self.model
-        self.val_set = ValidationSet(hp.val_files, hp.val_tokens, hp.val_seq_len, rank, world_size, device)
-        self.token_bytes = gpt2_token_bytes(hp.tokenizer_dir) if hp.prefix_loss else None
-        self.stage = None
-        self.losses = torch.zeros(self.schedule.total_steps, device=device)
-        self.checked_steps = 0
-        # Every step's target-column weights on the device, made once: a per-step copy from host
-        # memory would block the CPU until the GPU drained its queue, exposing launch gaps.
-        self.target_weights = [torch.tensor(self.schedule.target_weights(step), device=device)
-                               for step in range(self.schedule.total_steps)]
-
-    def set_step(self, step: int):
-        """Schedule state that lives in the model (YaRN tables), refreshed on stage changes."""
-        stage = self.schedule.stage(step)
-        if stage != self.stage:
-            self.model.set_long_window_history(self.schedule.long_window_history(step))
-            self.stage = stage
-
-    def train_step(self, step: int, loader: TrainLoader) -> Tensor:
-        self.set_step(step)
-        schedule = self.schedule
-        shape = schedule.forward_shape(step)
-        target_weights = self.target_weights[step]
-        tokens = schedule.tokens_per_rank(step)
-        mean_ce = torch.zeros((), device=self.device)
-        for _ in range(self.grad_accum):
-            inputs, targets, cu_seqlens = loader.next_batch(tokens, shape.max_seq_len)
-            loss, ce = self.forward(inputs, targets, cu_seqlens, shape, target_weights, self.grad_scale)
-            loss.backward()
-            mean_ce += ce / self.grad_accum
-        self.optimizer.set_lr_multiplier(schedule.lr_multiplier(step))
-        self.optimizer.set_momentum(schedule.momentum(step))
-        self.optimizer.step()
-        if step == schedule.untie_step and self.optimizer.tied:
-            self.optimizer.untie()
-        self.losses[step] = mean_ce
-        return mean_ce
-
-    @torch.no_grad()
-    def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> float:
-        self.set_step(step)
-        shape = dataclasses.replace(self.schedule.forward_shape(step, final), max_seq_len=self.hp.val_seq_len,
-                                    n_predict=1, prefix_target=False)
-        total = torch.zeros((), device=self.device)
-        count = 0
-        for i, (inputs, targets, cu_seqlens) in enumerate(self.val_set):
-            if max_batches is not None and i >= max_batches:
-                break
-            total += self.forward(inputs, targets, cu_seqlens, shape, eval_chunk=min(32768, self.hp.val_seq_len))
-            count += inputs.numel()
-        stats = torch.stack([total, torch.tensor(float(count), device=self.device)])
-        if self.world_size > 1:
-            dist.all_reduce(stats)
-        return (stats[0] / stats[1]).item()
-
-    def global_mean(self, value: Tensor) -> float:
-        """Mean of a per-rank scalar over all ranks (a collective: every rank must call it)."""
-        value = value.detach().clone()
-        if self.world_size > 1:
-            dist.all_reduce(value)
-        return value.item() / self.world_size
-
-    def check_finite(self, upto: int):
-        """Stop at the first non-finite training loss among the steps not checked yet."""
-        recent = self.losses[self.checked_steps: upto].clone()
-        if self.world_size > 1:
-            dist.all_reduce(recent)  # a NaN on any rank shows on every rank
-        bad = (~torch.isfinite(recent)).nonzero()
-        if len(bad):
-            step = self.checked_steps + int(bad[0])
-            raise NonFiniteLoss(f"non-finite training loss {recent[int(bad[0])].item()} at step {step} "
-                                f"(detected at step {upto}); lower the learning rates or check the data")
-        self.checked_steps = upto
-
-    def warmup(self):
-        """Compile every graph the run will use (each stage's shapes, Adam and non-Adam steps, the
-        untie step, every validation shape) on real steps, then restore the initial state (#47)."""
-        steps = [step for step in self.schedule.warmup_steps() if step < self.last_step]
-        self.log(f"Compiling model and warming up kernels on steps {steps}")
-        initial_model = copy.deepcopy(self.model.state_dict())
-        initial_optimizer = self.optimizer.state_dict()
-        loader = TrainLoader(self.hp.train_files, self.rank, self.world_size, self.device, log=lambda _: None,
-                             grad_accum=self.grad_accum)
-        start = time.perf_counter()
-        for step in steps:
-            self.optimizer.step_count = step
-            if step < self.schedule.num_scheduled:  # validations happen in the stages and at the end
-                self.evaluate(step, max_batches=1)
-            self.train_step(step, loader)
-            self._sync()
-            self.log(f"warm-up step {step} done at {time.perf_counter() - start:.0f}s")
-        self.evaluate(self.last_step, final=self.last_step == self.schedule.total_steps, max_batches=1)
-        self.log(f"Compile and warm-up took {time.perf_counter() - start:.0f}s. Resetting model")
-        self.model.load_state_dict(initial_model)
-        self.optimizer.load_state_dict(initial_optimizer)
-        self.losses.zero_()
-        self.stage = None
-
-    def run(self) -> float:
-        hp, schedule, log = self.hp, self.schedule, self.log
-        total = schedule.total_steps
-        if hp.warmup:
-            self.warmup()
-        loader = TrainLoader(hp.train_files, self.rank, self.world_size, self.device, log=log,
-                             grad_accum=self.grad_accum)
-        gc.collect()
-        self._sync()
-        training_ms, t0 = 0.0, time.perf_counter()
-        if self.token_bytes is not None:  # built on the clock, like the reference's (RECIPE 0.12)
-            self.model.prefix_ids.copy_(prefix_token_ids(self.token_bytes, hp.vocab_size))
-        val_loss = float("nan")
-        for step in range(self.last_step + 1):
-            last = step == self.last_step
-            if last or (hp.val_loss_every > 0 and step % hp.val_loss_every == 0):
-                self._sync()
-                training_ms += 1000 * (time.perf_counter() - t0)
-                self.check_finite(step)
-                val_loss = self.evaluate(step, final=step == total)
-                log(f"step:{step}/{total} val_loss:{val_loss:.4f} train_time:{training_ms:.0f}ms "
-                    f"step_avg:{training_ms / max(step, 1):.2f}ms")
-                self._sync()
-                t0 = time.perf_counter()
-            if last:
-                break
-            ce = self.train_step(step, loader)
-            if hp.nonfinite_check_every and (step + 1) % hp.nonfinite_check_every == 0:
-                self.check_finite(step + 1)
-            elapsed = training_ms + 1000 * (time.perf_counter() - t0)
-            extra = ""
-            if hp.train_loss_every and (step + 1) % hp.train_loss_every == 0:
-                extra = f" train_loss:{self.global_mean(ce):.4f}"
-            log(f"step:{step + 1}/{total}{extra} train_time:{elapsed:.0f}ms step_avg:{elapsed / (step + 1):.2f}ms",
-                console=(step + 1) % 25 == 0 or step < 10)
-        if self.device.type == "cuda":
-            log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
-                f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
-        else:
-            log("peak memory allocated: 0 MiB reserved: 0 MiB")
-        if hp.save_checkpoint:
-            self.save_checkpoint()
-        return val_loss
-
-    def save_checkpoint(self):
-        folder = os.path.join("checkpoints", self.hp.run_id)
-        os.makedirs(folder, exist_ok=True)
-        if self.rank == 0:
-            torch.save({"hyperparameters": dataclasses.asdict(self.hp), "model": self.model.state_dict()},
-                       os.path.join(folder, "model.pt"))
-        torch.save(self.optimizer.state_dict(), os.path.join(folder, f"optimizer_rank{self.rank}.pt"))
-        self.log(f"checkpoint: {folder}/")
-
-    def _sync(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
-
-# =============================================================================================
-# Main
-# =============================================================================================
-
-
-def main():
-    hp = Hyperparameters.from_env()
-    check_hyperparameters(hp)
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if world_size not in (1, 2, 4, 8):
-        raise SystemExit(f"error: world size {world_size} is not supported: run on 1, 2, 4 or 8 GPUs "
-                         f"(gradient accumulation 8 // world_size keeps the 8-GPU math)")
-    if hp.rank_slice and world_size != 1:
-        raise SystemExit("error: RANK_SLICE=1 runs one rank's share on a single GPU: use --nproc_per_node=1")
-    if hp.device == "cuda":
-        if not torch.cuda.is_available():
-            raise SystemExit("error: no CUDA GPU visible. train_gpt.py trains on NVIDIA GPUs (H100-class); "
-                             "DEVICE=cpu runs a (very slow) CPU smoke test instead")
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device(hp.device)
-    if world_size > 1:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, 64)
-    hp.run_id = hp.run_id or str(uuid.uuid4())
-    if world_size > 1:  # every rank logs under rank 0's id
-        shared = [hp.run_id]
-        dist.broadcast_object_list(shared, 0)
-        hp.run_id = shared[0]
-    log = RunLog(os.path.join(hp.log_dir, f"{hp.run_id}.txt") if rank == 0 else None)
-    with open(__file__) as f:
-        log(f.read().rstrip("\n") + "\n" + "=" * 100, console=False)
-    log(environment_report() + "\n" + "=" * 100, console=False)
-    hardware = f"{world_size}x {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"
-    grad_accum = 1 if hp.rank_slice else RANKS_PER_STEP // world_size
-    log("\n".join([f"run_id: {hp.run_id}", f"hardware: {hardware}",
-                   f"mode: {'rank-slice' if hp.rank_slice else 'full-batch'}", f"world_size: {world_size}",
-                   f"grad_accum_steps: {grad_accum}", f"data: {data_label(hp)}",
-                   f"overrides: {environment_overrides()}",
-                   f"hyperparameters: {json.dumps(dataclasses.asdict(hp))}"]))
-    try:
-        Trainer(hp, rank, world_size, device, log).run()
-    except NonFiniteLoss as error:
-        log(f"error: {error}")
-        raise SystemExit(1) from None
-    except torch.OutOfMemoryError:
-        log("error: out of GPU memory. Free the GPU (other processes?), keep PYTORCH_ALLOC_CONF="
-            "expandable_segments:True, or lower STAGE_BATCH_TOKENS / VAL_SEQ_LEN for smaller GPUs.")
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

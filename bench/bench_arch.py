@@ -1,12 +1,11 @@
-"""Cost of the RECIPE-HEAD architecture pieces on the real shapes (BENCH.md mode 3): forward +
+"""Cost of the newest architecture pieces on the real shapes (a microbenchmark): forward +
 backward median time, compiled like training, at the three stages' tokens per rank, of
 
-- xsa:   gated XSA on one layer (RECIPE 3.17; the model runs it on 4 layers)
-- dc:    lightweight DC-MHA on one layer, 112-key window (RECIPE 3.20; layer 10 only), the Triton
+- xsa:   gated XSA on one layer (docs/TECHNIQUES.md T3.13; the model runs it on 4 layers)
+- dc:    lightweight DC-MHA on one layer, 112-key window (T3.17; layer 10 only), the Triton
          kernels (the default on CUDA) and the blocked torch form
-- model: the whole model's forward + backward (without the lm_head) at stage 3: RECIPE HEAD
-         defaults, with DC_MHA=0, and with MUDD connections, MUDD gates, XSA and DC-MHA all off (the
-         difference is what they cost together); three compiles, a few minutes
+- model: the whole model's forward + backward (without the lm_head) at stage 3: the defaults,
+         with DC_MHA=0, and with XSA and DC-MHA off; three compiles, a few minutes
 
     python bench/bench_arch.py [--tokens 16384,32768,49152] [--model-tokens 49152 | 0] [--dc-warps 4,8]
 
@@ -87,11 +86,11 @@ def piece_rows(tokens, dc_warps):
 
 def model_rows(tokens):
     base = T.Hyperparameters(fp8_lm_head=False)
-    schedule = T.Schedule(base)
-    step = schedule.stage_starts[2]
+    schedule = T.Schedule(T.ScheduleConfig.from_hyperparameters(base))
+    shape = schedule.plan(schedule.stage_starts[2]).shape
     rows = []
     variants = [("defaults (DC_MHA=1, Triton kernels)", {}), ("DC_MHA=0", dict(dc_mha=False)),
-                ("MUDD, gates, XSA, DC off", dict(mudd_connections=False, mudd_gates=False, xsa=False, dc_mha=False))]
+                ("XSA, DC off", dict(xsa=False, dc_mha=False))]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 50257, (tokens,), generator=g).int().cuda()
     lengths = np.full(tokens // 512, 512)  # documents within every stage's max_seq_len
@@ -99,8 +98,7 @@ def model_rows(tokens):
     for name, switches in variants:
         hp = dataclasses.replace(base, **switches)
         torch.manual_seed(0)
-        model = T.GPT(hp).cuda()
-        shape = schedule.forward_shape(step)
+        model = T.GPT(T.ModelConfig.from_hyperparameters(hp)).cuda()
         hidden = torch.compile(model.hidden_states, dynamic=False, fullgraph=True)
         rows.append((f"model: {name}", tokens, bench(hidden, (ids, cu, shape))))
         print(*rows[-1], flush=True)

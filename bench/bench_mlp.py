@@ -1,4 +1,4 @@
-"""Microbenchmark (BENCH.md mode 3): the fused MLP up-projection + ReLU² Triton GEMM (RECIPE 3.23)
+"""Microbenchmark (BENCH.md mode 3): the fused MLP up-projection + ReLU² Triton GEMM (docs/TECHNIQUES.md T6.1)
 against cuBLAS on the real shapes (T tokens x 768 -> 3072) at the three stage batch sizes: the
 forward epilogue, the backward (fused-gradient) epilogue, and the whole MLP forward+backward
 against the torch.compile'd plain expression. Every variant is checked against float64 first.
@@ -121,7 +121,7 @@ def sweep(epilogues, tokens_list, top):
 def compare(tokens_list):
     rows = []
     fused_mlp = torch.compile(T.relu_square_mlp, dynamic=False, fullgraph=True)
-    plain_mlp = torch.compile(lambda x, fc, proj: T.relu_square_mlp(x, fc, proj, fused=False), dynamic=False, fullgraph=True)
+    plain_mlp = torch.compile(lambda x, fc, proj: T.relu_square_mlp_reference(x, fc, proj), dynamic=False, fullgraph=True)
     plain_up = torch.compile(lambda x, fc: torch.relu(x @ fc.t()).square(), dynamic=False, fullgraph=True)
     plain_grad = torch.compile(lambda grad, proj, pre: (grad @ proj.t()) * (2 * torch.relu(pre)), dynamic=False, fullgraph=True)
 

@@ -63,12 +63,16 @@ def main():
     if world > 1:
         dist.init_process_group("nccl" if cuda else "gloo")
     torch.manual_seed(0)
-    model = T.GPT(hp).to(device)
+    model = T.GPT(T.ModelConfig.from_hyperparameters(hp)).to(device)
     params = dict(model.named_parameters())
-    opt = T.NorMuonAdam(params, model.param_specs(), hp, rank, world, tied=("embed", "lm_head"))
+    opt = T.NorMuonAdam(params, model.param_specs(), T.OptimConfig.from_hyperparameters(hp), rank, world,
+                        tied=("embed", "lm_head"))
+    steps_taken = [0]
     grads = {k: torch.randn_like(p) * 1e-3 for k, p in params.items()}
 
     def step():
+        adam = steps_taken[0] % 2 == 1  # Adam on odd steps, as the schedule runs it
+        steps_taken[0] += 1
         for k, p in params.items():
             if p.grad is None:
                 p.grad = grads[k].clone()
@@ -77,11 +81,11 @@ def main():
         end = torch.cuda.Event(enable_timing=True) if cuda else None
         if cuda:
             start.record()
-        opt.step()
+        opt.step(adam=adam)
         if cuda:
             end.record()
         sync()
-        return start.elapsed_time(end) if cuda else 0.0
+        return adam, start.elapsed_time(end) if cuda else 0.0
 
     def sync():
         if cuda:
@@ -93,8 +97,8 @@ def main():
         step()
     times = {False: [], True: []}
     for _ in range(20):
-        adam = opt.is_adam_step()
-        times[adam].append(step())
+        adam, ms = step()
+        times[adam].append(ms)
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     trace = os.path.join(out_dir, f"optimizer_trace_rank{rank}.json")
     with torch.profiler.profile(activities=activities) as prof:

@@ -12,7 +12,7 @@ machine has no .git (the device tool's copy), write revisions to files first:
 Each source runs in its own subprocess (own module, compile state and GPU memory). It imports the
 source, builds its Trainer for one GPU from the environment as main() does (no process group,
 nothing logged, no compile warm-up), then for each stage takes the step in the middle of the stage
-(the optimizer's step_count set to it, so Adam runs on every other step as in the run) and runs:
+(Adam on every other of the repeated steps, as in the run) and runs:
 --warmup-steps untimed steps (compile), --steps steps between two synchronizations (wall ms/step,
 no profiler), the same steps under torch.profiler. Every kernel, memcpy and memset is summed by name
 (durations, so work overlapping on several streams counts in full);
@@ -22,10 +22,12 @@ that matches their name. The child writes DIR/<label>.json (raw per-kernel total
 here, so --merge applies refined rules to old runs); the parent writes DIR/kernels.csv and
 DIR/table.md and prints the markdown table last.
 
-Environment: that of a rank-slice run (README, BENCH.md), e.g. RANK_SLICE=1 TRAIN_FILES=...
-VAL_FILES=... VAL_TOKENS=3932160. A source needs this repository's interfaces (Hyperparameters.
-from_env, Trainer(hp, rank, world_size, device, log).train_step(step, loader), RunLog, TrainLoader,
-the optimizer's step_count / is_adam_step / untie); other repositories' scripts need a port.
+Environment: that of a rank-slice run (README), e.g. RANK_SLICE=1 TRAIN_FILES=... VAL_FILES=...
+VAL_TOKENS=3932160. A source needs this repository's interfaces: Hyperparameters.from_env,
+Trainer(hp, rank, world_size, device, log) with its schedule, optimizer and train_step, RunLog,
+TrainLoader; both the current one (Schedule.plan(step) -> StepPlan, train_step(plan, loader)) and
+the one before the restructure (train_step(step, loader), the optimizer's step_count) are driven;
+other repositories' scripts need a port.
 """
 import argparse
 import csv
@@ -211,11 +213,16 @@ def run_child(args):
     trainer = module.Trainer(hp, 0, 1, device, module.RunLog(None))
     loader = module.TrainLoader(hp.train_files, 0, 1, device, log=lambda _: None, grad_accum=trainer.grad_accum)
     optimizer, schedule = trainer.optimizer, trainer.schedule
+    if hasattr(schedule, "plan"):
+        tokens_per_rank = lambda step: schedule.plan(step).tokens_per_rank  # noqa: E731
+        max_seq_len = lambda step: schedule.plan(step).shape.max_seq_len  # noqa: E731
+    else:
+        tokens_per_rank, max_seq_len = schedule.tokens_per_rank, lambda step: schedule.forward_shape(step).max_seq_len
     optimizer_step = optimizer.step
 
-    def annotated_step():
+    def annotated_step(*args, **kwargs):
         with torch.profiler.record_function(OPTIMIZER_RANGE):
-            optimizer_step()
+            optimizer_step(*args, **kwargs)
 
     optimizer.step = annotated_step
 
@@ -224,13 +231,19 @@ def run_child(args):
             torch.cuda.synchronize()
 
     def run(step, n):
-        """n train steps at `step`; the optimizer's count restarts at `step`, so every window has
-        the same Adam / non-Adam sequence. Returns the number of Adam steps."""
-        optimizer.step_count = step
+        """n train steps at `step`, Adam on the i-th when step + i is odd, so every window has the
+        same Adam / non-Adam sequence. Returns the number of Adam steps."""
         adam_steps = 0
-        for _ in range(n):
-            adam_steps += optimizer.is_adam_step()
-            trainer.train_step(step, loader)
+        for i in range(n):
+            if hasattr(schedule, "plan"):
+                plan = schedule.plan(step)
+                plan = dataclasses.replace(plan, adam_step=schedule.plan(step + i).adam_step)
+                adam_steps += plan.adam_step
+                trainer.train_step(plan, loader)
+            else:  # before the restructure: the optimizer counts its steps
+                optimizer.step_count = step + i
+                adam_steps += optimizer.is_adam_step()
+                trainer.train_step(step, loader)
         return adam_steps
 
     result = dict(label=args.label, source=args.describe or args.child, steps=args.steps,
@@ -266,8 +279,8 @@ def run_child(args):
                     shutil.copyfileobj(fin, fout)
             loss = trainer.losses[step].item()
             result["stages"].append(dict(
-                stage=stage, step=step, tokens_per_step=schedule.tokens_per_rank(step) * trainer.grad_accum,
-                max_seq_len=schedule.forward_shape(step).max_seq_len, adam_steps=adam_steps, wall_ms=wall_ms,
+                stage=stage, step=step, tokens_per_step=tokens_per_rank(step) * trainer.grad_accum,
+                max_seq_len=max_seq_len(step), adam_steps=adam_steps, wall_ms=wall_ms,
                 loss=loss if math.isfinite(loss) else str(loss), optimizer_ranges=ranges, unlinked_gpu_events=unlinked,
                 peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
                 kernels=[dict(name=name, kind=kind, optimizer=opt, ms=us / 1000 / args.steps, calls=count / args.steps)

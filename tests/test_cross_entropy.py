@@ -125,10 +125,9 @@ def test_op_gradients_match_autograd_in_float64(N):
 
 
 def test_model_loss_and_gradients_match_the_previous_formulation():
-    from test_training import TINY, random_batch
-    hp = T.Hyperparameters(**TINY)
+    from test_training import TINY, model_of, random_batch
     torch.manual_seed(0)
-    model = T.GPT(hp)
+    model = model_of(T.Hyperparameters(**TINY))
     with torch.no_grad():  # away from the zero initializations, so that every gradient is non-zero
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
@@ -136,7 +135,7 @@ def test_model_loss_and_gradients_match_the_previous_formulation():
     inputs, targets, cu = random_batch()
     shape = T.ForwardShape(32, 96, 128, n_predict=3)
     mtp = torch.tensor([1.0, 0.5, 0.125])
-    loss, ce = model(inputs, targets, cu, shape, mtp, grad_scale=0.5)
+    loss, ce = model.training_loss(inputs, targets, cu, shape, mtp, grad_scale=0.5)
     loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
@@ -289,16 +288,15 @@ def test_lm_head_op_under_inductor(fp8):
 @cuda
 @pytest.mark.gpu
 def test_compiled_tiny_model_trains_on_gpu():
-    from test_training import TINY, random_batch
-    hp = T.Hyperparameters(**dict(TINY, device="cuda"))
+    from test_training import TINY, model_of, random_batch
     torch.manual_seed(0)
-    model = T.GPT(hp).cuda()
-    compiled = torch.compile(model, dynamic=False, fullgraph=True)
+    model = model_of(T.Hyperparameters(**dict(TINY, device="cuda"))).cuda()
+    compiled = torch.compile(model.training_loss, dynamic=False, fullgraph=True)
     inputs, targets, cu = (t.cuda() for t in random_batch())
     shape = T.ForwardShape(32, 96, 256, n_predict=3)  # max_seq_len: the longest document is 159 tokens
     mtp = torch.tensor([1.0, 0.5, 0.25], device="cuda")
     losses = []
-    for fn in (model, compiled):
+    for fn in (model.training_loss, compiled):
         model.zero_grad()
         loss, ce = fn(inputs, targets, cu, shape, mtp, 0.5)
         loss.backward()

@@ -10,22 +10,23 @@ import train_gpt as T
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 TINY = dict(device="cuda", compile=False, warmup=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
-            bigram_rows=1001, stage_batch_tokens=(2048, 4096, 4096, 4096), stage_max_seq_len=(128, 256, 256, 256),
-            window_block_size=16, val_tokens=2048, val_seq_len=1024, num_scheduled_iterations=12,
+            bigram_rows=1001, window_block_size=16,
+            stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096), max_seq_len=(128, 256, 256, 256)), val_tokens=2048, val_seq_len=1024, num_scheduled_iterations=12,
             num_extension_iterations=2, rank_slice=True)
 
 
 def test_training_steps_never_synchronize_with_the_host(corpus):
-    hp = T.Hyperparameters(**TINY, train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"))
+    hp = T.Hyperparameters(**TINY, train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
+                           tokenizer_dir=str(corpus))
     trainer = T.Trainer(hp, 0, 1, torch.device("cuda"), T.RunLog(None))
     loader = T.TrainLoader(hp.train_files, 0, 1, torch.device("cuda"))
     for step in range(2):  # first calls allocate, initialize handles and load kernels
-        trainer.train_step(step, loader)
+        trainer.train_step(trainer.schedule.plan(step), loader)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for step in range(2, 12):  # stage changes, Adam and non-Adam steps, the untie step
-            trainer.train_step(step, loader)
+            trainer.train_step(trainer.schedule.plan(step), loader)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()

@@ -88,8 +88,8 @@ def test_attention_backends_match_sdpa(backend, window):
     cu = torch.tensor([0, 100, 130, 600, 1024, 1024, 1024], device="cuda", dtype=torch.int32)
     doc_ids = torch.searchsorted(cu, torch.arange(S, device="cuda", dtype=torch.int32), right=True)
     q, k, v = (torch.randn(S, H, D, device="cuda", dtype=torch.bfloat16) * 0.3 for _ in range(3))
-    out = T.attend(q, k, v, cu, doc_ids, window, 600, backend, {})
-    ref = T.attend(q, k, v, cu, doc_ids, window, 600, "sdpa", {})
+    out = T.attend(q, k, v, T.AttnArgs(cu, doc_ids, 600, backend, {}), window)
+    ref = T.attend(q, k, v, T.AttnArgs(cu, doc_ids, 600, "sdpa", {}), window)
     assert rel_err(out, ref) < 1e-2
 
 

@@ -1,4 +1,4 @@
-"""The fused MLP (RECIPE 3.23): the ReLU² GEMM kernel's two epilogues through Triton's CPU
+"""The fused MLP (docs/TECHNIQUES.md T6.1): the ReLU² GEMM kernel's two epilogues through Triton's CPU
 interpreter, the custom ops and their autograd on the torch reference path (eager and traced by
 torch.compile), gradients into the banked weights, and the compiled kernels on a GPU (gpu-marked)."""
 
@@ -84,7 +84,7 @@ def test_relu_square_mlp_reference_path_matches_autograd():
     fused = output_and_grads(T.relu_square_mlp, x, fc, proj, grad)
     for name, got, want in zip(("out", "x", "fc", "proj"), fused, reference):
         assert got.dtype == torch.bfloat16 and rel_err(got, want) < 1e-2, name
-    plain = output_and_grads(lambda *w: T.relu_square_mlp(*w, fused=False), x, fc, proj, grad)
+    plain = output_and_grads(T.relu_square_mlp_reference, x, fc, proj, grad)
     assert torch.equal(plain[0], fused[0])  # the same forward ops on the reference path
     for got, want in zip(plain, reference):
         assert rel_err(got, want) < 1e-2
@@ -119,8 +119,8 @@ def test_gradients_reach_the_mlp_bank_through_views():
     bank = torch.nn.Parameter(torch.randn(3, 2, *fc.shape).bfloat16())
     with torch.no_grad():
         bank[1, 0], bank[1, 1] = fc, proj
-    mlp_fc, mlp_proj = (w.unbind(0) for w in bank.unbind(1))  # as GPT.hidden_states takes them
-    (T.relu_square_mlp(x, mlp_fc[1], mlp_proj[1]) * grad).sum().backward()
+    mlp_fc, mlp_proj = bank[1]  # as GPT.mlp_block takes them
+    (T.relu_square_mlp(x, mlp_fc, mlp_proj) * grad).sum().backward()
     _, _, grad_fc, grad_proj = float_reference(x, fc, proj, grad)
     assert rel_err(bank.grad[1, 0], grad_fc) < 1e-2 and rel_err(bank.grad[1, 1], grad_proj) < 1e-2
     assert not bank.grad[0].any() and not bank.grad[2].any()
@@ -181,15 +181,15 @@ def test_compiled_model_with_the_fused_mlp_matches_the_plain_mlp():
         hp = T.Hyperparameters(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001,
                                val_seq_len=1024, fused_mlp=fused, fused_mlp_min_tokens=0)
         torch.manual_seed(0)
-        model = T.GPT(hp).cuda()
+        model = T.GPT(T.ModelConfig.from_hyperparameters(hp)).cuda()
         with torch.no_grad():
             model.mlp_bank[:, 1].normal_(0, 0.05)  # non-zero projections: every MLP gradient is live
         torch._dynamo.reset()
-        compiled = torch.compile(model, dynamic=False, fullgraph=True)
-        loss, _ = compiled(inputs, targets, cu, shape, torch.tensor([1.0, 0.5], device="cuda"))
+        compile = lambda f: torch.compile(f, dynamic=False, fullgraph=True)  # noqa: E731
+        loss, _ = compile(model.training_loss)(inputs, targets, cu, shape, torch.tensor([1.0, 0.5], device="cuda"))
         loss.backward()
         with torch.no_grad():
-            total = compiled(inputs, targets, cu, shape, eval_chunk=512)
+            total = compile(model.evaluation_loss)(inputs, targets, cu, shape, 512)
         results.append((loss, total, model.mlp_bank.grad, model.qk_bank.grad))
     (loss, total, grad_mlp, grad_qk), (ref_loss, ref_total, ref_mlp, ref_qk) = results
     assert rel_err(loss, ref_loss) < 1e-2 and rel_err(total, ref_total) < 1e-2
@@ -199,8 +199,8 @@ def test_compiled_model_with_the_fused_mlp_matches_the_plain_mlp():
 def test_fused_mlp_runs_from_its_token_threshold(monkeypatch):
     """FUSED_MLP_MIN_TOKENS: forwards of fewer tokens per rank take the plain MLP (launch-bound there)."""
     calls = []
-    plain = T.relu_square_mlp
-    monkeypatch.setattr(T, "relu_square_mlp", lambda x, fc, proj, fused: calls.append(fused) or plain(x, fc, proj, False))
+    for name, fused in (("relu_square_mlp", True), ("relu_square_mlp_reference", False)):
+        monkeypatch.setattr(T, name, lambda x, fc, proj, fused=fused: calls.append(fused) or (x @ fc.t()) @ proj)
     tokens = 128
     inputs = torch.randint(0, 1000, (tokens,), dtype=torch.int32)
     cu = torch.from_numpy(T.cu_seqlens_for([tokens], tokens, 16))
@@ -209,5 +209,5 @@ def test_fused_mlp_runs_from_its_token_threshold(monkeypatch):
         hp = T.Hyperparameters(model_dim=64, num_heads=2, head_dim=32, mlp_hidden=128, vocab_size=1024,
                                bigram_rows=101, device="cpu", fused_mlp_min_tokens=threshold)
         calls.clear()
-        T.GPT(hp).hidden_states(inputs, cu, shape)
+        T.GPT(T.ModelConfig.from_hyperparameters(hp)).hidden_states(inputs, cu, shape)
         assert calls == [fused] * T.NUM_LAYERS

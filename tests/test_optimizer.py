@@ -145,12 +145,12 @@ def micro_grads(params: dict, step: int, micro: int) -> dict:
     return {k: (torch.randint(-8, 9, p.shape, generator=g) / 8).to(p.dtype) for k, p in params.items()}
 
 
-HP = T.Hyperparameters(compile=False)
+CONFIG = T.OptimConfig.from_hyperparameters(T.Hyperparameters(compile=False))
 
 
 def run_steps(rank: int, world: int, dtype=torch.bfloat16, steps: int = 4, untie_after: int = 2) -> dict:
     params = make_params(dtype=dtype)
-    opt = T.NorMuonAdam(params, SPECS, HP, rank, world, tied=("embed", "lm_head"))
+    opt = T.NorMuonAdam(params, SPECS, CONFIG, rank, world, tied=("embed", "lm_head"))
     accum = 8 // world
     batched = T.polar_iterations
     # CPU bf16 bmm rounds differently for different batch sizes, and each rank orthogonalizes a
@@ -162,9 +162,7 @@ def run_steps(rank: int, world: int, dtype=torch.bfloat16, steps: int = 4, untie
             for k, p in params.items():
                 # as backward with loss scaled by 1/accum: the rank's mean micro-gradient
                 p.grad = torch.stack([g[k].float() for g in grads]).mean(0).to(p.dtype)
-            opt.set_lr_multiplier(1.0 - 0.1 * step)
-            opt.set_momentum(0.85 + 0.03 * step)
-            opt.step()
+            opt.step(1.0 - 0.1 * step, 0.85 + 0.03 * step, adam=step % 2 == 1)
             if step == untie_after:
                 opt.untie()
     finally:
@@ -207,47 +205,47 @@ def test_sharded_step_equals_single_process(world, dtype, tmp_path):
 def test_communication_order_small_then_banks_then_tables():
     """Reductions are launched and waited for in one order: replicated parameters, NorMuon banks,
     sharded Adam tables, each group in table order (NCCL runs collectives in launch order)."""
-    order = T.NorMuonAdam(make_params(), SPECS, HP).comm_order
+    order = T.NorMuonAdam(make_params(), SPECS, CONFIG).comm_order
     assert order == ["scalars", "mudd_gate_scale", "qk_bank", "mlp_bank", "lm_head", "embed"]
-    model = T.GPT(T.Hyperparameters(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
-                                    bigram_rows=1001))
+    hp = T.Hyperparameters(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001)
+    model = T.GPT(T.ModelConfig.from_hyperparameters(hp))
     specs = model.param_specs()
-    order = T.NorMuonAdam(dict(model.named_parameters()), specs, HP).comm_order
+    order = T.NorMuonAdam(dict(model.named_parameters()), specs, CONFIG).comm_order
     groups = [(specs[label].comm, specs[label].optimizer) for label in order]
     assert groups == sorted(groups, key=lambda g: (g[0] != "replicated", g[1] != "normuon"))
     assert order.index("qk_bank") < order.index("mlp_bank") < order.index("vo_bank")  # big bank in the middle
 
 
-def test_shard_layout_with_padding():
-    shard = T._Shard((5, 8, 12), rank=3, world=4)
-    assert (shard.rows, shard.start, shard.real_rows, shard.padded) == (2, 6, 0, True)
-    shard = T._Shard((5, 8, 12), rank=2, world=4)
-    assert (shard.start, shard.real_rows) == (4, 1)
+def test_rank_rows_with_padding():
+    rows = T.RankRows((5, 8, 12), rank=3, world=4)
+    assert (rows.rows, rows.start, rows.real_rows, rows.padded) == (2, 6, 0, True)
+    rows = T.RankRows((5, 8, 12), rank=2, world=4)
+    assert (rows.start, rows.real_rows) == (4, 1)
 
 
-def test_adam_runs_on_odd_steps_and_keeps_gradients_between():
+def test_adam_runs_when_asked_and_keeps_gradients_between():
     params = make_params()
-    opt = T.NorMuonAdam(params, SPECS, HP)
+    opt = T.NorMuonAdam(params, SPECS, CONFIG)
     before = params["scalars"].detach().clone()
     for k, p in params.items():
         p.grad = torch.ones_like(p)
-    opt.step()  # step 0: NorMuon only
+    opt.step(adam=False)  # an even step: NorMuon only
     assert torch.equal(params["scalars"], before)
     assert params["scalars"].grad is not None and params["qk_bank"].grad is None
     for k in ("qk_bank", "mlp_bank"):
         params[k].grad = torch.ones_like(params[k])
-    opt.step()  # step 1: Adam too
+    opt.step(adam=True)  # an odd step: Adam too, on two steps' gradients
     assert not torch.equal(params["scalars"], before)
     assert params["scalars"].grad is None
 
 
 def test_tied_embedding_follows_lm_head_until_untied():
     params = make_params()
-    opt = T.NorMuonAdam(params, SPECS, HP, tied=("embed", "lm_head"))
+    opt = T.NorMuonAdam(params, SPECS, CONFIG, tied=("embed", "lm_head"))
     for step in range(2):
         for k, p in params.items():
             p.grad = torch.randn_like(p.float()).to(p.dtype)
-        opt.step()
+        opt.step(adam=step % 2 == 1)
     assert torch.equal(params["embed"], params["lm_head"])
     opt.untie()
     assert torch.equal(opt.state["embed"]["exp_avg"], opt.state["lm_head"]["exp_avg"])
@@ -255,19 +253,19 @@ def test_tied_embedding_follows_lm_head_until_untied():
     for step in range(2):
         for k, p in params.items():
             p.grad = torch.randn_like(p.float()).to(p.dtype)
-        opt.step()
+        opt.step(adam=step % 2 == 1)
     assert not torch.equal(params["embed"], params["lm_head"])
 
 
 def test_state_round_trip_reproduces_the_run():
     params = make_params()
-    opt = T.NorMuonAdam(params, SPECS, HP, tied=("embed", "lm_head"))
+    opt = T.NorMuonAdam(params, SPECS, CONFIG, tied=("embed", "lm_head"))
 
     def advance(n, start):
         for step in range(start, start + n):
             for k, g in micro_grads(params, step, 0).items():
                 params[k].grad = g
-            opt.step()
+            opt.step(adam=step % 2 == 1)
 
     advance(3, 0)
     saved_params = {k: p.detach().clone() for k, p in params.items()}
@@ -283,22 +281,19 @@ def test_state_round_trip_reproduces_the_run():
         assert torch.equal(params[k], first[k]), k
 
 
-def test_schedule_setters_drive_the_update():
+def test_schedule_values_drive_the_update():
     params = make_params()
-    opt = T.NorMuonAdam(params, SPECS, HP)
+    opt = T.NorMuonAdam(params, SPECS, CONFIG)
     before = {k: p.detach().clone() for k, p in params.items()}
-    opt.set_lr_multiplier(0.0)
-    opt.set_momentum(0.0)
-    for _ in range(2):
+    for step in range(2):
         for k, p in params.items():
             p.grad = torch.ones_like(p)
-        opt.step()
+        opt.step(lr_multiplier=0.0, momentum=0.0, adam=step % 2 == 1)
     for k in params:
         assert torch.equal(params[k], before[k]), k  # lr 0: nothing moves (decay is lr-coupled)
     # momentum 0: the buffer holds exactly the last gradient (scaled by 1/world = 1)
     assert torch.equal(opt.state["qk_bank"]["momentum"], torch.ones(5, 8, 12))
-    opt.set_lr_multiplier(1.0)
     for k, p in params.items():
         p.grad = torch.ones_like(p)
-    opt.step()
+    opt.step(lr_multiplier=1.0)
     assert not torch.equal(params["qk_bank"], before["qk_bank"])

@@ -17,22 +17,29 @@ import train_gpt as T
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+TINY_STAGES = dict(batch_tokens=(2048, 4096, 4096, 4096), max_seq_len=(128, 256, 256, 256))
 TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
-            bigram_rows=1001, stage_batch_tokens=(2048, 4096, 4096, 4096), stage_max_seq_len=(128, 256, 256, 256),
-            window_block_size=16, val_tokens=2048, val_seq_len=1024, muon_momentum_warmup_steps=5,
-            muon_momentum_cooldown_steps=2)
+            bigram_rows=1001, stages=T.replace_stage_columns(T.STAGES, **TINY_STAGES), window_block_size=16,
+            val_tokens=2048, val_seq_len=1024, muon_momentum_warmup_steps=5, muon_momentum_cooldown_steps=2)
 SWITCHES = [f.name for f in dataclasses.fields(T.Hyperparameters)
             if f.type in (bool, "bool") and f.name not in ("rank_slice", "compile", "warmup", "save_checkpoint")]
 DEFAULTS = T.Hyperparameters()
 
 
+def model_of(hp: T.Hyperparameters) -> T.GPT:
+    return T.GPT(T.ModelConfig.from_hyperparameters(hp))
+
+
 def tiny_env(tmp_path, corpus, **overrides) -> dict:
     """Environment variables for a tiny main() run on the corpus."""
-    values = dict(TINY, train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
+    values = {k: v for k, v in TINY.items() if k != "stages"}
+    values.update({f"stage_{column}": value for column, value in TINY_STAGES.items()})
+    values.update(train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
                   tokenizer_dir=str(corpus), log_dir=str(tmp_path / "logs"), num_scheduled_iterations=6,
                   num_extension_iterations=1, val_loss_every=3)
     values.update(overrides)
-    env = {k: v for k, v in os.environ.items() if k.upper() not in {f.name.upper() for f in dataclasses.fields(T.Hyperparameters)}}
+    names = {f.name.upper() for f in dataclasses.fields(T.Hyperparameters)} | {f"STAGE_{c.upper()}" for c in T.STAGE_COLUMNS}
+    env = {k: v for k, v in os.environ.items() if k.upper() not in names}
     for key, value in values.items():
         env[key.upper()] = ",".join(map(str, value)) if isinstance(value, tuple) else str(int(value) if isinstance(value, bool) else value)
     return env
@@ -53,11 +60,9 @@ def test_forward_backward_with_each_switch(switch):
         base.update({name: switch == "all on" for name in SWITCHES}, untie_embed_at=2 / 3 if switch == "all on" else 0.0)
     elif switch != "defaults":
         base[switch] = not getattr(DEFAULTS, switch)
-    if not base.get("mudd_gates", DEFAULTS.mudd_gates):  # DC-MHA takes its weights from the MUDD gates
-        base["dc_mha"] = False
     hp = T.Hyperparameters(**base)
     torch.manual_seed(0)
-    model = T.GPT(hp)
+    model = model_of(hp)
     if hp.prefix_loss:
         model.prefix_ids.copy_(torch.arange(1024) // 3 - 1)
     for name, spec in model.param_specs().items():
@@ -65,34 +70,37 @@ def test_forward_backward_with_each_switch(switch):
     inputs, targets, cu = random_batch(vocab=1024)
     shape = T.ForwardShape(short_window=32, long_window=96, max_seq_len=128, n_predict=3, prefix_target=hp.prefix_loss)
     weights = torch.tensor([1.0, 0.5, 0.25] + [0.25] * hp.prefix_loss)
-    loss, ce = model(inputs, targets, cu, shape, weights, grad_scale=0.5)
+    loss, ce = model.training_loss(inputs, targets, cu, shape, weights, grad_scale=0.5)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(ce) and 6 < ce.item() < 8  # ~ln(1024) at init
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
-    gates = not hp.mudd_gates  # the static gates that the MUDD gates replace
+    params = dict(model.named_parameters())
+    learned_scalars = hp.attn_lambdas or hp.smear_gate or hp.skip_connection
     for present, param in [(hp.value_embeds, "value_embeds"), (hp.bigram_embed, "bigram_embed"),
-                           (hp.attn_output_gates and gates, "attn_gate_bank"), (hp.smear_gate, "smear_gate"),
-                           (hp.skip_connection and gates, "skip_gate"), (hp.residual_lambdas, "resid_lambdas"),
-                           (hp.xsa and gates, "xsa_alphas"), (hp.mudd_connections, "mudd_w1"),
-                           (hp.mudd_gates, "mudd_gate_w1"), (bool(T.scalar_layout(hp)), "scalars")]:
-        assert hasattr(model, param) == present, param
+                           (hp.smear_gate, "smear_gate"), (hp.residual_lambdas, "resid_lambdas"),
+                           (learned_scalars, "scalars"), (True, "mudd.w1"), (True, "gates.w1")]:
+        assert (param in params) == present, param
+    gate_kinds = {kind for part in model.gates.outputs for (kind, _), _, _ in part}
+    for switch, kind in [("xsa", "xsa"), ("attn_output_gates", "out_gate"), ("dc_mha", "dc_w1"),
+                         ("skip_connection", "skip"), ("bigram_embed", "bigram")]:
+        assert (kind in gate_kinds) == getattr(hp, switch), kind
     with torch.no_grad():
-        total = model(inputs, targets, cu, shape, eval_chunk=100)
+        total = model.evaluation_loss(inputs, targets, cu, shape, chunk=100)
     assert torch.isfinite(total) and total.ndim == 0
 
 
 def test_multi_token_prediction_weights_the_later_targets():
     hp = T.Hyperparameters(**TINY)
     torch.manual_seed(0)
-    model = T.GPT(hp)
+    model = model_of(hp)
     inputs, targets, cu = random_batch()
     one = T.ForwardShape(32, 96, 128, n_predict=1)
     two = T.ForwardShape(32, 96, 128, n_predict=2)
     with torch.no_grad():
-        l1, ce1 = model(inputs, targets, cu, one, torch.tensor([1.0]))
-        l2, ce2 = model(inputs, targets, cu, two, torch.tensor([1.0, 0.0]))
-        l3, _ = model(inputs, targets, cu, two, torch.tensor([1.0, 0.5]))
+        l1, ce1 = model.training_loss(inputs, targets, cu, one, torch.tensor([1.0]))
+        l2, ce2 = model.training_loss(inputs, targets, cu, two, torch.tensor([1.0, 0.0]))
+        l3, _ = model.training_loss(inputs, targets, cu, two, torch.tensor([1.0, 0.5]))
     assert torch.allclose(l1, l2) and torch.allclose(ce1, ce2)
     assert l3 > l1 * 1.3  # the t+2 term adds about half as much again
 
@@ -102,7 +110,7 @@ def test_attention_is_causal_and_document_masked():
     # (RECIPE 3.6, 3.11, 3.12); without them nothing may cross a document boundary.
     hp = T.Hyperparameters(**dict(TINY, key_offset=False, smear_gate=False, bigram_embed=False))
     torch.manual_seed(0)
-    model = T.GPT(hp)
+    model = model_of(hp)
     with torch.no_grad():
         model.lm_head.normal_(0, 0.5)
         model.mlp_bank[:, 1].normal_(0, 0.05)  # non-zero MLP outputs so every path is live
@@ -119,18 +127,44 @@ def test_attention_is_causal_and_document_masked():
     assert differs[100:200].any() and not differs[200:].any()
 
 
+def schedule_of(hp: T.Hyperparameters) -> T.Schedule:
+    return T.Schedule(T.ScheduleConfig.from_hyperparameters(hp))
+
+
 def test_schedule_matches_the_recipe():
-    hp = T.Hyperparameters()
-    s = T.Schedule(hp)
+    s = schedule_of(T.Hyperparameters())
+    plan = s.plan
     assert s.stage_starts == [0, 423, 847, 1270] and s.total_steps == 1285 and s.untie_step == 847
+    assert [step for step in range(1285) if plan(step).untie] == [847]
     for step, expected in [(0, 1.0), (423, 1.52), (600, 1.355), (846, 0.912), (847, 1.027), (1000, 0.710),
                            (1269, 0.152), (1280, 0.15)]:
-        assert abs(s.lr_multiplier(step) - expected) < 2e-3, step
-    assert s.momentum(0) == 0.85 and abs(s.momentum(300) - 0.95) < 1e-12 and abs(s.momentum(1285) - 0.85) < 1e-12
-    assert s.windows(0) == (128, 384) and s.windows(1280) == (768, 1664) and s.windows(1285, final=True)[1] == 2560
-    assert s.mtp_weights(0) == [1.0, 0.5, 0.25] and len(s.mtp_weights(500)) == 2 and s.mtp_weights(900) == [1.0]
-    assert s.tokens_per_rank(0) == 16384 and s.tokens_per_rank(1000) == 49152
+        assert abs(plan(step).lr_multiplier - expected) < 2e-3, step
+    assert plan(0).momentum == 0.85 and abs(plan(300).momentum - 0.95) < 1e-12 and abs(plan(1285).momentum - 0.85) < 1e-12
+    assert [plan(step).adam_step for step in range(4)] == [False, True, False, True]
+    assert (plan(0).shape.short_window, plan(0).shape.long_window) == (128, 384)
+    assert (plan(1280).shape.short_window, plan(1280).shape.long_window) == (768, 1664)
+    assert plan(1285, final=True).shape.long_window == 2560 and plan(1280).long_windows == (384, 896, 1408, 1664)
+    assert plan(0).target_weights[:3] == (1.0, 0.5, 0.25) and plan(500).shape.n_predict == 2
+    assert plan(900).shape.n_predict == 1 and plan(900).target_weights == (1.0,)
+    assert plan(0).tokens_per_rank == 16384 and plan(1000).tokens_per_rank == 49152
+    assert plan(0).shape.max_seq_len == 896 and plan(1000).shape.max_seq_len == 2048
     assert s.warmup_steps() == [0, 1, 421, 422, 423, 424, 845, 846, 847, 848, 1268, 1269, 1270, 1271]
+    off = schedule_of(T.Hyperparameters(sliding_windows=False, multi_token_prediction=False, adam_every_other_step=False))
+    assert off.plan(0).shape.short_window == T.NO_WINDOW and off.plan(0).target_weights == (1.0, 0.25)
+    assert all(off.plan(step).adam_step for step in range(4))
+
+
+def test_stage_table_fractions_and_columns():
+    """Stage boundaries follow the table's fractions; STAGE_* variables replace whole columns."""
+    stages = tuple(T.dataclasses.replace(stage, fraction=f) for stage, f in zip(T.STAGES, (0.5, 0.25, 0.25, None)))
+    assert schedule_of(T.Hyperparameters(stages=stages, num_scheduled_iterations=100)).stage_starts == [0, 50, 75, 100]
+    hp = T.Hyperparameters.from_env({"STAGE_BATCH_TOKENS": "8,16,24,32", "STAGE_LR_MUL": "1,2,3,4"})
+    assert [s.batch_tokens for s in hp.stages] == [8, 16, 24, 32] and hp.stages[3].lr_mul == 4.0
+    assert [s.max_seq_len for s in hp.stages] == [s.max_seq_len for s in T.STAGES]
+    with pytest.raises(ValueError, match="add up to 1"):
+        T.check_hyperparameters(T.Hyperparameters(stages=stages[:1] + stages[2:]))
+    with pytest.raises(ValueError, match="not divisible by 8"):
+        T.check_hyperparameters(T.Hyperparameters(stages=T.replace_stage_columns(T.STAGES, batch_tokens=(8, 12, 16, 16))))
 
 
 def test_yarn_scales_match_the_recipe():
@@ -145,14 +179,14 @@ def test_env_overrides():
     hp = T.Hyperparameters.from_env({"NUM_SCHEDULED_ITERATIONS": "1_000", "MUON_LR": "0.05", "YARN": "false",
                                      "STAGE_LR_MUL": "1,2,3,4", "ATTENTION_BACKEND": "flex", "UNRELATED": "x"})
     assert hp.num_scheduled_iterations == 1000 and hp.muon_lr == 0.05 and hp.yarn is False
-    assert hp.stage_lr_mul == (1.0, 2.0, 3.0, 4.0) and hp.attention_backend == "flex"
+    assert [s.lr_mul for s in hp.stages] == [1.0, 2.0, 3.0, 4.0] and hp.attention_backend == "flex"
     assert T.Hyperparameters.from_env({}) == T.Hyperparameters()
     with pytest.raises(ValueError, match="VAL_LOSS_EVERY"):
         T.Hyperparameters.from_env({"VAL_LOSS_EVERY": "often"})
     with pytest.raises(ValueError, match="YARN"):
         T.Hyperparameters.from_env({"YARN": "maybe"})
-    with pytest.raises(ValueError, match="STAGE_MAX_SEQ_LEN"):
-        T.check_hyperparameters(T.Hyperparameters(stage_max_seq_len=(1, 2)))
+    with pytest.raises(ValueError, match="STAGE_MAX_SEQ_LEN has 2 entries"):
+        T.Hyperparameters.from_env({"STAGE_MAX_SEQ_LEN": "1,2"})
 
 
 def run_main(env, nproc=None, timeout=600):
