@@ -859,14 +859,14 @@ def bigram_ids(ids: Tensor, rows: int) -> Tensor:
     """Hash of (previous, current) token into rows-1 buckets; the first token gets the last row."""
     prev = torch.cat([ids[:1], ids[:-1]])
     hashed = ((36313 * ids) ^ (27191 * prev)) % (rows - 1)
-    hashed[0] = rows - 1
+    hashed[:1].fill_(rows - 1)  # fill_, not `hashed[0] = ...`: a host scalar copied in would sync in eager mode
     return hashed
 
 
 def bigram_sign_ids(ids: Tensor) -> Tensor:
     prev = torch.cat([ids[:1], ids[:-1]])
     signs = (prev ^ ids) % BIGRAM_SIGN_ROWS
-    signs[0] = 0
+    signs[:1].fill_(0)
     return signs
 
 # =============================================================================================
