@@ -9,7 +9,6 @@ import re
 import subprocess
 
 import numpy as np
-import pytest
 
 import train_gpt as T
 from helpers import ROOT
