@@ -1495,10 +1495,15 @@ def environment_report() -> str:
     return "\n".join(lines)
 
 
+def hyperparameter_variables() -> list[str]:
+    """The environment variables Hyperparameters.from_env reads."""
+    names = [f.name.upper() for f in dataclasses.fields(Hyperparameters) if f.name != "stages"]
+    return names + [f"STAGE_{column.upper()}" for column in STAGE_COLUMNS]
+
+
 def environment_overrides(environ=os.environ) -> str:
     """The hyperparameter variables set for this run, as shell assignments (RUN_ID excluded)."""
-    names = [f.name.upper() for f in dataclasses.fields(Hyperparameters) if f.name not in ("run_id", "stages")]
-    names += [f"STAGE_{column.upper()}" for column in STAGE_COLUMNS]
+    names = [name for name in hyperparameter_variables() if name != "RUN_ID"]
     return " ".join(f"{name}={shlex.quote(environ[name])}" for name in names if name in environ)
 
 

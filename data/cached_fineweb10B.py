@@ -1,17 +1,17 @@
 """Download the GPT-2 token shards of FineWeb from the Hugging Face hub: resumable and verified.
 
 Fetches <prefix>val_000000.bin and the first N train shards <prefix>train_000001.bin ...
-(about 100M tokens each) of a kjj0/*-gpt2 dataset repo into data/<dataset>/, and GPT-2's
-tokenizer files (encoder.json, vocab.bpe: 1.5 MB, from the openai-community/gpt2 model repo) into
-data/gpt2/ (the training script's prefix-token loss reads encoder.json).
-Complete files are skipped; an interrupted download continues from its .part file on the
-next run. Every file is checked (size and shard header) before it takes its final name.
+(about 100M tokens each) of a kjj0/*-gpt2 dataset repo into data/<dataset>/. GPT-2's tokenizer
+files (encoder.json, vocab.bpe; the training script's prefix-token loss reads encoder.json) are kept
+in the repository's data/gpt2/; where they are absent or damaged they are fetched from the
+openai-community/gpt2 model repo. Complete files are skipped; an interrupted download continues
+from its .part file on the next run. Every file is checked (a shard's size and header, a tokenizer
+file's sha256) before it takes its final name. Folders are created only when a file is written.
 HF_ENDPOINT selects the hub (or a mirror); with HF_HUB_OFFLINE=1 nothing is downloaded and
 the command only checks that the files are present.
 """
 import argparse
 import http.client
-import json
 import os
 import sys
 import urllib.error
@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # shards.py lies beside this file, whether it is run as a script or imported
+import gpt2_files  # noqa: E402
 import shards  # noqa: E402
 
 # name -> (dataset repo, file prefix, number of train shards in the repo; each ~100M tokens)
@@ -37,7 +38,6 @@ DEFAULT_TRAIN_SHARDS = 9  # ~900M tokens
 # GPT-2's BPE files on the hub: local name -> name in the model repo (same contents as OpenAI's files)
 TOKENIZER_REPO = "openai-community/gpt2"
 TOKENIZER_FILES = {"encoder.json": "vocab.json", "vocab.bpe": "merges.txt"}
-GPT2_TOKENS, GPT2_MERGES, GPT2_END_OF_TEXT = 50257, 50000, 50256
 CHUNK_BYTES = 1 << 20
 TIMEOUT_S = 60  # a request that stalls this long counts as a network failure
 NETWORK_ERRORS = (OSError, http.client.HTTPException)  # URLError, HTTPError, timeouts and resets are OSErrors
@@ -141,6 +141,7 @@ def download(name, url, part, size, bar):
                 raise DownloadError(f"{url} answered the resume request for {name} with the wrong range "
                                     f"({response.headers.get('Content-Range')}); delete {part} and rerun")
             have = start
+            os.makedirs(os.path.dirname(part) or ".", exist_ok=True)
             with open(part, "ab" if start else "wb") as f:
                 while True:
                     try:
@@ -187,37 +188,18 @@ def fetch_all(repo, names, out_dir):
             tqdm.write(f"{name}: {ntokens:,} tokens")
 
 
-def check_tokenizer_file(name, data):
-    """Raise ValueError unless `data` is GPT-2's encoder.json / vocab.bpe."""
-    text = data.decode("utf-8")
-    if name == "encoder.json":
-        vocab = json.loads(text)
-        if not isinstance(vocab, dict) or len(vocab) != GPT2_TOKENS or vocab.get("<|endoftext|>") != GPT2_END_OF_TEXT:
-            raise ValueError(f"not GPT-2's vocabulary ({GPT2_TOKENS} tokens, <|endoftext|> = {GPT2_END_OF_TEXT})")
-    elif not text.startswith("#version") or len(text.strip("\n").split("\n")) != GPT2_MERGES + 1:
-        raise ValueError(f"not GPT-2's merges (a #version line, then {GPT2_MERGES} merges)")
-
-
 def tokenizer_missing(tokenizer_dir):
-    """The tokenizer files that are absent or not valid (an invalid one is reported)."""
-    missing = []
-    for name in TOKENIZER_FILES:
-        path = os.path.join(tokenizer_dir, name)
-        if not os.path.exists(path):
-            missing.append(name)
-            continue
-        try:
-            with open(path, "rb") as f:
-                check_tokenizer_file(name, f.read())
-        except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-            tqdm.write(f"warning: {path}: {err}; downloading it again")
-            missing.append(name)
-    return missing
+    """The tokenizer files that are absent or not GPT-2's (a damaged one is reported)."""
+    defects = gpt2_files.defects(tokenizer_dir)
+    for name, reason in defects.items():
+        if reason != "missing":
+            tqdm.write(f"warning: {os.path.join(tokenizer_dir, name)} is not GPT-2's {name} ({reason}); "
+                       f"downloading it again")
+    return list(defects)
 
 
 def fetch_tokenizer(names, tokenizer_dir):
     """Download the small tokenizer files whole, check them, then give them their final names."""
-    os.makedirs(tokenizer_dir, exist_ok=True)
     for name in names:
         url = hf_hub_url(TOKENIZER_REPO, TOKENIZER_FILES[name])
         try:
@@ -225,15 +207,22 @@ def fetch_tokenizer(names, tokenizer_dir):
                 data = response.read()
         except NETWORK_ERRORS as err:
             raise network_failure(name, url, err) from None
-        try:
-            check_tokenizer_file(name, data)
-        except ValueError as err:
-            raise DownloadError(f"{url} did not give a usable {name}: {err}") from None
+        reason = gpt2_files.defect(name, data)
+        if reason:
+            raise DownloadError(f"{url} did not give a usable {name}: {reason}")
+        os.makedirs(tokenizer_dir, exist_ok=True)
         part = os.path.join(tokenizer_dir, name + ".part")
         with open(part, "wb") as f:
             f.write(data)
         os.replace(part, os.path.join(tokenizer_dir, name))
-        print(f"{name}: GPT-2 tokenizer file, {len(data):,} bytes")
+        print(f"{name}: GPT-2 tokenizer file, {len(data):,} bytes, sha256 checked")
+
+
+def remove_if_empty(folders):
+    """Remove the folders that this run created and a failure left empty (e.g. a corrupt file deleted)."""
+    for folder in folders:
+        if os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)
 
 
 def parse_args(argv):
@@ -248,8 +237,9 @@ def parse_args(argv):
                         help="which token set: " + ", ".join(f"{d} = {r}" for d, (r, _, _) in DATASETS.items())
                              + " (default fineweb10B)")
     parser.add_argument("--out-dir", help="destination folder (default: data/<dataset> beside this script)")
-    parser.add_argument("--tokenizer-dir", help="folder for GPT-2's encoder.json and vocab.bpe (default: data/gpt2 "
-                                                "beside this script; train_gpt.py's TOKENIZER_DIR)")
+    parser.add_argument("--tokenizer-dir", default=gpt2_files.DEFAULT_DIR,
+                        help="folder for GPT-2's encoder.json and vocab.bpe, fetched only where absent or damaged "
+                             "(default: data/gpt2, the repository's copy; train_gpt.py's TOKENIZER_DIR)")
     args = parser.parse_args(argv)
     max_train = DATASETS[args.dataset][2]
     if not 0 <= args.num_train <= max_train:
@@ -262,7 +252,7 @@ def main(argv=None):
     repo, prefix, _ = DATASETS[args.dataset]
     out_dir = args.out_dir or os.path.join(HERE, args.dataset)
     names = [f"{prefix}val_000000.bin"] + [f"{prefix}train_{i:06d}.bin" for i in range(1, args.num_train + 1)]
-    tokenizer_dir = args.tokenizer_dir or os.path.join(HERE, "gpt2")
+    tokenizer_dir = args.tokenizer_dir
     missing = [name for name in names if not is_complete(os.path.join(out_dir, name))]
     missing_tokenizer = tokenizer_missing(tokenizer_dir)
     if not missing and not missing_tokenizer:
@@ -273,15 +263,17 @@ def main(argv=None):
         print(f"error: HF_HUB_OFFLINE is set but {len(absent)} file(s) are missing: "
               f"{', '.join(absent)}\nUnset HF_HUB_OFFLINE to download them.", file=sys.stderr)
         return 1
-    os.makedirs(out_dir, exist_ok=True)
+    new_folders = [folder for folder in (out_dir, tokenizer_dir) if not os.path.exists(folder)]
     try:
         fetch_tokenizer(missing_tokenizer, tokenizer_dir)
         if missing:
             fetch_all(repo, missing, out_dir)
     except DownloadError as err:
+        remove_if_empty(new_folders)
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        remove_if_empty(new_folders)
         print("interrupted; rerun to resume from the .part file", file=sys.stderr)
         return 130
     print(f"done: {len(names)} files in {out_dir}")

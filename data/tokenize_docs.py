@@ -4,8 +4,11 @@ Inputs are .txt files (one document each), .jsonl files (one JSON object per lin
 --text-field; blank lines are skipped) and folders, searched recursively for both kinds in sorted
 path order. Every document is preceded by <|endoftext|> (50256, acting as BOS); there is no EOS.
 The token stream is cut into consecutive slices, so documents may straddle shards: the first
---val-tokens tokens go to <prefix>_val_000000.bin, the rest to <prefix>_train_000001.bin,
+--val-tokens + 1 tokens go to <prefix>_val_000000.bin (the extra token is the last target of
+train_gpt.py's VAL_TOKENS=--val-tokens), the rest to <prefix>_train_000001.bin,
 <prefix>_train_000002.bin, ... of --shard-tokens tokens each. The output does not depend on --workers.
+GPT-2's BPE files come from --bpe-dir (default data/gpt2, kept in the repository), checked against
+their known sha256; nothing is downloaded.
 """
 import argparse
 import glob
@@ -21,14 +24,14 @@ from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # shards.py lies beside this file, whether it is run as a script or imported
+import gpt2_files  # noqa: E402
 import shards  # noqa: E402
 
 EOT = 50256  # <|endoftext|>
-GPT2_VOCAB = 50257
 # GPT-2's pre-tokenization regex (openai/gpt-2 encoder.py), as tiktoken's "gpt2" encoding uses it
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 SUFFIXES = (".txt", ".jsonl")
-DEFAULT_VAL_TOKENS = 10_485_760  # the speedrun's validation size (10 * 2**20)
+DEFAULT_VAL_TOKENS = 10_485_760  # train_gpt.py's default VAL_TOKENS (10 * 2**20)
 DEFAULT_SHARD_TOKENS = 100_000_000
 BATCH_PER_WORKER = 64  # documents in flight per worker; bounds memory on huge inputs
 
@@ -49,40 +52,25 @@ def gpt2_byte_decoder():
     return table
 
 
-def load_local_gpt2(bpe_dir):
-    """Build the GPT-2 encoding from encoder.json + vocab.bpe without network (and without tiktoken's
-    blob loader, which needs `blobfile` for local paths before tiktoken 0.10 and copies them to a cache)."""
+def load_gpt2(bpe_dir):
+    """Build the GPT-2 encoding from bpe_dir's encoder.json + vocab.bpe, after checking them against
+    gpt2_files' sizes and sha256 (offline; tiktoken's own loader would download or need `blobfile`)."""
+    defects = gpt2_files.defects(bpe_dir)
+    if defects:
+        found = "; ".join(f"{os.path.join(bpe_dir, name)} {reason}" for name, reason in defects.items())
+        raise InputError(f"GPT-2's BPE files are not usable: {found}. Restore the repository's copy "
+                         f"(git checkout -- data/gpt2) or pass --bpe-dir DIR holding GPT-2's encoder.json and vocab.bpe")
     decode = gpt2_byte_decoder()
-
-    def to_bytes(token):
-        return bytes(decode[ch] for ch in token)
-
-    try:
-        with open(os.path.join(bpe_dir, "encoder.json"), encoding="utf-8") as f:
-            ranks = {to_bytes(tok): rank for tok, rank in json.load(f).items() if tok != "<|endoftext|>"}
-        with open(os.path.join(bpe_dir, "vocab.bpe"), encoding="utf-8") as f:
-            merges = f.read().split("\n")[1:-1]  # first line is a version comment
-    except (OSError, ValueError, KeyError) as err:
-        raise InputError(f"cannot read the GPT-2 BPE files in {bpe_dir}: {err}") from None
-    # tiktoken ranks must follow merge priority: 256 single bytes, then one token per merge line
-    for i, merge in enumerate(merges):
-        first, second = merge.split()
-        if ranks.get(to_bytes(first) + to_bytes(second)) != 256 + i:
-            raise InputError(f"{bpe_dir}: encoder.json and vocab.bpe disagree at merge {i} ({merge!r})")
-    encoding = tiktoken.Encoding(name="gpt2-local", pat_str=GPT2_PAT, mergeable_ranks=ranks,
-                                 special_tokens={"<|endoftext|>": EOT})
-    if encoding.n_vocab != GPT2_VOCAB:
-        raise InputError(f"{bpe_dir}: vocabulary has {encoding.n_vocab} tokens, GPT-2 has {GPT2_VOCAB}")
-    return encoding
-
-
-def load_encoding(bpe_dir):
-    return load_local_gpt2(bpe_dir) if bpe_dir else tiktoken.get_encoding("gpt2")
+    with open(os.path.join(bpe_dir, "encoder.json"), encoding="utf-8") as f:
+        # the ranks of GPT-2's vocabulary follow merge priority: 256 single bytes, then one per merge
+        ranks = {bytes(decode[ch] for ch in token): rank for token, rank in json.load(f).items() if rank != EOT}
+    return tiktoken.Encoding(name="gpt2-local", pat_str=GPT2_PAT, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": EOT})
 
 
 def init_worker(bpe_dir, text_field):
     global ENCODING, TEXT_FIELD
-    ENCODING, TEXT_FIELD = load_encoding(bpe_dir), text_field
+    ENCODING, TEXT_FIELD = load_gpt2(bpe_dir), text_field
 
 
 def find_files(inputs):
@@ -151,14 +139,16 @@ class ShardWriter:
 
     def __init__(self, out_dir, prefix, val_tokens, shard_tokens):
         self.out_dir, self.prefix, self.shard_tokens = out_dir, prefix, shard_tokens
-        self.val_tokens = val_tokens  # size of the val shard still to be written; 0 once it is written
-        self.buffer = np.empty(max(val_tokens, shard_tokens), dtype=np.uint16)
+        # size of the val shard still to be written (0 once it is written): VAL_TOKENS=val_tokens
+        # predicts val_tokens targets, the last of which is token val_tokens + 1
+        self.val_size = val_tokens + 1 if val_tokens else 0
+        self.buffer = np.empty(max(self.val_size, shard_tokens), dtype=np.uint16)
         self.fill = 0
         self.train_shards = 0
         self.written = []  # (path, number of tokens)
 
     def capacity(self):
-        return self.val_tokens or self.shard_tokens
+        return self.val_size or self.shard_tokens
 
     def add(self, tokens):
         while tokens.size:
@@ -170,8 +160,8 @@ class ShardWriter:
                 self.flush()
 
     def flush(self):
-        if self.val_tokens:
-            name, self.val_tokens = f"{self.prefix}_val_000000.bin", 0
+        if self.val_size:
+            name, self.val_size = f"{self.prefix}_val_000000.bin", 0
         else:
             self.train_shards += 1
             name = f"{self.prefix}_train_{self.train_shards:06d}.bin"
@@ -200,10 +190,12 @@ def parse_args(argv):
     parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
                         help=f"tokens per train shard (default {DEFAULT_SHARD_TOKENS:_})")
     parser.add_argument("--val-tokens", type=int, default=DEFAULT_VAL_TOKENS,
-                        help=f"tokens at the start of the stream that form the val shard; 0 = no val shard "
-                             f"(default {DEFAULT_VAL_TOKENS:_}, the speedrun's validation size)")
-    parser.add_argument("--bpe-dir", help="folder with GPT-2's encoder.json and vocab.bpe: build the tokenizer "
-                                          "offline from them (default: tiktoken's gpt2, which may download)")
+                        help=f"validation size N: the val shard holds the first N + 1 tokens of the stream, so that "
+                             f"train_gpt.py's VAL_TOKENS=N can use it (N inputs, and the N-th input's target is token "
+                             f"N + 1); 0 = no val shard (default {DEFAULT_VAL_TOKENS:_}, train_gpt.py's VAL_TOKENS)")
+    parser.add_argument("--bpe-dir", default=gpt2_files.DEFAULT_DIR,
+                        help="folder with GPT-2's encoder.json and vocab.bpe, checked against their sha256 "
+                             "(default: data/gpt2 in this repository); nothing is downloaded")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="tokenizer processes (default: all CPUs); the output is the same for any value")
     parser.add_argument("--overwrite", action="store_true",
@@ -218,7 +210,7 @@ def parse_args(argv):
 
 def tokenize(args):
     out_dir = args.out_dir or os.path.join(HERE, args.prefix)
-    load_encoding(args.bpe_dir)  # fail early on bad BPE files (and fetch tiktoken's files only once)
+    load_gpt2(args.bpe_dir)  # fail early on missing or damaged BPE files
     files = find_files(args.inputs)
     if not files:
         raise InputError(f"no .txt or .jsonl files in {', '.join(args.inputs)}")
@@ -251,8 +243,8 @@ def tokenize(args):
     for path, count in writer.written:
         print(f"  {os.path.basename(path)}  {count:,} tokens")
     if not writer.train_shards:
-        print(f"warning: no train shard: the corpus is not longer than --val-tokens {args.val_tokens:,}",
-              file=sys.stderr)
+        print(f"warning: no train shard: the corpus ({tokens:,} tokens) is not longer than the val shard "
+              f"(--val-tokens {args.val_tokens:,} + 1); lower --val-tokens", file=sys.stderr)
 
 
 def main(argv=None):

@@ -3,12 +3,12 @@
 
 Run from the repository root:
 
-    python records/tool.py stats DIR [--target 3.28] [--baseline DIR] [--no-plot]
+    python records/tool.py stats DIR [--target T] [--baseline DIR] [--no-plot]
     python records/tool.py new NAME LOGS... [--date YYYY-MM-DD] [--records-dir records] [--target 3.28]
     python records/tool.py diff [DIR] [--working]
     python records/tool.py table [--write | --check]
     python records/tool.py ablation LOGS...
-    python records/tool.py compare BASE_LOG LOGS... [--tolerance 5e-3]
+    python records/tool.py compare BASE_LOG LOGS... [--noise LOG_A LOG_B] [--tolerance T] [--only train|val]
 
 Logs are parsed exactly as specified by the log format that train_gpt.py writes: the source
 text, a line of 100 '=', the environment header, a line of 100 '=', the run description
@@ -44,6 +44,10 @@ PEAK_RE = re.compile(r"^peak memory allocated: (\d+) MiB reserved: (\d+) MiB$")
 TORCH_RE = re.compile(r"^Running PyTorch (\S+) compiled for CUDA (\S+)$")
 REQUIRED_KEYS = ("run_id", "hardware", "mode", "world_size", "data", "hyperparameters")
 TABLE_START, TABLE_END = "<!-- records-table:start -->", "<!-- records-table:end -->"
+DEFAULT_TARGET = 3.28  # the speedrun's FineWeb target
+GENERATED_RE = re.compile(r"^Generated from \d+ log\(s\) by `python records/tool\.py stats (.+)`\.$", re.M)
+# Overrides that name a run, where its files go or its initialization, not the configuration it computes.
+NOT_ABLATIONS = {"RUN_ID", "LOG_DIR", "SEED"}
 
 
 class RecordsError(Exception):
@@ -172,7 +176,7 @@ def parse_log(path, complete: bool = True) -> Run:
             run.peak_allocated, run.peak_reserved = int(pm.group(1)), int(pm.group(2))
             return run
         elif ln.startswith("error:"):
-            raise err(idx, f"run stopped with an error: {ln}")
+            raise err(idx, f"run stopped with an error: {ln.removeprefix('error:').strip()}")
     if not complete:
         return run
     n = len(lines) - (1 if lines and lines[-1] == "" else 0)
@@ -207,6 +211,21 @@ def check_consistent(runs: list[Run]) -> None:
         if r.run_id in seen:
             raise RecordsError(f"{seen[r.run_id]} and {r.path} have the same run_id {r.run_id!r}")
         seen[r.run_id] = r.path
+
+
+def configuration(run: Run) -> set[str]:
+    """The run's environment overrides that change what it computes (NOT_ABLATIONS left out)."""
+    return {t for t in shlex.split(run.overrides) if t.split("=", 1)[0] not in NOT_ABLATIONS}
+
+
+def mixed_overrides(runs: list[Run]) -> str | None:
+    """A warning when the runs' overrides differ (RUN_ID, LOG_DIR, SEED aside), else None."""
+    configs = [configuration(r) for r in runs]
+    if all(c == configs[0] for c in configs):
+        return None
+    shared = set.intersection(*configs)
+    own = "; ".join(f"{r.path.name}: {' '.join(sorted(c - shared)) or 'none'}" for r, c in zip(runs, configs))
+    return f"the runs have different overrides, so these statistics pool different configurations ({own})"
 
 
 def joined(runs, attr) -> str:
@@ -358,9 +377,10 @@ def write_stats(folder: Path, runs: list[Run], target: float, baseline_dir: Path
     s = summarize(runs, target, baseline)
     cmd = f"python records/tool.py stats {rel(folder, root)} --target {target}" + (
         f" --baseline {rel(baseline_dir, root)}" if baseline_dir is not None else "") + ("" if plot else " --no-plot")
+    mixed = mixed_overrides(runs)
     md = [f"# Statistics: {folder.name}", "", f"Generated from {len(runs)} log(s) by `{cmd}`.", "",
           *setup_lines(runs), "", "## Runs", "", runs_table(runs), "", "## Summary", "", *summary_lines(s),
-          *baseline_lines(s, baseline_dir.name if baseline_dir else "")]
+          *([f"- Warning: {mixed}"] if mixed else []), *baseline_lines(s, baseline_dir.name if baseline_dir else "")]
     if baseline and (baseline[0].hardware, baseline[0].mode, baseline[0].data) != (runs[0].hardware, runs[0].mode, runs[0].data):
         md += ["", "Note: the baseline ran on different hardware/mode/data "
                f"({baseline[0].hardware}, {baseline[0].mode}, {baseline[0].data.split()[0]}); the comparison is not like for like."]
@@ -452,16 +472,68 @@ def split_readme(text: str, readme: Path) -> tuple[str, str, str]:
 
 # ---------------------------------------------------------------- commands
 
+def find_folder(arg: str, root: Path, recorded: bool = False) -> Path:
+    """A folder as given (unless recorded: statistics.md names it relative to the repository root),
+    relative to the repository root, or a record's name in records/."""
+    for p in ([] if recorded else [Path(arg)]) + [root / arg]:
+        if p.is_dir():
+            return p
+    return resolve_record(arg, root / "records")
+
+
+def recorded_options(md: Path, text: str) -> dict:
+    """target, baseline and no_plot of the `stats` command named in statistics.md's 'Generated ... by' line."""
+    m = GENERATED_RE.search(text)
+    if not m:
+        raise RecordsError(f"{md} has no 'Generated ... by `python records/tool.py stats ...`' line, so its target "
+                           "and baseline are unknown: move it away to write a new one")
+    options, tokens = {"target": None, "baseline": None, "no_plot": False}, iter(shlex.split(m.group(1))[1:])
+    for token in tokens:
+        if token == "--no-plot":
+            options["no_plot"] = True
+        elif token in ("--target", "--baseline") and (value := next(tokens, None)) is not None:
+            options[token[2:]] = value
+        else:
+            raise RecordsError(f"{md}: cannot read {token!r} in the command of its 'Generated ... by' line")
+    try:
+        options["target"] = float(options["target"]) if options["target"] is not None else None
+    except ValueError:
+        raise RecordsError(f"{md}: --target {options['target']!r} of its 'Generated ... by' line is not a number") from None
+    return options
+
+
 def cmd_stats(args) -> int:
+    """Options not given keep the values of the existing statistics.md (its 'Generated ... by' command),
+    so regenerating a record's statistics never drops its target or baseline."""
     folder = Path(args.dir)
     runs = load_runs(folder)
-    base = Path(args.baseline) if args.baseline else None
-    if base is not None and not base.is_dir():
-        base = resolve_record(args.baseline, args.root / "records")
-    s = write_stats(folder, runs, args.target, base, plot=not args.no_plot, root=args.root)
+    md = folder / "statistics.md"
+    before = md.read_text(encoding="utf-8") if md.is_file() else None
+    kept = recorded_options(md, before) if before is not None else {}
+    target = args.target if args.target is not None else kept.get("target") or DEFAULT_TARGET
+    baseline = args.baseline or kept.get("baseline")
+    no_plot = args.no_plot or kept.get("no_plot", False)
+    for option, given, old in (("--target", args.target, kept.get("target")),
+                               ("--baseline", args.baseline, kept.get("baseline"))):
+        if given is not None and old is not None and given != old:
+            print(f"note: {md} was made with {option} {old}; now {given}")
+    base = find_folder(baseline, args.root, recorded=args.baseline is None) if baseline else None
+    mixed = mixed_overrides(runs)
+    if mixed:
+        print(f"warning: {mixed}", file=sys.stderr)
+    s = write_stats(folder, runs, target, base, plot=not no_plot, root=args.root)
     print(f"{folder}: {s['n']} run(s), {runs[0].hardware}, {runs[0].mode}, data {runs[0].data.split()[0]}")
     print("\n".join(summary_lines(s) + baseline_lines(s, base.name if base else "")))
-    print(f"wrote {folder / 'statistics.md'}" + ("" if args.no_plot else f" and {folder / 'val_loss.png'}"))
+    after = md.read_text(encoding="utf-8")
+    if before is None:
+        print(f"wrote {md}")
+    elif before == after:
+        print(f"{md}: unchanged")
+    else:
+        changed = sum(ln[:1] in "+-" for ln in difflib.ndiff(before.splitlines(), after.splitlines()))
+        print(f"updated {md} (lines added or removed: {changed}; git diff shows them)")
+    if not no_plot:
+        print(f"wrote {folder / 'val_loss.png'}")
     return 0
 
 
@@ -488,6 +560,8 @@ def cmd_new(args) -> int:
             raise RecordsError(f"logs come from different sources: the train_gpt.py embedded in {runs[0].path} "
                                f"differs from the one in {r.path}")
     check_consistent(runs)
+    if mixed := mixed_overrides(runs):
+        print(f"warning: {mixed}", file=sys.stderr)
     import matplotlib  # noqa: F401  (tool extras: fail before creating anything)
     import scipy  # noqa: F401
     prev = predecessor(records_dir, (date, args.name))
@@ -599,23 +673,20 @@ def cmd_table(args) -> int:
         else:
             print(f"records table in {readme} already up to date")
         return 0
-    if block.strip() == table.strip():
+    current, generated = block.strip().splitlines(), table.strip().splitlines()
+    if current == generated:
         print(f"records table in {readme} is in sync with records/")
         return 0
-    sys.stdout.writelines(difflib.unified_diff(block.strip().splitlines(keepends=True) + ["\n"],
-                                               table.splitlines(keepends=True), "README.md (records table)",
-                                               "generated from records/"))
+    for line in difflib.unified_diff(current, generated, "README.md (records table)", "generated from records/",
+                                     lineterm=""):
+        print(line)
     print(f"records table in {readme} is out of date: run `python records/tool.py table --write`", file=sys.stderr)
     return 1
 
 
-# Overrides that name a run or where its files go, not what it computes.
-NOT_ABLATIONS = {"RUN_ID", "LOG_DIR", "SEED"}
-
-
 def ablation_groups(runs: list[Run]) -> dict[str, list[Run]]:
     """Runs grouped by the environment overrides that not every run shares ("defaults": none)."""
-    tokens = [{t for t in shlex.split(r.overrides) if t.split("=", 1)[0] not in NOT_ABLATIONS} for r in runs]
+    tokens = [configuration(r) for r in runs]
     shared = set.intersection(*tokens)
     groups: dict[str, list[Run]] = {}
     for r, own in zip(runs, tokens):
@@ -660,47 +731,101 @@ def cmd_ablation(args) -> int:
     return 0
 
 
-def largest_difference(a: dict, b: dict) -> tuple[float, int | None, int]:
-    """(max |a - b|, the step where it occurs, number of steps compared) over the common steps."""
-    common = sorted(set(a) & set(b))
-    if not common:
-        return math.nan, None, 0
-    step = max(common, key=lambda s: abs(a[s] - b[s]))
-    return abs(a[step] - b[step]), step, len(common)
+LOSS_KINDS = {"train": "train loss", "val": "val loss"}
+DEFAULT_TOLERANCE = 5e-3  # compare's bound without --noise: bf16 reorderings of the tiny CPU runs stay below it
 
 
-def comparison_table(runs: list[Run], tolerance: float) -> tuple[str, bool]:
+def logged_losses(run: Run, kind: str) -> dict[int, float]:
+    """step -> train loss (TRAIN_LOSS_EVERY lines) or val loss."""
+    return run.train_losses if kind == "train" else {step: loss for step, _, loss in run.val}
+
+
+def largest_difference(a: Run, b: Run, kind: str, steps: list[int]) -> tuple[float, int]:
+    """(max |a - b| of the kind's losses over steps, the step where it occurs)."""
+    la, lb = logged_losses(a, kind), logged_losses(b, kind)
+    step = max(steps, key=lambda s: abs(la[s] - lb[s]))
+    return abs(la[step] - lb[step]), step
+
+
+def check_noise_pair(a: Run, b: Run) -> None:
+    """Refuse a --noise pair that is not two runs of one configuration (run_id and log_dir aside)."""
+    ha, hb = ({k: v for k, v in r.hyperparameters.items() if k not in ("run_id", "log_dir")} for r in (a, b))
+    differ = sorted(k for k in ha.keys() | hb.keys() if ha.get(k) != hb.get(k))
+    differ += [attr for attr in ("hardware", "mode", "world_size") if getattr(a, attr) != getattr(b, attr)]
+    if differ:
+        raise RecordsError(f"--noise logs {a.path} and {b.path} differ in {', '.join(differ)}: "
+                           "the noise floor needs two runs of one configuration")
+
+
+def verdict(diff: float, floor: float | None, tolerance: float | None) -> tuple[str, bool]:
+    """A difference judged against the noise floor (when there is one) and the tolerance."""
+    if floor is None:
+        tolerance = DEFAULT_TOLERANCE if tolerance is None else tolerance
+        if diff <= tolerance:
+            return f"within tolerance {tolerance:g} ({diff:.4f})", True
+        return f"beyond tolerance {tolerance:g} by {diff - tolerance:.4f} ({diff:.4f})", False
+    if diff <= floor:
+        return f"within noise ({diff:.4f} <= {floor:.4f})", True
+    if tolerance is not None and diff <= tolerance:
+        return f"beyond noise by {diff - floor:.4f} but within tolerance {tolerance:g} ({diff:.4f})", True
+    return f"beyond noise by {diff - floor:.4f} ({diff:.4f} vs {floor:.4f})", False
+
+
+def comparison(runs: list[Run], noise: list[tuple[Run, Run]], kinds: list[str],
+               tolerance: float | None) -> tuple[str, bool]:
     """Per-step equivalence of runs that should compute the same training (1 GPU with accumulation
-    against 2 or 4 GPUs): largest train- and val-loss differences against the first run, ms/step."""
-    for r in runs:
-        if not r.train_losses:
-            raise RecordsError(f"{r.path}: no train_loss in its step lines; rerun with TRAIN_LOSS_EVERY=1")
-    base = runs[0]
+    against 2, 4 or 8 GPUs): for each run against the first, the largest difference of each kind of
+    loss over the steps every log has, judged against the same difference between the --noise pairs
+    (repeats of one configuration: the nondeterminism floor) or, without them, against the tolerance."""
+    for a, b in noise:
+        check_noise_pair(a, b)
+    logs = runs + [r for pair in noise for r in pair]
+    if "train" in kinds:
+        for r in logs:
+            if not r.train_losses:
+                raise RecordsError(f"{r.path}: no train_loss in its step lines; rerun with TRAIN_LOSS_EVERY=1 "
+                                   "(or compare val losses alone: --only val)")
+    steps = {}
+    for kind in kinds:
+        steps[kind] = sorted(set.intersection(*(set(logged_losses(r, kind)) for r in logs)))
+        if not steps[kind]:
+            raise RecordsError(f"the logs have no {LOSS_KINDS[kind]} step in common")
+    floor = {kind: max((largest_difference(a, b, kind, steps[kind])[0] for a, b in noise), default=None)
+             for kind in kinds}
 
     def setup(r: Run) -> str:
         return f"{r.mode}, world {r.world_size}, accumulation {r.grad_accum_steps}"
 
-    out = ["| log | setup | steps | ms/step | max abs train-loss diff (step) | max abs val-loss diff (step) |",
-           "|---|---|---:|---:|---:|---:|",
-           f"| {base.path} (base) | {setup(base)} | {base.last_step} | {base.step_avg_ms:.2f} | | |"]
-    ok = True
+    base = runs[0]
+    out = ["| log | setup | steps | ms/step | " + " | ".join(f"max abs {LOSS_KINDS[k]} diff (step)" for k in kinds) + " |",
+           "|---|---|---:|---:|" + "---:|" * len(kinds),
+           f"| {base.path} (base) | {setup(base)} | {base.last_step} | {base.step_avg_ms:.2f} |" + " |" * len(kinds)]
+    for a, b in noise:
+        cells = [largest_difference(a, b, kind, steps[kind]) for kind in kinds]
+        out.append(f"| noise: {a.path} vs {b.path} | {setup(a)} | {a.last_step} | {a.step_avg_ms:.2f} | "
+                   + " | ".join(f"{d:.4f} ({s})" for d, s in cells) + " |")
+    verdicts, ok = [], True
     for r in runs[1:]:
-        cells = []
-        for mine, theirs in ((r.train_losses, base.train_losses),
-                             ({s: v for s, _, v in r.val}, {s: v for s, _, v in base.val})):
-            diff, step, count = largest_difference(mine, theirs)
-            ok &= count > 0 and diff <= tolerance
-            cells.append(f"{diff:.2e} ({step}, {count} steps)" if count else "no common steps")
-        out.append(f"| {r.path} | {setup(r)} | {r.last_step} | {r.step_avg_ms:.2f} | {cells[0]} | {cells[1]} |")
-    return "\n".join(out) + "\n", ok
+        cells = [largest_difference(r, base, kind, steps[kind]) for kind in kinds]
+        out.append(f"| {r.path} | {setup(r)} | {r.last_step} | {r.step_avg_ms:.2f} | "
+                   + " | ".join(f"{d:.4f} ({s})" for d, s in cells) + " |")
+        judged = [(kind, *verdict(d, floor[kind], tolerance)) for kind, (d, _) in zip(kinds, cells)]
+        ok &= all(good for _, _, good in judged)
+        verdicts.append(f"{r.path}: " + "; ".join(f"{LOSS_KINDS[kind]} {text}" for kind, text, _ in judged))
+    counted = ", ".join(f"{len(steps[k])} {LOSS_KINDS[k]} steps" for k in kinds)
+    return "\n".join(out + ["", f"Over the steps every log has ({counted}):", *verdicts]) + "\n", ok
 
 
 def cmd_compare(args) -> int:
     if len(args.logs) < 2:
         raise RecordsError("give at least two logs: the base and one to compare with it")
-    table, ok = comparison_table([parse_log(p, complete=False) for p in args.logs], args.tolerance)
-    sys.stdout.write(table)
-    print(f"all differences within {args.tolerance:g}" if ok else f"a difference exceeds {args.tolerance:g}")
+    runs = [parse_log(p, complete=False) for p in args.logs]
+    noise = [(parse_log(a, complete=False), parse_log(b, complete=False)) for a, b in args.noise or []]
+    kinds = [args.only] if args.only else list(LOSS_KINDS)
+    report, ok = comparison(runs, noise, kinds, args.tolerance)
+    sys.stdout.write(report)
+    print("all within " + ("noise" if noise else "tolerance") if ok else
+          "a difference lies beyond " + ("noise" if noise else "tolerance") + " (exit code 1)")
     return 0 if ok else 1
 
 
@@ -713,16 +838,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("stats", parents=[common], help="statistics.md and val_loss.png for a folder of logs")
     s.add_argument("dir", help="folder holding the *.txt logs")
-    s.add_argument("--target", type=float, default=3.28, help="val loss target of the t-test (default 3.28)")
-    s.add_argument("--baseline", help="folder of baseline logs for Welch's t-tests (e.g. the previous record)")
-    s.add_argument("--no-plot", action="store_true", help="do not draw val_loss.png")
+    s.add_argument("--target", type=float,
+                   help=f"val loss target of the t-test (default: the existing statistics.md's, else {DEFAULT_TARGET})")
+    s.add_argument("--baseline", help="folder of baseline logs for Welch's t-tests, e.g. the previous record "
+                                      "(default: the existing statistics.md's, else none)")
+    s.add_argument("--no-plot", action="store_true", help="do not draw val_loss.png (kept when statistics.md was "
+                                                          "made so)")
     s.set_defaults(func=cmd_stats)
     n = sub.add_parser("new", parents=[common], help="create records/<date>_<NAME>/ from logs")
     n.add_argument("name", help="CamelCase record name")
     n.add_argument("logs", nargs="+", help="the run logs (*.txt) of one train_gpt.py source")
     n.add_argument("--date", help="YYYY-MM-DD (default: today)")
     n.add_argument("--records-dir", help="records folder (default: <root>/records)")
-    n.add_argument("--target", type=float, default=3.28, help="val loss target (default 3.28)")
+    n.add_argument("--target", type=float, default=DEFAULT_TARGET, help=f"val loss target (default {DEFAULT_TARGET})")
     n.set_defaults(func=cmd_new)
     d = sub.add_parser("diff", parents=[common], help="unified diff of a record's train_gpt.py against the previous record")
     d.add_argument("dir", nargs="?", help="record folder or its name (default: the latest record)")
@@ -738,10 +866,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("logs", nargs="+", help="run logs (*.txt): defaults and runs with switches overridden (e.g. XSA=0)")
     a.set_defaults(func=cmd_ablation)
     c = sub.add_parser("compare", parents=[common],
-                       help="per-step loss differences and ms/step of runs that should match (1 vs 2 vs 4 GPUs)")
+                       help="per-step loss differences and ms/step of runs that should match (1 vs 2, 4, 8 GPUs), "
+                            "judged against the spread of repeated runs")
     c.add_argument("logs", nargs="+", help="TRAIN_LOSS_EVERY=1 logs, complete or stopped early; the first is the base")
-    c.add_argument("--tolerance", type=float, default=5e-3,
-                   help="largest accepted loss difference (default 5e-3); exit code 1 beyond it")
+    c.add_argument("--noise", nargs=2, action="append", metavar=("LOG_A", "LOG_B"),
+                   help="two runs of one configuration (same seed): their largest difference is the noise floor "
+                        "the others are judged against; repeat for more pairs (the largest counts)")
+    c.add_argument("--tolerance", type=float,
+                   help=f"largest accepted difference without --noise (default {DEFAULT_TOLERANCE:g}); with "
+                        "--noise, differences beyond the noise floor but within it pass")
+    c.add_argument("--only", choices=list(LOSS_KINDS), help="compare only train or only val losses")
     c.set_defaults(func=cmd_compare)
     return p
 

@@ -1,5 +1,4 @@
 """End-to-end tests of data/cached_fineweb10B.py against a fake Hugging Face hub on loopback."""
-import json
 import os
 import subprocess
 import sys
@@ -93,17 +92,16 @@ def shard_bytes(shards, tmp_path, name, ntokens, seed):
     return path.read_bytes()
 
 
-def tokenizer_bytes():
-    """Files shaped like GPT-2's: 50257 tokens with <|endoftext|> = 50256, a version line and 50000 merges."""
-    vocab = {f"t{i}": i for i in range(50256)} | {"<|endoftext|>": 50256}
-    merges = "#version: 0.2\n" + "".join(f"a{i} b{i}\n" for i in range(50000))
-    return {"vocab.json": json.dumps(vocab).encode(), "merges.txt": merges.encode()}
+def tokenizer_bytes(repo_root):
+    """The hub's vocab.json and merges.txt: the bytes of the repository's data/gpt2 files."""
+    gpt2 = repo_root / "data" / "gpt2"
+    return {"vocab.json": (gpt2 / "encoder.json").read_bytes(), "merges.txt": (gpt2 / "vocab.bpe").read_bytes()}
 
 
 @pytest.fixture
-def files(shards, tmp_path):
+def files(shards, tmp_path, repo_root):
     shard_files = {name: shard_bytes(shards, tmp_path, name, 700 + 300 * i, seed=i) for i, name in enumerate(NAMES)}
-    return shard_files | tokenizer_bytes()
+    return shard_files | tokenizer_bytes(repo_root)
 
 
 @pytest.fixture
@@ -118,15 +116,16 @@ def hub(files):
 
 @pytest.fixture
 def download(repo_root, tmp_path, hub):
-    """Run the download script (N=2 train shards into tmp_path/out) against the fake hub."""
-    def run(*args, offline=False):
+    """Run the download script (N=2 train shards into tmp_path/out, the tokenizer into tmp_path/gpt2
+    unless tokenizer_dir says otherwise; None: the default) against the fake hub."""
+    def run(*args, offline=False, tokenizer_dir=tmp_path / "gpt2"):
         env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and "proxy" not in k.lower()}
         env.update(HF_ENDPOINT=hub.endpoint, HF_HUB_DISABLE_TELEMETRY="1", HF_HOME=str(tmp_path / "hf_home"),
                    NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
         if offline:
             env["HF_HUB_OFFLINE"] = "1"
         command = [sys.executable, str(repo_root / "data" / "cached_fineweb10B.py"), *args,
-                   "--tokenizer-dir", str(tmp_path / "gpt2")]
+                   *(["--tokenizer-dir", str(tokenizer_dir)] if tokenizer_dir else [])]
         return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     return run
 
@@ -192,11 +191,13 @@ def test_server_ignoring_range_restarts_cleanly(download, hub, files, out):
         assert (out / name).read_bytes() == files[name]
 
 
-def test_missing_file_is_one_clear_error(download, hub, out):
+def test_missing_file_is_one_clear_error(download, hub, out, tmp_path):
     del hub.files[NAMES[2]]
     result = download("2", "--out-dir", str(out))
     assert_clean_failure(result, NAMES[2], "404", hub.endpoint, "HF_ENDPOINT")
     assert len(result.stderr.strip().splitlines()) <= 3
+    assert (tmp_path / "gpt2" / "encoder.json").exists()  # fetched before the shards
+    assert not out.exists()  # the sizes are asked first: nothing was written, so no empty folder is left
 
 
 @pytest.mark.parametrize("damage, defect", [
@@ -209,6 +210,12 @@ def test_corrupted_file_is_rejected(download, hub, out, damage, defect):
     result = download("2", "--out-dir", str(out))
     assert_clean_failure(result, name, defect)
     assert not (out / name).exists() and not (out / f"{name}.part").exists()
+    hub.files[NAMES[0]] = damage(hub.files[NAMES[0]])
+    (out / NAMES[0]).unlink()
+    out.rmdir()
+    result = download("2", "--out-dir", str(out))
+    assert_clean_failure(result, NAMES[0], defect)
+    assert not out.exists()  # the folder this run made and emptied is removed
 
 
 def test_offline_with_missing_files(download, hub, out):
@@ -224,15 +231,32 @@ def test_tokenizer_alone_missing_or_damaged_is_fetched_again(download, hub, file
     hub.requests.clear()
     result = download("2", "--out-dir", str(out))
     assert result.returncode == 0, result.stderr
-    assert "not GPT-2's vocabulary" in result.stdout and sorted(n for n, _ in hub.gets()) == sorted(TOKENIZER_NAMES)
+    assert "is not GPT-2's encoder.json (8 bytes, GPT-2's has 1,042,301)" in result.stdout
+    assert sorted(n for n, _ in hub.gets()) == sorted(TOKENIZER_NAMES)
     assert (tmp_path / "gpt2" / "encoder.json").read_bytes() == files["vocab.json"]
 
 
 def test_bad_tokenizer_on_the_hub_is_one_clear_error(download, hub, out, tmp_path):
-    hub.files["vocab.json"] = b"<html>not json</html>"
+    hub.files["merges.txt"] = hub.files["merges.txt"].replace("\nĠ t\n".encode(), "\nĠ T\n".encode(), 1)  # same size
     result = download("2", "--out-dir", str(out))
-    assert_clean_failure(result, "vocab.json", "did not give a usable encoder.json")
-    assert not (tmp_path / "gpt2" / "encoder.json").exists()
+    assert_clean_failure(result, "merges.txt", "did not give a usable vocab.bpe: sha256 ")
+    assert (tmp_path / "gpt2" / "encoder.json").exists() and not (tmp_path / "gpt2" / "vocab.bpe").exists()
+    assert not out.exists()  # nothing was written there
+    hub.files["vocab.json"] = b"<html>not json</html>"
+    (tmp_path / "gpt2" / "encoder.json").unlink()
+    (tmp_path / "gpt2").rmdir()
+    result = download("2", "--out-dir", str(out))
+    assert_clean_failure(result, "vocab.json", "did not give a usable encoder.json: 21 bytes, GPT-2's has 1,042,301")
+    assert not (tmp_path / "gpt2").exists() and not out.exists()
+
+
+def test_repository_tokenizer_is_valid_and_never_downloaded(download, hub, out, repo_root):
+    """The default --tokenizer-dir is the repository's data/gpt2: present and valid, so not fetched."""
+    result = download("2", "--out-dir", str(out), tokenizer_dir=None)
+    assert result.returncode == 0, result.stderr
+    assert sorted(n for n, _ in hub.gets()) == sorted(NAMES)
+    assert f"the tokenizer in {repo_root / 'data' / 'gpt2'}" in download("2", "--out-dir", str(out),
+                                                                        tokenizer_dir=None).stdout
 
 
 def test_too_many_shards_is_a_usage_error(download, hub, out):

@@ -2,6 +2,7 @@
 import importlib.util
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -114,7 +115,7 @@ def test_missing_peak_memory_and_error_line(tmp_path):
     with pytest.raises(tool.RecordsError, match=r"x\.txt:\d+: truncated run: no 'peak memory"):
         tool.parse_log(p)
     q = make_log(tmp_path / "y.txt", 3.27, 100000, error_at_step=40)
-    with pytest.raises(tool.RecordsError, match=r"y\.txt:\d+: run stopped with an error: error: non-finite loss"):
+    with pytest.raises(tool.RecordsError, match=r"y\.txt:\d+: run stopped with an error: non-finite loss"):
         tool.parse_log(q)
 
 
@@ -200,6 +201,53 @@ def test_stats_lists_seeds_and_cautions_when_runs_repeat_one(tmp_path, capsys, s
     for text in (out, md):
         assert f"- seeds: {shown}" in text
         assert ("Caution: runs of one seed start from the same initialization" in text) == caution
+
+
+def test_stats_keeps_the_target_baseline_and_plot_choice_of_the_existing_statistics(tmp_path, capsys):
+    new = make_record(tmp_path, "2025-02-01_New", LOSSES, TIMES)
+    base = make_record(tmp_path, "2025-01-01_Base", BASE_LOSSES, BASE_TIMES)
+    assert run_tool("--root", tmp_path, "stats", new, "--target", 3.279, "--baseline", base, "--no-plot") == 0
+    md = (new / "statistics.md").read_text()
+    assert "--target 3.279 --baseline records/2025-01-01_Base --no-plot`" in md and "## Against baseline" in md
+    assert "wrote " in capsys.readouterr().out
+    assert run_tool("--root", tmp_path, "stats", new) == 0  # the README's form
+    assert (new / "statistics.md").read_text() == md and not (new / "val_loss.png").exists()
+    assert capsys.readouterr().out.endswith(f"{new / 'statistics.md'}: unchanged\n")
+    assert run_tool("--root", tmp_path, "stats", new, "--target", 3.3) == 0  # a given option wins, and says so
+    out, md = capsys.readouterr().out, (new / "statistics.md").read_text()
+    assert f"note: {new / 'statistics.md'} was made with --target 3.279; now 3.3" in out
+    assert "(lines added or removed: 4; git diff shows them)" in out
+    assert "--target 3.3 --baseline records/2025-01-01_Base --no-plot`" in md and "< 3.3: t = " in md
+
+
+def test_stats_refuses_a_statistics_file_it_did_not_write(tmp_path, capsys):
+    make_logs(tmp_path, LOSSES, TIMES)
+    (tmp_path / "statistics.md").write_text("# Notes written by hand\n")
+    assert run_tool("stats", tmp_path, "--no-plot") == 2
+    assert "has no 'Generated ... by `python records/tool.py stats ...`' line" in capsys.readouterr().err
+    assert (tmp_path / "statistics.md").read_text() == "# Notes written by hand\n"
+
+
+def test_stats_of_the_committed_records_keep_their_targets_and_baselines(tmp_path, capsys):
+    shutil.copytree(REPO / "records", tmp_path / "records")
+    for md in sorted((tmp_path / "records").glob("*/statistics.md")):
+        command = tool.GENERATED_RE.search(md.read_text()).group(1)
+        assert run_tool("--root", tmp_path, "stats", md.parent, "--no-plot") == 0
+        assert tool.GENERATED_RE.search(md.read_text()).group(1) == command + " --no-plot"
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("overrides, warned", [(("XSA=0 RANK_SLICE=1", "RANK_SLICE=1", "RANK_SLICE=1"), True),
+                                              (("RANK_SLICE=1 SEED=1 RUN_ID=a", "LOG_DIR=/x RANK_SLICE=1 SEED=2"), False)])
+def test_stats_warns_when_the_runs_have_different_overrides(tmp_path, capsys, overrides, warned):
+    for i, line in enumerate(overrides):
+        make_log(tmp_path / f"run{i}.txt", 3.27 + 0.001 * i, 180000, overrides=line)
+    assert run_tool("stats", tmp_path, "--no-plot") == 0
+    warning = "the runs have different overrides, so these statistics pool different configurations"
+    err, md = capsys.readouterr().err, (tmp_path / "statistics.md").read_text()
+    assert (warning in err) == (warning in md) == warned
+    if warned:
+        assert f"warning: {warning} (run0.txt: XSA=0; run1.txt: none; run2.txt: none)" in err
 
 
 @pytest.mark.parametrize("attr,value", [("hardware", "1x NVIDIA H100 80GB HBM3"), ("mode", "full-batch"),
@@ -303,8 +351,8 @@ def test_table_write_and_check(tmp_path, capsys):
     assert run_tool("--root", tmp_path, "table", "--check") == 0
     readme.write_text(text.replace("3.2780", "3.2700"))
     assert run_tool("--root", tmp_path, "table", "--check") == 1
-    out = capsys.readouterr().out
-    assert "-| 2025-01-05" in out and "+| 2025-01-05" in out
+    changed = [ln for ln in capsys.readouterr().out.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
+    assert [ln[:13] for ln in changed] == ["-| 2025-01-05", "+| 2025-01-05"]  # the last, unchanged row is not marked
 
 
 def test_table_without_markers(tmp_path, capsys):
@@ -337,6 +385,15 @@ def test_ablation_groups_runs_by_their_own_overrides(tmp_path, capsys):
     assert lines[8] == "| defaults | 8.6100 | 7.3600 | 6.1100 | 4.8600 | 3.6100 |"
 
 
+def test_ablation_names_a_run_that_stopped_with_an_error_in_one_line(tmp_path):
+    d = make_log(tmp_path / "d.txt", 3.60, 80_000, overrides="")
+    x = make_log(tmp_path / "x.txt", 3.65, 81_000, overrides="XSA=0", error_at_step=40)
+    res = subprocess.run([sys.executable, str(REPO / "records" / "tool.py"), "ablation", str(d), str(x)],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.count("error") == 2  # the prefix, and "with an error"
+    assert res.stderr.startswith("error: ") and "run stopped with an error: non-finite loss nan at step 40" in res.stderr
+
+
 def test_ablation_needs_defaults_and_one_source(tmp_path, capsys):
     x = make_log(tmp_path / "x.txt", 3.65, 81_000, overrides="XSA=0")
     y = make_log(tmp_path / "y.txt", 3.70, 84_000, overrides="MUDD_GATES=0")
@@ -349,6 +406,19 @@ def test_ablation_needs_defaults_and_one_source(tmp_path, capsys):
 
 # ------------------------------------------------------------------ compare
 
+def equivalence_logs(tmp_path, **offsets):
+    """name -> log of a 1-GPU-style base (train loss 10 - step) and runs whose train loss is off by
+    offsets[name] = (step, amount); val every 4 of 8 steps."""
+    kw = dict(total=8, val_every=4, mode="full-batch")
+    logs = {"one": make_log(tmp_path / "one.txt", 3.6, 8_000, world_size=1, grad_accum=8,
+                            train_loss=lambda s: 10.0 - s, **kw)}
+    for name, (step, amount) in offsets.items():
+        logs[name] = make_log(tmp_path / f"{name}.txt", 3.6, 4_000, world_size=1, grad_accum=8,
+                              train_loss=lambda s, step=step, amount=amount: 10.0 - s + (amount if s == step else 0.0),
+                              **kw)
+    return logs
+
+
 def test_compare_reports_largest_differences_and_fails_past_the_tolerance(tmp_path, capsys):
     kw = dict(total=8, val_every=4, mode="full-batch")
     base = make_log(tmp_path / "one.txt", 3.6, 8_000, world_size=1, grad_accum=8, train_loss=lambda s: 10.0 - s, **kw)
@@ -359,10 +429,40 @@ def test_compare_reports_largest_differences_and_fails_past_the_tolerance(tmp_pa
     assert run_tool("compare", base, close) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[2] == f"| {base} (base) | full-batch, world 1, accumulation 8 | 8 | 1000.00 | | |"
-    assert out[3].startswith(f"| {close} | full-batch, world 2, accumulation 4 | 8 | 500.00 | 2.00e-03 (2, 8 steps) | 3.00e-03 (")
-    assert out[-1] == "all differences within 0.005"
+    assert out[3] == f"| {close} | full-batch, world 2, accumulation 4 | 8 | 500.00 | 0.0020 (2) | 0.0030 (0) |"
+    assert out[5] == "Over the steps every log has (8 train loss steps, 3 val loss steps):"
+    assert out[6] == f"{close}: train loss within tolerance 0.005 (0.0020); val loss within tolerance 0.005 (0.0030)"
+    assert out[-1] == "all within tolerance"
     assert run_tool("compare", base, close, far) == 1
-    assert "2.00e-01 (3, 8 steps)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{far}: train loss beyond tolerance 0.005 by 0.1950 (0.2000); val loss within" in out
+    assert out.endswith("a difference lies beyond tolerance (exit code 1)\n")
+    assert run_tool("compare", base, close, far, "--tolerance", "0.25") == 0
+
+
+def test_compare_judges_against_the_noise_of_repeated_runs(tmp_path, capsys):
+    logs = equivalence_logs(tmp_path, repeat=(5, 0.03), inside=(6, -0.025), outside=(6, 0.05))
+    noise = ("--noise", logs["one"], logs["repeat"])
+    assert run_tool("compare", logs["one"], logs["inside"], *noise) == 0
+    out = capsys.readouterr().out
+    assert f"| noise: {logs['one']} vs {logs['repeat']} | full-batch, world 1, accumulation 8 | 8 | 1000.00 | 0.0300 (5) | 0.0000 (0) |" in out
+    assert f"{logs['inside']}: train loss within noise (0.0250 <= 0.0300); val loss within noise (0.0000 <= 0.0000)" in out
+    assert out.endswith("all within noise\n")
+    assert run_tool("compare", logs["one"], logs["outside"], *noise) == 1
+    out = capsys.readouterr().out
+    assert "train loss beyond noise by 0.0200 (0.0500 vs 0.0300)" in out and "beyond noise (exit code 1)" in out
+    assert run_tool("compare", logs["one"], logs["outside"], *noise, "--tolerance", "0.06") == 0
+    assert "train loss beyond noise by 0.0200 but within tolerance 0.06 (0.0500)" in capsys.readouterr().out
+    # more pairs: the largest floor counts
+    assert run_tool("compare", logs["one"], logs["outside"], *noise, "--noise", logs["one"], logs["outside"]) == 0
+
+
+def test_compare_refuses_a_noise_pair_of_two_configurations(tmp_path, capsys):
+    logs = equivalence_logs(tmp_path, candidate=(2, 0.001))
+    other_seed = make_log(tmp_path / "seed1.txt", 3.6, 8_000, total=8, val_every=4, mode="full-batch", world_size=1,
+                          grad_accum=8, train_loss=lambda s: 10.0 - s, seed=1)
+    assert run_tool("compare", logs["one"], logs["candidate"], "--noise", logs["one"], other_seed) == 2
+    assert "differ in seed: the noise floor needs two runs of one configuration" in capsys.readouterr().err
 
 
 def test_compare_accepts_stopped_runs_and_names_missing_train_loss(tmp_path, capsys):
@@ -370,7 +470,18 @@ def test_compare_accepts_stopped_runs_and_names_missing_train_loss(tmp_path, cap
     stopped = make_log(tmp_path / "stop.txt", 3.6, 8_000, total=8, val_every=4, train_loss=lambda s: 10.0 - s,
                        truncate_after_step=4)
     assert run_tool("compare", base, stopped) == 0
-    assert "| 4 | 1000.00 | 0.00e+00 (1, 4 steps) | 0.00e+00 (0, 1 steps) |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| 4 | 1000.00 | 0.0000 (1) | 0.0000 (0) |" in out and "(4 train loss steps, 1 val loss steps)" in out
     plain = make_log(tmp_path / "plain.txt", 3.6, 8_000, total=8, val_every=4)
     assert run_tool("compare", base, plain) == 2
     assert "no train_loss in its step lines; rerun with TRAIN_LOSS_EVERY=1" in capsys.readouterr().err
+    assert run_tool("compare", base, plain, "--only", "val") == 0
+
+
+def test_shipped_equivalence_experiment_passes_with_its_readme_command(capsys, monkeypatch):
+    folder = REPO / "records" / "experiments" / "2026-11-22_TwoGpuEquivalenceTiny"
+    command = next(ln for ln in (folder / "README.md").read_text().splitlines()
+                   if ln.startswith("python records/tool.py compare "))
+    monkeypatch.chdir(REPO)
+    assert run_tool(*command.split()[2:]) == 0, capsys.readouterr().out
+    assert capsys.readouterr().out.endswith("all within tolerance\n")

@@ -1,5 +1,7 @@
-"""End-to-end tests of data/tokenize_docs.py with the local GPT-2 BPE files (no network)."""
+"""End-to-end tests of data/tokenize_docs.py with the repository's GPT-2 BPE files (no network)."""
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -20,10 +22,7 @@ EXTRA_JSONL = ["Extra file given by path, " * 8, "last document"]
 
 @pytest.fixture(scope="module")
 def bpe_dir(repo_root):
-    path = repo_root.parent / "shared" / "tokenizer" / "gpt2"
-    if not ((path / "encoder.json").is_file() and (path / "vocab.bpe").is_file()):
-        pytest.skip(f"GPT-2 BPE files (encoder.json, vocab.bpe) not found in {path}")
-    return path
+    return repo_root / "data" / "gpt2"
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +50,11 @@ def corpus(tmp_path_factory):
     return [str(root / "docs"), str(root / "extra.jsonl")], documents
 
 
-def tokenize(repo_root, bpe_dir, inputs, out_dir, *args):
+def tokenize(repo_root, bpe_dir, inputs, out_dir, *args, env=None):
+    """Run the script; bpe_dir=None leaves --bpe-dir at its default."""
     command = [sys.executable, str(repo_root / "data" / "tokenize_docs.py"), *inputs, "--prefix", "mydata",
-               "--out-dir", str(out_dir), "--bpe-dir", str(bpe_dir), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+               "--out-dir", str(out_dir), *(["--bpe-dir", str(bpe_dir)] if bpe_dir else []), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
 
 
 SHARD, VAL = 40, 50
@@ -86,7 +86,7 @@ def test_stream_decodes_to_the_documents_in_order(shards, outputs, corpus, decod
 
 def test_shard_sizes(shards, outputs):
     sizes = {p.name: shards.read_header(p) for p in outputs[1].iterdir()}
-    assert sizes.pop("mydata_val_000000.bin") == VAL
+    assert sizes.pop("mydata_val_000000.bin") == VAL + 1  # VAL inputs and the last one's target
     train = [sizes[name] for name in sorted(sizes)]
     assert all(size == SHARD for size in train[:-1]) and 0 < train[-1] <= SHARD
 
@@ -113,3 +113,46 @@ def test_bad_jsonl_line_is_reported_and_leaves_nothing(repo_root, bpe_dir, tmp_p
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert f"{tmp_path / 'bad.jsonl'}:2" in result.stderr and "'text'" in result.stderr
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_val_shard_serves_val_tokens_of_the_same_number(shards, outputs):
+    """--val-tokens N pairs with the trainer's VAL_TOKENS=N (which reads N + 1 tokens), at any VAL_SEQ_LEN dividing N."""
+    import torch
+
+    import train_gpt as T
+
+    for seq_len in (VAL, VAL // 5):
+        val_set = T.ValidationSet(str(outputs[1] / "mydata_val_*.bin"), VAL, seq_len, 0, 1, torch.device("cpu"))
+        assert val_set.tokens.tolist() == shards.read_tokens(outputs[1] / "mydata_val_000000.bin").tolist()
+
+
+def test_default_bpe_dir_works_without_network(repo_root, corpus, tmp_path):
+    """No --bpe-dir: the repository's data/gpt2, with any network attempt failing (dead proxy, empty tiktoken cache)."""
+    dead = "http://127.0.0.1:9"
+    env = dict(os.environ, HTTP_PROXY=dead, HTTPS_PROXY=dead, http_proxy=dead, https_proxy=dead, NO_PROXY="",
+               no_proxy="", TIKTOKEN_CACHE_DIR=str(tmp_path / "tiktoken_cache"))
+    result = tokenize(repo_root, None, corpus[0], tmp_path / "out", "--val-tokens", "0", "--workers", "1", env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"{len(corpus[1])} documents" in result.stdout
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "one byte changed"])
+def test_unusable_bpe_files_are_one_line_that_names_the_fix(repo_root, bpe_dir, corpus, tmp_path, damage):
+    broken = tmp_path / "gpt2"
+    shutil.copytree(bpe_dir, broken)
+    vocab = broken / "vocab.bpe"
+    if damage == "missing":
+        vocab.unlink()
+    elif damage == "truncated":
+        vocab.write_bytes(vocab.read_bytes()[:1000])
+    else:
+        data = bytearray(vocab.read_bytes())
+        data[5000] ^= 1
+        vocab.write_bytes(bytes(data))
+    result = tokenize(repo_root, broken, corpus[0], tmp_path / "out", "--workers", "1")
+    assert result.returncode == 1 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    reason = {"missing": "missing", "truncated": "1,000 bytes, GPT-2's has 456,318", "one byte changed": "sha256 "}[damage]
+    assert f"{vocab} {reason}" in result.stderr
+    assert "git checkout -- data/gpt2" in result.stderr and "--bpe-dir" in result.stderr
+    assert not (tmp_path / "out").exists()
