@@ -8,4 +8,8 @@ cd "$(dirname "$0")"
 if [ "${SMOKE:-0}" = 1 ]; then
     exec python data/smoke/preset.py "$@"
 fi
-torchrun --standalone --nproc_per_node="${NGPU:-8}" train_gpt.py "$@"
+NGPU="${NGPU:-8}"
+# Settings, world size and input files first, in one process: a bad one is one line, not a
+# traceback from every rank and torchrun's report.
+WORLD_SIZE="$NGPU" python train_gpt.py --check
+exec torchrun --standalone --nproc_per_node="$NGPU" train_gpt.py "$@"

@@ -20,6 +20,7 @@ import gc
 import glob
 import json
 import math
+import resource
 import shlex
 import subprocess
 import sys
@@ -63,6 +64,11 @@ warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*is deprecat
 RANKS_PER_STEP = 8  # the schedule is written for 8 ranks; fewer GPUs accumulate gradients
 
 
+class SetupError(ValueError):
+    """A problem with the run's settings, machine or input files: main() reports it as one line
+    naming the fix (on rank 0 only, and in the run's log once it is open) and exits with 1."""
+
+
 @dataclass(frozen=True)
 class Stage:
     """One row of the schedule (T5.1). `fraction`: its share of the scheduled steps, None for the
@@ -93,9 +99,9 @@ def replace_stage_columns(stages: tuple[Stage, ...], **columns: tuple) -> tuple[
     """The table with whole columns replaced, e.g. batch_tokens=(2048, 4096, 4096, 4096)."""
     for name, values in columns.items():
         if name not in STAGE_COLUMNS:
-            raise ValueError(f"unknown stage column {name!r} (one of {', '.join(STAGE_COLUMNS)})")
+            raise SetupError(f"unknown stage column {name!r} (one of {', '.join(STAGE_COLUMNS)})")
         if len(values) != len(stages):
-            raise ValueError(f"STAGE_{name.upper()} has {len(values)} entries; the schedule has {len(stages)} "
+            raise SetupError(f"STAGE_{name.upper()} has {len(values)} entries; the schedule has {len(stages)} "
                              f"stages (three and the extension)")
     return tuple(dataclasses.replace(stage, **{name: values[i] for name, values in columns.items()})
                  for i, stage in enumerate(stages))
@@ -212,17 +218,21 @@ def _parse_env_value(name: str, raw: str, kind):
         item = typing.get_args(kind)[0]  # tuple[int, ...] / tuple[float, ...]: comma separated
         return tuple(item(x.replace("_", "")) for x in raw.split(","))
     except ValueError as error:
-        raise ValueError(f"environment variable {name}={raw!r} is not a valid {kind}: {error}") from None
+        raise SetupError(f"environment variable {name}={raw!r} is not a valid {kind}: {error}") from None
 
 
-def config_from(cls, hp: Hyperparameters, **derived):
-    """A part's config: its fields taken from the Hyperparameters of the same name, or from `derived`."""
-    return cls(**{f.name: derived[f.name] if f.name in derived else getattr(hp, f.name)
-                  for f in dataclasses.fields(cls)})
+class PartConfig:
+    """A part's config (a frozen dataclass): the Hyperparameters fields of the same names."""
+
+    @classmethod
+    def from_hyperparameters(cls, hp: Hyperparameters, **derived):
+        """Each field from `derived` if given there, else from the Hyperparameters field of its name."""
+        return cls(**{f.name: derived[f.name] if f.name in derived else getattr(hp, f.name)
+                      for f in dataclasses.fields(cls)})
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(PartConfig):
     """What GPT reads (see Hyperparameters for each field); features resolved for the device."""
     vocab_size: int
     model_dim: int
@@ -255,13 +265,13 @@ class ModelConfig:
     def from_hyperparameters(cls, hp: Hyperparameters) -> "ModelConfig":
         device = torch.device(hp.device).type
         longest_step = max(stage.batch_tokens for stage in hp.stages) // RANKS_PER_STEP
-        return config_from(cls, hp, fp8_lm_head=hp.fp8_lm_head and device == "cuda",
-                           attention_backend=resolve_attention_backend(hp.attention_backend, device),
-                           max_tokens=max(hp.val_seq_len, longest_step))
+        return super().from_hyperparameters(hp, fp8_lm_head=hp.fp8_lm_head and device == "cuda",
+                                            attention_backend=resolve_attention_backend(hp.attention_backend, device),
+                                            max_tokens=max(hp.val_seq_len, longest_step))
 
 
 @dataclass(frozen=True)
-class OptimConfig:
+class OptimConfig(PartConfig):
     """What NorMuonAdam reads (see Hyperparameters)."""
     muon_lr: float
     muon_beta2: float
@@ -273,13 +283,9 @@ class OptimConfig:
     adam_weight_decay: float
     compile: bool
 
-    @classmethod
-    def from_hyperparameters(cls, hp: Hyperparameters) -> "OptimConfig":
-        return config_from(cls, hp)
-
 
 @dataclass(frozen=True)
-class ScheduleConfig:
+class ScheduleConfig(PartConfig):
     """What Schedule reads (see Hyperparameters)."""
     stages: tuple[Stage, ...]
     num_scheduled_iterations: int
@@ -297,10 +303,6 @@ class ScheduleConfig:
     sliding_windows: bool
     multi_token_prediction: bool
     prefix_loss: bool
-
-    @classmethod
-    def from_hyperparameters(cls, hp: Hyperparameters) -> "ScheduleConfig":
-        return config_from(cls, hp)
 
 
 def grad_accum_steps(hp: Hyperparameters, world_size: int) -> int:
@@ -434,6 +436,10 @@ def exclusive_self_attention(y: Tensor, v: Tensor, alpha: Tensor) -> Tensor:
 
 def resolve_attention_backend(requested: str, device_type: str) -> str:
     """auto: FA3 where importable, else torch's varlen attention on CUDA, SDPA on the CPU."""
+    if requested not in ("auto", "fa3", "varlen", "flex", "sdpa"):
+        raise SetupError(f"ATTENTION_BACKEND={requested}: use auto, fa3, varlen, flex or sdpa")
+    if requested == "fa3" and flash_attn_varlen_func is None:
+        raise SetupError("ATTENTION_BACKEND=fa3 needs FlashAttention-3 (flash_attn_interface): install it or use auto")
     if requested != "auto":
         return requested
     if device_type != "cuda":
@@ -575,7 +581,7 @@ class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         if cfg.num_heads * cfg.head_dim != cfg.model_dim or cfg.num_heads % 2:
-            raise ValueError(f"need num_heads*head_dim == model_dim and an even num_heads, got "
+            raise SetupError(f"need NUM_HEADS * HEAD_DIM == MODEL_DIM and an even NUM_HEADS, got "
                              f"{cfg.num_heads}x{cfg.head_dim} vs {cfg.model_dim}")
         self.config = cfg
         self.layers = layer_plans(cfg)
@@ -1151,25 +1157,29 @@ DOWNLOAD_HINT = "download FineWeb shards with `python data/cached_fineweb10B.py 
 MAX_DOCS_PER_BATCH = {16384: 64, 32768: 96, 49152: 128}  # cu_seqlens lengths (#78)
 
 
-class ShardError(ValueError):
-    """A token shard that cannot be used; the message names the file and the defect."""
+class ShardError(SetupError):
+    """A token shard that cannot be used: the message names the file and the defect (also .path, .defect)."""
+
+    def __init__(self, path, defect: str):
+        self.path, self.defect = os.fspath(path), defect
+        super().__init__(f"{self.path}: {defect}")
 
 
 def read_shard_header(path: str) -> int:
-    """Check a shard's magic, version and size; return its token count."""
+    """Check a shard's magic, version and size; return its token count. The format's one reader:
+    data/shards.py (the data scripts' writer) imports it from here."""
     size = os.path.getsize(path)
     if size < SHARD_HEADER_BYTES:
-        raise ShardError(f"{path}: {size} bytes, shorter than the {SHARD_HEADER_BYTES}-byte header (truncated download?)")
-    header = np.fromfile(path, dtype="<i4", count=SHARD_HEADER_INTS)
-    if header[0] != SHARD_MAGIC:
-        raise ShardError(f"{path}: bad magic {header[0]} (expected {SHARD_MAGIC}): not a token shard")
-    if header[1] != SHARD_VERSION:
-        raise ShardError(f"{path}: unsupported shard version {header[1]} (expected {SHARD_VERSION})")
-    tokens = int(header[2])
+        raise ShardError(path, f"{size} bytes, shorter than the {SHARD_HEADER_BYTES}-byte header (truncated download?)")
+    magic, version, tokens = (int(v) for v in np.fromfile(path, dtype="<i4", count=3))
+    if magic != SHARD_MAGIC:
+        raise ShardError(path, f"bad magic number: expected {SHARD_MAGIC}, got {magic} (not a token shard?)")
+    if version != SHARD_VERSION:
+        raise ShardError(path, f"unsupported version {version} (expected {SHARD_VERSION})")
     expected = SHARD_HEADER_BYTES + 2 * tokens
     if size != expected:
-        raise ShardError(f"{path}: header says {tokens} tokens ({expected} bytes) but the file has {size} bytes "
-                         f"(truncated or corrupt: download it again)")
+        raise ShardError(path, f"size mismatch: header says {tokens} tokens = {expected} bytes, file has {size} bytes"
+                               + (" (truncated? download it again)" if size < expected else ""))
     return tokens
 
 
@@ -1192,7 +1202,7 @@ class Shard:
         with open(path, "rb") as f:
             f.seek(SHARD_HEADER_BYTES)
             if f.readinto(self.tokens) != 2 * n:
-                raise ShardError(f"{path}: could not read {n} tokens")
+                raise ShardError(path, f"could not read {n} tokens")
         self.path = path
         self.bos = np.flatnonzero(self.tokens == BOS_ID)
 
@@ -1284,7 +1294,8 @@ class TrainLoader:
                     break
                 self._advance_shard()
             else:
-                raise ShardError(f"no train shard holds a batch of {tokens} tokens x {ranks} slices: shards too small")
+                raise ShardError(self.files[0], f"no train shard holds a batch of {tokens} tokens x {ranks} slices: "
+                                                "shards too small")
             plan, self.doc_cursor = planned
             self._step_slices = [plan[k * self.world_size + self.rank] for k in range(self.grad_accum)]
             self._step_shape = (tokens, max_seq_len)
@@ -1304,7 +1315,7 @@ class ValidationSet:
 
     def __init__(self, pattern: str, val_tokens: int, seq_len: int, rank: int, world_size: int, device: torch.device):
         if val_tokens % seq_len:
-            raise ValueError(f"VAL_TOKENS={val_tokens} must be a multiple of VAL_SEQ_LEN={seq_len}")
+            raise SetupError(f"VAL_TOKENS={val_tokens} must be a multiple of VAL_SEQ_LEN={seq_len}")
         parts, have = [], 0
         for path in find_shards(pattern):
             parts.append(Shard(path, pin_memory=False).tokens)
@@ -1312,7 +1323,8 @@ class ValidationSet:
             if have > val_tokens:
                 break
         if have < val_tokens + 1:
-            raise ShardError(f"validation files {pattern!r} hold {have} tokens; VAL_TOKENS={val_tokens} needs {val_tokens + 1}")
+            raise SetupError(f"validation files {pattern!r} hold {have} tokens; VAL_TOKENS={val_tokens} needs "
+                             f"{val_tokens + 1} (its last input's target): lower VAL_TOKENS")
         self.tokens = np.concatenate(parts)[: val_tokens + 1].astype(np.int32)
         self.seq_len, self.device = seq_len, device
         self.chunks = list(range(rank, val_tokens // seq_len, world_size))
@@ -1343,9 +1355,9 @@ def gpt2_token_bytes(tokenizer_dir: str) -> dict[int, bytes]:
     path = os.path.join(tokenizer_dir, "encoder.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(
-            f"the prefix-token loss (PREFIX_LOSS=1) needs GPT-2's vocabulary file {path}: "
-            f"`python data/cached_fineweb10B.py` fetches it into data/gpt2/ with the shards; or set "
-            f"TOKENIZER_DIR to a folder holding encoder.json, or PREFIX_LOSS=0 to train without that loss")
+            f"the prefix-token loss (PREFIX_LOSS=1) needs GPT-2's vocabulary file {path}: the repository keeps it "
+            f"in data/gpt2/ (restore it with `git checkout -- data/gpt2`, or `python data/cached_fineweb10B.py` "
+            f"fetches it); or set TOKENIZER_DIR to a folder holding encoder.json, or PREFIX_LOSS=0")
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     byte_of = {chr(b): b for b in printable}
     byte_of.update({chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in printable)})
@@ -1354,7 +1366,7 @@ def gpt2_token_bytes(tokenizer_dir: str) -> dict[int, bytes]:
             encoder = json.load(f)
         return {int(i): bytes(byte_of[c] for c in token) for token, i in encoder.items() if token != GPT2_SPECIAL_TOKEN}
     except (ValueError, KeyError) as error:
-        raise ValueError(f"{path} is not a GPT-2 encoder.json ({type(error).__name__}: {error})") from None
+        raise SetupError(f"{path} is not a GPT-2 encoder.json ({type(error).__name__}: {error})") from None
 
 
 def prefix_token_ids(token_bytes: dict[int, bytes], vocab_size: int) -> Tensor:
@@ -1364,7 +1376,7 @@ def prefix_token_ids(token_bytes: dict[int, bytes], vocab_size: int) -> Tensor:
     table = [-1] * vocab_size
     for i, b in token_bytes.items():
         if i >= vocab_size:
-            raise ValueError(f"token id {i} does not fit the vocabulary of {vocab_size} (VOCAB_SIZE)")
+            raise SetupError(f"token id {i} does not fit the vocabulary of {vocab_size} (VOCAB_SIZE)")
         table[i] = next((id_of[b[:n]] for n in range(len(b) - 1, 0, -1) if b[:n] in id_of), -1)
     return torch.tensor(table, dtype=torch.long)
 
@@ -1516,15 +1528,15 @@ def data_label(hp: Hyperparameters) -> str:
 def check_hyperparameters(hp: Hyperparameters):
     stages = hp.stages
     if len(stages) < 2 or stages[-1].fraction is not None or any(s.fraction is None for s in stages[:-1]):
-        raise ValueError("the stage table needs stages with a fraction of the scheduled steps, then the extension")
+        raise SetupError("the stage table needs stages with a fraction of the scheduled steps, then the extension")
     if abs(sum(s.fraction for s in stages[:-1]) - 1) > 1e-9:
-        raise ValueError("the stages' fractions of the scheduled steps must add up to 1")
+        raise SetupError("the stages' fractions of the scheduled steps must add up to 1")
     total_steps = Schedule(ScheduleConfig.from_hyperparameters(hp)).total_steps
     if not 0 <= hp.stop_after <= total_steps:
-        raise ValueError(f"STOP_AFTER={hp.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
+        raise SetupError(f"STOP_AFTER={hp.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
     for stage in stages:
         if stage.batch_tokens % RANKS_PER_STEP:
-            raise ValueError(f"STAGE_BATCH_TOKENS entry {stage.batch_tokens} is not divisible by {RANKS_PER_STEP}")
+            raise SetupError(f"STAGE_BATCH_TOKENS entry {stage.batch_tokens} is not divisible by {RANKS_PER_STEP}")
 
 
 class Trainer:
@@ -1547,6 +1559,7 @@ class Trainer:
         compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.compile else (lambda f: f)
         self.training_loss = compiled(self.model.training_loss)
         self.evaluation_loss = compiled(self.model.evaluation_loss)
+        find_shards(hp.train_files)  # missing or damaged train shards stop the run here, before any compile
         self.val_set = ValidationSet(hp.val_files, hp.val_tokens, hp.val_seq_len, rank, world_size, device)
         self.token_bytes = gpt2_token_bytes(hp.tokenizer_dir) if hp.prefix_loss else None
         self.long_windows = None  # those the model's rotary tables are set for
@@ -1651,7 +1664,7 @@ class Trainer:
         val_loss = float("nan")
         for step in range(self.last_step + 1):
             last = step == self.last_step
-            if last or (hp.val_loss_every > 0 and step % hp.val_loss_every == 0):
+            if last or step == 0 or (hp.val_loss_every > 0 and step % hp.val_loss_every == 0):
                 self._sync()
                 training_ms += 1000 * (time.perf_counter() - t0)
                 self.check_finite(step)
@@ -1682,8 +1695,9 @@ class Trainer:
         if self.device.type == "cuda":
             self.log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
                      f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
-        else:
-            self.log("peak memory allocated: 0 MiB reserved: 0 MiB")
+        else:  # the same line with the process's peak resident memory
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # KiB on Linux
+            self.log(f"peak memory allocated: {rss} MiB reserved: {rss} MiB (cpu: peak resident set size)")
 
     def save_checkpoint(self):
         folder = os.path.join("checkpoints", self.hp.run_id)
@@ -1699,19 +1713,31 @@ class Trainer:
             torch.cuda.synchronize()
 
 
+def check_world_size(hp: Hyperparameters, world_size: int):
+    if world_size not in (1, 2, 4, 8):
+        raise SetupError(f"world size {world_size} is not supported: run on 1, 2, 4 or 8 GPUs "
+                         f"(gradient accumulation 8 // world_size keeps the 8-GPU math)")
+    if hp.rank_slice and world_size != 1:
+        raise SetupError("RANK_SLICE=1 runs one rank's share on a single GPU: use --nproc_per_node=1 (NGPU=1)")
+
+
+def check_inputs(hp: Hyperparameters):
+    """What a run reads before its first step, checked on the CPU: the shards and the vocabulary."""
+    find_shards(hp.train_files)
+    ValidationSet(hp.val_files, hp.val_tokens, hp.val_seq_len, 0, 1, torch.device("cpu"))
+    if hp.prefix_loss:
+        prefix_token_ids(gpt2_token_bytes(hp.tokenizer_dir), hp.vocab_size)
+
+
 def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
     """(rank, world size, device) of this process; the process group when several run."""
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if world_size not in (1, 2, 4, 8):
-        raise SystemExit(f"error: world size {world_size} is not supported: run on 1, 2, 4 or 8 GPUs "
-                         f"(gradient accumulation 8 // world_size keeps the 8-GPU math)")
-    if hp.rank_slice and world_size != 1:
-        raise SystemExit("error: RANK_SLICE=1 runs one rank's share on a single GPU: use --nproc_per_node=1")
+    check_world_size(hp, world_size)
     if hp.device == "cuda":
         if not torch.cuda.is_available():
-            raise SystemExit("error: no CUDA GPU visible. train_gpt.py trains on NVIDIA GPUs (H100-class); "
-                             "DEVICE=cpu runs a (very slow) CPU smoke test instead")
+            raise SetupError("no CUDA GPU visible. train_gpt.py trains on NVIDIA GPUs (H100-class); "
+                             "`SMOKE=1 ./run.sh` trains a tiny model on the CPU, DEVICE=cpu runs this one there (slowly)")
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
@@ -1741,16 +1767,42 @@ def open_run_log(hp: Hyperparameters, rank: int, world_size: int, device: torch.
     return log
 
 
+def report_setup_error(error: Exception, rank: int, log: RunLog | None):
+    """One line naming the fix, from rank 0 only (torchrun would print it once per process), and
+    into the run's log when it is open; exit code 1."""
+    message = f"error: {error}"
+    if log is not None:
+        log(message, console=False)
+    if rank == 0:
+        print(message, file=sys.stderr, flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    raise SystemExit(1)
+
+
 def main():
-    hp = Hyperparameters.from_env()
-    check_hyperparameters(hp)
-    rank, world_size, device = init_process(hp)
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, 64)
-    log = open_run_log(hp, rank, world_size, device)
+    """Train; `python train_gpt.py --check` only checks the settings and inputs (run.sh does so
+    before it starts torchrun, so a bad setting is one line, not one traceback per process)."""
+    rank, log = int(os.environ.get("RANK", 0)), None
     try:
-        Trainer(hp, rank, world_size, device, log).run()
+        if sys.argv[1:] not in ([], ["--check"]):
+            raise SetupError(f"unknown arguments {sys.argv[1:]}: settings are environment variables (README)")
+        hp = Hyperparameters.from_env()
+        check_hyperparameters(hp)
+        if sys.argv[1:] == ["--check"]:
+            check_world_size(hp, int(os.environ.get("WORLD_SIZE", 1)))
+            check_inputs(hp)
+            return print(f"settings and inputs ok ({data_label(hp)})")
+        rank, world_size, device = init_process(hp)
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 64)
+        log = open_run_log(hp, rank, world_size, device)
+        trainer = Trainer(hp, rank, world_size, device, log)
+    except (SetupError, FileNotFoundError) as error:
+        report_setup_error(error, rank, log)
+    try:
+        trainer.run()
     except NonFiniteLoss as error:
         log(f"error: {error}")
         raise SystemExit(1) from None

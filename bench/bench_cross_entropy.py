@@ -1,4 +1,4 @@
-"""Microbenchmark (BENCH.md mode 3): the fused soft-capped cross-entropy and the lm_head + loss.
+"""Microbenchmark: the fused soft-capped cross-entropy and the lm_head + loss.
 
 (a) the fused kernel (e5m2 and bf16 gradient) against torch.compile'd references of the same
     forward+backward: the closed-form reference and autograd through the previous formulation;

@@ -1,4 +1,4 @@
-"""Loader throughput (BENCH.md): rank batches of TOKENS tokens at MAX_SEQ_LEN, planned for 1 rank
+"""Loader throughput: rank batches of TOKENS tokens at MAX_SEQ_LEN, planned for 1 rank
 (rank-slice) and for 8 ranks (every rank plans the whole step), copied to the GPU.
 
     python bench/bench_loader.py "data/proxy/proxy_train_*.bin" [tokens] [max_seq_len] [batches]

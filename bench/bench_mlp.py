@@ -1,4 +1,4 @@
-"""Microbenchmark (BENCH.md mode 3): the fused MLP up-projection + ReLU² Triton GEMM (docs/TECHNIQUES.md T6.1)
+"""Microbenchmark: the fused MLP up-projection + ReLU² Triton GEMM (docs/TECHNIQUES.md T6.1)
 against cuBLAS on the real shapes (T tokens x 768 -> 3072) at the three stage batch sizes: the
 forward epilogue, the backward (fused-gradient) epilogue, and the whole MLP forward+backward
 against the torch.compile'd plain expression. Every variant is checked against float64 first.

@@ -1,4 +1,4 @@
-"""The optimizer step alone on the real parameter shapes, across ranks (BENCH.md mode 3):
+"""The optimizer step alone on the real parameter shapes, across ranks:
 median time of NorMuon-only and Adam steps, and a profiler trace of a few steps from which it
 reports communication time and how much of it is exposed (no compute kernel running).
 

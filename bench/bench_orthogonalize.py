@@ -1,4 +1,4 @@
-"""Microbenchmark (BENCH.md mode 3): batched Polar Express on the real bank shapes, torch bmm vs the
+"""Microbenchmark: batched Polar Express on the real bank shapes, torch bmm vs the
 symmetric Triton kernels, each eager and compiled as one graph (as the optimizer runs it). Every
 variant is first checked against a float64 run of the same iteration.
 
@@ -23,11 +23,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train_gpt as T  # noqa: E402
 from tests.helpers import float64_orthogonalize  # noqa: E402
 
-# (batch, rows, cols): BENCH.md's shapes, then the banks of one GPU in rank-slice mode (qk, vo, mlp)
+# (batch, rows, cols): the reference's benchmark shapes, then the banks of one GPU in rank-slice mode (qk, vo, mlp)
 SHAPES = [(24, 768, 768), (24, 3072, 768), (12, 3072, 768), (64, 256, 768),
           (60, 256, 768), (20, 768, 768), (22, 3072, 768)]
 REFERENCE_MS = {(24, 768, 768): (0.91, 0.78), (24, 3072, 768): (2.59, 2.00),
-                (12, 3072, 768): (1.34, 1.07), (64, 256, 768): (0.42, 0.86)}  # BENCH.md: torch, reference Triton
+                (12, 3072, 768): (1.34, 1.07), (64, 256, 768): (0.42, 0.86)}  # the reference's figures: torch, its Triton
 SWEEP = [  # (kernel, batch, rows, cols) of the operand
     ("xxt", 60, 256, 768), ("ba_plus_caa", 60, 256, 256),
     ("xxt", 20, 768, 768), ("ba_plus_caa", 20, 768, 768),
@@ -55,7 +55,7 @@ def variants():
 
 
 def profile(dtype):
-    """GPU time per kernel of one compiled call (torch.profiler), per BENCH.md shape and compiled path."""
+    """GPU time per kernel of one compiled call (torch.profiler), per reference shape and compiled path."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
     compiled = {name: fn for name, fn in variants().items() if "compiled" in name}
     for shape in REFERENCE_MS:

@@ -1,27 +1,21 @@
-"""Token shard file format shared by the data scripts and the trainer (numpy only, no torch).
+"""Token shards for the data scripts: the writer, and the trainer's reader re-exported.
 
 A shard is a 1024-byte header of 256 little-endian int32 -- [0] magic, [1] version,
-[2] number of tokens, the rest zero -- followed by the tokens as little-endian uint16.
-The file size is therefore exactly HEADER_BYTES + 2 * ntokens.
+[2] number of tokens, the rest zero -- followed by the tokens as little-endian uint16, so its
+size is exactly HEADER_BYTES + 2 * ntokens. train_gpt.py owns the format (records copy that one
+file, so it must read shards on its own); this module writes it with the same constants.
 """
 import os
+import sys
 
 import numpy as np
 
-MAGIC = 20240520
-VERSION = 1
-HEADER_INTS = 256
-HEADER_BYTES = HEADER_INTS * 4
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
+from train_gpt import (SHARD_HEADER_BYTES as HEADER_BYTES, SHARD_HEADER_INTS as HEADER_INTS,  # noqa: E402
+                       SHARD_MAGIC as MAGIC, SHARD_VERSION as VERSION, ShardError)
+from train_gpt import read_shard_header as read_header  # noqa: E402,F401
+
 TOKEN_BYTES = 2
-
-
-class ShardError(ValueError):
-    """A file that is not a valid shard; the message names the file and the defect."""
-
-    def __init__(self, path, defect):
-        self.path = os.fspath(path)
-        self.defect = defect
-        super().__init__(f"{self.path}: {defect}")
 
 
 def write_shard(path, tokens):
@@ -42,30 +36,12 @@ def write_shard(path, tokens):
     os.replace(tmp, path)
 
 
-def read_header(path):
-    """Validate the shard at `path` and return its number of tokens; raise ShardError if invalid."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        raw = f.read(HEADER_BYTES)
-    if len(raw) < HEADER_BYTES:
-        raise ShardError(path, f"file is shorter than the {HEADER_BYTES}-byte header ({size} bytes)")
-    magic, version, ntokens = (int(x) for x in np.frombuffer(raw, dtype="<i4", count=3))
-    if magic != MAGIC:
-        raise ShardError(path, f"bad magic number: expected {MAGIC}, got {magic} (not a token shard?)")
-    if version != VERSION:
-        raise ShardError(path, f"unsupported version {version} (expected {VERSION})")
-    if ntokens < 0:
-        raise ShardError(path, f"negative token count {ntokens} in header")
-    expected = HEADER_BYTES + TOKEN_BYTES * ntokens
-    if size != expected:
-        hint = " (truncated?)" if size < expected else ""
-        raise ShardError(path, f"size mismatch: header says {ntokens} tokens = {expected} bytes, "
-                               f"file has {size} bytes{hint}")
-    return ntokens
-
-
 def read_tokens(path):
     """Return the tokens of the shard at `path` as a uint16 array (validated with read_header)."""
     ntokens = read_header(path)
     tokens = np.fromfile(path, dtype="<u2", count=ntokens, offset=HEADER_BYTES)
     return tokens.astype(np.uint16, copy=False)
+
+
+__all__ = ["HEADER_BYTES", "HEADER_INTS", "MAGIC", "VERSION", "TOKEN_BYTES", "ShardError", "read_header",
+           "read_tokens", "write_shard"]

@@ -1,4 +1,4 @@
-"""Tests of train_gpt.py's data section: shard headers, the BOS-aligned planner (RECIPE 0.2),
+"""Tests of train_gpt.py's data section: shard headers, the BOS-aligned planner (T1.2),
 cu_seqlens, the training loader (world sizes, shard hand-over, cycling) and the validation set.
 
 CPU only. Loader tests write small shards whose non-BOS token ids encode their own global
@@ -56,7 +56,7 @@ def plan_all(bos, shard_len, tokens, num_ranks, max_seq_len, max_docs, first_doc
 
 
 def check_plan(plan, next_doc, bos, shard_len, first_doc, tokens, num_ranks, max_seq_len, max_docs):
-    """Check one plan against RECIPE 0.2 (plus the documented max_docs overflow segment):
+    """Check one plan against the packing rule of docs/TECHNIQUES.md T1.2 (plus the documented max_docs overflow segment):
     consecutive documents, none skipped or repeated, each segment starts at a BOS, stays inside
     its document, is cut at max_seq_len (or to fit, for a rank's last), ranks in order and
     disjoint, exactly tokens+1 tokens per rank. Returns the number of overflow segments."""
@@ -396,7 +396,7 @@ def test_cu_seqlens_example():
 
 def test_max_docs_per_batch():
     assert [tg.max_docs_per_batch(t) for t in (16384, 32768, 49152)] == [64, 96, 128]
-    assert tg.max_docs_per_batch(262144) == 896  # validation chunks (RECIPE 0.11)
+    assert tg.max_docs_per_batch(262144) == 896  # validation chunks (T1.1)
     assert tg.max_docs_per_batch(8192) == 128 and tg.max_docs_per_batch(64) == 16
 
 
@@ -632,10 +632,10 @@ def test_validation_errors(shards, tmp_path):
     with pytest.raises(ValueError, match="VAL_TOKENS=1000") as info:
         tg.ValidationSet(pattern, 1000, 256, 0, 1, CPU)
     assert not isinstance(info.value, tg.ShardError)
-    with pytest.raises(tg.ShardError, match="VAL_TOKENS") as info:
+    with pytest.raises(tg.SetupError, match="VAL_TOKENS") as info:
         tg.ValidationSet(pattern, 2560, 256, 0, 1, CPU)
-    assert "2500" in str(info.value)
-    with pytest.raises(tg.ShardError):  # exactly val_tokens: the last target is missing
+    assert "2500" in str(info.value) and "lower VAL_TOKENS" in str(info.value)
+    with pytest.raises(tg.SetupError, match="needs 2501"):  # exactly val_tokens: the last target is missing
         tg.ValidationSet(pattern, 2500, 250, 0, 1, CPU)
     assert len(tg.ValidationSet(pattern, 2499, 833, 0, 1, CPU).tokens) == 2500
     with pytest.raises(FileNotFoundError, match="cached_fineweb10B.py"):

@@ -107,7 +107,7 @@ def test_multi_token_prediction_weights_the_later_targets():
 
 def test_attention_is_causal_and_document_masked():
     # The key offset, smear gate and bigram hash look one token back across a BOS by design
-    # (RECIPE 3.6, 3.11, 3.12); without them nothing may cross a document boundary.
+    # (docs/TECHNIQUES.md T3.4, T3.6, T3.11); without them nothing may cross a document boundary.
     hp = T.Hyperparameters(**dict(TINY, key_offset=False, smear_gate=False, bigram_embed=False))
     torch.manual_seed(0)
     model = model_of(hp)
@@ -218,32 +218,71 @@ def test_main_learns_and_writes_the_field_log_format(tmp_path, corpus):
             re.finditer(r"^step:(\d+)/32 val_loss:(\d+\.\d{4}) train_time:\d+ms step_avg:\d+\.\d{2}ms$", log, re.M)]
     assert [s for s, _ in vals] == [0, 10, 20, 30, 32]
     assert len(re.findall(r"^step:\d+/32 train_time:\d+ms step_avg:\d+\.\d{2}ms$", log, re.M)) == 32
-    assert re.search(r"^peak memory allocated: \d+ MiB reserved: \d+ MiB$", log, re.M)
+    peak = re.search(r"^peak memory allocated: (\d+) MiB reserved: \d+ MiB \(cpu: peak resident set size\)$", log, re.M)
+    assert peak and int(peak.group(1)) > 100  # the CPU process's resident memory, not a placeholder 0
     assert vals[0][1] > 10 and vals[-1][1] < 6.0  # ln(50304) = 10.8 at init; the progressions are learnable
     # the records tool parses what main() writes
     run = load_records_tool().parse_log(str(tmp_path / "logs" / "learn.txt"))
     assert abs(run.final_loss - vals[-1][1]) < 1e-9 and run.overrides == overrides
 
 
+def one_line_error(proc) -> str:
+    """The error line of a run that stopped at start-up: exit code 1, no traceback, one `error:` line."""
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    return errors[0]
+
+
 def test_world_size_errors(tmp_path, corpus):
     env = tiny_env(tmp_path, corpus, run_id="bad")
-    proc = run_main(dict(env, WORLD_SIZE="3", RANK="0"))
-    assert proc.returncode != 0 and "world size 3 is not supported" in proc.stderr
-    proc = run_main(dict(env, WORLD_SIZE="2", RANK="0", RANK_SLICE="1"))
-    assert proc.returncode != 0 and "RANK_SLICE=1" in proc.stderr
+    assert "world size 3 is not supported" in one_line_error(run_main(dict(env, WORLD_SIZE="3", RANK="0")))
+    assert "RANK_SLICE=1" in one_line_error(run_main(dict(env, WORLD_SIZE="2", RANK="0", RANK_SLICE="1")))
+
+
+def test_bad_settings_are_one_line(tmp_path, corpus):
+    env = tiny_env(tmp_path, corpus, run_id="bad")
+    assert "VAL_LOSS_EVERY='often'" in one_line_error(run_main(dict(env, VAL_LOSS_EVERY="often")))
+    assert "STAGE_MAX_SEQ_LEN has 2 entries" in one_line_error(run_main(dict(env, STAGE_MAX_SEQ_LEN="128,256")))
+    assert "ATTENTION_BACKEND=fast" in one_line_error(run_main(dict(env, ATTENTION_BACKEND="fast")))
+    assert "DEVICE=cpu" in one_line_error(run_main(dict(env, DEVICE="cuda", CUDA_VISIBLE_DEVICES="")))
 
 
 def test_missing_data_names_the_pattern_and_the_download_command(tmp_path, corpus):
     env = tiny_env(tmp_path, corpus, train_files=str(tmp_path / "nothing_*.bin"), run_id="nodata")
-    proc = run_main(env)
-    assert proc.returncode != 0 and "nothing_*.bin" in proc.stderr and "cached_fineweb10B.py" in proc.stderr
+    error = one_line_error(run_main(env))
+    assert "nothing_*.bin" in error and "cached_fineweb10B.py" in error
+    assert (tmp_path / "logs" / "nodata.txt").read_text().rstrip("\n").endswith(error)  # the run's log has it too
 
 
 def test_missing_vocabulary_names_the_fix(tmp_path, corpus):
     env = tiny_env(tmp_path, corpus, tokenizer_dir=str(tmp_path / "no_vocabulary"), run_id="novocab")
-    proc = run_main(env)
-    assert proc.returncode != 0 and "no_vocabulary/encoder.json" in proc.stderr
-    assert "cached_fineweb10B.py" in proc.stderr and "PREFIX_LOSS=0" in proc.stderr
+    error = one_line_error(run_main(env))
+    assert "no_vocabulary/encoder.json" in error and "data/gpt2" in error and "PREFIX_LOSS=0" in error
+
+
+def test_short_validation_files_name_the_fix(tmp_path, corpus):
+    error = one_line_error(run_main(tiny_env(tmp_path, corpus, val_tokens=1024 * 1024, run_id="short")))
+    assert "VAL_TOKENS=1048576 needs 1048577" in error and "lower VAL_TOKENS" in error
+
+
+@pytest.mark.multiproc
+def test_start_up_errors_print_once_under_torchrun_and_run_sh_stops_before_it(tmp_path, corpus):
+    env = tiny_env(tmp_path, corpus, tokenizer_dir=str(tmp_path / "no_vocabulary"), run_id="twice")
+    proc = run_main(env, nproc=2)  # two gloo processes: rank 0 reports, rank 1 exits quietly
+    assert proc.returncode != 0 and proc.stderr.count("error: the prefix-token loss") == 1, proc.stderr[-3000:]
+    # run.sh checks in one process first: one line, and torchrun never starts
+    proc = subprocess.run(["bash", os.path.join(ROOT, "run.sh")], env=dict(env, NGPU="2"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stdout == "" and one_line_error(proc) == proc.stderr.strip()
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train_gpt.py"), "--check"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert "no_vocabulary" in one_line_error(proc)
+    ok = dict(env, TOKENIZER_DIR=str(corpus), WORLD_SIZE="2")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train_gpt.py"), "--check"], env=ok, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.startswith("settings and inputs ok"), proc.stderr[-3000:]
 
 
 def test_non_finite_loss_stops_and_names_the_step(tmp_path, corpus):
@@ -254,6 +293,14 @@ def test_non_finite_loss_stops_and_names_the_step(tmp_path, corpus):
     # step 0 runs on the initial weights; the infinite update poisons step 1's loss
     assert re.search(r"^error: non-finite training loss nan at step 1 ", log, re.M), log[-500:]
     assert "step:7/7 val_loss" not in log
+
+
+def test_val_loss_every_zero_validates_first_and_last_only(tmp_path, corpus):
+    env = tiny_env(tmp_path, corpus, rank_slice=True, num_scheduled_iterations=3, num_extension_iterations=1,
+                   val_loss_every=0, run_id="ends")
+    proc = run_main(env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.findall(r"^step:(\d+)/4 val_loss", (tmp_path / "logs" / "ends.txt").read_text(), re.M) == ["0", "4"]
 
 
 def test_stop_after_ends_the_run_early_with_the_schedule_unchanged(tmp_path, corpus):
