@@ -572,6 +572,12 @@ class ForwardContext:
     attn_paired: AttnArgs | None
     shape: ForwardShape
     outputs: dict[int, Tensor]  # residual after each layer so far
+    # The banks unbound once per forward into per-layer views: their backward is one stack per bank,
+    # where indexing the bank in each layer would zero-fill a bank-sized gradient per layer (#56, #74).
+    qk: tuple[Tensor, ...]  # per attention slot: (2·H·hd, d), Q then K rows
+    vo: tuple[Tensor, ...]  # per attention slot: (2, d, d), V then O
+    mlp_fc: tuple[Tensor, ...]  # per layer: (hidden, d)
+    mlp_proj: tuple[Tensor, ...]  # per layer: (hidden, d), stored (in, out)
 
 
 class GPT(nn.Module):
@@ -739,7 +745,7 @@ class GPT(nn.Module):
             elif layer.skip_target:  # U-net remnant 3 -> 6 with a per-token gate (#45, #55; T3.7)
                 gate = ctx.gates["skip", layer.index]
                 x = x + torch.sigmoid(ctx.scalars["skip_lambda"]) * gate * ctx.outputs[SKIP_SOURCE_LAYER]
-            x = self.mlp_block(layer, x, mix, fused_mlp)
+            x = self.mlp_block(layer, x, ctx, mix, fused_mlp)
             ctx.outputs[layer.index] = x
         return norm(self.final_mix(x, ctx))
 
@@ -760,10 +766,13 @@ class GPT(nn.Module):
         positions = torch.arange(ids.size(0), device=ids.device, dtype=cu_seqlens.dtype)
         doc_ids = torch.searchsorted(cu_seqlens, positions, right=True)
         attn = AttnArgs(cu_seqlens, doc_ids, shape.max_seq_len, self.config.attention_backend, {})
+        n_attn, d = len(ATTENTION_LAYERS), self.config.model_dim
+        mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
         return ForwardContext(x_input=x_input, x0=x0, bigram=bigram,
                               value_embeds=value_embeds, gates=gates, scalars=scalars, attn=attn,
                               attn_paired=attn.doubled() if self.config.paired_heads else None, shape=shape,
-                              outputs={})
+                              outputs={}, qk=self.qk_bank.view(n_attn, -1, d).unbind(0),
+                              vo=self.vo_bank.view(n_attn, 2, d, d).unbind(0), mlp_fc=mlp_fc, mlp_proj=mlp_proj)
 
     def attention_block(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext, mix: dict | None) -> Tensor:
         """The attention sublayer and the residual update after it: x0 and the bigram embedding
@@ -808,8 +817,8 @@ class GPT(nn.Module):
         """One attention sublayer on the normalized input x (T3.8-T3.13, T3.16, T3.17)."""
         cfg, i, slot = self.config, layer.index, layer.attn_slot
         T, H, hd = x.size(0), cfg.num_heads, cfg.head_dim
-        w_v, w_o = self.vo_bank.view(len(ATTENTION_LAYERS), 2, cfg.model_dim, -1)[slot]
-        w_qkv = torch.cat([self.qk_bank.view(len(ATTENTION_LAYERS), 2 * H * hd, -1)[slot], w_v])
+        w_v, w_o = ctx.vo[slot][0], ctx.vo[slot][1]
+        w_qkv = torch.cat([ctx.qk[slot], w_v])
         lambdas = ctx.scalars["attn_lambdas"][i]  # pre-multiplied into the weights (#47, #48)
         w_qkv, w_o = lambdas[0] * w_qkv, lambdas[1] * w_o
         q, k, v = (x @ w_qkv.t()).view(T, 3 * H, hd).split(H, dim=1)
@@ -836,12 +845,11 @@ class GPT(nn.Module):
             y = y * gates["out_gate", i][..., None]
         return y.reshape(T, H * hd) @ w_o.t()
 
-    def mlp_block(self, layer: LayerPlan, x: Tensor, mix: dict | None, fused: bool) -> Tensor:
+    def mlp_block(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext, mix: dict | None, fused: bool) -> Tensor:
         """The ReLU² MLP (#5) and the residual update after it. Small forwards (stage 1) are
         launch-bound: there the plain expression beats the fused kernels (T6.1)."""
-        mlp_fc, mlp_proj = self.mlp_bank[layer.index]
         mlp = relu_square_mlp if fused else relu_square_mlp_reference
-        out = mlp(norm(x), mlp_fc, mlp_proj)
+        out = mlp(norm(x), ctx.mlp_fc[layer.index], ctx.mlp_proj[layer.index])
         if mix is not None:
             return mix["mlp_residual"] * x + mix["mlp_out"] * out
         return self.resid_lambdas[layer.index, 1] * x + self.post_lambdas[layer.index, 1] * out
