@@ -157,6 +157,7 @@ class Hyperparameters:
     yarn: bool = True
     key_offset: bool = True
     paired_heads: bool = True
+    paired_rope_by_head: bool = False  # paired layers: rotary position 2t + (h mod 2) for head h, as the reference
     multi_token_prediction: bool = True
     bigram_embed: bool = True
     backout: bool = True  # the final MUDD mix starts by subtracting half of layer 7's output
@@ -249,6 +250,7 @@ class ModelConfig(PartConfig):
     yarn: bool
     key_offset: bool
     paired_heads: bool
+    paired_rope_by_head: bool
     bigram_embed: bool
     backout: bool
     late_attn_from_layer7: bool
@@ -411,13 +413,23 @@ def yarn(frequencies: Tensor, long_windows: list[int]) -> tuple[Tensor, float]:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (S, H, D) at positions 0..S-1; cos/sin (>=S, D/4)."""
-    S, D = x.size(0), x.size(-1)
-    cos, sin = cos[:S, None, :], sin[:S, None, :]
+    """x (S, H, D) rotated by the angles whose cos/sin (S, 1 or H, D/4) are given (T3.9)."""
+    D = x.size(-1)
     pairs = x[..., : D // 2].unflatten(-1, (D // 4, 2))
     x1, x2 = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).flatten(-2)
     return torch.cat((rotated, x[..., D // 2:]), dim=-1)
+
+
+def paired_rope_positions(T: int, H: int, by_head: bool, device: torch.device) -> Tensor:
+    """Rotary positions (2T, H/2) of the paired-head layout (token t's head i at 2t, head i + H/2 at
+    2t + 1): the doubled sequence's own positions, or (by_head) 2t + (h mod 2) for head h, as the
+    reference rotates the (T, H/2, 2·hd) view before reinterpreting it (issue #25)."""
+    s = torch.arange(2 * T, device=device)[:, None]
+    if not by_head:
+        return s.expand(2 * T, H // 2)
+    head = torch.arange(H // 2, device=device)[None, :] + (s % 2) * (H // 2)
+    return s - s % 2 + head % 2
 
 
 def shift_key_half(k: Tensor) -> Tensor:
@@ -574,6 +586,8 @@ class ForwardContext:
     outputs: dict[int, Tensor]  # residual after each layer so far
     # The banks unbound once per forward into per-layer views: their backward is one stack per bank,
     # where indexing the bank in each layer would zero-fill a bank-sized gradient per layer (#56, #74).
+    rope: tuple[Tensor, Tensor]  # cos, sin (T, 1, hd/4) at positions 0..T-1
+    rope_paired: tuple[Tensor, Tensor] | None  # cos, sin (2T, H/2 or 1, hd/4) of the paired-head layout
     qk: tuple[Tensor, ...]  # per attention slot: (2·H·hd, d), Q then K rows
     vo: tuple[Tensor, ...]  # per attention slot: (2, d, d), V then O
     mlp_fc: tuple[Tensor, ...]  # per layer: (hidden, d)
@@ -750,29 +764,45 @@ class GPT(nn.Module):
         return norm(self.final_mix(x, ctx))
 
     def context(self, ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape) -> ForwardContext:
-        """Embeddings, the pre MUDD gate and the attention layout: everything the layers share."""
+        """Embeddings, the pre MUDD gate, the attention layout and the per-layer weights: what the
+        layers share."""
+        cfg, scalars = self.config, self.named_scalars()
         x = self.embed[ids]
-        scalars = self.named_scalars()
-        if self.config.smear_gate:  # (#34, T3.6)
+        if cfg.smear_gate:  # (#34, T3.6)
             gate = torch.sigmoid(x[1:, :GATE_INPUTS] @ self.smear_gate.t())
             x = torch.cat([x[:1], x[1:] + scalars["smear_lambda"] * gate * x[:-1]])
         x0 = norm(x)
         gates = self.gates(0, x0)
         x_input, bigram = x0, None
-        if self.config.bigram_embed:  # (#62, T3.4)
-            bigram = self.bigram_embed[bigram_ids(ids, self.config.bigram_rows)] * self.bigram_signs[bigram_sign_ids(ids)]
+        if cfg.bigram_embed:  # (#62, T3.4)
+            bigram = self.bigram_embed[bigram_ids(ids, cfg.bigram_rows)] * self.bigram_signs[bigram_sign_ids(ids)]
             x_input = x0 + gates["bigram", 0] * bigram
-        value_embeds = self.value_embeds[ids].split(self.config.model_dim, -1) if self.config.value_embeds else None
-        positions = torch.arange(ids.size(0), device=ids.device, dtype=cu_seqlens.dtype)
+        value_embeds = self.value_embeds[ids].split(cfg.model_dim, -1) if cfg.value_embeds else None
+        return ForwardContext(x_input=x_input, x0=x0, bigram=bigram, value_embeds=value_embeds, gates=gates,
+                              scalars=scalars, shape=shape, outputs={},
+                              **self.attention_layout(ids.size(0), cu_seqlens, shape), **self.bank_views())
+
+    def attention_layout(self, T: int, cu_seqlens: Tensor, shape: ForwardShape) -> dict:
+        """AttnArgs and rotary tables of the plain and, with paired heads, the doubled sequence."""
+        positions = torch.arange(T, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
         doc_ids = torch.searchsorted(cu_seqlens, positions, right=True)
         attn = AttnArgs(cu_seqlens, doc_ids, shape.max_seq_len, self.config.attention_backend, {})
+        layout = dict(attn=attn, rope=(self.rope_cos[:T, None], self.rope_sin[:T, None]),
+                      attn_paired=None, rope_paired=None)
+        if self.config.paired_heads:
+            doubled = (self.rope_cos[: 2 * T, None], self.rope_sin[: 2 * T, None])
+            layout.update(attn_paired=attn.doubled(), rope_paired=doubled)
+            if self.config.paired_rope_by_head:
+                index = paired_rope_positions(T, self.config.num_heads, True, cu_seqlens.device)
+                layout.update(rope_paired=(self.rope_cos[index], self.rope_sin[index]))
+        return layout
+
+    def bank_views(self) -> dict:
+        """The banks unbound into per-layer matrices (see ForwardContext.qk)."""
         n_attn, d = len(ATTENTION_LAYERS), self.config.model_dim
         mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
-        return ForwardContext(x_input=x_input, x0=x0, bigram=bigram,
-                              value_embeds=value_embeds, gates=gates, scalars=scalars, attn=attn,
-                              attn_paired=attn.doubled() if self.config.paired_heads else None, shape=shape,
-                              outputs={}, qk=self.qk_bank.view(n_attn, -1, d).unbind(0),
-                              vo=self.vo_bank.view(n_attn, 2, d, d).unbind(0), mlp_fc=mlp_fc, mlp_proj=mlp_proj)
+        return dict(qk=self.qk_bank.view(n_attn, -1, d).unbind(0), vo=self.vo_bank.view(n_attn, 2, d, d).unbind(0),
+                    mlp_fc=mlp_fc, mlp_proj=mlp_proj)
 
     def attention_block(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext, mix: dict | None) -> Tensor:
         """The attention sublayer and the residual update after it: x0 and the bigram embedding
@@ -825,11 +855,11 @@ class GPT(nn.Module):
         q, k = norm(q), norm(k)  # QK-norm
         if v_extra is not None:
             v = v + v_extra
-        args = ctx.attn
+        args, (cos, sin) = ctx.attn, ctx.rope
         if layer.paired_heads:  # heads h and h+H/2 become one head: 2t is head h, 2t+1 head h+H/2 (#58)
             q, k, v = (t.reshape(2 * T, H // 2, hd) for t in (q, k, v))
-            args = ctx.attn_paired
-        q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
+            args, (cos, sin) = ctx.attn_paired, ctx.rope_paired
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if layer.key_offset:
             k = shift_key_half(k)
         q = (q * self.attn_scale).to(v.dtype)
@@ -1014,17 +1044,19 @@ class NorMuonAdam:
         self.params, self.specs, self.config = params, specs, config
         self.rank, self.world = rank, world_size
         self.tied = tied  # (follower, leader) = ("embed", "lm_head") while tied
-        self.comm_order = sorted((label for label in specs if label in params),
-                                 key=lambda label: (specs[label].comm != "replicated", specs[label].optimizer != "normuon"))
+        group = lambda label: (specs[label].comm != "replicated", specs[label].optimizer != "normuon")  # noqa: E731
+        self.comm_order = sorted((label for label in specs if label in params), key=group)
         self.grad_scale = 1.0 / world_size
         self.state: dict[str, dict[str, Tensor | int]] = {}
         self.rows: dict[str, RankRows] = {}
         self.lr_muls: dict[str, Tensor] = {}  # NorMuon: per-matrix lr multipliers of the local rows
         on_cuda = next(iter(params.values())).is_cuda
         self.use_triton = triton_applies(next(iter(params.values())))  # symmetric kernels on every bank
-        compile_fn = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if (on_cuda and config.compile) else (lambda f: f)
-        self._normuon_fn = compile_fn(normuon_bank_step)
-        self._adam_fn = compile_fn(adam_update)
+        if on_cuda and config.compile:  # one graph per bank and table shape
+            self._normuon_fn = torch.compile(normuon_bank_step, dynamic=False, fullgraph=True)
+            self._adam_fn = torch.compile(adam_update, dynamic=False, fullgraph=True)
+        else:
+            self._normuon_fn, self._adam_fn = normuon_bank_step, adam_update
         for label, p in params.items():
             self._init_state(label, p, specs[label])
 
@@ -1161,7 +1193,8 @@ class NorMuonAdam:
 BOS_ID = 50256  # <|endoftext|> precedes every document
 SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256
 SHARD_HEADER_BYTES = 4 * SHARD_HEADER_INTS
-DOWNLOAD_HINT = "download FineWeb shards with `python data/cached_fineweb10B.py 9`, or point TRAIN_FILES / VAL_FILES at your shards"
+DOWNLOAD_HINT = ("download FineWeb shards with `python data/cached_fineweb10B.py 9`, or point TRAIN_FILES / VAL_FILES "
+                 "at your shards")
 MAX_DOCS_PER_BATCH = {16384: 64, 32768: 96, 49152: 128}  # cu_seqlens lengths (#78)
 
 
@@ -1744,14 +1777,15 @@ def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
     check_world_size(hp, world_size)
     if hp.device == "cuda":
         if not torch.cuda.is_available():
-            raise SetupError("no CUDA GPU visible. train_gpt.py trains on NVIDIA GPUs (H100-class); "
-                             "`SMOKE=1 ./run.sh` trains a tiny model on the CPU, DEVICE=cpu runs this one there (slowly)")
+            raise SetupError("no CUDA GPU visible. train_gpt.py trains on NVIDIA GPUs (H100-class); `SMOKE=1 "
+                             "./run.sh` trains a tiny model on the CPU, DEVICE=cpu runs this one there (slowly)")
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device(hp.device)
     if world_size > 1:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
+        cuda = device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     return rank, world_size, device
 
 

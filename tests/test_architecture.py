@@ -481,3 +481,33 @@ def test_compiled_model_with_every_feature_matches_eager_on_cuda():
     for name, grad in eager_grads.items():
         assert torch.isfinite(compiled_grads[name]).all(), name
         assert grad.norm() == 0 or rel_err(compiled_grads[name], grad) < 1e-1, name
+
+
+# --- paired-head rotary positions (issue #25) -------------------------------------------------------
+
+def test_paired_rope_positions_by_head_follow_the_reference_layout():
+    """Token t's head h sits at doubled position 2t + (h >= H/2) in slot h mod H/2; by head, its
+    rotary position is 2t + (h mod 2) (the reference rotates the (T, H/2, 2·hd) view), otherwise the
+    doubled position itself."""
+    tokens, H = 5, 6
+    by_head = T.paired_rope_positions(tokens, H, True, torch.device("cpu"))
+    plain = T.paired_rope_positions(tokens, H, False, torch.device("cpu"))
+    for t in range(tokens):
+        for h in range(H):
+            s, slot = 2 * t + (h >= H // 2), h % (H // 2)
+            assert plain[s, slot] == s and by_head[s, slot] == 2 * t + h % 2, (t, h)
+    assert (by_head != plain).float().mean() == 1 / 3  # slot 1 of every position: heads 1 and 4
+
+
+def test_paired_rope_by_head_changes_only_models_with_six_heads():
+    """With two heads (one slot, heads 0 and 1 at 2t and 2t + 1) both rotary layouts agree bit for bit;
+    with six heads slot 1 (heads 1 and 4) swaps its positions and the outputs differ."""
+    inputs, _, cu = small_batch()
+    for heads, head_dim, equal in ((2, 64, True), (6, 32, False)):
+        outputs = []
+        for by_head in (False, True):
+            model = make_model(num_heads=heads, head_dim=head_dim, model_dim=heads * head_dim, paired_rope_by_head=by_head)
+            make_live(model)
+            with torch.no_grad():
+                outputs.append(model.hidden_states(inputs, cu, SHAPE))
+        assert torch.equal(*outputs) == equal, heads
