@@ -160,6 +160,7 @@ class Hyperparameters:
     paired_rope_by_head: bool = False  # paired layers: rotary position 2t + (h mod 2) for head h, as the reference
     multi_token_prediction: bool = True
     bigram_embed: bool = True
+    embed_grad_fp32: bool = False  # token, bigram and value embeddings: gradient rows summed per id in fp32
     backout: bool = True  # the final MUDD mix starts by subtracting half of layer 7's output
     late_attn_from_layer7: bool = True
     xsa: bool = True  # gated exclusive self-attention on layers 1, 3, 4, 7
@@ -252,6 +253,7 @@ class ModelConfig(PartConfig):
     paired_heads: bool
     paired_rope_by_head: bool
     bigram_embed: bool
+    embed_grad_fp32: bool
     backout: bool
     late_attn_from_layer7: bool
     xsa: bool
@@ -767,7 +769,8 @@ class GPT(nn.Module):
         """Embeddings, the pre MUDD gate, the attention layout and the per-layer weights: what the
         layers share."""
         cfg, scalars = self.config, self.named_scalars()
-        x = self.embed[ids]
+        lookup = functools.partial(embedding_lookup, fp32_grad=cfg.embed_grad_fp32)
+        x = lookup(self.embed, ids)
         if cfg.smear_gate:  # (#34, T3.6)
             gate = torch.sigmoid(x[1:, :GATE_INPUTS] @ self.smear_gate.t())
             x = torch.cat([x[:1], x[1:] + scalars["smear_lambda"] * gate * x[:-1]])
@@ -775,9 +778,10 @@ class GPT(nn.Module):
         gates = self.gates(0, x0)
         x_input, bigram = x0, None
         if cfg.bigram_embed:  # (#62, T3.4)
-            bigram = self.bigram_embed[bigram_ids(ids, cfg.bigram_rows)] * self.bigram_signs[bigram_sign_ids(ids)]
+            signs = self.bigram_signs[bigram_sign_ids(ids)]
+            bigram = lookup(self.bigram_embed, bigram_ids(ids, cfg.bigram_rows)) * signs
             x_input = x0 + gates["bigram", 0] * bigram
-        value_embeds = self.value_embeds[ids].split(cfg.model_dim, -1) if cfg.value_embeds else None
+        value_embeds = lookup(self.value_embeds, ids).split(cfg.model_dim, -1) if cfg.value_embeds else None
         return ForwardContext(x_input=x_input, x0=x0, bigram=bigram, value_embeds=value_embeds, gates=gates,
                               scalars=scalars, shape=shape, outputs={},
                               **self.attention_layout(ids.size(0), cu_seqlens, shape), **self.bank_views())
@@ -2526,6 +2530,55 @@ class ReluSquareMLP(torch.autograd.Function):
 def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool | None = None) -> Tensor:
     """The fused MLP: relu_square_mlp_reference's function with the ReLU² in the GEMM epilogues."""
     return ReluSquareMLP.apply(x, fc, proj, tma_gemm_applies(x) if use_triton is None else use_triton)
+
+
+# --- Embedding lookups with fp32-accumulated gradients (T3.3, T3.4; issue #25) ----------------------
+# The backward of table[ids] adds each token's gradient row into the table's gradient with atomic
+# adds in the table's dtype: in bf16 every add rounds, and the most frequent tokens are hit thousands
+# of times a step. Here the rows are summed per id in fp32 and rounded to bf16 once. The fast path
+# sorts the ids so that the fp32 sums need a (tokens, d) buffer, not a table-sized one: static shapes,
+# one stable sort, one fp32 index_add and one scatter of the rounded sums.
+
+
+def embedding_grad_reference(grad: Tensor, ids: Tensor, rows: int) -> Tensor:
+    """The table gradient (rows, d) of table[ids]: grad's rows summed per id in fp32, rounded once."""
+    total = torch.zeros(rows, grad.size(-1), dtype=torch.float32, device=grad.device)
+    return total.index_add_(0, ids, grad.float()).to(grad.dtype)
+
+
+def embedding_grad_sorted(grad: Tensor, ids: Tensor, rows: int) -> Tensor:
+    """embedding_grad_reference's function with fp32 sums over the T tokens only: ids sorted, each
+    run of equal ids summed into its first position, the rounded sum scattered to the table row."""
+    order = torch.argsort(ids, stable=True)
+    sorted_ids = ids[order]
+    positions = torch.arange(ids.numel(), device=ids.device)
+    first = torch.ones_like(sorted_ids, dtype=torch.bool)
+    first[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    run_start = torch.cummax(torch.where(first, positions, 0), 0).values  # first position of each id's run
+    sums = torch.zeros(grad.shape, dtype=torch.float32, device=grad.device)
+    sums.index_add_(0, run_start, grad[order].float())
+    table = grad.new_zeros((rows, grad.size(-1)))
+    return table.index_put_((sorted_ids,), sums[run_start].to(grad.dtype))  # a run's rows all write its sum
+
+
+class EmbeddingLookup(torch.autograd.Function):
+    """table[ids] whose backward sums the gradient rows per id in fp32 (embedding_grad_sorted)."""
+
+    @staticmethod
+    def forward(ctx, table: Tensor, ids: Tensor):
+        ctx.save_for_backward(ids)
+        ctx.rows = table.size(0)
+        return table[ids]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        ids, = ctx.saved_tensors
+        return embedding_grad_sorted(grad.contiguous(), ids, ctx.rows), None
+
+
+def embedding_lookup(table: Tensor, ids: Tensor, fp32_grad: bool) -> Tensor:
+    """table[ids] (ids 1-D); with fp32_grad its gradient rows are summed per id in fp32."""
+    return EmbeddingLookup.apply(table, ids) if fp32_grad else table[ids]
 
 
 # --- Lightweight DC-MHA (T3.17) -----------------------------------------------------------------------
