@@ -1339,8 +1339,8 @@ class TrainLoader:
                     break
                 self._advance_shard()
             else:
-                raise ShardError(self.files[0], f"no train shard holds a batch of {tokens} tokens x {ranks} slices: "
-                                                "shards too small")
+                raise SetupError(f"no train shard holds a batch of {tokens} tokens x {ranks} slices: the "
+                                 f"{len(self.files)} train files are too small")
             plan, self.doc_cursor = planned
             self._step_slices = [plan[k * self.world_size + self.rank] for k in range(self.grad_accum)]
             self._step_shape = (tokens, max_seq_len)
@@ -1593,6 +1593,10 @@ class Trainer:
         self.grad_scale = 1.0 / self.grad_accum
         self.schedule = Schedule(ScheduleConfig.from_hyperparameters(hp))
         self.last_step = hp.stop_after or self.schedule.total_steps  # the run's final validation
+        # inputs first: a missing or damaged file stops the run before the model takes the GPU
+        find_shards(hp.train_files)
+        self.val_set = ValidationSet(hp.val_files, hp.val_tokens, hp.val_seq_len, rank, world_size, device)
+        self.token_bytes = gpt2_token_bytes(hp.tokenizer_dir) if hp.prefix_loss else None
         torch.manual_seed(hp.seed)
         self.model = GPT(ModelConfig.from_hyperparameters(hp)).to(device)
         if world_size > 1:  # the same initialization on every rank
@@ -1604,9 +1608,6 @@ class Trainer:
         compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.compile else (lambda f: f)
         self.training_loss = compiled(self.model.training_loss)
         self.evaluation_loss = compiled(self.model.evaluation_loss)
-        find_shards(hp.train_files)  # missing or damaged train shards stop the run here, before any compile
-        self.val_set = ValidationSet(hp.val_files, hp.val_tokens, hp.val_seq_len, rank, world_size, device)
-        self.token_bytes = gpt2_token_bytes(hp.tokenizer_dir) if hp.prefix_loss else None
         self.long_windows = None  # those the model's rotary tables are set for
         self.losses = torch.zeros(self.schedule.total_steps, device=device)
         self.checked_steps = 0

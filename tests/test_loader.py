@@ -545,7 +545,7 @@ def test_cycles_over_files_and_logs_each_pass(shards, tmp_path, sizes, world):
 def test_too_small_shards_raise(shards, tmp_path):
     corpus = Corpus(shards, tmp_path, "train", [300, 300], seed=9)
     loader = tg.TrainLoader(corpus.pattern, 0, 1, CPU, log=lambda _: None)
-    with pytest.raises(tg.ShardError, match="too small"):
+    with pytest.raises(tg.SetupError, match="train files are too small"):
         loader.next_batch(1024, 1024)
 
 
