@@ -181,7 +181,7 @@ class Hyperparameters:
     log_dir: str = "logs"
     save_checkpoint: bool = False
     train_loss_every: int = 0  # >0: add train_loss to every N-th step line (costs a sync)
-    nonfinite_check_every: int = 25  # steps between checks of the recorded training losses
+    nonfinite_check_every: int = 25  # steps between checks of the training losses (no host sync: read a period later)
 
     @classmethod
     def from_env(cls, environ=os.environ) -> "Hyperparameters":
@@ -1611,6 +1611,8 @@ class Trainer:
         self.long_windows = None  # those the model's rotary tables are set for
         self.losses = torch.zeros(self.schedule.total_steps, device=device)
         self.checked_steps = 0
+        self.pending_check = None  # (first step, flag, its copy's CUDA event) of the check in flight
+        self.nonfinite_flag = torch.zeros((), dtype=torch.bool, pin_memory=device.type == "cuda")
         # Every step's target-column weights on the device, made once: a per-step copy from host
         # memory would block the CPU until the GPU drained its queue, exposing launch gaps.
         self.target_weights = [torch.tensor(self.schedule.plan(step).target_weights, device=device)
@@ -1661,17 +1663,41 @@ class Trainer:
             dist.all_reduce(value)
         return value.item() / self.world_size
 
-    def check_finite(self, upto: int):
-        """Stop at the first non-finite training loss among the steps not checked yet."""
-        recent = self.losses[self.checked_steps: upto].clone()
+    def check_finite(self, upto: int, wait: bool = True):
+        """Stop at the first non-finite training loss among the steps not checked yet. wait=False
+        (the periodic check) queues the test with no host sync: its flag lands in pinned memory and
+        is read at the next check, long finished by then, so a bad step stops the run one period late."""
+        if self.pending_check is not None:
+            start, flag, copied = self.pending_check
+            self.pending_check = None
+            if copied is not None:
+                copied.synchronize()
+            if flag.item():
+                self.raise_nonfinite(start, self.checked_steps, upto)
+        recent = self.recent_losses(self.checked_steps, upto)
+        if wait:
+            if not torch.isfinite(recent).all():
+                self.raise_nonfinite(self.checked_steps, upto, upto)
+        else:
+            self.nonfinite_flag.copy_((~torch.isfinite(recent)).any(), non_blocking=True)
+            copied = None  # the CPU's copy is done on return
+            if self.device.type == "cuda":
+                copied = torch.cuda.Event()
+                copied.record()
+            self.pending_check = (self.checked_steps, self.nonfinite_flag, copied)
+        self.checked_steps = upto
+
+    def recent_losses(self, start: int, end: int) -> Tensor:
+        recent = self.losses[start:end].clone()
         if self.world_size > 1:
             dist.all_reduce(recent)  # a NaN on any rank shows on every rank
-        bad = (~torch.isfinite(recent)).nonzero()
-        if len(bad):
-            step = self.checked_steps + int(bad[0])
-            raise NonFiniteLoss(f"non-finite training loss {recent[int(bad[0])].item()} at step {step} "
-                                f"(detected at step {upto}); lower the learning rates or check the data")
-        self.checked_steps = upto
+        return recent
+
+    def raise_nonfinite(self, start: int, end: int, detected_at: int):
+        recent = self.recent_losses(start, end)  # every rank is here: the flag was reduced over ranks
+        first = int((~torch.isfinite(recent)).nonzero()[0])
+        raise NonFiniteLoss(f"non-finite training loss {recent[first].item()} at step {start + first} "
+                            f"(detected at step {detected_at}); lower the learning rates or check the data")
 
     def warmup(self):
         """Compile every graph the run will use (each stage's shapes, Adam and non-Adam steps, the
@@ -1723,7 +1749,7 @@ class Trainer:
                 break
             ce = self.train_step(self.schedule.plan(step), loader)
             if hp.nonfinite_check_every and (step + 1) % hp.nonfinite_check_every == 0:
-                self.check_finite(step + 1)
+                self.check_finite(step + 1, wait=False)
             self.log_step(step + 1, training_ms + 1000 * (time.perf_counter() - t0), ce)
         self.log_memory()
         if hp.save_checkpoint:

@@ -285,14 +285,19 @@ def test_start_up_errors_print_once_under_torchrun_and_run_sh_stops_before_it(tm
     assert proc.returncode == 0 and proc.stdout.startswith("settings and inputs ok"), proc.stderr[-3000:]
 
 
-def test_non_finite_loss_stops_and_names_the_step(tmp_path, corpus):
-    env = tiny_env(tmp_path, corpus, rank_slice=True, muon_lr=float("inf"), nonfinite_check_every=1, run_id="nan")
+@pytest.mark.parametrize("every,detected", [(1, 3), (0, 6)])
+def test_non_finite_loss_stops_and_names_the_step(tmp_path, corpus, every, detected):
+    """every=1: the periodic check without a host sync, queued after step 2 and read after step 3;
+    every=0: only the blocking check before the validation at step 6."""
+    env = tiny_env(tmp_path, corpus, rank_slice=True, muon_lr=float("inf"), nonfinite_check_every=every,
+                   val_loss_every=6, run_id="nan")
     proc = run_main(env)
     assert proc.returncode == 1
     log = (tmp_path / "logs" / "nan.txt").read_text()
     # step 0 runs on the initial weights; the infinite update poisons step 1's loss
-    assert re.search(r"^error: non-finite training loss nan at step 1 ", log, re.M), log[-500:]
-    assert "step:7/7 val_loss" not in log
+    assert re.search(rf"^error: non-finite training loss nan at step 1 \(detected at step {detected}\)", log,
+                     re.M), log[-500:]
+    assert "step:6/7 val_loss" not in log
 
 
 def test_val_loss_every_zero_validates_first_and_last_only(tmp_path, corpus):
