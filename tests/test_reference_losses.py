@@ -7,7 +7,7 @@ passing unchanged. A change that alters it on purpose re-records the file,
     python tests/test_reference_losses.py --record
 
 and says so in its commit message. Exactness holds on the machine kind the file was recorded on
-(same torch version and CPU instruction set, one thread); elsewhere the test compares to 1e-3.
+(same torch version, CPU model and instruction set, one thread); elsewhere the test compares to 1e-3.
 """
 
 import json
@@ -41,7 +41,19 @@ def tiny_hyperparameters(corpus: pathlib.Path, **run) -> T.Hyperparameters:
 
 
 def environment() -> dict:
-    return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability()}
+    """What decides the CPU kernels' rounding: torch, the vector ISA torch picked, and the CPU model
+    with its bf16 instructions (two "AVX512" CPUs with and without AVX512-BF16 round differently)."""
+    model, flags = "", set()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "cpu_model": model,
+            "bf16_instructions": sorted(flags & {"avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile"})}
 
 
 def run_tiny(hp: T.Hyperparameters) -> dict:
