@@ -12,6 +12,8 @@ the number of the NanoGPT-speedrun record that introduced them (#62).
 import os
 
 os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+# FlashAttention-4 keeps its JIT-compiled kernels on disk, so later runs skip the compile (read at import)
+os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
 
 import copy
 import dataclasses
@@ -53,6 +55,10 @@ try:
     from flash_attn_interface import flash_attn_varlen_func  # FlashAttention-3, where installed
 except ImportError:
     flash_attn_varlen_func = None
+try:
+    from flash_attn.cute import interface as fa4_interface  # FlashAttention-4 (CuTe DSL): requirements-gpu.txt
+except ImportError:
+    fa4_interface = None
 
 warnings.filterwarnings("ignore", message=".*reduce_scatter_tensor.*is deprecated.*")
 warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*is deprecated.*")
@@ -170,7 +176,7 @@ class Hyperparameters:
     fp8_lm_head: bool = True  # used on CUDA only
     fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
     fused_mlp_min_tokens: int = 32768  # per-rank tokens per forward below which the plain MLP runs (launch-bound)
-    attention_backend: str = "auto"  # auto | fa3 | varlen | flex | sdpa
+    attention_backend: str = "auto"  # auto | fa3 | fa4 | varlen | flex | sdpa
     # --- run ---
     rank_slice: bool = False  # one GPU computes one rank's share of each 8-GPU step
     seed: int = 0
@@ -262,7 +268,7 @@ class ModelConfig(PartConfig):
     fp8_lm_head: bool  # FP8 lm_head: CUDA only
     fused_mlp: bool
     fused_mlp_min_tokens: int
-    attention_backend: str  # resolved: fa3 | varlen | flex | sdpa
+    attention_backend: str  # resolved: fa3 | fa4 | varlen | flex | sdpa
     max_tokens: int  # the longest forward on one rank (sizes the rotary tables)
 
     @classmethod
@@ -448,17 +454,35 @@ def exclusive_self_attention(y: Tensor, v: Tensor, alpha: Tensor) -> Tensor:
     return (yf - torch.tanh(alpha.float())[..., None] * along * vf).to(y.dtype)
 
 
+ATTENTION_BACKENDS = ("auto", "fa3", "fa4", "varlen", "flex", "sdpa")
+FA4_GPU_MAJORS = (9, 10)  # Hopper (sm90) and datacenter Blackwell (sm100): the GPUs FA4's kernels target
+
+
+def fa4_runs_here(device_type: str) -> bool:
+    """FlashAttention-4 is importable and this process's GPU is one its kernels target."""
+    return (fa4_interface is not None and device_type == "cuda"
+            and torch.cuda.get_device_capability()[0] in FA4_GPU_MAJORS)
+
+
 def resolve_attention_backend(requested: str, device_type: str) -> str:
-    """auto: FA3 where importable, else torch's varlen attention on CUDA, SDPA on the CPU."""
-    if requested not in ("auto", "fa3", "varlen", "flex", "sdpa"):
-        raise SetupError(f"ATTENTION_BACKEND={requested}: use auto, fa3, varlen, flex or sdpa")
+    """auto: FA3 where importable, else FA4 where it runs here, else torch's varlen attention on
+    CUDA; SDPA on the CPU."""
+    if requested not in ATTENTION_BACKENDS:
+        raise SetupError(f"ATTENTION_BACKEND={requested}: use one of {', '.join(ATTENTION_BACKENDS)}")
     if requested == "fa3" and flash_attn_varlen_func is None:
         raise SetupError("ATTENTION_BACKEND=fa3 needs FlashAttention-3 (flash_attn_interface): install it or use auto")
+    if requested == "fa4" and fa4_interface is None:
+        raise SetupError("ATTENTION_BACKEND=fa4 needs FlashAttention-4 (flash_attn.cute): "
+                         "pip install -r requirements-gpu.txt, or use auto")
+    if requested == "fa4" and not fa4_runs_here(device_type):
+        raise SetupError("ATTENTION_BACKEND=fa4 runs on Hopper or Blackwell GPUs (sm90, sm100): use auto")
     if requested != "auto":
         return requested
     if device_type != "cuda":
         return "sdpa"
-    return "fa3" if flash_attn_varlen_func is not None else "varlen"
+    if flash_attn_varlen_func is not None:
+        return "fa3"
+    return "fa4" if fa4_runs_here(device_type) else "varlen"
 
 
 @dataclass
@@ -482,6 +506,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, args: AttnArgs, window: int) -> Tens
     if args.backend == "fa3":
         return flash_attn_varlen_func(q, k, v, args.cu_seqlens, args.cu_seqlens, args.max_seqlen, args.max_seqlen,
                                       softmax_scale=1.0, causal=True, window_size=(window, 0))
+    if args.backend == "fa4":
+        return fa4_varlen_attention(q, k, v, args.cu_seqlens, args.max_seqlen, window)[0]
     if args.backend == "varlen":
         return varlen_attn(q, k, v, args.cu_seqlens, args.cu_seqlens, args.max_seqlen, args.max_seqlen, scale=1.0,
                            window_size=(window, 0))
@@ -503,7 +529,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, args: AttnArgs, window: int) -> Tens
         out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                              attn_mask=mask, scale=1.0)
         return out.transpose(0, 1)
-    raise ValueError(f"unknown attention backend {args.backend!r} (auto, fa3, varlen, flex, sdpa)")
+    raise ValueError(f"unknown attention backend {args.backend!r} (one of {', '.join(ATTENTION_BACKENDS[1:])})")
 
 
 def scalar_layout(cfg: ModelConfig) -> dict[str, tuple[Tensor, bool]]:
@@ -1599,6 +1625,7 @@ class Trainer:
         self.token_bytes = gpt2_token_bytes(hp.tokenizer_dir) if hp.prefix_loss else None
         torch.manual_seed(hp.seed)
         self.model = GPT(ModelConfig.from_hyperparameters(hp)).to(device)
+        log(f"attention backend: {self.model.config.attention_backend}")  # auto's choice
         if world_size > 1:  # the same initialization on every rank
             random_buffers = [self.model.bigram_signs] if hp.bigram_embed else []
             for tensor in [*self.model.parameters(), *random_buffers]:
@@ -2893,6 +2920,66 @@ def dc_mha(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Ten
     if use_triton:
         return DCMHAKernel.apply(q, k, v, doc_ids, w1, window, DC_BLOCK) * w2[..., None]
     return dc_mha_torch(q, k, v, doc_ids, w1, w2, window)
+
+
+# --- FlashAttention-4 (Dao-AILab/flash-attention, flash_attn/cute) as custom ops -----------------
+# FA4's CuTe-DSL kernels are JIT-compiled on first use by an autograd.Function dynamo cannot trace;
+# as two custom ops (forward, and backward through FA4's own backward from the saved output and
+# log-sum-exp) they stay opaque to torch.compile, which keeps one graph.
+def _fa4_window_size(window: int) -> tuple[int | None, int]:
+    """FA4's window_size for keys at most `window` back. Unbounded is a left size of None: FA4
+    reads a negative one with a right size of 0 as a local window, unlike FA3 and torch."""
+    return (None if window == NO_WINDOW else window), 0
+
+
+@torch.library.custom_op("speedrun::fa4_varlen_attention", mutates_args=())
+def fa4_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int,
+                         window: int) -> tuple[Tensor, Tensor]:
+    """(out (S, H, D), lse (H, S) fp32) of attend's attention with FA4; q already scaled."""
+    out, lse = fa4_interface.flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
+        max_seqlen_k=max_seqlen, softmax_scale=1.0, causal=True, window_size=_fa4_window_size(window),
+        return_lse=True)
+    return out, lse
+
+
+@fa4_varlen_attention.register_fake
+def _fa4_varlen_attention_fake(q, k, v, cu_seqlens, max_seqlen, window):
+    S, H = q.shape[:2]
+    return q.new_empty((S, H, v.size(-1))), q.new_empty((H, S), dtype=torch.float32)
+
+
+@torch.library.custom_op("speedrun::fa4_varlen_attention_backward", mutates_args=())
+def fa4_varlen_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                                  cu_seqlens: Tensor, max_seqlen: int, window: int) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of fa4_varlen_attention's out, given grad_out."""
+    left, right = _fa4_window_size(window)
+    dq, dk, dv = fa4_interface._flash_attn_bwd(
+        q, k, v, out, grad_out, lse, softmax_scale=1.0, causal=True, window_size_left=left,
+        window_size_right=right, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
+        max_seqlen_k=max_seqlen)
+    return dq, dk, dv
+
+
+@fa4_varlen_attention_backward.register_fake
+def _fa4_varlen_attention_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, window):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _fa4_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens, max_seqlen, window = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens)
+    ctx.max_seqlen, ctx.window = max_seqlen, window
+
+
+def _fa4_backward(ctx, grad_out: Tensor, _grad_lse: Tensor):
+    q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
+    dq, dk, dv = fa4_varlen_attention_backward(grad_out, q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, ctx.window)
+    return dq, dk, dv, None, None, None
+
+
+fa4_varlen_attention.register_autograd(_fa4_backward, setup_context=_fa4_setup_context)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,236 @@
+"""The attention backends' choice (resolve_attention_backend, on the CPU with the FA4 module and the
+GPU's compute capability patched in) and the FlashAttention-4 custom ops: their wiring on the CPU,
+with a torch stand-in for FA4's functions, and FA4 itself against torch's varlen attention on a
+GPU it targets (gpu-marked; skipped where FA4 is not installed)."""
+
+import dataclasses
+import types
+
+import pytest
+import torch
+
+import train_gpt as T
+from helpers import rel_err
+
+FA4_HERE = (T.fa4_interface is not None and torch.cuda.is_available()
+            and torch.cuda.get_device_capability()[0] in T.FA4_GPU_MAJORS)
+fa4_gpu = pytest.mark.skipif(not FA4_HERE, reason="needs FlashAttention-4 (requirements-gpu.txt) on sm90/sm100")
+
+INSTALLED = types.SimpleNamespace()  # stands in for an importable FA4 or FA3 where only its presence matters
+
+
+# --- resolve_attention_backend ---------------------------------------------------------------------
+
+@pytest.fixture
+def machine(monkeypatch):
+    """machine(fa3=, fa4=, capability=): what resolve_attention_backend sees as installed, and the GPU."""
+    def set_up(fa3=False, fa4=False, capability=(9, 0)):
+        monkeypatch.setattr(T, "flash_attn_varlen_func", INSTALLED if fa3 else None)
+        monkeypatch.setattr(T, "fa4_interface", INSTALLED if fa4 else None)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    return set_up
+
+
+@pytest.mark.parametrize("fa3, fa4, capability, expected", [
+    (False, True, (9, 0), "fa4"),  # H100 / H200
+    (False, True, (10, 0), "fa4"),  # B200
+    (False, True, (8, 0), "varlen"),  # A100: FA4's kernels target Hopper and Blackwell
+    (False, True, (12, 0), "varlen"),  # consumer Blackwell
+    (False, False, (9, 0), "varlen"),
+    (True, True, (9, 0), "fa3"),
+])
+def test_auto_on_cuda_prefers_fa3_then_fa4_on_the_gpus_it_targets(machine, fa3, fa4, capability, expected):
+    machine(fa3=fa3, fa4=fa4, capability=capability)
+    assert T.resolve_attention_backend("auto", "cuda") == expected
+
+
+def test_auto_on_the_cpu_is_sdpa_even_with_fa4_installed(machine):
+    machine(fa4=True)
+    assert T.resolve_attention_backend("auto", "cpu") == "sdpa"
+
+
+def test_fa4_requested_where_it_runs(machine):
+    machine(fa4=True, capability=(9, 0))
+    assert T.resolve_attention_backend("fa4", "cuda") == "fa4"
+
+
+@pytest.mark.parametrize("fa4, capability, device, hint", [
+    (False, (9, 0), "cuda", "pip install -r requirements-gpu.txt"),
+    (True, (8, 0), "cuda", "Hopper or Blackwell"),
+    (True, (9, 0), "cpu", "Hopper or Blackwell"),
+])
+def test_fa4_requested_where_it_cannot_run_is_a_setup_error(machine, fa4, capability, device, hint):
+    machine(fa4=fa4, capability=capability)
+    with pytest.raises(T.SetupError, match=hint):
+        T.resolve_attention_backend("fa4", device)
+
+
+def test_an_unknown_backend_names_the_choices():
+    with pytest.raises(T.SetupError, match="auto, fa3, fa4, varlen, flex, sdpa"):
+        T.resolve_attention_backend("fa5", "cuda")
+
+
+# --- the FA4 custom ops, wired to a torch stand-in (CPU) ------------------------------------------
+
+def doc_causal_window_mask(cu_seqlens: torch.Tensor, S: int, window: int | None) -> torch.Tensor:
+    pos = torch.arange(S, device=cu_seqlens.device)
+    doc = torch.searchsorted(cu_seqlens, pos, right=True)
+    mask = (pos[:, None] >= pos[None, :]) & (doc[:, None] == doc[None, :])
+    return mask if window is None else mask & (pos[:, None] - pos[None, :] <= window)
+
+
+def reference_attention(q, k, v, cu_seqlens, window):
+    """(out (S, H, D), lse (H, S) fp32) in fp32 with an explicit mask; window None: unbounded."""
+    scores = torch.einsum("shd,thd->hst", q.float(), k.float())
+    scores = scores.masked_fill(~doc_causal_window_mask(cu_seqlens, q.size(0), window), float("-inf"))
+    lse = scores.logsumexp(-1)
+    out = torch.einsum("hst,thd->shd", (scores - lse[..., None]).exp(), v.float())
+    return out.to(q.dtype), lse
+
+
+class StandInFA4:
+    """FA4's two functions as the custom ops call them, computed by reference_attention; records the
+    window sizes it was given (FA4 reads a negative left size as a local window, not unbounded)."""
+
+    def __init__(self):
+        self.left_windows = []
+
+    def flash_attn_varlen_func(self, q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               softmax_scale, causal, window_size, return_lse):
+        assert softmax_scale == 1.0 and causal and return_lse and window_size[1] == 0
+        assert torch.equal(cu_seqlens_q, cu_seqlens_k) and max_seqlen_q == max_seqlen_k
+        self.left_windows.append(window_size[0])
+        return reference_attention(q, k, v, cu_seqlens_q, window_size[0])
+
+    def _flash_attn_bwd(self, q, k, v, out, dout, lse, *, softmax_scale, causal, window_size_left,
+                        window_size_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        assert window_size_right == 0 and out.shape == q.shape and lse.shape == (q.size(1), q.size(0))
+        self.left_windows.append(window_size_left)
+        # the closed-form backward from the saved lse (custom ops run below autograd: no recording)
+        scores = torch.einsum("shd,thd->hst", q.float(), k.float())
+        scores = scores.masked_fill(~doc_causal_window_mask(cu_seqlens_q, q.size(0), window_size_left),
+                                    float("-inf"))
+        p = (scores - lse[..., None]).exp()
+        dp = torch.einsum("shd,thd->hst", dout.float(), v.float())
+        ds = p * (dp - (dout.float() * out.float()).sum(-1).T[..., None])
+        dq = torch.einsum("hst,thd->shd", ds, k.float())
+        dk = torch.einsum("hst,shd->thd", ds, q.float())
+        dv = torch.einsum("hst,shd->thd", p, dout.float())
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def multi_document_problem(S=96, H=2, D=16, device="cpu", dtype=torch.float32, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = (torch.randn(S, H, D, generator=g, device=device, dtype=dtype) for _ in range(3))
+    cu = torch.tensor([0, 10, 11, 60, S, S], device=device, dtype=torch.int32)  # a 1-token document, padding
+    return q, k, v, cu
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("window", [T.NO_WINDOW, 0, 7])
+def test_fa4_ops_pass_the_problem_and_the_gradients_through(monkeypatch, window, compiled):
+    """The forward op, its fake and its autograd (backward op, saved tensors) against autograd through
+    the reference, eager and under torch.compile(fullgraph=True), with FA4 replaced by the reference:
+    NO_WINDOW must reach FA4 as None."""
+    stand_in = StandInFA4()
+    monkeypatch.setattr(T, "fa4_interface", stand_in)
+    q, k, v, cu = multi_document_problem()
+    grad_out = torch.randn_like(q)
+    args = T.AttnArgs(cu, None, 49, "fa4", {})
+
+    def loss(q, k, v):
+        return (T.attend(q, k, v, args, window) * grad_out).sum()
+
+    run = torch.compile(loss, backend="aot_eager", fullgraph=True, dynamic=False) if compiled else loss
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = run(*leaves)
+    got.backward()
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref_out, _ = reference_attention(*ref_leaves, cu, None if window == T.NO_WINDOW else window)
+    (ref_out * grad_out).sum().backward()
+    torch.testing.assert_close(got, (ref_out * grad_out).sum(), rtol=1e-5, atol=1e-5)
+    for leaf, ref_leaf in zip(leaves, ref_leaves):  # dq is 0 at window 0 (one key per query)
+        torch.testing.assert_close(leaf.grad, ref_leaf.grad, rtol=1e-5, atol=1e-5)
+    assert stand_in.left_windows == [None if window == T.NO_WINDOW else window] * 2  # forward, backward
+
+
+def test_fa4_fake_gives_the_shapes_of_the_outputs():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q, k, v = (torch.empty(40, 3, 128, dtype=torch.bfloat16) for _ in range(3))
+        out, lse = T.fa4_varlen_attention(q, k, v, torch.zeros(5, dtype=torch.int32), 20, 128)
+        dq, dk, dv = T.fa4_varlen_attention_backward(out, q, k, v, out, lse, torch.zeros(5, dtype=torch.int32),
+                                                     20, 128)
+    assert out.shape == (40, 3, 128) and out.dtype == torch.bfloat16
+    assert lse.shape == (3, 40) and lse.dtype == torch.float32
+    assert dq.shape == dk.shape == dv.shape == (40, 3, 128)
+
+
+# --- FA4 on the GPU ---------------------------------------------------------------------------------
+
+def gpu_problem(doubled: bool, seed=0):
+    """The model's layouts at bf16: 6 heads over S tokens, or (paired-head layers) 3 heads over the
+    doubled sequence; documents of 300, 1, 1000 and 700 tokens, then the loader's empty padding."""
+    S, H = 2048, 6
+    cu = torch.tensor([0, 300, 301, 1301, 2001, S, S, S], device="cuda", dtype=torch.int32)
+    doc_ids = torch.searchsorted(cu, torch.arange(S, device="cuda", dtype=torch.int32), right=True)
+    args = T.AttnArgs(cu, doc_ids, 1000, "varlen", {})
+    if doubled:
+        S, H, args = 2 * S, H // 2, args.doubled()
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    # q carries the softmax scale, as in the model (QK-norm, then attn_scale ~0.1-0.2)
+    q = torch.randn(S, H, 128, device="cuda", generator=g) * 0.15
+    k, v = (torch.randn(S, H, 128, device="cuda", generator=g) for _ in range(2))
+    return [t.bfloat16() for t in (q, k, v)], args
+
+
+def attention_and_grads(q, k, v, args, window, grad_out, backend):
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = T.attend(*leaves, dataclasses.replace(args, backend=backend), window)
+    out.backward(grad_out)
+    return [out.detach(), *(t.grad for t in leaves)]
+
+
+@fa4_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("doubled", [False, True])
+@pytest.mark.parametrize("window", [T.NO_WINDOW, 128, 384, 896])
+def test_fa4_matches_varlen_attention(window, doubled):
+    """Output and dq, dk, dv of FA4 against torch's varlen attention (FA2 kernels) at bf16, with
+    windows shorter and longer than the documents, the 1-token document and empty padding."""
+    (q, k, v), args = gpu_problem(doubled)
+    grad_out = torch.randn_like(q)
+    fa4 = attention_and_grads(q, k, v, args, window, grad_out, "fa4")
+    ref = attention_and_grads(q, k, v, args, window, grad_out, "varlen")
+    for name, got, want in zip(("out", "dq", "dk", "dv"), fa4, ref):
+        assert torch.isfinite(got).all(), name
+        assert rel_err(got, want) < 1e-2, name
+    # on the rows whose keys the window cuts it changes the answer, so a window FA4 ignored fails above
+    if window != T.NO_WINDOW:
+        position = torch.arange(q.size(0), device="cuda")
+        cut = position - args.cu_seqlens[args.doc_ids - 1] > window
+        unbounded = attention_and_grads(q, k, v, args, T.NO_WINDOW, grad_out, "varlen")
+        assert cut.any() and rel_err(unbounded[0][cut], ref[0][cut]) > 5e-2
+
+
+@fa4_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [T.NO_WINDOW, 384])
+def test_fa4_under_torch_compile_matches_eager(window):
+    """The custom ops in a fullgraph compiled function (with the ops around attention the model has:
+    a scale before, a reshape after) against the same function run eagerly."""
+    (q, k, v), args = gpu_problem(doubled=True)
+    args = T.AttnArgs(args.cu_seqlens, args.doc_ids, args.max_seqlen, "fa4", {})
+    grad_out = torch.randn(q.size(0) // 2, 6 * 128, device="cuda", dtype=torch.bfloat16)
+
+    def layer(q, k, v, scale):
+        return T.attend((q * scale).to(v.dtype), k, v, args, window).reshape(-1, 6 * 128)
+
+    results = []
+    for fn in (layer, torch.compile(layer, fullgraph=True, dynamic=False)):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves, torch.tensor(1.3, device="cuda"))
+        out.backward(grad_out)
+        results.append([out.detach(), *(t.grad for t in leaves)])
+    for name, compiled, eager in zip(("out", "dq", "dk", "dv"), results[1], results[0]):
+        assert rel_err(compiled, eager) < 1e-3, name
