@@ -177,6 +177,7 @@ class Hyperparameters:
     fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
     fused_mlp_min_tokens: int = 32768  # per-rank tokens per forward below which the plain MLP runs (launch-bound)
     attention_backend: str = "auto"  # auto | fa3 | fa4 | varlen | flex | sdpa
+    fa4_min_tokens: int = 32768  # per-rank tokens per forward below which fa4 hands over to varlen (host-bound)
     # --- run ---
     rank_slice: bool = False  # one GPU computes one rank's share of each 8-GPU step
     seed: int = 0
@@ -269,6 +270,7 @@ class ModelConfig(PartConfig):
     fused_mlp: bool
     fused_mlp_min_tokens: int
     attention_backend: str  # resolved: fa3 | fa4 | varlen | flex | sdpa
+    fa4_min_tokens: int
     max_tokens: int  # the longest forward on one rank (sizes the rotary tables)
 
     @classmethod
@@ -465,8 +467,8 @@ def fa4_runs_here(device_type: str) -> bool:
 
 
 def resolve_attention_backend(requested: str, device_type: str) -> str:
-    """auto: FA3 where importable, else FA4 where it runs here, else torch's varlen attention on
-    CUDA; SDPA on the CPU."""
+    """auto: FA3 where importable, else torch's varlen attention on CUDA; SDPA on the CPU. FA4 is
+    chosen by name only until a full training run has measured it (bench/bench_attention.py times it)."""
     if requested not in ATTENTION_BACKENDS:
         raise SetupError(f"ATTENTION_BACKEND={requested}: use one of {', '.join(ATTENTION_BACKENDS)}")
     if requested == "fa3" and flash_attn_varlen_func is None:
@@ -480,9 +482,7 @@ def resolve_attention_backend(requested: str, device_type: str) -> str:
         return requested
     if device_type != "cuda":
         return "sdpa"
-    if flash_attn_varlen_func is not None:
-        return "fa3"
-    return "fa4" if fa4_runs_here(device_type) else "varlen"
+    return "fa3" if flash_attn_varlen_func is not None else "varlen"
 
 
 @dataclass
@@ -816,7 +816,10 @@ class GPT(nn.Module):
         """AttnArgs and rotary tables of the plain and, with paired heads, the doubled sequence."""
         positions = torch.arange(T, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
         doc_ids = torch.searchsorted(cu_seqlens, positions, right=True)
-        attn = AttnArgs(cu_seqlens, doc_ids, shape.max_seq_len, self.config.attention_backend, {})
+        backend = self.config.attention_backend
+        if backend == "fa4" and T < self.config.fa4_min_tokens:  # FA4's per-call host cost outweighs its kernels
+            backend = "varlen"
+        attn = AttnArgs(cu_seqlens, doc_ids, shape.max_seq_len, backend, {})
         layout = dict(attn=attn, rope=(self.rope_cos[:T, None], self.rope_sin[:T, None]),
                       attn_paired=None, rope_paired=None)
         if self.config.paired_heads:
@@ -1625,7 +1628,10 @@ class Trainer:
         self.token_bytes = gpt2_token_bytes(hp.tokenizer_dir) if hp.prefix_loss else None
         torch.manual_seed(hp.seed)
         self.model = GPT(ModelConfig.from_hyperparameters(hp)).to(device)
-        log(f"attention backend: {self.model.config.attention_backend}")  # auto's choice
+        backend = self.model.config.attention_backend  # auto's choice
+        if backend == "fa4":
+            backend += f" (varlen below {hp.fa4_min_tokens} tokens per forward)"
+        log(f"attention backend: {backend}")
         if world_size > 1:  # the same initialization on every rank
             random_buffers = [self.model.bigram_signs] if hp.bigram_embed else []
             for tensor in [*self.model.parameters(), *random_buffers]:

@@ -32,16 +32,26 @@ def machine(monkeypatch):
 
 
 @pytest.mark.parametrize("fa3, fa4, capability, expected", [
-    (False, True, (9, 0), "fa4"),  # H100 / H200
-    (False, True, (10, 0), "fa4"),  # B200
-    (False, True, (8, 0), "varlen"),  # A100: FA4's kernels target Hopper and Blackwell
-    (False, True, (12, 0), "varlen"),  # consumer Blackwell
+    (False, True, (9, 0), "varlen"),  # FA4 by name only until a full run has measured it
     (False, False, (9, 0), "varlen"),
     (True, True, (9, 0), "fa3"),
+    (True, False, (8, 0), "fa3"),
 ])
-def test_auto_on_cuda_prefers_fa3_then_fa4_on_the_gpus_it_targets(machine, fa3, fa4, capability, expected):
+def test_auto_on_cuda_is_fa3_where_installed_else_varlen(machine, fa3, fa4, capability, expected):
     machine(fa3=fa3, fa4=fa4, capability=capability)
     assert T.resolve_attention_backend("auto", "cuda") == expected
+
+
+@pytest.mark.parametrize("tokens, expected", [(256, "varlen"), (512, "fa4"), (1024, "fa4")])
+def test_fa4_hands_small_forwards_to_varlen(tokens, expected):
+    """FA4_MIN_TOKENS: forwards of fewer tokens (stage 1's, host-bound) take varlen; the paired-head
+    layers' doubled layout follows the plain one."""
+    hp = T.Hyperparameters(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=101)
+    config = dataclasses.replace(T.ModelConfig.from_hyperparameters(hp), attention_backend="fa4", fa4_min_tokens=512)
+    model = T.GPT(config)
+    cu_seqlens = torch.tensor([0, tokens // 2, tokens], dtype=torch.int32)
+    layout = model.attention_layout(tokens, cu_seqlens, T.ForwardShape(128, 256, tokens // 2))
+    assert layout["attn"].backend == expected and layout["attn_paired"].backend == expected
 
 
 def test_auto_on_the_cpu_is_sdpa_even_with_fa4_installed(machine):
@@ -218,19 +228,22 @@ def test_fa4_matches_varlen_attention(window, doubled):
 @pytest.mark.parametrize("window", [T.NO_WINDOW, 384])
 def test_fa4_under_torch_compile_matches_eager(window):
     """The custom ops in a fullgraph compiled function (with the ops around attention the model has:
-    a scale before, a reshape after) against the same function run eagerly."""
-    (q, k, v), args = gpu_problem(doubled=True)
-    args = T.AttnArgs(args.cu_seqlens, args.doc_ids, args.max_seqlen, "fa4", {})
+    a scale before, a reshape after) against the same function compiled with torch's varlen
+    attention. Not against eager: inductor rounds the scaled q differently (~4e-3 relative on
+    an H100, the same for both backends), which alone moves the output by ~6e-3."""
+    (q, k, v), layout = gpu_problem(doubled=True)
     grad_out = torch.randn(q.size(0) // 2, 6 * 128, device="cuda", dtype=torch.bfloat16)
+    results = {}
+    for backend in ("fa4", "varlen"):
+        args = T.AttnArgs(layout.cu_seqlens, layout.doc_ids, layout.max_seqlen, backend, {})
 
-    def layer(q, k, v, scale):
-        return T.attend((q * scale).to(v.dtype), k, v, args, window).reshape(-1, 6 * 128)
+        def layer(q, k, v, scale):
+            return T.attend((q * scale).to(v.dtype), k, v, args, window).reshape(-1, 6 * 128)
 
-    results = []
-    for fn in (layer, torch.compile(layer, fullgraph=True, dynamic=False)):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        out = fn(*leaves, torch.tensor(1.3, device="cuda"))
+        out = torch.compile(layer, fullgraph=True, dynamic=False)(*leaves, torch.tensor(1.3, device="cuda"))
         out.backward(grad_out)
-        results.append([out.detach(), *(t.grad for t in leaves)])
-    for name, compiled, eager in zip(("out", "dq", "dk", "dv"), results[1], results[0]):
-        assert rel_err(compiled, eager) < 1e-3, name
+        results[backend] = [out.detach(), *(t.grad for t in leaves)]
+    for name, got, want in zip(("out", "dq", "dk", "dv"), results["fa4"], results["varlen"]):
+        assert torch.isfinite(got).all(), name
+        assert rel_err(got, want) < 5e-3, name
