@@ -1644,7 +1644,7 @@ class Trainer:
         self.long_windows = None  # those the model's rotary tables are set for
         self.losses = torch.zeros(self.schedule.total_steps, device=device)
         self.checked_steps = 0
-        self.pending_check = None  # (first step, flag, its copy's CUDA event) of the check in flight
+        self.pending_check = None  # (first step, CUDA event of its flag's copy) of the check in flight
         self.nonfinite_flag = torch.zeros((), dtype=torch.bool, pin_memory=device.type == "cuda")
         # Every step's target-column weights on the device, made once: a per-step copy from host
         # memory would block the CPU until the GPU drained its queue, exposing launch gaps.
@@ -1701,24 +1701,24 @@ class Trainer:
         (the periodic check) queues the test with no host sync: its flag lands in pinned memory and
         is read at the next check, long finished by then, so a bad step stops the run one period late."""
         if self.pending_check is not None:
-            start, flag, copied = self.pending_check
-            self.pending_check = None
-            if copied is not None:
-                copied.synchronize()
-            if flag.item():
-                self.raise_nonfinite(start, self.checked_steps, upto)
+            (start, copied), self.pending_check = self.pending_check, None
+            self.read_nonfinite_flag(copied, start, self.checked_steps, upto)
         recent = self.recent_losses(self.checked_steps, upto)
+        self.nonfinite_flag.copy_((~torch.isfinite(recent)).any(), non_blocking=True)
+        copied = torch.cuda.Event() if self.device.type == "cuda" else None  # the CPU's copy is done on return
+        if copied is not None:
+            copied.record()
         if wait:
-            if not torch.isfinite(recent).all():
-                self.raise_nonfinite(self.checked_steps, upto, upto)
+            self.read_nonfinite_flag(copied, self.checked_steps, upto, upto)
         else:
-            self.nonfinite_flag.copy_((~torch.isfinite(recent)).any(), non_blocking=True)
-            copied = None  # the CPU's copy is done on return
-            if self.device.type == "cuda":
-                copied = torch.cuda.Event()
-                copied.record()
-            self.pending_check = (self.checked_steps, self.nonfinite_flag, copied)
+            self.pending_check = (self.checked_steps, copied)
         self.checked_steps = upto
+
+    def read_nonfinite_flag(self, copied: "torch.cuda.Event | None", start: int, end: int, detected_at: int):
+        if copied is not None:
+            copied.synchronize()
+        if self.nonfinite_flag.item():
+            self.raise_nonfinite(start, end, detected_at)
 
     def recent_losses(self, start: int, end: int) -> Tensor:
         recent = self.losses[start:end].clone()
