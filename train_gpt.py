@@ -176,6 +176,7 @@ class Hyperparameters:
     fp8_lm_head: bool = True  # used on CUDA only
     fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
     fused_mlp_min_tokens: int = 32768  # per-rank tokens per forward below which the plain MLP runs (launch-bound)
+    fp8_mlp: bool = False  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
     attention_backend: str = "auto"  # auto | fa3 | fa4 | varlen | flex | sdpa
     fa4_min_tokens: int = 32768  # per-rank tokens per forward below which fa4 hands over to varlen (host-bound)
     # --- run ---
@@ -269,6 +270,7 @@ class ModelConfig(PartConfig):
     fp8_lm_head: bool  # FP8 lm_head: CUDA only
     fused_mlp: bool
     fused_mlp_min_tokens: int
+    fp8_mlp: bool  # fused MLP layers, sm90+ only
     attention_backend: str  # resolved: fa3 | fa4 | varlen | flex | sdpa
     fa4_min_tokens: int
     max_tokens: int  # the longest forward on one rank (sizes the rotary tables)
@@ -277,7 +279,9 @@ class ModelConfig(PartConfig):
     def from_hyperparameters(cls, hp: Hyperparameters) -> "ModelConfig":
         device = torch.device(hp.device).type
         longest_step = max(stage.batch_tokens for stage in hp.stages) // RANKS_PER_STEP
-        return super().from_hyperparameters(hp, fp8_lm_head=hp.fp8_lm_head and device == "cuda",
+        fp8_mlp = (hp.fp8_mlp and hp.fused_mlp and device == "cuda" and torch.cuda.is_available()
+                   and torch.cuda.get_device_capability()[0] >= 9)  # the fused GEMM needs TMA
+        return super().from_hyperparameters(hp, fp8_lm_head=hp.fp8_lm_head and device == "cuda", fp8_mlp=fp8_mlp,
                                             attention_backend=resolve_attention_backend(hp.attention_backend, device),
                                             max_tokens=max(hp.val_seq_len, longest_step))
 
@@ -466,9 +470,14 @@ def fa4_runs_here(device_type: str) -> bool:
             and torch.cuda.get_device_capability()[0] in FA4_GPU_MAJORS)
 
 
+def fa4_small_forward_backend() -> str:
+    """Where forwards below FA4_MIN_TOKENS go with ATTENTION_BACKEND=fa4."""
+    return "fa3" if flash_attn_varlen_func is not None else "varlen"
+
+
 def resolve_attention_backend(requested: str, device_type: str) -> str:
-    """auto: FA3 where importable, else torch's varlen attention on CUDA; SDPA on the CPU. FA4 is
-    chosen by name only until a full training run has measured it (bench/bench_attention.py times it)."""
+    """auto on CUDA: FlashAttention-4 where it runs (an H100 run measured 0.95x varlen's train time at
+    the same loss), else FA3 where importable, else torch's varlen attention; SDPA on the CPU."""
     if requested not in ATTENTION_BACKENDS:
         raise SetupError(f"ATTENTION_BACKEND={requested}: use one of {', '.join(ATTENTION_BACKENDS)}")
     if requested == "fa3" and flash_attn_varlen_func is None:
@@ -482,6 +491,8 @@ def resolve_attention_backend(requested: str, device_type: str) -> str:
         return requested
     if device_type != "cuda":
         return "sdpa"
+    if fa4_runs_here(device_type):
+        return "fa4"
     return "fa3" if flash_attn_varlen_func is not None else "varlen"
 
 
@@ -683,6 +694,9 @@ class GPT(nn.Module):
         else:
             self.register_buffer("resid_lambdas", torch.ones(NUM_LAYERS, 2), persistent=False)
             self.register_buffer("post_lambdas", torch.ones(NUM_LAYERS, 2), persistent=False)
+        if cfg.fp8_mlp:  # each layer's delayed scale of post, one allocation each (T6.2)
+            for i in range(NUM_LAYERS):
+                self.register_buffer(f"fp8_post_scale{i}", torch.ones((), dtype=torch.float32))
         layout = scalar_layout(cfg)
         learned = [value.flatten() for value, is_learned in layout.values() if is_learned]
         if learned:  # attention lambdas, smear, skip
@@ -743,7 +757,7 @@ class GPT(nn.Module):
         """(loss to backpropagate, mean next-token CE). target_weights weighs the target columns
         (t+1 ... t+n_predict, then the prefix target); the fused lm_head + soft-capped cross-entropy
         (FP8 on CUDA, T4.4) scores every column at once."""
-        x = self.hidden_states(input_ids, cu_seqlens, shape)
+        x = self.hidden_states(input_ids, cu_seqlens, shape, fp8_mlp=self.config.fp8_mlp)
         targets = self.target_columns(target_ids.long(), shape)
         return lm_head_softcap_ce(x, self.lm_head, targets, target_weights, grad_scale, self.config.fp8_lm_head)
 
@@ -773,10 +787,13 @@ class GPT(nn.Module):
         return torch.stack(columns, 1)
 
     # --- forward ------------------------------------------------------------------------------------
-    def hidden_states(self, input_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape) -> Tensor:
-        """The final normalized hidden states (T, d) of a batch of packed documents."""
+    def hidden_states(self, input_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
+                      fp8_mlp: bool = False) -> Tensor:
+        """The final normalized hidden states (T, d) of a batch of packed documents; fp8_mlp: the
+        fused MLP layers' forward in e4m3 (training only: evaluation stays bf16)."""
         ctx = self.context(input_ids.long(), cu_seqlens, shape)
         fused_mlp = self.config.fused_mlp and input_ids.size(0) >= self.config.fused_mlp_min_tokens
+        bank8 = MLPBankFP8.quantize(self.mlp_bank) if fp8_mlp and fused_mlp else None
         x = ctx.x_input
         for layer in self.layers:
             if layer.index == POST_GATE_LAYER:
@@ -787,7 +804,7 @@ class GPT(nn.Module):
             elif layer.skip_target:  # U-net remnant 3 -> 6 with a per-token gate (#45, #55; T3.7)
                 gate = ctx.gates["skip", layer.index]
                 x = x + torch.sigmoid(ctx.scalars["skip_lambda"]) * gate * ctx.outputs[SKIP_SOURCE_LAYER]
-            x = self.mlp_block(layer, x, ctx, mix, fused_mlp)
+            x = self.mlp_block(layer, x, ctx, mix, fused_mlp, bank8)
             ctx.outputs[layer.index] = x
         return norm(self.final_mix(x, ctx))
 
@@ -818,7 +835,7 @@ class GPT(nn.Module):
         doc_ids = torch.searchsorted(cu_seqlens, positions, right=True)
         backend = self.config.attention_backend
         if backend == "fa4" and T < self.config.fa4_min_tokens:  # FA4's per-call host cost outweighs its kernels
-            backend = "varlen"
+            backend = fa4_small_forward_backend()
         attn = AttnArgs(cu_seqlens, doc_ids, shape.max_seq_len, backend, {})
         layout = dict(attn=attn, rope=(self.rope_cos[:T, None], self.rope_sin[:T, None]),
                       attn_paired=None, rope_paired=None)
@@ -908,11 +925,18 @@ class GPT(nn.Module):
             y = y * gates["out_gate", i][..., None]
         return y.reshape(T, H * hd) @ w_o.t()
 
-    def mlp_block(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext, mix: dict | None, fused: bool) -> Tensor:
+    def mlp_block(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext, mix: dict | None, fused: bool,
+                  bank8: "MLPBankFP8 | None") -> Tensor:
         """The ReLU² MLP (#5) and the residual update after it. Small forwards (stage 1) are
-        launch-bound: there the plain expression beats the fused kernels (T6.1)."""
-        mlp = relu_square_mlp if fused else relu_square_mlp_reference
-        out = mlp(norm(x), ctx.mlp_fc[layer.index], ctx.mlp_proj[layer.index])
+        launch-bound: there the plain expression beats the fused kernels (T6.1). With bank8 the
+        forward runs in e4m3 and refreshes the layer's delayed scale of post (T6.2)."""
+        fc, proj = ctx.mlp_fc[layer.index], ctx.mlp_proj[layer.index]
+        if bank8 is not None:
+            post_scale = getattr(self, f"fp8_post_scale{layer.index}")
+            out, post_amax = fp8_relu_square_mlp(norm(x), fc, proj, bank8, layer.index, post_scale)
+            post_scale.copy_(post_amax.clamp_min(1e-12).view(()) * (FP8_POST_MARGIN / E4M3_MAX))
+        else:
+            out = (relu_square_mlp if fused else relu_square_mlp_reference)(norm(x), fc, proj)
         if mix is not None:
             return mix["mlp_residual"] * x + mix["mlp_out"] * out
         return self.resid_lambdas[layer.index, 1] * x + self.post_lambdas[layer.index, 1] * out
@@ -1630,7 +1654,7 @@ class Trainer:
         self.model = GPT(ModelConfig.from_hyperparameters(hp)).to(device)
         backend = self.model.config.attention_backend  # auto's choice
         if backend == "fa4":
-            backend += f" (varlen below {hp.fa4_min_tokens} tokens per forward)"
+            backend += f" ({fa4_small_forward_backend()} below {hp.fa4_min_tokens} tokens per forward)"
         log(f"attention backend: {backend}")
         if world_size > 1:  # the same initialization on every rank
             random_buffers = [self.model.bigram_signs] if hp.bigram_embed else []
@@ -2444,20 +2468,31 @@ if triton is not None:
         return first_m + (tile % per_group) % rows, (tile % per_group) // rows
 
     @triton.jit
-    def _relu_square_epilogue(c_desc, aux_desc, acc, m, n, EPILOGUE: tl.constexpr):
-        if EPILOGUE == "relu_square":
+    def _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, acc, m, n, inv_act_scale,
+                              EPILOGUE: tl.constexpr):
+        if EPILOGUE == "relu_square_grad":  # aux holds post
+            acc = acc * (2.0 * tl.sqrt(aux_desc.load([m, n]).to(tl.float32)))
+        else:
             acc = tl.maximum(acc, 0.0)
             acc = acc * acc
-        else:  # "relu_square_grad": aux holds post
-            acc = acc * (2.0 * tl.sqrt(aux_desc.load([m, n]).to(tl.float32)))
         c_desc.store([m, n], acc.to(tl.bfloat16))
+        if EPILOGUE == "relu_square_fp8":  # also post in e4m3 at the given scale, and its running amax
+            c8_desc.store([m, n], tl.minimum(acc * inv_act_scale, 448.0).to(c8_desc.dtype))
+            tl.atomic_max(amax_ptr, tl.max(tl.max(acc, 1), 0), sem="relaxed")
 
     @triton.jit
-    def _relu_square_gemm_kernel(a_desc, b_desc, c_desc, aux_desc, M, N, K, num_programs,
+    def _relu_square_gemm_kernel(a_desc, b_desc, c_desc, aux_desc, c8_desc, scale_ptr, act_scale_ptr, amax_ptr,
+                                 M, N, K, num_programs,
                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                  GROUP_M: tl.constexpr, EPILOGUE: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
                                  FLATTEN: tl.constexpr, UPCAST: tl.constexpr):
         tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+        if EPILOGUE == "relu_square_fp8":  # e4m3 operands: the product's scale, and post's inverse scale
+            product_scale = tl.load(scale_ptr)
+            inv_act_scale = 1.0 / tl.load(act_scale_ptr)
+        else:
+            product_scale = 1.0
+            inv_act_scale = 1.0
         # the epilogue keeps its own tile counter, so the pipelined loads do not depend on the stores
         epilogue_tile = tl.program_id(0) - num_programs
         for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, num_programs, flatten=FLATTEN):
@@ -2469,15 +2504,18 @@ if triton is not None:
                 if UPCAST:
                     a, b = a.to(tl.float32), b.to(tl.float32)
                 acc = tl.dot(a, tl.trans(b), acc)
+            if EPILOGUE == "relu_square_fp8":
+                acc = acc * product_scale
             epilogue_tile += num_programs
             pid_m, pid_n = _grouped_tile(epilogue_tile, tiles_m, tiles_n, GROUP_M)
             m, n = pid_m * BLOCK_M, pid_n * BLOCK_N
             if SPLIT_EPILOGUE:  # two (BLOCK_M, BLOCK_N/2) halves: half the shared memory for C and aux
                 left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-                _relu_square_epilogue(c_desc, aux_desc, left, m, n, EPILOGUE)
-                _relu_square_epilogue(c_desc, aux_desc, right, m, n + BLOCK_N // 2, EPILOGUE)
+                _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, left, m, n, inv_act_scale, EPILOGUE)
+                _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, right, m, n + BLOCK_N // 2,
+                                      inv_act_scale, EPILOGUE)
             else:
-                _relu_square_epilogue(c_desc, aux_desc, acc, m, n, EPILOGUE)
+                _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, acc, m, n, inv_act_scale, EPILOGUE)
 
 
 @dataclass(frozen=True)
@@ -2494,7 +2532,8 @@ class GemmConfig:
     split_epilogue: bool = True
 
 
-RELU_SQUARE_GEMM_CONFIGS = {"relu_square": GemmConfig(), "relu_square_grad": GemmConfig()}
+RELU_SQUARE_GEMM_CONFIGS = {"relu_square": GemmConfig(), "relu_square_grad": GemmConfig(),
+                            "relu_square_fp8": GemmConfig(block_k=128)}
 
 
 def _tma_operand(t: Tensor) -> Tensor:
@@ -2522,20 +2561,49 @@ def relu_square_gemm(a: Tensor, b: Tensor, aux: Tensor | None = None, config: Ge
         out = a.new_empty((M, N))
     elif not out.is_contiguous() or out.data_ptr() % 16:
         raise ValueError("out must be contiguous from a 16-byte aligned address")
+    _launch_relu_square_gemm(a, b, out, aux, None, None, None, None, epilogue, config)
+    return out
+
+
+def relu_square_fp8_gemm(a: Tensor, b: Tensor, product_scale: Tensor, act_scale: Tensor,
+                         config: GemmConfig | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Triton, e4m3 operands a (M, K) and b (N, K): post = relu(product_scale·a·bᵀ)² in bf16, the
+    same in e4m3 as min(post / act_scale, 448), and post's amax (fp32, shape (1,)). product_scale
+    and act_scale are fp32 one-element tensors. N and K must be multiples of 16 (TMA row strides)."""
+    config = config or RELU_SQUARE_GEMM_CONFIGS["relu_square_fp8"]
+    (M, K), N = a.shape, b.size(0)
+    if b.size(1) != K or a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"expected e4m3 a (M, K) and b (N, K), got {a.dtype} {tuple(a.shape)}, {b.dtype} {tuple(b.shape)}")
+    if N % 16 or K % 16:
+        raise ValueError(f"N={N} and K={K} must be multiples of 16 (16-byte TMA row strides)")
+    if product_scale.numel() != 1 or act_scale.numel() != 1:
+        raise ValueError("product_scale and act_scale must be one-element tensors")
+    post = a.new_empty((M, N), dtype=torch.bfloat16)
+    post8 = a.new_empty((M, N), dtype=torch.float8_e4m3fn)
+    amax = torch.zeros(1, dtype=torch.float32, device=a.device)
+    _launch_relu_square_gemm(a, b, post, None, post8, product_scale.float(), act_scale.float(), amax,
+                             "relu_square_fp8", config)
+    return post, post8, amax
+
+
+def _launch_relu_square_gemm(a, b, out, aux, out8, scale, act_scale, amax, epilogue, config):
     c_block = [config.block_m, config.block_n // 2 if config.split_epilogue else config.block_n]
     a_desc = TensorDescriptor.from_tensor(_tma_operand(a), [config.block_m, config.block_k])
     b_desc = TensorDescriptor.from_tensor(_tma_operand(b), [config.block_n, config.block_k])
     aux_desc = None if aux is None else TensorDescriptor.from_tensor(_tma_operand(aux), c_block)
+    out8_desc = None if out8 is None else TensorDescriptor.from_tensor(out8, c_block)
+    M, N = out.shape
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
     # persistent: one program per SM (a few on the CPU interpreter, so each still loops over tiles)
     slots = _sm_count(a.device) if a.is_cuda else 4
     programs = min(tiles, slots) if config.persistent else tiles
     _relu_square_gemm_kernel[(programs,)](
-        a_desc, b_desc, TensorDescriptor.from_tensor(out, c_block), aux_desc, M, N, K, programs,
+        a_desc, b_desc, TensorDescriptor.from_tensor(out, c_block), aux_desc, out8_desc, scale, act_scale, amax,
+        M, N, a.size(1), programs,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         EPILOGUE=epilogue, SPLIT_EPILOGUE=config.split_epilogue, FLATTEN=config.flatten,
         UPCAST=TRITON_INTERPRETER, num_warps=config.warps, num_stages=config.stages)
-    return out
+
 
 def tma_gemm_applies(t: Tensor) -> bool:
     """Where relu_square_gemm runs by default: triton_applies and a GPU with TMA (Hopper or newer)."""
@@ -2590,6 +2658,100 @@ class ReluSquareMLP(torch.autograd.Function):
 def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool | None = None) -> Tensor:
     """The fused MLP: relu_square_mlp_reference's function with the ReLU² in the GEMM epilogues."""
     return ReluSquareMLP.apply(x, fc, proj, tma_gemm_applies(x) if use_triton is None else use_triton)
+
+
+# --- FP8 MLP forward (the reference's #84, #89; T6.2) -------------------------------------------------
+# The training forward's two MLP products in e4m3 with fp32 accumulation; the backward stays bf16
+# (it reads the bf16 x, fc, proj and post). Tensorwise scales: x, RMS-normalized without weights so
+# that no element exceeds √d, at the static scale √d/448 (no amax pass; the reference measures the
+# amax per call); each layer's fc and proj by their amax per forward (one pass over the bank: the
+# weights change only at optimizer steps); post by a delayed scale, the layer's previous amax of post
+# times FP8_POST_MARGIN (post's amax is known only once the GEMM that writes it is done); values
+# above it clamp to 448.
+E4M3_MAX = 448.0
+FP8_POST_MARGIN = 1.8
+
+
+def quantize_e4m3(t: Tensor, amax: Tensor | float) -> tuple[Tensor, Tensor | float]:
+    """(t / scale in e4m3, scale), scale = amax / 448 in fp32 (amax broadcasts against t)."""
+    scale = amax.float().clamp_min(1e-12) / E4M3_MAX if isinstance(amax, Tensor) else amax / E4M3_MAX
+    return (t.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def quantize_normed_e4m3(x: Tensor) -> tuple[Tensor, float]:
+    """quantize_e4m3 of an RMS-normalized x (no weights): its elements are bounded by √d."""
+    return quantize_e4m3(x, x.size(-1) ** 0.5)
+
+
+@dataclass
+class MLPBankFP8:
+    """The MLP bank (L, 2, hidden, d) in e4m3, each layer's fc and proj with its own scale."""
+    fc: Tensor  # (L, hidden, d)
+    proj_t: Tensor  # (L, d, hidden): proj transposed, so proj_t[i].t() is the column-major operand cuBLAS takes
+    scales: Tensor  # (L, 2, 4) fp32: [i, 0, 0] fc's, [i, 1, 0] proj's; 16 bytes apart, as cuBLASLt wants
+
+    @classmethod
+    def quantize(cls, bank: Tensor) -> "MLPBankFP8":
+        bank = bank.detach()
+        q, scale = quantize_e4m3(bank, bank.abs().amax(dim=(2, 3), keepdim=True))
+        return cls(q[:, 0], q[:, 1].transpose(1, 2).contiguous(), F.pad(scale.view(-1, 2, 1), (0, 3)))
+
+
+def fp8_relu_square_mlp_reference(x: Tensor, fc: Tensor, proj: Tensor, post_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """(out, amax of post): the FP8 MLP forward's arithmetic in fp32 on the e4m3 values; x RMS-normalized."""
+    x8, x_scale = quantize_normed_e4m3(x)
+    fc8, fc_scale = quantize_e4m3(fc, fc.abs().amax())
+    proj8, proj_scale = quantize_e4m3(proj, proj.abs().amax())
+    post = torch.relu((x8.float() @ fc8.float().t()) * (x_scale * fc_scale)).square()
+    post8 = (post / post_scale).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    out = (post8.float() @ proj8.float()) * (post_scale * proj_scale)
+    return out.bfloat16(), post.amax().view(1)
+
+
+# One op for both e4m3 products: inductor's own lowering of _scaled_mm rejects per-layer scale views.
+@torch.library.custom_op("speedrun::fp8_relu_square_mlp_forward", mutates_args=())
+def fp8_relu_square_mlp_forward(x8: Tensor, fc8: Tensor, product_scale: Tensor, post_scale: Tensor,
+                                proj8_t: Tensor, proj_scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, post, amax of post): post = relu(product_scale·x8·fc8ᵀ)² in bf16 (the backward's),
+    out = (post in e4m3 at post_scale)·proj in bf16, proj given transposed in e4m3 at proj_scale."""
+    post, post8, amax = relu_square_fp8_gemm(x8, fc8, product_scale, post_scale)
+    out = torch._scaled_mm(post8, proj8_t.t(), scale_a=post_scale, scale_b=proj_scale,
+                           out_dtype=torch.bfloat16, use_fast_accum=True)
+    return out, post, amax
+
+
+@fp8_relu_square_mlp_forward.register_fake
+def _fp8_relu_square_mlp_forward_fake(x8, fc8, product_scale, post_scale, proj8_t, proj_scale):
+    return (x8.new_empty((x8.size(0), proj8_t.size(0)), dtype=torch.bfloat16),
+            x8.new_empty((x8.size(0), fc8.size(0)), dtype=torch.bfloat16), x8.new_empty((1,), dtype=torch.float32))
+
+
+class FP8ReluSquareMLP(torch.autograd.Function):
+    """relu_square_mlp's function with an e4m3 forward (see above); the backward is ReluSquareMLP's."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, fc: Tensor, proj: Tensor, fc8: Tensor, proj8_t: Tensor, fc_scale: Tensor,
+                proj_scale: Tensor, post_scale: Tensor):
+        x8, x_scale = quantize_normed_e4m3(x)
+        out, post, amax = fp8_relu_square_mlp_forward(x8, fc8, x_scale * fc_scale, post_scale, proj8_t, proj_scale)
+        ctx.save_for_backward(x, fc, proj, post)
+        ctx.mark_non_differentiable(amax)
+        return out, amax
+
+    @staticmethod
+    def backward(ctx, grad: Tensor, _amax_grad):
+        x, fc, proj, post = ctx.saved_tensors
+        dpre = relu_square_grad_matmul(grad, proj, post, True)
+        return dpre @ fc, dpre.t() @ x, post.t() @ grad, None, None, None, None, None
+
+
+def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, layer: int,
+                        post_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """(out, amax of post) of layer `layer`'s MLP with the e4m3 forward; x RMS-normalized (norm), fc
+    and proj the bf16 weights the backward reads, post_scale a one-element fp32 tensor of its own
+    (16-byte aligned)."""
+    return FP8ReluSquareMLP.apply(x, fc, proj, bank8.fc[layer], bank8.proj_t[layer], bank8.scales[layer, 0, 0],
+                                  bank8.scales[layer, 1, 0], post_scale)
 
 
 # --- Embedding lookups with fp32-accumulated gradients (T3.3, T3.4; issue #25) ----------------------

@@ -1,7 +1,9 @@
 """Microbenchmark: the fused MLP up-projection + ReLU² Triton GEMM (docs/TECHNIQUES.md T6.1)
 against cuBLAS on the real shapes (T tokens x 768 -> 3072) at the three stage batch sizes: the
-forward epilogue, the backward (fused-gradient) epilogue, and the whole MLP forward+backward
-against the torch.compile'd plain expression. Every variant is checked against float64 first.
+forward epilogue, the backward (fused-gradient) epilogue, the whole MLP forward+backward against
+the torch.compile'd plain expression, and the FP8 forward (T6.2: e4m3 up-projection with its
+quantizations, e4m3 down-projection) against the bf16 one. Every variant is checked first: bf16
+against float64, FP8 against its e4m3 reference.
 
     python bench/bench_mlp.py                                   # the comparison table
     python bench/bench_mlp.py --sweep [--epilogue relu_square]  # time a grid of GemmConfigs, best per T
@@ -129,6 +131,15 @@ def compare(tokens_list):
         x, fc, proj = (v[k].detach().requires_grad_() for k in ("x", "fc", "proj"))
         return torch.autograd.grad(mlp(x, fc, proj), (x, fc, proj), v["grad"])
 
+    post_scale = torch.ones((), device="cuda")
+
+    def fp8_mlp(x, fc, proj):  # one layer's share of the per-forward bank quantization included
+        bank8 = T.MLPBankFP8.quantize(torch.stack([fc, proj])[None])
+        return T.fp8_relu_square_mlp(x, fc, proj, bank8, 0, post_scale)[0]
+
+    fp8_mlp = torch.compile(fp8_mlp, dynamic=False, fullgraph=True)
+    fused_fwd = torch.compile(lambda x, fc, proj: T.relu_square_mlp(x, fc, proj), dynamic=False, fullgraph=True)
+
     for t in tokens_list:
         data = [make_inputs(t) for _ in range(ROTATE)]
         v = data[0]
@@ -143,8 +154,22 @@ def compare(tokens_list):
             errors[name] = max(rel_err(g, g64) for g, g64 in zip(fwd_bwd(mlp, v), grads64))
         print(f"T={t} rel. errors vs float64: " + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()), flush=True)
         bad = {k: e for k, e in errors.items() if not e < 1e-2}
+        post_scale.fill_(ref["relu_square"].max().item() * T.FP8_POST_MARGIN / T.E4M3_MAX)
+        fp8_ref, _ = T.fp8_relu_square_mlp_reference(v["x"], v["fc"], v["proj"], post_scale)
+        out64 = ref["relu_square"] @ v["proj"].double()
+        fp8_out = fp8_mlp(v["x"], v["fc"], v["proj"])
+        fp8_errors = {"FP8 MLP vs its e4m3 reference": rel_err(fp8_out, fp8_ref),
+                      "FP8 MLP vs float64": rel_err(fp8_out, out64)}
+        print(f"T={t} " + ", ".join(f"{k} {e:.1e}" for k, e in fp8_errors.items()), flush=True)
+        if not fp8_errors["FP8 MLP vs its e4m3 reference"] < 1e-2:
+            bad.update(fp8_errors)
         if bad:
             raise SystemExit(f"wrong results at T={t}: {bad}")
+        x8, x_scale = T.quantize_normed_e4m3(v["x"])
+        fc8, fc_scale = T.quantize_e4m3(v["fc"], v["fc"].abs().amax())
+        proj8_t, proj_scale = T.quantize_e4m3(v["proj"].t().contiguous(), v["proj"].abs().amax())
+        product_scale = x_scale * fc_scale
+        post8 = T.relu_square_fp8_gemm(x8, fc8, product_scale, post_scale)[1]
         rows += [
             (t, "up-proj GEMM alone (cuBLAS)", timed(lambda v: v["x"] @ v["fc"].t(), data), 1),
             (t, "up-proj + ReLU² (cuBLAS + compiled elementwise)", timed(lambda v: plain_up(v["x"], v["fc"]), data), 1),
@@ -154,6 +179,15 @@ def compare(tokens_list):
             (t, "grad GEMM + ReLU² grad (fused Triton)", timed(lambda v: run_gemm("relu_square_grad", v), data), 1),
             (t, "MLP fwd+bwd (compiled plain expression)", timed(lambda v: fwd_bwd(plain_mlp, v), data), 6),
             (t, "MLP fwd+bwd (fused, compiled)", timed(lambda v: fwd_bwd(fused_mlp, v), data), 6),
+            (t, "up-proj + ReLU² (fused Triton, e4m3 in, bf16 + e4m3 out)",
+             timed(lambda v: T.relu_square_fp8_gemm(x8, fc8, product_scale, post_scale), data), 1),
+            (t, "down-proj (cuBLAS bf16)", timed(lambda v: v["post"] @ v["proj"], data), 1),
+            (t, "down-proj (cuBLAS e4m3 _scaled_mm)", timed(lambda v: torch._scaled_mm(
+                post8, proj8_t.t(), scale_a=post_scale, scale_b=proj_scale, out_dtype=torch.bfloat16,
+                use_fast_accum=True), data), 1),
+            (t, "MLP fwd (fused bf16, compiled)", timed(lambda v: fused_fwd(v["x"], v["fc"], v["proj"]), data), 2),
+            (t, "MLP fwd (FP8 with quantizations, compiled)", timed(lambda v: fp8_mlp(v["x"], v["fc"], v["proj"]), data), 2),
+            (t, "MLP fwd+bwd (FP8 forward, compiled)", timed(lambda v: fwd_bwd(fp8_mlp, v), data), 6),
         ]
         del data, v
         torch.cuda.empty_cache()

@@ -684,32 +684,36 @@ def cmd_table(args) -> int:
     return 1
 
 
-def ablation_groups(runs: list[Run]) -> dict[str, list[Run]]:
-    """Runs grouped by the environment overrides that not every run shares ("defaults": none)."""
+def ablation_groups(runs: list[Run], baseline: str = "defaults") -> dict[str, list[Run]]:
+    """Runs grouped by the environment overrides that not every run shares ("defaults": none); the
+    group named `baseline` must be among them."""
     tokens = [configuration(r) for r in runs]
     shared = set.intersection(*tokens)
     groups: dict[str, list[Run]] = {}
     for r, own in zip(runs, tokens):
         groups.setdefault(" ".join(sorted(own - shared)) or "defaults", []).append(r)
-    if "defaults" not in groups:
-        raise RecordsError("no run with only the shared overrides: add a run of the defaults to compare against "
-                           f"(overrides seen: {', '.join(sorted(groups))})")
+    if baseline not in groups:
+        wanted = ("no run with only the shared overrides: add a run of the defaults to compare against"
+                  if baseline == "defaults" else f"no run has exactly the overrides {baseline!r} beside the shared ones")
+        raise RecordsError(f"{wanted} (overrides seen: {', '.join(sorted(groups))}; --baseline names another)")
     return groups
 
 
-def ablation_table(runs: list[Run]) -> str:
-    """Final val loss and train time per configuration against the defaults, then val loss at
-    every validation step (means over each configuration's runs)."""
+def ablation_table(runs: list[Run], baseline: str = "defaults") -> str:
+    """Final val loss and train time per configuration against the baseline configuration (the
+    defaults unless named), then val loss at every validation step (means over each one's runs)."""
     check_consistent(runs)
     for r in runs[1:]:
         if r.source != runs[0].source:
             raise RecordsError(f"{r.path} and {runs[0].path} ran different train_gpt.py sources: "
                                "an ablation compares switches of one source")
-    groups = ablation_groups(runs)
-    base_loss = statistics.fmean(r.final_loss for r in groups["defaults"])
-    base_time = statistics.fmean(r.train_time for r in groups["defaults"])
-    order = sorted(groups, key=lambda g: (g != "defaults", -statistics.fmean(r.final_loss for r in groups[g])))
-    out = ["| overrides | runs | final val loss | vs defaults | train time (s) | vs defaults |",
+    baseline = " ".join(sorted(baseline.split())) or "defaults"
+    groups = ablation_groups(runs, baseline)
+    base_loss = statistics.fmean(r.final_loss for r in groups[baseline])
+    base_time = statistics.fmean(r.train_time for r in groups[baseline])
+    order = sorted(groups, key=lambda g: (g != baseline, -statistics.fmean(r.final_loss for r in groups[g])))
+    vs = "vs defaults" if baseline == "defaults" else f"vs {baseline}"
+    out = [f"| overrides | runs | final val loss | {vs} | train time (s) | {vs} |",
            "|---|---:|---:|---:|---:|---:|"]
     for g in order:
         loss = statistics.fmean(r.final_loss for r in groups[g])
@@ -727,7 +731,7 @@ def ablation_table(runs: list[Run]) -> str:
 
 def cmd_ablation(args) -> int:
     runs = [parse_log(p) for p in args.logs]
-    sys.stdout.write(ablation_table(runs))
+    sys.stdout.write(ablation_table(runs, args.baseline))
     return 0
 
 
@@ -864,6 +868,9 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("ablation", parents=[common],
                        help="final val loss and time per set of overrides against the defaults, from logs of one source")
     a.add_argument("logs", nargs="+", help="run logs (*.txt): defaults and runs with switches overridden (e.g. XSA=0)")
+    a.add_argument("--baseline", default="defaults",
+                   help="the overrides of the runs to compare against, e.g. 'ATTENTION_BACKEND=varlen' "
+                        "(default: the runs with none beside the shared ones)")
     a.set_defaults(func=cmd_ablation)
     c = sub.add_parser("compare", parents=[common],
                        help="per-step loss differences and ms/step of runs that should match (1 vs 2, 4, 8 GPUs), "

@@ -1,6 +1,8 @@
-"""The fused MLP (docs/TECHNIQUES.md T6.1): the ReLU² GEMM kernel's two epilogues through Triton's CPU
+"""The fused MLP (docs/TECHNIQUES.md T6.1): the ReLU² GEMM kernel's epilogues through Triton's CPU
 interpreter, the custom ops and their autograd on the torch reference path (eager and traced by
-torch.compile), gradients into the banked weights, and the compiled kernels on a GPU (gpu-marked)."""
+torch.compile), gradients into the banked weights, and the compiled kernels on a GPU (gpu-marked).
+The FP8 forward (T6.2): the bank's e4m3 copies, its e4m3 reference against the bf16 MLP, the kernel's
+e4m3 epilogue in the interpreter and on a GPU, and the model's FP8 training forward on a GPU."""
 
 import textwrap
 
@@ -76,6 +78,80 @@ def test_relu_square_gemm_rejects_shapes_tma_cannot_stride():
         T.relu_square_gemm(a, b)
     with pytest.raises(ValueError, match="bf16"):
         T.relu_square_gemm(a.float(), torch.randn(24, 40))
+
+
+FP8_INTERPRETER_CHECK = textwrap.dedent("""
+    import torch, train_gpt as T
+    from helpers import rel_err as rel
+    torch.manual_seed(0)
+    results = []
+    for (M, N, K), config in [((70, 48, 64), T.GemmConfig(32, 32, 16, stages=2, warps=4, group_m=2)),
+                              ((33, 32, 48), T.GemmConfig(16, 32, 16, stages=2, warps=4, split_epilogue=False))]:
+        a, b = torch.randn(M, K).to(torch.float8_e4m3fn), (torch.randn(N, K) * 0.5).to(torch.float8_e4m3fn)
+        product_scale, post_scale = torch.tensor(0.01), torch.tensor(0.05)
+        post, post8, amax = T.relu_square_fp8_gemm(a, b, product_scale, post_scale, config=config)
+        ref = torch.relu(a.double() @ b.double().T * 0.01).square()
+        # post8's values: the interpreter's fp32 -> e4m3 conversion does not round as the GPU does,
+        # so they are compared on the GPU only
+        results.append(((M, N, K), rel(post, ref), abs(amax.item() / ref.max().item() - 1), post8.dtype))
+    for r in results:
+        print(*r)
+    assert all(r[1] < 1e-2 and r[2] < 1e-6 and r[3] == torch.float8_e4m3fn for r in results), results
+""")
+
+
+@pytest.mark.skipif(T.triton is None, reason="Triton not installed")
+def test_relu_square_fp8_gemm_in_the_triton_interpreter():
+    run_in_triton_interpreter(FP8_INTERPRETER_CHECK, timeout=600)
+
+
+def test_fp8_bank_copies_round_trip_with_aligned_scales():
+    """Each layer's fc and proj in e4m3 at its own amax scale (the largest value maps to 448), proj
+    transposed; the scales cuBLASLt reads sit 16 bytes apart."""
+    torch.manual_seed(0)
+    bank = (torch.randn(3, 2, 96, 64) * torch.tensor([0.03, 0.3, 3.0])[:, None, None, None]).bfloat16()
+    bank8 = T.MLPBankFP8.quantize(bank)
+    assert bank8.fc.shape == (3, 96, 64) and bank8.proj_t.shape == (3, 64, 96)
+    assert bank8.fc.dtype == bank8.proj_t.dtype == torch.float8_e4m3fn and bank8.proj_t[1].is_contiguous()
+    for i in range(3):
+        fc = bank8.fc[i].float() * bank8.scales[i, 0, 0]
+        proj = bank8.proj_t[i].t().float() * bank8.scales[i, 1, 0]
+        assert rel_err(fc, bank[i, 0]) < 0.04 and rel_err(proj, bank[i, 1]) < 0.04  # e4m3: 3 mantissa bits
+        assert bank8.fc[i].float().abs().max() == 448 and bank8.proj_t[i].float().abs().max() == 448
+        for j in range(2):
+            assert bank8.scales[i, j, 0].storage_offset() * 4 % 16 == 0
+
+
+def test_fp8_mlp_reference_is_the_bf16_mlp_within_e4m3_rounding():
+    x, fc, proj, _ = mlp_inputs(64)
+    want = torch.relu(x.double() @ fc.double().t()).square() @ proj.double()
+    post_amax = torch.relu(x.float() @ fc.float().t()).square().max()
+    out, amax = T.fp8_relu_square_mlp_reference(x, fc, proj, post_amax * T.FP8_POST_MARGIN / T.E4M3_MAX)
+    assert out.dtype == torch.bfloat16 and rel_err(out, want) < 0.06 and rel_err(amax, post_amax.view(1)) < 0.05
+    saturated, _ = T.fp8_relu_square_mlp_reference(x, fc, proj, post_amax / 4 / T.E4M3_MAX)  # post clamps at 448
+    assert torch.isfinite(saturated).all() and rel_err(saturated, want) > 0.05
+
+
+def test_normed_activations_take_a_static_e4m3_scale():
+    """An RMS-normalized row's elements are bounded by √d: the static scale √d/448 maps the most
+    extreme row (one non-zero element) to 448 exactly, and typical rows round as well as with
+    their own amax's scale."""
+    d = 768
+    x = T.norm(torch.randn(256, d)).bfloat16()
+    x[0] = T.norm(torch.nn.functional.one_hot(torch.tensor(5), d).float()).bfloat16()
+    x8, scale = T.quantize_normed_e4m3(x)
+    assert x8.float()[0, 5] == T.E4M3_MAX and torch.isfinite(x8.float()).all()
+    static = rel_err(x8.float() * scale, x)
+    own8, own_scale = T.quantize_e4m3(x[1:], x[1:].abs().amax())
+    assert static < 0.04 and static < 1.05 * rel_err(own8.float() * own_scale, x[1:])
+
+
+def test_fp8_mlp_is_off_without_a_hopper_gpu():
+    hp = T.Hyperparameters(device="cpu", fp8_mlp=True, model_dim=64, num_heads=2, head_dim=32, mlp_hidden=128,
+                           vocab_size=1024, bigram_rows=101)
+    config = T.ModelConfig.from_hyperparameters(hp)
+    assert not config.fp8_mlp
+    assert not any(name.startswith("fp8_post_scale") for name, _ in T.GPT(config).named_buffers())
 
 
 def test_relu_square_mlp_reference_path_matches_autograd():
@@ -194,6 +270,102 @@ def test_compiled_model_with_the_fused_mlp_matches_the_plain_mlp():
     (loss, total, grad_mlp, grad_qk), (ref_loss, ref_total, ref_mlp, ref_qk) = results
     assert rel_err(loss, ref_loss) < 1e-2 and rel_err(total, ref_total) < 1e-2
     assert rel_err(grad_mlp, ref_mlp) < 3e-2 and rel_err(grad_qk, ref_qk) < 3e-2  # bf16 through 11 layers
+
+
+FP8_GPU_SHAPES = [(4096, 3072, 768), (3001, 3072, 768), (1000, 208, 144)]
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="needs an sm90+ GPU (TMA, e4m3)")
+@pytest.mark.parametrize("M,N,K", FP8_GPU_SHAPES)
+def test_relu_square_fp8_gemm_on_gpu(M, N, K):
+    torch.manual_seed(0)
+    x, w = T.norm(torch.randn(M, K, device="cuda")), (torch.rand(N, K, device="cuda") * 2 - 1) * 0.036
+    x8, x_scale = T.quantize_e4m3(x, x.abs().amax())
+    w8, w_scale = T.quantize_e4m3(w, w.abs().amax())
+    post_ref = torch.relu(x8.double() @ w8.double().t() * (x_scale * w_scale).double()).square()
+    post_scale = post_ref.max().float() * 0.5 / T.E4M3_MAX  # half the values above 448·scale: clamps too
+    post, post8, amax = T.relu_square_fp8_gemm(x8, w8, x_scale * w_scale, post_scale)
+    # Hopper's e4m3 tensor-core sums keep fewer bits than fp32: post and its amax are ~1e-3 off
+    assert rel_err(post, post_ref) < 1e-2 and abs(amax.item() / post_ref.max().item() - 1) < 3e-3
+    want8 = (post_ref / post_scale.double()).clamp(max=T.E4M3_MAX).float().to(torch.float8_e4m3fn).float()
+    step = torch.maximum(want8 / 8, torch.full_like(want8, 2.0 ** -9))  # one e4m3 step (subnormals: 2^-9)
+    assert ((post8.float() - want8).abs() <= step * 1.001).all()  # post's own error moves a value one step at most
+    assert (post8.float() != want8).float().mean().item() < 0.02
+    assert post8.float().max() == T.E4M3_MAX
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="needs an sm90+ GPU (TMA, e4m3)")
+@pytest.mark.parametrize("M", [4096, 3008])
+def test_fp8_mlp_matches_its_reference_on_gpu(M):
+    """Forward against the e4m3 reference; gradients (the bf16 backward) against the fp32 MLP; the
+    same under torch.compile."""
+    x, fc, proj, grad = mlp_inputs(M, d=768, hidden=3072, device="cuda")
+    post_amax = torch.relu(x.float() @ fc.float().t()).square().max()
+    post_scale = (post_amax * T.FP8_POST_MARGIN / T.E4M3_MAX).float()
+    want_out, want_amax = T.fp8_relu_square_mlp_reference(x, fc, proj, post_scale)
+    reference = float_reference(x, fc, proj, grad)
+
+    def fp8_mlp(x, fc, proj):
+        bank8 = T.MLPBankFP8.quantize(torch.stack([fc, proj])[None])
+        return T.fp8_relu_square_mlp(x, fc, proj, bank8, 0, post_scale)
+
+    for fn in (fp8_mlp, torch.compile(fp8_mlp, dynamic=False, fullgraph=True)):
+        torch._dynamo.reset()
+        xs, fcs, projs = (t.clone().requires_grad_() for t in (x, fc, proj))
+        out, amax = fn(xs, fcs, projs)
+        assert rel_err(out, want_out) < 1e-2 and rel_err(amax, want_amax) < 1e-2
+        assert rel_err(out, reference[0]) < 0.06  # e4m3 rounding of x, fc, post and proj
+        for name, got, want in zip(("x", "fc", "proj"), torch.autograd.grad(out, (xs, fcs, projs), grad),
+                                   reference[1:]):
+            # the bf16 backward reads post from the e4m3 forward: x's and fc's rounding (~3 %) is in it
+            assert rel_err(got, want) < 6e-2, name
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="needs an sm90+ GPU (TMA, e4m3)")
+def test_compiled_model_with_the_fp8_mlp_trains_like_the_bf16_mlp():
+    """FP8_MLP on and off, the whole model compiled: the loss and gradients agree within e4m3
+    rounding, the per-layer scales of post follow each forward, evaluation stays bf16."""
+    tokens = 1024
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50000, (tokens + 1,))
+    ids[[0, 300, 301, 700]] = T.BOS_ID
+    cu = torch.from_numpy(T.cu_seqlens_for([300, 1, 399, tokens + 1 - 700], tokens, 16)).cuda()
+    inputs, targets = ids[:-1].int().cuda(), ids[1:].int().cuda()
+    shape = T.ForwardShape(short_window=128, long_window=384, max_seq_len=512, n_predict=2)
+    results = []
+    for fp8 in (True, False):
+        hp = T.Hyperparameters(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001,
+                               val_seq_len=1024, fused_mlp_min_tokens=0, fp8_mlp=fp8)
+        torch.manual_seed(0)
+        model = T.GPT(T.ModelConfig.from_hyperparameters(hp)).cuda()
+        assert model.config.fp8_mlp == fp8
+        with torch.no_grad():
+            model.mlp_bank[:, 1].normal_(0, 0.05)
+        torch._dynamo.reset()
+        compile = lambda f: torch.compile(f, dynamic=False, fullgraph=True)  # noqa: E731
+        train = compile(model.training_loss)
+        weights = torch.tensor([1.0, 0.5], device="cuda")
+        for _ in range(2):  # the second forward uses the first one's delayed scales
+            model.zero_grad()
+            loss, _ = train(inputs, targets, cu, shape, weights)
+            loss.backward()
+        with torch.no_grad():
+            total = compile(model.evaluation_loss)(inputs, targets, cu, shape, 512)
+        scales = [b.item() for n, b in model.named_buffers() if n.startswith("fp8_post_scale")]
+        results.append((loss, total, model.mlp_bank.grad, scales))
+    (loss, total, grad, scales), (ref_loss, ref_total, ref_grad, ref_scales) = results
+    assert len(scales) == T.NUM_LAYERS and all(0 < s < 1 for s in scales) and ref_scales == []
+    assert rel_err(loss, ref_loss) < 2e-2 and rel_err(grad, ref_grad) < 0.1
+    assert torch.equal(total, ref_total)  # evaluation runs the bf16 MLP
 
 
 def test_fused_mlp_runs_from_its_token_threshold(monkeypatch):

@@ -404,6 +404,23 @@ def test_ablation_needs_defaults_and_one_source(tmp_path, capsys):
     assert "ran different train_gpt.py sources" in capsys.readouterr().err
 
 
+def test_ablation_compares_against_a_named_baseline(tmp_path, capsys):
+    """Two arms that both override a switch (e.g. two attention backends) need no defaults run."""
+    logs = [make_log(tmp_path / "v1.txt", 3.62, 80_000, overrides="ATTENTION_BACKEND=varlen SEED=1"),
+            make_log(tmp_path / "v2.txt", 3.64, 82_000, overrides="SEED=2 ATTENTION_BACKEND=varlen"),
+            make_log(tmp_path / "f1.txt", 3.62, 76_000, overrides="ATTENTION_BACKEND=fa4 SEED=1")]
+    assert run_tool("ablation", *logs) == 2
+    assert "ATTENTION_BACKEND=fa4, ATTENTION_BACKEND=varlen" in capsys.readouterr().err
+    assert run_tool("ablation", "--baseline", "ATTENTION_BACKEND=varlen", *logs) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ("| overrides | runs | final val loss | vs ATTENTION_BACKEND=varlen | train time (s) "
+                        "| vs ATTENTION_BACKEND=varlen |")
+    assert lines[2] == "| ATTENTION_BACKEND=varlen | 2 | 3.6300 | +0.0000 | 81.00 | +0.0% |"
+    assert lines[3] == "| ATTENTION_BACKEND=fa4 | 1 | 3.6200 | -0.0100 | 76.00 | -6.2% |"
+    assert run_tool("ablation", "--baseline", "XSA=0", *logs) == 2
+    assert "no run has exactly the overrides 'XSA=0'" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------ compare
 
 def equivalence_logs(tmp_path, **offsets):
