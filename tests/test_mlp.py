@@ -291,9 +291,9 @@ def test_relu_square_fp8_gemm_on_gpu(M, N, K):
     # the product: Hopper's e4m3 tensor-core sums keep fewer bits than fp32 (~1e-3 off float64)
     assert rel_err(post, post_ref) < 1e-2 and abs(amax.item() / post_ref.max().item() - 1) < 1e-2
     # the epilogue, against the kernel's own product: amax is the fp32 max of post (bf16-rounded
-    # here: half an ulp, 2^-9), post8 the clamped e4m3 rounding of post / post_scale (rounding post
-    # to bf16 first moves a value across an e4m3 rounding boundary now and then: one step at most)
-    assert abs(amax.item() / post.float().max().item() - 1) <= 2.0 ** -9
+    # here: half an ulp, ≤ 2^-8 relative), post8 the clamped e4m3 rounding of post / post_scale
+    # (rounding post to bf16 first moves ~1.6 % of the values across an e4m3 rounding boundary)
+    assert abs(amax.item() / post.float().max().item() - 1) <= 2.0 ** -8
     want8 = (post.float() / post_scale).clamp(max=T.E4M3_MAX).to(torch.float8_e4m3fn).float()
     step = torch.maximum(want8 / 8, torch.full_like(want8, 2.0 ** -9))  # one e4m3 step (subnormals: 2^-9)
     assert ((post8.float() - want8).abs() <= step * 1.001).all()
