@@ -130,7 +130,6 @@ class Hyperparameters:
     window_block_size: int = 128
     cooldown_frac: float = 0.60
     lr_floor: float = 0.15
-    cooldown_shape: str = "linear"  # or "sqrt": the floor's share grows as √τ (arXiv 2405.18392's 1-sqrt)
     untie_embed_at: float = 2 / 3  # fraction of the scheduled steps; 0 keeps them tied (T3.15)
     # --- optimizer (T2) ---
     muon_lr: float = 0.023
@@ -311,7 +310,6 @@ class ScheduleConfig(PartConfig):
     final_long_window: int
     cooldown_frac: float
     lr_floor: float
-    cooldown_shape: str
     untie_embed_at: float
     muon_momentum_min: float
     muon_momentum_max: float
@@ -1505,15 +1503,11 @@ class StepPlan:
 
 class Schedule:
     """The stage table (T5.1) turned into per-step plans: stage boundaries at the cumulative
-    fractions of the scheduled steps, then the extension; a cooldown of the lr multiplier to the
-    floor (linear, or 1-sqrt); the Muon momentum warm-up and cool-down (T2.8)."""
-
-    COOLDOWN_SHAPES = {"linear": lambda tau: tau, "sqrt": math.sqrt}  # the floor's share of the multiplier
+    fractions of the scheduled steps, then the extension; a linear cooldown of the lr multiplier to
+    the floor; the Muon momentum warm-up and cool-down (T2.8)."""
 
     def __init__(self, config: ScheduleConfig):
         self.config = cfg = config
-        if cfg.cooldown_shape not in self.COOLDOWN_SHAPES:
-            raise SetupError(f"COOLDOWN_SHAPE={cfg.cooldown_shape}: use one of {', '.join(self.COOLDOWN_SHAPES)}")
         n = cfg.num_scheduled_iterations
         self.num_scheduled = n
         fractions = [stage.fraction for stage in cfg.stages[:-1]]
@@ -1553,8 +1547,7 @@ class Schedule:
         if step < self.cooldown_start:
             return stage_mul
         tau = min(1.0, (step - self.cooldown_start) / (self.num_scheduled - self.cooldown_start))
-        floor_share = self.COOLDOWN_SHAPES[self.config.cooldown_shape](tau)
-        return stage_mul * (1 - floor_share) + self.config.lr_floor * floor_share
+        return stage_mul * (1 - tau) + self.config.lr_floor * tau
 
     def momentum(self, step: int) -> float:
         cfg = self.config

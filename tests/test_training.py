@@ -131,19 +131,6 @@ def schedule_of(hp: T.Hyperparameters) -> T.Schedule:
     return T.Schedule(T.ScheduleConfig.from_hyperparameters(hp))
 
 
-def test_sqrt_cooldown_drops_faster_to_the_same_floor():
-    """COOLDOWN_SHAPE=sqrt: the multiplier is lr_mul·(1 − √τ) + floor·√τ over the cooldown (1-sqrt of
-    arXiv 2405.18392), equal to the linear one before the cooldown and at its end."""
-    linear, sqrt = schedule_of(T.Hyperparameters()), schedule_of(T.Hyperparameters(cooldown_shape="sqrt"))
-    for step in (0, 300, 507, 1270, 1284):
-        assert sqrt.plan(step).lr_multiplier == linear.plan(step).lr_multiplier, step
-    tau = (1000 - 508) / (1270 - 508)
-    assert abs(sqrt.plan(1000).lr_multiplier - (1.73 * (1 - tau ** 0.5) + 0.15 * tau ** 0.5)) < 1e-9
-    assert all(sqrt.plan(step).lr_multiplier < linear.plan(step).lr_multiplier for step in range(509, 1270))
-    with pytest.raises(T.SetupError, match="COOLDOWN_SHAPE=cosine: use one of linear, sqrt"):
-        schedule_of(T.Hyperparameters(cooldown_shape="cosine"))
-
-
 def test_schedule_matches_the_recipe():
     s = schedule_of(T.Hyperparameters())
     plan = s.plan
