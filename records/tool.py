@@ -78,6 +78,7 @@ class Run:
     peak_allocated: int = 0  # MiB
     peak_reserved: int = 0  # MiB
     train_losses: dict = field(default_factory=dict)  # step -> rank-mean train loss (TRAIN_LOSS_EVERY logs)
+    train_ms: dict = field(default_factory=dict)  # step -> train_time (ms) of its step lines
     last_step: int = 0
     step_avg_ms: float = math.nan  # step_avg of the last step line
 
@@ -160,6 +161,7 @@ def parse_log(path, complete: bool = True) -> Run:
             if run.total and total != run.total:
                 raise err(idx, f"step line has total {total}, earlier lines have {run.total}")
             run.total, run.last_step, run.step_avg_ms = total, step, float((sm or tm).group(5))
+            run.train_ms[step] = float((sm or tm).group(4))
             if tm and tm.group(3) is not None:
                 run.train_losses[step] = float(tm.group(3))
             if sm:
@@ -250,6 +252,50 @@ def welch(new, base) -> dict:
     mn, mb = statistics.fmean(new), statistics.fmean(base)
     return {"new_mean": mn, "base_mean": mb, "diff": mn - mb, "t": float(two.statistic), "df": df,
             "p_two_sided": float(two.pvalue), "p_less": float(less.pvalue)}
+
+
+def stage_bounds(run: Run) -> list[tuple[str, int, int]]:
+    """(label, first step, end step) of each stage of the run's schedule, from its logged
+    hyperparameters: stage k starts at round(n · the fractions before it), the extension at n
+    (train_gpt.py's Schedule), and the run ends at its last step."""
+    hp = run.hyperparameters
+    try:
+        n, fractions = hp["num_scheduled_iterations"], [st["fraction"] for st in hp["stages"][:-1]]
+    except (KeyError, TypeError):
+        return []
+    starts = [round(n * sum(fractions[:k])) for k in range(len(fractions))] + [n]
+    ends = starts[1:] + [run.total]
+    labels = [f"stage {k + 1}" for k in range(len(fractions))] + ["extension"]
+    return [(label, a, min(b, run.total)) for label, a, b in zip(labels, starts, ends) if a < min(b, run.total)]
+
+
+def stage_ms_per_step(run: Run) -> dict[str, float]:
+    """Label -> ms per step within that stage: the train_time difference between the stage's first
+    and end step lines over the steps between (NaN where either step was not logged)."""
+    out = {}
+    for label, a, b in stage_bounds(run):
+        ta, tb = run.train_ms.get(a), run.train_ms.get(b)
+        out[label] = (tb - ta) / (b - a) if ta is not None and tb is not None else math.nan
+    return out
+
+
+def stage_means(runs: list[Run]) -> dict[str, float]:
+    """Per-stage ms/step averaged over runs (stages of the first run's schedule)."""
+    per_run = [stage_ms_per_step(r) for r in runs]
+    return {label: statistics.fmean(p.get(label, math.nan) for p in per_run) for label in per_run[0]}
+
+
+def stage_table(groups: dict[str, list[Run]]) -> list[str]:
+    """Markdown rows: ms/step per stage for each named group of runs (means over its runs)."""
+    means = {name: stage_means(runs) for name, runs in groups.items()}
+    labels = list(next(iter(means.values())))
+    if not labels:
+        return []
+    out = ["| ms/step | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+    for name, m in means.items():
+        out.append(f"| {name} | " + " | ".join("n/a" if math.isnan(m.get(x, math.nan)) else f"{m[x]:.2f}"
+                                                for x in labels) + " |")
+    return out
 
 
 def summarize(runs: list[Run], target: float, baseline: list[Run] | None = None) -> dict:
@@ -381,6 +427,10 @@ def write_stats(folder: Path, runs: list[Run], target: float, baseline_dir: Path
     md = [f"# Statistics: {folder.name}", "", f"Generated from {len(runs)} log(s) by `{cmd}`.", "",
           *setup_lines(runs), "", "## Runs", "", runs_table(runs), "", "## Summary", "", *summary_lines(s),
           *([f"- Warning: {mixed}"] if mixed else []), *baseline_lines(s, baseline_dir.name if baseline_dir else "")]
+    stages = stage_table({folder.name: runs, **({baseline_dir.name: baseline} if baseline else {})})
+    if stages:
+        md += ["", "## ms/step per stage", "", "Train-time differences between the step lines at each stage's "
+               "start and end (means over runs).", "", *stages]
     if baseline and (baseline[0].hardware, baseline[0].mode, baseline[0].data) != (runs[0].hardware, runs[0].mode, runs[0].data):
         md += ["", "Note: the baseline ran on different hardware/mode/data "
                f"({baseline[0].hardware}, {baseline[0].mode}, {baseline[0].data.split()[0]}); the comparison is not like for like."]
@@ -720,6 +770,8 @@ def ablation_table(runs: list[Run], baseline: str = "defaults") -> str:
         secs = statistics.fmean(r.train_time for r in groups[g])
         out.append(f"| {g} | {len(groups[g])} | {loss:.4f} | {loss - base_loss:+.4f} | {secs:.2f} | "
                    f"{100 * (secs / base_time - 1):+.1f}% |")
+    stages = stage_table({g: groups[g] for g in order})
+    out += ["", *stages] if stages else []
     steps = sorted(set.intersection(*({s for s, _, _ in r.val} for r in runs)))
     out += ["", "| overrides | " + " | ".join(f"step {s}" for s in steps) + " |",
             "|---|" + "---:|" * len(steps)]

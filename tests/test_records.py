@@ -27,8 +27,10 @@ NVSMI = """Sat Nov 22 03:13:00 2025
 def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None, source=SOURCE,
              hardware="8x NVIDIA H100 80GB HBM3", mode="rank-slice", data=None, truncate_after_step=None,
              bad_line_at_step=None, error_at_step=None, overrides=None, world_size=8, grad_accum=1, train_loss=None,
-             seed=None):
-    """Write a complete log (or a broken one) with a known final val loss and train time (ms)."""
+             seed=None, schedule=None, step_ms=None):
+    """Write a complete log (or a broken one) with a known final val loss and train time (ms).
+    schedule: (scheduled steps, stage fractions) logged as the hyperparameters' stage table;
+    step_ms: train_time (ms) after a given number of steps (default: linear up to final_ms)."""
     path = Path(path)
     data = data or "FineWeb (train data/fineweb10B/fineweb_train_*.bin; val data/fineweb10B/fineweb_val_*.bin, 10485760 tokens)"
     lines = [source.rstrip("\n"), "=" * 100,
@@ -38,10 +40,13 @@ def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None
              f"run_id: {run_id or path.stem}", f"hardware: {hardware}", f"mode: {mode}", f"world_size: {world_size}",
              f"grad_accum_steps: {grad_accum}", f"data: {data}", *([f"overrides: {overrides}"] if overrides is not None else []),
              "hyperparameters: " + json.dumps({"num_iterations": total, "val_loss_every": val_every,
-                                               **({} if seed is None else {"seed": seed})}),
+                                               **({} if seed is None else {"seed": seed}),
+                                               **({} if schedule is None else {
+                                                   "num_scheduled_iterations": schedule[0],
+                                                   "stages": [{"fraction": f} for f in schedule[1]] + [{"fraction": None}]})}),
              "Compiling model and warming up kernels", "Warm-up steps [0, 1, 2]", "Resetting model"]
     for step in range(total + 1):
-        ms = round(final_ms * step / total)
+        ms = step_ms(step) if step_ms else round(final_ms * step / total)
         avg = ms / max(step, 1)
         if step == truncate_after_step:
             break
@@ -55,7 +60,8 @@ def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None
             lines.append(f"step:{step}/{total} val_loss:{loss:.4f} train_time:{ms:.0f}ms step_avg:{avg:.2f}ms")
         if step < total:  # train_loss(step): the loss logged after step + 1 (TRAIN_LOSS_EVERY=1)
             loss_field = f"train_loss:{train_loss(step + 1):.4f} " if train_loss else ""
-            lines.append(f"step:{step + 1}/{total} {loss_field}train_time:{ms:.0f}ms step_avg:{avg:.2f}ms")
+            after = step_ms(step + 1) if step_ms else ms
+            lines.append(f"step:{step + 1}/{total} {loss_field}train_time:{after:.0f}ms step_avg:{avg:.2f}ms")
         if step == total // 2:
             lines.append("data: pass 2 over 3 train files")
     else:
@@ -383,6 +389,34 @@ def test_ablation_groups_runs_by_their_own_overrides(tmp_path, capsys):
     assert lines[4] == "| XSA=0 | 1 | 3.6500 | +0.0400 | 81.00 | +0.0% |"
     assert lines[6] == "| overrides | step 0 | step 25 | step 50 | step 75 | step 100 |"
     assert lines[8] == "| defaults | 8.6100 | 7.3600 | 6.1100 | 4.8600 | 3.6100 |"
+
+
+def staged_ms(per_step):
+    """Cumulative train time of a 100-step run scheduled as 90 steps in thirds plus a 10-step
+    extension, each stage taking per_step[k] ms per step."""
+    starts = [0, 30, 60, 90, 100]
+    return lambda n: sum(per_step[k] * max(0, min(n, starts[k + 1]) - starts[k]) for k in range(4))
+
+
+def test_stage_times_come_from_the_logged_schedule(tmp_path, capsys):
+    """ms/step per stage: boundaries from the logged stage fractions (round(n·Σ fractions), then
+    the extension), times from the step lines at them; in statistics.md and the ablation table."""
+    schedule = (90, [1 / 3, 1 / 3, 1 / 3])
+    run = tool.parse_log(make_log(tmp_path / "one.txt", 3.6, 0, schedule=schedule, step_ms=staged_ms([10, 20, 30, 40])))
+    assert tool.stage_bounds(run) == [("stage 1", 0, 30), ("stage 2", 30, 60), ("stage 3", 60, 90), ("extension", 90, 100)]
+    assert tool.stage_ms_per_step(run) == pytest.approx({"stage 1": 10, "stage 2": 20, "stage 3": 30, "extension": 40})
+    assert tool.stage_bounds(tool.parse_log(make_log(tmp_path / "old.txt", 3.6, 1000))) == []  # no stage table logged
+    new = [make_log(tmp_path / "new" / f"n{i}.txt", 3.6, 0, schedule=schedule, overrides=f"SEED={i} FAST=1",
+                    step_ms=staged_ms([10, 20 + i, 30, 40])) for i in (1, 3)]
+    base = [make_log(tmp_path / "base" / f"b{i}.txt", 3.6, 0, schedule=schedule, overrides=f"SEED={i}",
+                     step_ms=staged_ms([10, 25, 35, 45])) for i in (1, 3)]
+    assert run_tool("stats", tmp_path / "new", "--baseline", tmp_path / "base", "--no-plot") == 0
+    md = (tmp_path / "new" / "statistics.md").read_text()
+    assert "| ms/step | stage 1 | stage 2 | stage 3 | extension |" in md
+    assert "| new | 10.00 | 22.00 | 30.00 | 40.00 |" in md and "| base | 10.00 | 25.00 | 35.00 | 45.00 |" in md
+    assert run_tool("ablation", *new, *base) == 0
+    out = capsys.readouterr().out
+    assert "| defaults | 10.00 | 25.00 | 35.00 | 45.00 |" in out and "| FAST=1 | 10.00 | 22.00 | 30.00 | 40.00 |" in out
 
 
 def test_ablation_names_a_run_that_stopped_with_an_error_in_one_line(tmp_path):
