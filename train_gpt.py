@@ -2412,7 +2412,8 @@ def _(g, grad_logits, x, w, grad_scale):
     return x.new_empty(x.shape, dtype=dtype), w.new_empty(w.shape, dtype=dtype)
 
 
-def _quantize_e4m3(t: Tensor, scale: float) -> Tensor:
+def to_e4m3(t: Tensor, scale: Tensor | float) -> Tensor:
+    """t / scale in e4m3, saturated at ±448 (scale broadcasts against t)."""
     return (t.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
@@ -2420,7 +2421,7 @@ class _LMHeadSoftcapCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, grad_scale: float, fp8: bool):
         if fp8:  # quantized in the compiled graph, where inductor fuses the scale and cast
-            x, w = _quantize_e4m3(x, FP8_X_SCALE), _quantize_e4m3(w, FP8_W_SCALE)
+            x, w = to_e4m3(x, FP8_X_SCALE), to_e4m3(w, FP8_W_SCALE)
         loss, ce0_mean, grad_logits = _lm_head_softcap_ce_forward(x, w, targets, weights, grad_scale)
         ctx.save_for_backward(x, w, grad_logits)
         ctx.grad_scale = grad_scale
@@ -2650,9 +2651,14 @@ class ReluSquareMLP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        x, fc, proj, post = ctx.saved_tensors
-        dpre = relu_square_grad_matmul(grad, proj, post, ctx.use_triton)
-        return dpre @ fc, dpre.t() @ x, post.t() @ grad, None
+        return *relu_square_mlp_backward(grad, *ctx.saved_tensors, ctx.use_triton), None
+
+
+def relu_square_mlp_backward(grad: Tensor, x: Tensor, fc: Tensor, proj: Tensor, post: Tensor,
+                             use_triton: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dfc, dproj) of the ReLU² MLP from x and post alone (ReluSquareMLP, FP8ReluSquareMLP)."""
+    dpre = relu_square_grad_matmul(grad, proj, post, use_triton)
+    return dpre @ fc, dpre.t() @ x, post.t() @ grad
 
 
 def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool | None = None) -> Tensor:
@@ -2668,14 +2674,13 @@ def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool | None
 # weights change only at optimizer steps); post by a delayed scale, the layer's previous amax of post
 # times FP8_POST_MARGIN (post's amax is known only once the GEMM that writes it is done); values
 # above it clamp to 448.
-E4M3_MAX = 448.0
 FP8_POST_MARGIN = 1.8
 
 
 def quantize_e4m3(t: Tensor, amax: Tensor | float) -> tuple[Tensor, Tensor | float]:
     """(t / scale in e4m3, scale), scale = amax / 448 in fp32 (amax broadcasts against t)."""
     scale = amax.float().clamp_min(1e-12) / E4M3_MAX if isinstance(amax, Tensor) else amax / E4M3_MAX
-    return (t.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+    return to_e4m3(t, scale), scale
 
 
 def quantize_normed_e4m3(x: Tensor) -> tuple[Tensor, float]:
@@ -2740,9 +2745,7 @@ class FP8ReluSquareMLP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor, _amax_grad):
-        x, fc, proj, post = ctx.saved_tensors
-        dpre = relu_square_grad_matmul(grad, proj, post, True)
-        return dpre @ fc, dpre.t() @ x, post.t() @ grad, None, None, None, None, None
+        return *relu_square_mlp_backward(grad, *ctx.saved_tensors, True), None, None, None, None, None
 
 
 def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, layer: int,

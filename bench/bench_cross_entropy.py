@@ -133,7 +133,7 @@ def section_lm_head(args):
         rows.append((tokens, "fp8 vs bf16 rel. error: loss {:.1e} ce0 {:.1e} dx {:.1e} dW {:.1e}".format(*errors)))
         # FP8 pieces, each alone
         with torch.no_grad():
-            quantize = torch.compile(lambda x, w: (T._quantize_e4m3(x, T.FP8_X_SCALE), T._quantize_e4m3(w, T.FP8_W_SCALE)))
+            quantize = torch.compile(lambda x, w: (T.to_e4m3(x, T.FP8_X_SCALE), T.to_e4m3(w, T.FP8_W_SCALE)))
             x8, w8 = quantize(x, w)
             sx, sw, sg = (T._scale_tensor(v, x.device) for v in (T.FP8_X_SCALE, T.FP8_W_SCALE, T.FP8_GRAD_SCALE * 0.5))
             logits = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16, use_fast_accum=True)

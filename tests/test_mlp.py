@@ -241,21 +241,25 @@ def test_fused_mlp_matches_the_reference_on_gpu(M):
         assert rel_err(c, want) < 1e-2, name
 
 
-@cuda
-@pytest.mark.gpu
-def test_compiled_model_with_the_fused_mlp_matches_the_plain_mlp():
-    """The whole model compiled (fullgraph) with FUSED_MLP on and off: same loss and gradients."""
-    tokens = 1024
+def four_document_batch(tokens: int = 1024):
+    """(inputs, targets, cu_seqlens, shape) on the GPU: 1,024 tokens in four documents, one of length 1."""
     torch.manual_seed(0)
     ids = torch.randint(0, 50000, (tokens + 1,))
     ids[[0, 300, 301, 700]] = T.BOS_ID
     cu = torch.from_numpy(T.cu_seqlens_for([300, 1, 399, tokens + 1 - 700], tokens, 16)).cuda()
-    inputs, targets = ids[:-1].int().cuda(), ids[1:].int().cuda()
     shape = T.ForwardShape(short_window=128, long_window=384, max_seq_len=512, n_predict=2)
+    return ids[:-1].int().cuda(), ids[1:].int().cuda(), cu, shape
+
+
+@cuda
+@pytest.mark.gpu
+def test_compiled_model_with_the_fused_mlp_matches_the_plain_mlp():
+    """The whole model compiled (fullgraph) with FUSED_MLP on and off: same loss and gradients."""
+    inputs, targets, cu, shape = four_document_batch()
     results = []
     for fused in (True, False):
         hp = T.Hyperparameters(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001,
-                               val_seq_len=1024, fused_mlp=fused, fused_mlp_min_tokens=0)
+                               val_seq_len=1024, fused_mlp=fused, fused_mlp_min_tokens=0, fp8_mlp=False)
         torch.manual_seed(0)
         model = T.GPT(T.ModelConfig.from_hyperparameters(hp)).cuda()
         with torch.no_grad():
@@ -338,13 +342,7 @@ def test_fp8_mlp_matches_its_reference_on_gpu(M):
 def test_compiled_model_with_the_fp8_mlp_trains_like_the_bf16_mlp():
     """FP8_MLP on and off, the whole model compiled: the loss and gradients agree within e4m3
     rounding, the per-layer scales of post follow each forward, evaluation stays bf16."""
-    tokens = 1024
-    torch.manual_seed(0)
-    ids = torch.randint(0, 50000, (tokens + 1,))
-    ids[[0, 300, 301, 700]] = T.BOS_ID
-    cu = torch.from_numpy(T.cu_seqlens_for([300, 1, 399, tokens + 1 - 700], tokens, 16)).cuda()
-    inputs, targets = ids[:-1].int().cuda(), ids[1:].int().cuda()
-    shape = T.ForwardShape(short_window=128, long_window=384, max_seq_len=512, n_predict=2)
+    inputs, targets, cu, shape = four_document_batch()
     results = []
     for fp8 in (True, False):
         hp = T.Hyperparameters(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001,
