@@ -2230,6 +2230,7 @@ def softcap_ce_reference(logits: Tensor, targets: Tensor, weights: Tensor, grad_
 # exp(z − 23) (z < 23: no running max), sweep 2 re-reads the row (then in L2, last chunk first)
 # and writes the logit gradient; the ≤ MAX_TARGETS target columns are rewritten after a barrier.
 # With tanh: z = h + h·t, t = tanh((u+5)/15), h = 23/2; dz/du = 23/(4·7.5)·(1 − t²).
+# Full chunks load and store unmasked; only the vocabulary's last chunk is masked.
 if triton is not None:
     @triton.jit
     def _tanh(x, FAST: tl.constexpr):
@@ -2238,6 +2239,40 @@ if triton is not None:
                                              is_pure=True, pack=1)
         else:
             return 2 * tl.sigmoid(2 * x) - 1
+
+    @triton.jit
+    def _softcap_exp_sum(u_row, offs, V, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr, HALF: tl.constexpr,
+                         MASKED: tl.constexpr, FAST_TANH: tl.constexpr):
+        """exp(z − 23) of a chunk of one row's logits (0 where masked off)."""
+        LOG2E: tl.constexpr = 1.4426950408889634
+        if MASKED:
+            u = tl.load(u_row + offs, mask=offs < V, other=0.0).to(tl.float32)
+        else:
+            u = tl.load(u_row + offs).to(tl.float32)
+        t = _tanh((u + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+        e = tl.exp2((t - 1) * (HALF * LOG2E))
+        if MASKED:
+            e = tl.where(offs < V, e, 0.0)
+        return e
+
+    @triton.jit
+    def _softcap_grad_store(u_row, g_row, offs, V, scale, bias, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr,
+                            HALF: tl.constexpr, SATURATE_AT: tl.constexpr, MASKED: tl.constexpr,
+                            FAST_TANH: tl.constexpr):
+        """Writes scale·(1 − t²)·exp(z − lse) for a chunk of one row (bias: (h − lse)·log2 e)."""
+        LOG2E: tl.constexpr = 1.4426950408889634
+        if MASKED:
+            u = tl.load(u_row + offs, mask=offs < V, other=0.0).to(tl.float32)
+        else:
+            u = tl.load(u_row + offs).to(tl.float32)
+        t = _tanh((u + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+        g = scale * (1 - t * t) * tl.exp2(t * (HALF * LOG2E) + bias)
+        if SATURATE_AT > 0:  # e5m2: saturate, never overflow to inf
+            g = tl.minimum(tl.maximum(g, -SATURATE_AT), SATURATE_AT)
+        if MASKED:
+            tl.store(g_row + offs, g.to(g_row.dtype.element_ty), mask=offs < V)
+        else:
+            tl.store(g_row + offs, g.to(g_row.dtype.element_ty))
 
     @triton.jit
     def _softcap_ce_kernel(logits_ptr, targets_ptr, weights_ptr, loss_ptr, ce0_ptr, grad_ptr,
@@ -2250,20 +2285,17 @@ if triton is not None:
         cols = tl.arange(0, BLOCK_V)
         k = tl.arange(0, N_PAD)
         weights = tl.load(weights_ptr + k, mask=k < N_TARGETS, other=0.0).to(tl.float32)
-        n_chunks = tl.cdiv(V, BLOCK_V)
+        full_chunks = V // BLOCK_V
+        tail = full_chunks * BLOCK_V + cols
         coef = grad_mul * (CAP / (4 * TEMPERATURE))
         first_row, programs = tl.program_id(0).to(tl.int64), tl.num_programs(0)
         for i in range(0, tl.cdiv(n_rows - first_row, programs)):
             row = first_row + i * programs
             u_row = logits_ptr + row * stride_logits
             g_row = grad_ptr + row * stride_grad
-            acc = tl.zeros([BLOCK_V], dtype=tl.float32)
-            for c in range(n_chunks):
-                offs = c * BLOCK_V + cols
-                mask = offs < V
-                u = tl.load(u_row + offs, mask=mask, other=0.0).to(tl.float32)
-                t = _tanh((u + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
-                acc += tl.where(mask, tl.exp2((t - 1) * (HALF * LOG2E)), 0.0)
+            acc = _softcap_exp_sum(u_row, tail, V, SHIFT, TEMPERATURE, HALF, True, FAST_TANH)
+            for c in range(full_chunks):
+                acc += _softcap_exp_sum(u_row, c * BLOCK_V + cols, V, SHIFT, TEMPERATURE, HALF, False, FAST_TANH)
             lse = CAP + tl.log(tl.sum(acc, axis=0))
             ys = tl.load(targets_ptr + row * stride_targets + k, mask=k < N_TARGETS, other=-1).to(tl.int32)
             valid = ys >= 0
@@ -2274,15 +2306,12 @@ if triton is not None:
             tl.store(ce0_ptr + row, tl.sum(tl.where((k == 0) & valid, ce, 0.0), axis=0))
             weight_sum = tl.sum(w_valid, axis=0)
             bias = (HALF - lse) * LOG2E  # z − lse = h·t + h − lse
-            for c in range(n_chunks):
-                offs = (n_chunks - 1 - c) * BLOCK_V + cols
-                mask = offs < V
-                u = tl.load(u_row + offs, mask=mask, other=0.0).to(tl.float32)
-                t = _tanh((u + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
-                g = (coef * weight_sum) * (1 - t * t) * tl.exp2(t * (HALF * LOG2E) + bias)
-                if SATURATE_AT > 0:  # e5m2: saturate, never overflow to inf
-                    g = tl.minimum(tl.maximum(g, -SATURATE_AT), SATURATE_AT)
-                tl.store(g_row + offs, g.to(grad_ptr.dtype.element_ty), mask=mask)
+            # in the reverse order of sweep 1: what it read last is the likeliest still in L2
+            for c in range(full_chunks):
+                _softcap_grad_store(u_row, g_row, (full_chunks - 1 - c) * BLOCK_V + cols, V, coef * weight_sum,
+                                    bias, SHIFT, TEMPERATURE, HALF, SATURATE_AT, False, FAST_TANH)
+            _softcap_grad_store(u_row, g_row, tail, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+                                SATURATE_AT, True, FAST_TANH)
             tl.debug_barrier()  # the sweep's stores to the target columns land before their rewrite
             t_y = _tanh((u_y + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
             same_target = tl.sum(tl.where(ys[:, None] == ys[None, :], w_valid[None, :], 0.0), axis=1)

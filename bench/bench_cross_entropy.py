@@ -191,8 +191,8 @@ def section_transpose(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=ints, default=[16384, 32768, 49152])
-    parser.add_argument("--block-v", type=ints, default=[4096])
-    parser.add_argument("--num-warps", type=ints, default=[8])
+    parser.add_argument("--block-v", type=ints, default=[8192])  # train_gpt.softcap_ce's defaults
+    parser.add_argument("--num-warps", type=ints, default=[16])
     parser.add_argument("--programs-per-sm", type=ints, default=[2])
     parser.add_argument("--fast-tanh", type=ints, default=[1])
     parser.add_argument("--transpose-blocks", type=lambda s: s.split(","), default=["64x128", "128x128", "64x256"])

@@ -46,9 +46,11 @@ INTERPRETER_CHECK = POISON + textwrap.dedent("""
     torch.manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
     from helpers import rel_err as rel
     results = []
-    # (rows, vocab, targets per row, block, programs, grad multiplier): vocab never a multiple of the block
+    # (rows, vocab, targets per row, block, programs, grad multiplier): full chunks and a masked tail,
+    # a vocabulary that is a multiple of the block (empty tail), one smaller than the block (tail only)
     for T_rows, V, N, block, programs, grad_mul in ((9, 300, 1, 64, 4, 0.5), (7, 257, 2, 128, 7, 3.0),
-                                                    (6, 200, 3, 64, 2, 1 / T.FP8_GRAD_SCALE), (5, 130, 4, 32, 3, 1e6)):
+                                                    (6, 200, 3, 64, 2, 1 / T.FP8_GRAD_SCALE), (5, 130, 4, 32, 3, 1e6),
+                                                    (4, 256, 2, 64, 3, 1.0), (3, 50, 1, 64, 2, 2.0)):
         logits = (torch.randn(T_rows, V) * 3).bfloat16()
         targets = torch.randint(0, V, (T_rows, N))
         targets[-1, 1:] = -1  # past the end
