@@ -2336,8 +2336,8 @@ def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float
                programs: int | None = None, fast_tanh: bool | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """softcap_ce_reference's function; the fused Triton kernel where use_triton (default: on CUDA).
     programs: persistent programs (default 2 per SM: rows in flight stay in L2 for sweep 2);
-    block_v, num_warps: the fastest on an H100 (bench/bench_cross_entropy.py, T = 49,152: 3.85 ms
-    against 4.42 ms at 4096 / 8 warps; the bytes floor is 2.47 ms);
+    block_v, num_warps: the fastest on an H100 (bench/bench_cross_entropy.py, T = 49,152: 3.80 ms;
+    4096 / 8 warps took 4.42 ms before the full chunks went unmasked; the bytes floor is 2.47 ms);
     fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter)."""
     if not (triton_applies(logits) if use_triton is None else use_triton):
         return softcap_ce_reference(logits, targets, weights, grad_mul, grad_dtype)
