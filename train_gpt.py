@@ -2241,15 +2241,21 @@ if triton is not None:
             return 2 * tl.sigmoid(2 * x) - 1
 
     @triton.jit
-    def _softcap_exp_sum(u_row, offs, V, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr, HALF: tl.constexpr,
-                         MASKED: tl.constexpr, FAST_TANH: tl.constexpr):
-        """exp(z − 23) of a chunk of one row's logits (0 where masked off)."""
-        LOG2E: tl.constexpr = 1.4426950408889634
+    def _softcap_tanh(u_row, offs, V, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr, MASKED: tl.constexpr,
+                      FAST_TANH: tl.constexpr):
+        """t = tanh((u + 5)/15) of a chunk of one row's logits u (z = h + h·t)."""
         if MASKED:
             u = tl.load(u_row + offs, mask=offs < V, other=0.0).to(tl.float32)
         else:
             u = tl.load(u_row + offs).to(tl.float32)
-        t = _tanh((u + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+        return _tanh((u + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+
+    @triton.jit
+    def _softcap_exp_sum(u_row, offs, V, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr, HALF: tl.constexpr,
+                         MASKED: tl.constexpr, FAST_TANH: tl.constexpr):
+        """exp(z − 23) of a chunk of one row's logits (0 where masked off)."""
+        LOG2E: tl.constexpr = 1.4426950408889634
+        t = _softcap_tanh(u_row, offs, V, SHIFT, TEMPERATURE, MASKED, FAST_TANH)
         e = tl.exp2((t - 1) * (HALF * LOG2E))
         if MASKED:
             e = tl.where(offs < V, e, 0.0)
@@ -2261,11 +2267,7 @@ if triton is not None:
                             FAST_TANH: tl.constexpr):
         """Writes scale·(1 − t²)·exp(z − lse) for a chunk of one row (bias: (h − lse)·log2 e)."""
         LOG2E: tl.constexpr = 1.4426950408889634
-        if MASKED:
-            u = tl.load(u_row + offs, mask=offs < V, other=0.0).to(tl.float32)
-        else:
-            u = tl.load(u_row + offs).to(tl.float32)
-        t = _tanh((u + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+        t = _softcap_tanh(u_row, offs, V, SHIFT, TEMPERATURE, MASKED, FAST_TANH)
         g = scale * (1 - t * t) * tl.exp2(t * (HALF * LOG2E) + bias)
         if SATURATE_AT > 0:  # e5m2: saturate, never overflow to inf
             g = tl.minimum(tl.maximum(g, -SATURATE_AT), SATURATE_AT)
