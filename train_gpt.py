@@ -427,7 +427,8 @@ def yarn(frequencies: Tensor, long_windows: list[int]) -> tuple[Tensor, float]:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (S, H, D) rotated by the angles whose cos/sin (S, 1 or H, D/4) are given (T3.9)."""
+    """x (..., D) rotated by the angles whose cos/sin (..., D/4), broadcasting against x's leading
+    dimensions, are given (T3.9)."""
     D = x.size(-1)
     pairs = x[..., : D // 2].unflatten(-1, (D // 4, 2))
     x1, x2 = pairs[..., 0], pairs[..., 1]
@@ -626,7 +627,7 @@ class ForwardContext:
     # The banks unbound once per forward into per-layer views: their backward is one stack per bank,
     # where indexing the bank in each layer would zero-fill a bank-sized gradient per layer (#56, #74).
     rope: tuple[Tensor, Tensor]  # cos, sin (T, 1, hd/4) at positions 0..T-1
-    rope_paired: tuple[Tensor, Tensor] | None  # cos, sin (2T, H/2 or 1, hd/4) of the paired-head layout
+    rope_paired: tuple[Tensor, Tensor] | None  # cos, sin (T, 2, H/2 or 1, hd/4): the paired-head positions
     qk: tuple[Tensor, ...]  # per attention slot: (2·H·hd, d), Q then K rows
     vo: tuple[Tensor, ...]  # per attention slot: (2, d, d), V then O
     mlp_fc: tuple[Tensor, ...]  # per layer: (hidden, d)
@@ -839,12 +840,14 @@ class GPT(nn.Module):
         attn = AttnArgs(cu_seqlens, doc_ids, shape.max_seq_len, backend, {})
         layout = dict(attn=attn, rope=(self.rope_cos[:T, None], self.rope_sin[:T, None]),
                       attn_paired=None, rope_paired=None)
-        if self.config.paired_heads:
-            doubled = (self.rope_cos[: 2 * T, None], self.rope_sin[: 2 * T, None])
-            layout.update(attn_paired=attn.doubled(), rope_paired=doubled)
+        if self.config.paired_heads:  # the doubled sequence's tables, as (token, half of the heads)
+            H, quarter = self.config.num_heads, self.config.head_dim // 4
+            paired = (self.rope_cos[: 2 * T, None], self.rope_sin[: 2 * T, None])
             if self.config.paired_rope_by_head:
-                index = paired_rope_positions(T, self.config.num_heads, True, cu_seqlens.device)
-                layout.update(rope_paired=(self.rope_cos[index], self.rope_sin[index]))
+                index = paired_rope_positions(T, H, True, cu_seqlens.device)
+                paired = (self.rope_cos[index], self.rope_sin[index])
+            layout.update(attn_paired=attn.doubled(),
+                          rope_paired=tuple(t.view(T, 2, -1, quarter) for t in paired))
         return layout
 
     def bank_views(self) -> dict:
@@ -905,11 +908,14 @@ class GPT(nn.Module):
         q, k = norm(q), norm(k)  # QK-norm
         if v_extra is not None:
             v = v + v_extra
-        args, (cos, sin) = ctx.attn, ctx.rope
-        if layer.paired_heads:  # heads h and h+H/2 become one head: 2t is head h, 2t+1 head h+H/2 (#58)
+        if layer.paired_heads:  # heads h and h+H/2 become one head: 2t is head h, 2t+1 head h+H/2 (#58);
+            # rotated as (T, 2, H/2, hd) views of the projection (plain strides), then interleaved
+            q, k = (apply_rope(t.view(T, 2, H // 2, hd), *ctx.rope_paired) for t in (q, k))
             q, k, v = (t.reshape(2 * T, H // 2, hd) for t in (q, k, v))
-            args, (cos, sin) = ctx.attn_paired, ctx.rope_paired
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            args = ctx.attn_paired
+        else:
+            q, k = apply_rope(q, *ctx.rope), apply_rope(k, *ctx.rope)
+            args = ctx.attn
         if layer.key_offset:
             k = shift_key_half(k)
         q = (q * self.attn_scale).to(v.dtype)

@@ -499,6 +499,24 @@ def test_paired_rope_positions_by_head_follow_the_reference_layout():
     assert (by_head != plain).float().mean() == 1 / 3  # slot 1 of every position: heads 1 and 4
 
 
+@pytest.mark.parametrize("by_head", [False, True])
+def test_paired_rope_tables_rotate_each_head_at_its_doubled_position(by_head):
+    """The model rotates a paired layer's q and k as (T, 2, H/2, hd) views of the projection with
+    attention_layout's (T, 2, ·, hd/4) tables, then interleaves them into the doubled sequence: the
+    same as rotating the doubled sequence (2T, H/2, hd) at paired_rope_positions, bit for bit."""
+    model = make_model(num_heads=6, head_dim=32, model_dim=192, paired_rope_by_head=by_head)
+    tokens, H, hd = 40, 6, 32
+    _, _, cu = small_batch(tokens)
+    layout = model.attention_layout(tokens, cu, T.ForwardShape(max_seq_len=tokens, short_window=1,
+                                                              long_window=1, n_predict=1, prefix_target=False))
+    q = torch.randn(tokens, 3 * H, hd).bfloat16().split(H, dim=1)[0]  # a strided view, as in the model
+    rotated = T.apply_rope(q.view(tokens, 2, H // 2, hd), *layout["rope_paired"]).reshape(2 * tokens, H // 2, hd)
+    positions = T.paired_rope_positions(tokens, H, by_head, torch.device("cpu"))
+    cos, sin = model.rope_cos[positions], model.rope_sin[positions]  # (2T, H/2, hd/4)
+    expected = T.apply_rope(q.reshape(2 * tokens, H // 2, hd), cos, sin)
+    assert torch.equal(rotated, expected)
+
+
 def test_paired_rope_by_head_changes_only_models_with_six_heads():
     """With two heads (one slot, heads 0 and 1 at 2t and 2t + 1) both rotary layouts agree bit for bit;
     with six heads slot 1 (heads 1 and 4) swaps its positions and the outputs differ."""
