@@ -182,6 +182,7 @@ class Hyperparameters:
     # --- run ---
     rank_slice: bool = False  # one GPU computes one rank's share of each 8-GPU step
     seed: int = 0
+    seeds: tuple[int, ...] = ()  # e.g. 1,2,3: one compile, then one timed run per seed, logged as RUN_ID_s<seed>
     device: str = "cuda"  # "cpu" runs the same code on the CPU (tests, smoke runs)
     compile: bool = True
     warmup: bool = True  # compile every shape before the clock, then restore the initial state
@@ -1106,7 +1107,7 @@ class NorMuonAdam:
                  rank: int = 0, world_size: int = 1, tied: tuple[str, str] | None = None):
         self.params, self.specs, self.config = params, specs, config
         self.rank, self.world = rank, world_size
-        self.tied = tied  # (follower, leader) = ("embed", "lm_head") while tied
+        self.tied = self.initial_tie = tied  # (follower, leader) = ("embed", "lm_head") while tied
         group = lambda label: (specs[label].comm != "replicated", specs[label].optimizer != "normuon")  # noqa: E731
         self.comm_order = sorted((label for label in specs if label in params), key=group)
         self.grad_scale = 1.0 / world_size
@@ -1239,6 +1240,16 @@ class NorMuonAdam:
         return {"tied": self.tied,
                 "state": {label: {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in st.items()}
                           for label, st in self.state.items()}}
+
+    def reset(self):
+        """A new optimizer's state: zero moments, buffers and step counts, the tables tied again."""
+        self.tied = self.initial_tie
+        for st in self.state.values():
+            for key, value in st.items():
+                if isinstance(value, Tensor):
+                    value.zero_()  # in place: compiled functions keep their inputs
+                else:
+                    st[key] = 0
 
     def load_state_dict(self, state: dict):
         self.tied = state["tied"]
@@ -1635,6 +1646,8 @@ def check_hyperparameters(hp: Hyperparameters):
         raise SetupError("the stage table needs stages with a fraction of the scheduled steps, then the extension")
     if abs(sum(s.fraction for s in stages[:-1]) - 1) > 1e-9:
         raise SetupError("the stages' fractions of the scheduled steps must add up to 1")
+    if len(set(hp.seeds)) < len(hp.seeds):
+        raise SetupError(f"SEEDS={','.join(map(str, hp.seeds))} repeats a seed: each run's log is named by its seed")
     total_steps = Schedule(ScheduleConfig.from_hyperparameters(hp)).total_steps
     if not 0 <= hp.stop_after <= total_steps:
         raise SetupError(f"STOP_AFTER={hp.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
@@ -1662,10 +1675,7 @@ class Trainer:
         if backend == "fa4":
             backend += f" ({fa4_small_forward_backend()} below {hp.fa4_min_tokens} tokens per forward)"
         log(f"attention backend: {backend}")
-        if world_size > 1:  # the same initialization on every rank
-            random_buffers = [self.model.bigram_signs] if hp.bigram_embed else []
-            for tensor in [*self.model.parameters(), *random_buffers]:
-                dist.broadcast(tensor.data, 0)
+        self._share_initialization()
         self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), self.model.param_specs(),
                                      OptimConfig.from_hyperparameters(hp), rank, world_size, tied=("embed", "lm_head"))
         compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.compile else (lambda f: f)
@@ -1680,6 +1690,36 @@ class Trainer:
         # memory would block the CPU until the GPU drained its queue, exposing launch gaps.
         self.target_weights = [torch.tensor(self.schedule.plan(step).target_weights, device=device)
                                for step in range(self.schedule.total_steps)]
+
+    def _share_initialization(self):
+        if self.world_size > 1:  # the same initialization on every rank
+            random_buffers = [self.model.bigram_signs] if self.hp.bigram_embed else []
+            for tensor in [*self.model.parameters(), *random_buffers]:
+                dist.broadcast(tensor.data, 0)
+
+    def start_over(self, hp: Hyperparameters, log: "RunLog"):
+        """The initial state of another run with hp's seed (SEEDS), as a new process would draw it:
+        the parameters and buffers of a fresh model, a fresh optimizer's state; the compiled graphs stay."""
+        self.hp, self.log = hp, log
+        torch.manual_seed(hp.seed)
+        fresh, buffers = GPT(self.model.config), dict(self.model.named_buffers())
+        with torch.no_grad():
+            self.model.load_state_dict(fresh.state_dict())
+            for name, buffer in fresh.named_buffers():  # the random ones too (bigram signs)
+                buffers[name].copy_(buffer)
+        self._share_initialization()
+        self.optimizer.reset()
+        self._clear_run_state()
+
+    def _clear_run_state(self):
+        """What a run leaves outside the weights and the optimizer's state: gradients kept for Adam's
+        next step (T2.7), the losses, the YaRN tables' windows, the non-finite checks."""
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.zero_()  # in place, as the optimizer zeroes them
+        self.losses.zero_()
+        self.long_windows = None
+        self.checked_steps, self.pending_check = 0, None
 
     def set_long_windows(self, plan: StepPlan):
         """The YaRN state that lives in the model, refreshed when a stage changes the long window."""
@@ -1782,13 +1822,10 @@ class Trainer:
         self.log(f"Compile and warm-up took {time.perf_counter() - start:.0f}s. Resetting model")
         self.model.load_state_dict(initial_model)
         self.optimizer.load_state_dict(initial_optimizer)
-        self.losses.zero_()
-        self.long_windows = None
+        self._clear_run_state()
 
     def run(self) -> float:
         hp, total = self.hp, self.schedule.total_steps
-        if hp.warmup:
-            self.warmup()
         loader = TrainLoader(hp.train_files, self.rank, self.world_size, self.device, log=self.log,
                              grad_accum=self.grad_accum)
         gc.collect()
@@ -1883,13 +1920,21 @@ def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
     return rank, world_size, device
 
 
+def planned_runs(hp: Hyperparameters, world_size: int) -> list[Hyperparameters]:
+    """The runs this process makes: hp, or (SEEDS) one per seed, logged as RUN_ID_s<seed>. A missing
+    RUN_ID becomes rank 0's uuid4 on every rank."""
+    run_id = hp.run_id or str(uuid.uuid4())
+    if world_size > 1:  # every rank logs under rank 0's id
+        shared = [run_id]
+        dist.broadcast_object_list(shared, 0)
+        run_id = shared[0]
+    if not hp.seeds:
+        return [dataclasses.replace(hp, run_id=run_id)]
+    return [dataclasses.replace(hp, seed=seed, run_id=f"{run_id}_s{seed}") for seed in hp.seeds]
+
+
 def open_run_log(hp: Hyperparameters, rank: int, world_size: int, device: torch.device) -> RunLog:
     """The run's log (rank 0 writes it): this source, the environment, the run's description."""
-    hp.run_id = hp.run_id or str(uuid.uuid4())
-    if world_size > 1:  # every rank logs under rank 0's id
-        shared = [hp.run_id]
-        dist.broadcast_object_list(shared, 0)
-        hp.run_id = shared[0]
     log = RunLog(os.path.join(hp.log_dir, f"{hp.run_id}.txt") if rank == 0 else None)
     with open(__file__) as f:
         log(f.read().rstrip("\n") + "\n" + "=" * 100, console=False)
@@ -1933,12 +1978,19 @@ def main():
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, 64)
-        log = open_run_log(hp, rank, world_size, device)
-        trainer = Trainer(hp, rank, world_size, device, log)
+        runs = planned_runs(hp, world_size)
+        log = open_run_log(runs[0], rank, world_size, device)
+        trainer = Trainer(runs[0], rank, world_size, device, log)
     except (SetupError, FileNotFoundError) as error:
         report_setup_error(error, rank, log)
     try:
+        if hp.warmup:
+            trainer.warmup()
         trainer.run()
+        for run in runs[1:]:  # SEEDS: the compiled graphs serve every run
+            log = open_run_log(run, rank, world_size, device)
+            trainer.start_over(run, log)
+            trainer.run()
     except NonFiniteLoss as error:
         log(f"error: {error}")
         raise SystemExit(1) from None

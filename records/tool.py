@@ -47,7 +47,7 @@ TABLE_START, TABLE_END = "<!-- records-table:start -->", "<!-- records-table:end
 DEFAULT_TARGET = 3.28  # the speedrun's FineWeb target
 GENERATED_RE = re.compile(r"^Generated from \d+ log\(s\) by `python records/tool\.py stats (.+)`\.$", re.M)
 # Overrides that name a run, where its files go or its initialization, not the configuration it computes.
-NOT_ABLATIONS = {"RUN_ID", "LOG_DIR", "SEED"}
+NOT_ABLATIONS = {"RUN_ID", "LOG_DIR", "SEED", "SEEDS"}
 
 
 class RecordsError(Exception):
@@ -221,7 +221,7 @@ def configuration(run: Run) -> set[str]:
 
 
 def mixed_overrides(runs: list[Run]) -> str | None:
-    """A warning when the runs' overrides differ (RUN_ID, LOG_DIR, SEED aside), else None."""
+    """A warning when the runs' overrides differ (RUN_ID, LOG_DIR, SEED, SEEDS aside), else None."""
     configs = [configuration(r) for r in runs]
     if all(c == configs[0] for c in configs):
         return None
