@@ -1702,11 +1702,11 @@ class Trainer:
         the parameters and buffers of a fresh model, a fresh optimizer's state; the compiled graphs stay."""
         self.hp, self.log = hp, log
         torch.manual_seed(hp.seed)
-        fresh, buffers = GPT(self.model.config), dict(self.model.named_buffers())
-        with torch.no_grad():
-            self.model.load_state_dict(fresh.state_dict())
-            for name, buffer in fresh.named_buffers():  # the random ones too (bigram signs)
-                buffers[name].copy_(buffer)
+        fresh = GPT(self.model.config)
+        own = {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
+        with torch.no_grad():  # every tensor, the non-persistent random ones too (bigram signs)
+            for name, tensor in [*fresh.named_parameters(), *fresh.named_buffers()]:
+                own[name].copy_(tensor)
         self._share_initialization()
         self.optimizer.reset()
         self._clear_run_state()
