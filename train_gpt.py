@@ -2284,11 +2284,11 @@ def softcap_ce_reference(logits: Tensor, targets: Tensor, weights: Tensor, grad_
 
 
 # Fused soft-capped multi-target cross-entropy, forward and backward in one kernel (#60, #67, #79;
-# T4.1). Persistent programs take rows t = pid, pid + programs, ...; per row, sweep 1 sums
-# exp(z − 23) (z < 23: no running max), sweep 2 re-reads the row (then in L2, last chunk first)
-# and writes the logit gradient; the ≤ MAX_TARGETS target columns are rewritten after a barrier.
-# With tanh: z = h + h·t, t = tanh((u+5)/15), h = 23/2; dz/du = 23/(4·7.5)·(1 − t²).
-# Full chunks load and store unmasked; only the vocabulary's last chunk is masked.
+# T4.1). Persistent programs take rows t = pid, pid + programs, ...; each row is read from memory
+# once and held in registers as up to three power-of-two parts (`vocab_parts`: 32768 + 16384 + 2048
+# for GPT-2's 50,304, the last one masked): sweep 1 sums exp(z − 23) (z < 23: no running max),
+# sweep 2 writes the logit gradient from the held logits, then the ≤ MAX_TARGETS target columns are
+# rewritten after a barrier. With tanh: z = h + h·t, t = tanh((u+5)/15), h = 23/2; dz/du = 23/(4·7.5)·(1 − t²).
 if triton is not None:
     @triton.jit
     def _tanh(x, FAST: tl.constexpr):
@@ -2299,33 +2299,30 @@ if triton is not None:
             return 2 * tl.sigmoid(2 * x) - 1
 
     @triton.jit
-    def _softcap_tanh(u_row, offs, V, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr, MASKED: tl.constexpr,
-                      FAST_TANH: tl.constexpr):
-        """t = tanh((u + 5)/15) of a chunk of one row's logits u (z = h + h·t)."""
+    def _load_part(u_row, offs, V, MASKED: tl.constexpr):
         if MASKED:
-            u = tl.load(u_row + offs, mask=offs < V, other=0.0).to(tl.float32)
+            return tl.load(u_row + offs, mask=offs < V, other=0.0)
         else:
-            u = tl.load(u_row + offs).to(tl.float32)
-        return _tanh((u + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+            return tl.load(u_row + offs)
 
     @triton.jit
-    def _softcap_exp_sum(u_row, offs, V, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr, HALF: tl.constexpr,
+    def _softcap_exp_sum(u, offs, V, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr, HALF: tl.constexpr,
                          MASKED: tl.constexpr, FAST_TANH: tl.constexpr):
-        """exp(z − 23) of a chunk of one row's logits (0 where masked off)."""
+        """Σ exp(z − 23) over a part of one row's logits u (masked-off columns excluded)."""
         LOG2E: tl.constexpr = 1.4426950408889634
-        t = _softcap_tanh(u_row, offs, V, SHIFT, TEMPERATURE, MASKED, FAST_TANH)
+        t = _tanh((u.to(tl.float32) + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
         e = tl.exp2((t - 1) * (HALF * LOG2E))
         if MASKED:
             e = tl.where(offs < V, e, 0.0)
-        return e
+        return tl.sum(e, axis=0)
 
     @triton.jit
-    def _softcap_grad_store(u_row, g_row, offs, V, scale, bias, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr,
+    def _softcap_grad_store(u, g_row, offs, V, scale, bias, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr,
                             HALF: tl.constexpr, SATURATE_AT: tl.constexpr, MASKED: tl.constexpr,
                             FAST_TANH: tl.constexpr):
-        """Writes scale·(1 − t²)·exp(z − lse) for a chunk of one row (bias: (h − lse)·log2 e)."""
+        """Writes scale·(1 − t²)·exp(z − lse) for a part of one row (bias: (h − lse)·log2 e)."""
         LOG2E: tl.constexpr = 1.4426950408889634
-        t = _softcap_tanh(u_row, offs, V, SHIFT, TEMPERATURE, MASKED, FAST_TANH)
+        t = _tanh((u.to(tl.float32) + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
         g = scale * (1 - t * t) * tl.exp2(t * (HALF * LOG2E) + bias)
         if SATURATE_AT > 0:  # e5m2: saturate, never overflow to inf
             g = tl.minimum(tl.maximum(g, -SATURATE_AT), SATURATE_AT)
@@ -2338,25 +2335,35 @@ if triton is not None:
     def _softcap_ce_kernel(logits_ptr, targets_ptr, weights_ptr, loss_ptr, ce0_ptr, grad_ptr,
                            n_rows, V, stride_logits, stride_targets, stride_grad, grad_mul,
                            CAP: tl.constexpr, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr,
-                           N_TARGETS: tl.constexpr, N_PAD: tl.constexpr, BLOCK_V: tl.constexpr,
-                           SATURATE_AT: tl.constexpr, FAST_TANH: tl.constexpr):
+                           N_TARGETS: tl.constexpr, N_PAD: tl.constexpr, PART_A: tl.constexpr, PART_B: tl.constexpr,
+                           PART_C: tl.constexpr, SATURATE_AT: tl.constexpr, FAST_TANH: tl.constexpr):
         LOG2E: tl.constexpr = 1.4426950408889634
         HALF: tl.constexpr = CAP * 0.5
-        cols = tl.arange(0, BLOCK_V)
         k = tl.arange(0, N_PAD)
         weights = tl.load(weights_ptr + k, mask=k < N_TARGETS, other=0.0).to(tl.float32)
-        full_chunks = V // BLOCK_V
-        tail = full_chunks * BLOCK_V + cols
         coef = grad_mul * (CAP / (4 * TEMPERATURE))
+        # parts A and B are whole; C is the masked rest (B and C may be absent: size 0)
+        offs_a = tl.arange(0, PART_A)
+        if PART_B > 0:
+            offs_b = PART_A + tl.arange(0, PART_B)
+        if PART_C > 0:
+            offs_c = PART_A + PART_B + tl.arange(0, PART_C)
         first_row, programs = tl.program_id(0).to(tl.int64), tl.num_programs(0)
         for i in range(0, tl.cdiv(n_rows - first_row, programs)):
             row = first_row + i * programs
             u_row = logits_ptr + row * stride_logits
             g_row = grad_ptr + row * stride_grad
-            acc = _softcap_exp_sum(u_row, tail, V, SHIFT, TEMPERATURE, HALF, True, FAST_TANH)
-            for c in range(full_chunks):
-                acc += _softcap_exp_sum(u_row, c * BLOCK_V + cols, V, SHIFT, TEMPERATURE, HALF, False, FAST_TANH)
-            lse = CAP + tl.log(tl.sum(acc, axis=0))
+            u_a = _load_part(u_row, offs_a, V, False)  # every load of the row in flight at once
+            if PART_B > 0:
+                u_b = _load_part(u_row, offs_b, V, False)
+            if PART_C > 0:
+                u_c = _load_part(u_row, offs_c, V, True)
+            total = _softcap_exp_sum(u_a, offs_a, V, SHIFT, TEMPERATURE, HALF, False, FAST_TANH)
+            if PART_B > 0:
+                total += _softcap_exp_sum(u_b, offs_b, V, SHIFT, TEMPERATURE, HALF, False, FAST_TANH)
+            if PART_C > 0:
+                total += _softcap_exp_sum(u_c, offs_c, V, SHIFT, TEMPERATURE, HALF, True, FAST_TANH)
+            lse = CAP + tl.log(total)
             ys = tl.load(targets_ptr + row * stride_targets + k, mask=k < N_TARGETS, other=-1).to(tl.int32)
             valid = ys >= 0
             u_y = tl.load(u_row + tl.maximum(ys, 0)).to(tl.float32)
@@ -2366,12 +2373,14 @@ if triton is not None:
             tl.store(ce0_ptr + row, tl.sum(tl.where((k == 0) & valid, ce, 0.0), axis=0))
             weight_sum = tl.sum(w_valid, axis=0)
             bias = (HALF - lse) * LOG2E  # z − lse = h·t + h − lse
-            # in the reverse order of sweep 1: what it read last is the likeliest still in L2
-            for c in range(full_chunks):
-                _softcap_grad_store(u_row, g_row, (full_chunks - 1 - c) * BLOCK_V + cols, V, coef * weight_sum,
-                                    bias, SHIFT, TEMPERATURE, HALF, SATURATE_AT, False, FAST_TANH)
-            _softcap_grad_store(u_row, g_row, tail, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
-                                SATURATE_AT, True, FAST_TANH)
+            _softcap_grad_store(u_a, g_row, offs_a, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+                                SATURATE_AT, False, FAST_TANH)
+            if PART_B > 0:
+                _softcap_grad_store(u_b, g_row, offs_b, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+                                    SATURATE_AT, False, FAST_TANH)
+            if PART_C > 0:
+                _softcap_grad_store(u_c, g_row, offs_c, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+                                    SATURATE_AT, True, FAST_TANH)
             tl.debug_barrier()  # the sweep's stores to the target columns land before their rewrite
             t_y = _tanh((u_y + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
             same_target = tl.sum(tl.where(ys[:, None] == ys[None, :], w_valid[None, :], 0.0), axis=1)
@@ -2391,13 +2400,24 @@ if triton is not None:
         tl.store(dst_ptr + offs_n[:, None] * stride_dst + offs_m[None, :], tl.trans(tile), mask=tl.trans(mask))
 
 
+def vocab_parts(V: int) -> tuple[int, int, int]:
+    """A row of V logits as the kernel holds it: the largest power of two A <= V, the largest B <=
+    V − A (0 if none), and C, the next power of two >= the rest (masked; 0 if none)."""
+    part_a = 1 << (V.bit_length() - 1)
+    rest = V - part_a
+    part_b = 1 << (rest.bit_length() - 1) if rest else 0
+    rest -= part_b
+    return part_a, part_b, (1 << (rest - 1).bit_length()) if rest else 0
+
+
 def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float, grad_dtype: torch.dtype,
-               use_triton: bool | None = None, block_v: int = 8192, num_warps: int = 16,
-               programs: int | None = None, fast_tanh: bool | None = None) -> tuple[Tensor, Tensor, Tensor]:
+               use_triton: bool | None = None, num_warps: int = 16, programs: int | None = None,
+               fast_tanh: bool | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """softcap_ce_reference's function; the fused Triton kernel where use_triton (default: on CUDA).
-    programs: persistent programs (default 2 per SM: rows in flight stay in L2 for sweep 2);
-    block_v, num_warps: the fastest on an H100 (bench/bench_cross_entropy.py, T = 49,152: 3.80 ms;
-    4096 / 8 warps took 4.42 ms before the full chunks went unmasked; the bytes floor is 2.47 ms);
+    programs: persistent programs (default one per SM: a 50,304-logit row takes all of an SM's
+    registers at 16 warps, 128 per thread; larger vocabularies spill). H100, T = 49,152, e5m2
+    gradient: 3.40 ms against 3.80 for the earlier kernel that read each row twice (bytes floor
+    2.47 ms; bench/bench_cross_entropy.py).
     fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter)."""
     if not (triton_applies(logits) if use_triton is None else use_triton):
         return softcap_ce_reference(logits, targets, weights, grad_mul, grad_dtype)
@@ -2411,14 +2431,16 @@ def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float
     ce0_rows = torch.empty(T, dtype=torch.float32, device=logits.device)
     grad = torch.empty((T, V), dtype=grad_dtype, device=logits.device)
     if programs is None:
-        programs = T if interpreting else 2 * _sm_count(logits.device)
+        programs = T if interpreting else _sm_count(logits.device)
     if fast_tanh is None:
         fast_tanh = not interpreting
+    part_a, part_b, part_c = vocab_parts(V)
     _softcap_ce_kernel[(max(1, min(T, programs)),)](
         logits, targets, weights.contiguous(), loss_rows, ce0_rows, grad, T, V, logits.stride(0),
         targets.stride(0), grad.stride(0), float(grad_mul), CAP=SOFTCAP_SCALE, SHIFT=SOFTCAP_SHIFT,
-        TEMPERATURE=SOFTCAP_TEMPERATURE, N_TARGETS=N, N_PAD=max(2, triton.next_power_of_2(N)), BLOCK_V=block_v,
-        SATURATE_AT=E5M2_MAX if grad_dtype == torch.float8_e5m2 else 0.0, FAST_TANH=fast_tanh, num_warps=num_warps)
+        TEMPERATURE=SOFTCAP_TEMPERATURE, N_TARGETS=N, N_PAD=max(2, triton.next_power_of_2(N)), PART_A=part_a,
+        PART_B=part_b, PART_C=part_c, SATURATE_AT=E5M2_MAX if grad_dtype == torch.float8_e5m2 else 0.0,
+        FAST_TANH=fast_tanh, num_warps=num_warps)
     return loss_rows, ce0_rows, grad
 
 

@@ -46,11 +46,11 @@ INTERPRETER_CHECK = POISON + textwrap.dedent("""
     torch.manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
     from helpers import rel_err as rel
     results = []
-    # (rows, vocab, targets per row, block, programs, grad multiplier): full chunks and a masked tail,
-    # a vocabulary that is a multiple of the block (empty tail), one smaller than the block (tail only)
-    for T_rows, V, N, block, programs, grad_mul in ((9, 300, 1, 64, 4, 0.5), (7, 257, 2, 128, 7, 3.0),
-                                                    (6, 200, 3, 64, 2, 1 / T.FP8_GRAD_SCALE), (5, 130, 4, 32, 3, 1e6),
-                                                    (4, 256, 2, 64, 3, 1.0), (3, 50, 1, 64, 2, 2.0)):
+    # (rows, vocab, targets per row, programs, grad multiplier): the row's parts (T.vocab_parts) with
+    # a masked rest (300: 256 + 32 + 16; 200: 128 + 64 + 8; 50: 32 + 16 + 2), without one (257: 256 + 1;
+    # 130: 128 + 2) and a single part (256); persistent programs taking several rows
+    for T_rows, V, N, programs, grad_mul in ((9, 300, 1, 4, 0.5), (7, 257, 2, 7, 3.0), (6, 200, 3, 2, 1 / T.FP8_GRAD_SCALE),
+                                             (5, 130, 4, 3, 1e6), (4, 256, 2, 3, 1.0), (3, 50, 1, 2, 2.0)):
         logits = (torch.randn(T_rows, V) * 3).bfloat16()
         targets = torch.randint(0, V, (T_rows, N))
         targets[-1, 1:] = -1  # past the end
@@ -60,9 +60,8 @@ INTERPRETER_CHECK = POISON + textwrap.dedent("""
         weights = torch.rand(N) + 0.1
         for grad_dtype, tol in ((torch.bfloat16, 2e-3), (torch.float8_e5m2, 8e-2)):
             ref = T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, use_triton=False)
-            out = T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, use_triton=True, block_v=block,
-                               programs=programs)
-            case = (T_rows, V, N, block, programs, grad_mul, str(grad_dtype))
+            out = T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, use_triton=True, programs=programs)
+            case = (T_rows, V, N, programs, grad_mul, str(grad_dtype))
             assert out[2].dtype == grad_dtype and torch.isfinite(out[2].float()).all(), case
             results.append(("loss_rows", case, rel(out[0], ref[0]), 1e-5))
             results.append(("ce0_rows", case, rel(out[1], ref[1]), 1e-5))
@@ -84,8 +83,20 @@ INTERPRETER_CHECK = POISON + textwrap.dedent("""
 @pytest.mark.skipif(T.triton is None, reason="Triton not installed")
 def test_kernels_in_the_triton_interpreter():
     """Loss rows, ce0 rows and bf16/e5m2 gradients of the fused kernel (N = 1..4, −1 and duplicate
-    targets, masked vocabulary tail, persistent programs, saturation) and the transpose copy."""
+    targets, each layout of a row's parts, persistent programs, saturation) and the transpose copy."""
     run_in_triton_interpreter(INTERPRETER_CHECK, timeout=900)
+
+
+def test_vocab_parts_cover_a_row_with_whole_powers_of_two_and_a_small_masked_rest():
+    """The kernel's register parts: A and B whole (A + B <= V), C the masked rest, under 2x its
+    columns (GPT-2's row wastes 896 masked columns of 51,200)."""
+    assert T.vocab_parts(50304) == (32768, 16384, 2048)
+    for V in [*range(1, 600), 50257, 65536, 65537, 100_000]:
+        a, b, c = T.vocab_parts(V)
+        powers = [p for p in (a, b, c) if p]
+        assert all(p & (p - 1) == 0 for p in powers) and a >= b and a + b <= V <= a + b + c, V
+        rest = V - a - b
+        assert (c == 0) == (rest == 0) and (rest == 0 or rest <= c < 2 * rest), V
 
 
 def plain_loss(x, w, targets, weights, grad_scale):
