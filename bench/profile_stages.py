@@ -18,7 +18,11 @@ no profiler), the same steps under torch.profiler. Every kernel, memcpy and mems
 (durations, so work overlapping on several streams counts in full);
 those launched inside optimizer.step() (a record_function range, linked CPU launch -> GPU kernel by
 the profiler's correlation ids) form the optimizer group, the others go to the first GROUPS rule
-that matches their name. The child writes DIR/<label>.json (raw per-kernel totals: grouping happens
+that matches their name. From the same trace, the GPU's idle time between activities (overlapping
+ones merged), the part of it before the next activity had been launched (the CPU was behind) and the
+part before optimizer work, with the largest gaps (listed under each stage's line). The profiler adds
+CPU work to every launch, so the host-bound part reads high; the wall row is measured without it.
+The child writes DIR/<label>.json (raw per-kernel totals: grouping happens
 here, so --merge applies refined rules to old runs); the parent writes DIR/kernels.csv and
 DIR/table.md and prints the markdown table last.
 
@@ -156,33 +160,71 @@ def stage_step(schedule, stage: int) -> int:
     return step
 
 
-def kernel_totals(events: list[dict]) -> tuple[dict, int, int]:
-    """From Chrome-trace events: {(name, kind, launched inside optimizer.step): [µs, count]} over the
-    kernels, memcpys and memsets; the number of optimizer ranges; the GPU events whose correlation id
-    matches no CPU launch (those cannot be attributed to the optimizer)."""
+GPU_EVENT_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+
+
+def _launches(events: list[dict]) -> tuple[dict, int]:
+    """{correlation id: (CPU launch time µs, launched inside optimizer.step())} of every runtime or
+    driver call that launched GPU work, and the number of optimizer ranges."""
     ranges: dict[tuple, list] = {}
     for e in events:
         if e.get("cat") == "user_annotation" and e.get("name") == OPTIMIZER_RANGE:
             ranges.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
-    launched, inside = set(), set()
+    launches = {}
     for e in events:
         correlation = e.get("args", {}).get("correlation")
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and correlation is not None:
-            launched.add(correlation)
-            if any(start <= e["ts"] <= end for start, end in ranges.get((e.get("pid"), e.get("tid")), ())):
-                inside.add(correlation)
+            inside = any(start <= e["ts"] <= end for start, end in ranges.get((e.get("pid"), e.get("tid")), ()))
+            launches[correlation] = (e["ts"], inside)
+    return launches, sum(len(r) for r in ranges.values())
+
+
+def kernel_totals(events: list[dict]) -> tuple[dict, int, int]:
+    """From Chrome-trace events: {(name, kind, launched inside optimizer.step): [µs, count]} over the
+    kernels, memcpys and memsets; the number of optimizer ranges; the GPU events whose correlation id
+    matches no CPU launch (those cannot be attributed to the optimizer)."""
+    launches, ranges = _launches(events)
     totals: dict[tuple, list] = {}
     unlinked = 0
     for e in events:
-        kind = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}.get(e.get("cat"))
+        kind = GPU_EVENT_KINDS.get(e.get("cat"))
         if kind is None:
             continue
         correlation = e.get("args", {}).get("correlation")
-        unlinked += correlation not in launched
-        entry = totals.setdefault((e["name"], kind, correlation in inside), [0.0, 0])
+        unlinked += correlation not in launches
+        entry = totals.setdefault((e["name"], kind, correlation in launches and launches[correlation][1]), [0.0, 0])
         entry[0] += e["dur"]
         entry[1] += 1
-    return totals, sum(len(r) for r in ranges.values()), unlinked
+    return totals, ranges, unlinked
+
+
+def gpu_idle(events: list[dict], top: int = 5) -> dict:
+    """Where the GPU waited between its first and last activity (kernels, memcpys, memsets; activities
+    that overlap, e.g. on two streams, count as one busy stretch), in µs: `idle`, all gaps; `host`, the
+    part of each gap before the next activity had even been launched (the CPU was behind);
+    `optimizer`, the gaps before activities launched inside optimizer.step(); `gaps`, their number;
+    `largest`, the top gaps as [µs, activity before, activity after]."""
+    launches, _ = _launches(events)
+    activities = sorted((e["ts"], e["ts"] + e["dur"], e["name"], e.get("args", {}).get("correlation"))
+                        for e in events if e.get("cat") in GPU_EVENT_KINDS)
+    idle = host = optimizer = 0.0
+    gaps, largest = 0, []
+    busy_end, before = None, None
+    for start, end, name, correlation in activities:
+        if busy_end is not None and start > busy_end:
+            gap = start - busy_end
+            launched_at, inside = launches.get(correlation, (None, False))
+            idle += gap
+            gaps += 1
+            if launched_at is not None:
+                host += min(max(launched_at - busy_end, 0.0), gap)
+            if inside:
+                optimizer += gap
+            largest.append([gap, before, name])
+        if busy_end is None or end > busy_end:
+            busy_end, before = end, name
+    largest = sorted(largest, key=lambda g: -g[0])[:top]
+    return dict(idle=idle, host=host, optimizer=optimizer, gaps=gaps, largest=largest)
 
 
 def load_source(path: str):
@@ -272,7 +314,9 @@ def run_child(args):
             trace = os.path.join(tmp, "trace.json")
             prof.export_chrome_trace(trace)
             with open(trace) as f:
-                totals, ranges, unlinked = kernel_totals(json.load(f)["traceEvents"])
+                events = json.load(f)["traceEvents"]
+            totals, ranges, unlinked = kernel_totals(events)
+            idle = gpu_idle(events)
             if args.trace_dir:
                 kept = os.path.join(args.trace_dir, f"{_slug(args.label)}_st{stage}.json.gz")
                 with open(trace, "rb") as fin, gzip.open(kept, "wb") as fout:
@@ -283,6 +327,9 @@ def run_child(args):
                 max_seq_len=max_seq_len(step), adam_steps=adam_steps, wall_ms=wall_ms,
                 loss=loss if math.isfinite(loss) else str(loss), optimizer_ranges=ranges, unlinked_gpu_events=unlinked,
                 peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+                idle=dict(ms=idle["idle"] / 1000 / args.steps, host_ms=idle["host"] / 1000 / args.steps,
+                          optimizer_ms=idle["optimizer"] / 1000 / args.steps, gaps=idle["gaps"] / args.steps,
+                          largest=idle["largest"]) if cuda else None,
                 kernels=[dict(name=name, kind=kind, optimizer=opt, ms=us / 1000 / args.steps, calls=count / args.steps)
                          for (name, kind, opt), (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])]))
             print(f"[{args.label}] stage {stage}: wall {wall_ms:.2f} ms/step, loss {loss:.4f}", flush=True)
@@ -314,6 +361,12 @@ def format_table(results: list[dict]) -> str:
     rows.append(["all kernels"] + [f"{sum(k['ms'] for k in ks):.1f}" if ks else "—" for ks in kernels])
     rows.append(["wall"] + [f"{s['wall_ms']:.1f}" for _, s in columns])
     rows.append(["launches/step"] + [f"{sum(k['calls'] for k in ks if k['kind'] == 'kernel'):.0f}" for ks in kernels])
+    idle = [s.get("idle") for _, s in columns]  # profiles made before the idle analysis have none
+    if any(idle):
+        for label, key, fmt in (("GPU idle between activities", "ms", "{:.1f}"), ("of it, next one not yet launched",
+                                "host_ms", "{:.1f}"), ("of it, before optimizer work", "optimizer_ms", "{:.1f}"),
+                                ("gaps/step", "gaps", "{:.0f}")):
+            rows.append([label] + [fmt.format(i[key]) if i else "—" for i in idle])
     header = ["kernel group (ms/step)"] + [f"{label} st{s['stage']}" for label, s in columns]
     lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * len(columns) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -339,6 +392,8 @@ def describe(results: list[dict]) -> str:
             lines.append(f"  st{s['stage']}: step {s['step']}, {s['tokens_per_step']} tokens/step, seq {s['max_seq_len']}, "
                          f"{s['adam_steps']}/{r['steps']} Adam steps, loss {loss}, peak {s['peak_memory_gib']:.1f} GiB"
                          + "".join(f"; warning: {n}" for n in notes))
+            for gap, before, after in (s.get("idle") or {}).get("largest", []):
+                lines.append(f"    idle {gap:8.1f} µs after {str(before)[:70]} before {str(after)[:70]}")
     return "\n".join(lines)
 
 

@@ -151,6 +151,28 @@ def test_trace_totals_attribute_kernels_by_launch_range_thread_and_correlation()
     assert ranges == 1 and unlinked == 1
 
 
+def test_gpu_idle_splits_gaps_into_host_bound_and_optimizer_parts():
+    """Overlapping activities (two streams) are one busy stretch; a gap counts as host-bound up to the
+    next activity's launch; gaps before work launched inside optimizer.step() are the optimizer's."""
+    events = [
+        _event("user_annotation", P.OPTIMIZER_RANGE, 100.0, 50.0),
+        _event("cuda_runtime", "cudaLaunchKernel", 10.0, correlation=1),
+        _event("cuda_runtime", "cudaLaunchKernel", 15.0, correlation=4),
+        _event("cuda_runtime", "cudaLaunchKernel", 120.0, correlation=2),  # inside the optimizer range
+        _event("cuda_runtime", "cudaMemsetAsync", 226.0, correlation=3),  # 6 µs after the GPU ran dry
+        _event("cuda_runtime", "cudaLaunchKernel", 260.0, correlation=6),  # later than the gap: all host
+        _event("kernel", "A", 200.0, 5.0, pid=0, tid=7, correlation=1),
+        _event("kernel", "B", 204.0, 8.0, pid=0, tid=8, correlation=4),  # other stream, overlaps A
+        _event("kernel", "C", 215.0, 5.0, pid=0, tid=7, correlation=2),
+        _event("gpu_memset", "D", 230.0, 1.0, pid=0, tid=7, correlation=3),
+        _event("kernel", "E", 231.0, 9.0, pid=0, tid=7, correlation=5),  # back to back, no launch event
+        _event("kernel", "F", 250.0, 1.0, pid=0, tid=7, correlation=6),
+    ]
+    idle = P.gpu_idle(events)
+    assert idle["idle"] == 23.0 and idle["host"] == 16.0 and idle["optimizer"] == 3.0 and idle["gaps"] == 3
+    assert idle["largest"] == [[10.0, "C", "D"], [10.0, "E", "F"], [3.0, "B", "C"]]
+
+
 def _stage(stage, wall, kernels, loss=3.5, ranges=2, steps=2):
     return dict(stage=stage, step=10 * stage, tokens_per_step=16384, max_seq_len=896, adam_steps=steps // 2,
                 wall_ms=wall, loss=loss, optimizer_ranges=ranges, unlinked_gpu_events=0, peak_memory_gib=1.5,
@@ -185,6 +207,12 @@ def test_table_for_one_source():
     assert rows[COPIES] == ["0.0", "0.0"]
     assert rows["all kernels"] == ["8.3", "9.0"] and rows["wall"] == ["12.3", "20.0"]
     assert rows["launches/step"] == ["36", "10"]  # memcpys are not kernel launches
+    assert "GPU idle between activities" not in rows  # profiles without the idle analysis
+    result["stages"][1]["idle"] = dict(ms=1.25, host_ms=0.5, optimizer_ms=0.75, gaps=120.0, largest=[[40.0, "a", "b"]])
+    rows = _rows(P.format_table([result]))
+    assert rows["GPU idle between activities"] == ["—", "1.2"] and rows["of it, next one not yet launched"] == ["—", "0.5"]
+    assert rows["of it, before optimizer work"] == ["—", "0.8"] and rows["gaps/step"] == ["—", "120"]
+    assert "idle     40.0 µs after a before b" in P.describe([result])
 
 
 def test_table_for_two_sources_interleaves_stages_and_skips_missing_ones():
@@ -260,7 +288,7 @@ def test_child_runs_the_tiny_configuration_on_the_cpu_and_merge_reprints_its_tab
     for s in result["stages"]:
         assert s["tokens_per_step"] == 128 and s["optimizer_ranges"] == 1 and s["wall_ms"] > 0
         assert isinstance(s["loss"], float) and 0 < s["loss"] < 20
-        assert s["kernels"] == []  # the CPU profile has no GPU kernels
+        assert s["kernels"] == [] and s["idle"] is None  # the CPU profile has no GPU kernels
     table = (out / "table.md").read_text().rstrip("\n")
     assert "\n".join(printed[-len(table.splitlines()):]) == table
     assert table.splitlines()[0] == "| kernel group (ms/step) | tiny st1 | tiny st3 |"
@@ -292,3 +320,5 @@ def test_child_profiles_real_kernels_into_every_main_group_on_the_gpu(tmp_path, 
         assert 0 < all_ms < 2 * s["wall_ms"]  # GPU time fits in the wall time (units right)
         assert sum(k["calls"] for k in s["kernels"] if k["kind"] == "kernel") > 100
         assert isinstance(s["loss"], float)
+        idle = s["idle"]  # the tiny model's steps are launch-bound: the GPU waits, mostly for the host
+        assert 0 < idle["host_ms"] <= idle["ms"] < s["wall_ms"] and idle["optimizer_ms"] <= idle["ms"] and idle["gaps"] > 10
