@@ -257,10 +257,16 @@ def welch(new, base) -> dict:
 def stage_bounds(run: Run) -> list[tuple[str, int, int]]:
     """(label, first step, end step) of each stage of the run's schedule, from its logged
     hyperparameters: stage k starts at round(n · the fractions before it), the extension at n
-    (train_gpt.py's Schedule), and the run ends at its last step."""
+    (train_gpt.py's Schedule), and the run ends at its last step. Logs from before the stage table
+    (V1-V4: `stage_batch_tokens` and friends, one entry per stage and the extension) had three
+    equal stages."""
     hp = run.hyperparameters
     try:
-        n, fractions = hp["num_scheduled_iterations"], [st["fraction"] for st in hp["stages"][:-1]]
+        n = hp["num_scheduled_iterations"]
+        if "stages" in hp:
+            fractions = [st["fraction"] for st in hp["stages"][:-1]]
+        else:
+            fractions = [1 / 3] * (len(hp["stage_batch_tokens"]) - 1)
     except (KeyError, TypeError):
         return []
     starts = [round(n * sum(fractions[:k])) for k in range(len(fractions))] + [n]

@@ -406,6 +406,15 @@ def test_stage_times_come_from_the_logged_schedule(tmp_path, capsys):
     assert tool.stage_bounds(run) == [("stage 1", 0, 30), ("stage 2", 30, 60), ("stage 3", 60, 90), ("extension", 90, 100)]
     assert tool.stage_ms_per_step(run) == pytest.approx({"stage 1": 10, "stage 2": 20, "stage 3": 30, "extension": 40})
     assert tool.stage_bounds(tool.parse_log(make_log(tmp_path / "old.txt", 3.6, 1000))) == []  # no stage table logged
+    # before the stage table (V1-V4's logs): per-stage columns, three equal stages; round(1270/3) = 423
+    v4 = make_log(tmp_path / "v4.txt", 3.6, 0, total=1285, schedule=(1270, [1 / 3] * 3))
+    text = v4.read_text().replace('"stages": [{"fraction": 0.3333333333333333}, {"fraction": 0.3333333333333333}, '
+                                  '{"fraction": 0.3333333333333333}, {"fraction": null}]',
+                                  '"stage_batch_tokens": [131072, 262144, 393216, 393216]')
+    assert "stage_batch_tokens" in text and '"stages"' not in text
+    v4.write_text(text)
+    assert tool.stage_bounds(tool.parse_log(v4)) == [("stage 1", 0, 423), ("stage 2", 423, 847),
+                                                     ("stage 3", 847, 1270), ("extension", 1270, 1285)]
     new = [make_log(tmp_path / "new" / f"n{i}.txt", 3.6, 0, schedule=schedule, overrides=f"SEED={i} FAST=1",
                     step_ms=staged_ms([10, 20 + i, 30, 40])) for i in (1, 3)]
     base = [make_log(tmp_path / "base" / f"b{i}.txt", 3.6, 0, schedule=schedule, overrides=f"SEED={i}",
