@@ -2288,7 +2288,8 @@ def softcap_ce_reference(logits: Tensor, targets: Tensor, weights: Tensor, grad_
 # once and held in registers as up to three power-of-two parts (`vocab_parts`: 32768 + 16384 + 2048
 # for GPT-2's 50,304, the last one masked): sweep 1 sums exp(z − 23) (z < 23: no running max),
 # sweep 2 writes the logit gradient from the held logits, then the ≤ MAX_TARGETS target columns are
-# rewritten after a barrier. With tanh: z = h + h·t, t = tanh((u+5)/15), h = 23/2; dz/du = 23/(4·7.5)·(1 − t²).
+# rewritten after a barrier. With tanh: z = h + h·t, t = tanh((u+5)/15), h = 23/2;
+# dz/du = 23/(4·7.5)·(1 − t²).
 if triton is not None:
     @triton.jit
     def _tanh(x, FAST: tl.constexpr):
@@ -2297,6 +2298,11 @@ if triton is not None:
                                              is_pure=True, pack=1)
         else:
             return 2 * tl.sigmoid(2 * x) - 1
+
+    @triton.jit
+    def _softcap_tanh(u, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr, FAST_TANH: tl.constexpr):
+        """t = tanh((u + 5)/15) of logits u (z = h + h·t)."""
+        return _tanh((u.to(tl.float32) + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
 
     @triton.jit
     def _load_part(u_row, offs, V, MASKED: tl.constexpr):
@@ -2310,7 +2316,7 @@ if triton is not None:
                          MASKED: tl.constexpr, FAST_TANH: tl.constexpr):
         """Σ exp(z − 23) over a part of one row's logits u (masked-off columns excluded)."""
         LOG2E: tl.constexpr = 1.4426950408889634
-        t = _tanh((u.to(tl.float32) + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+        t = _softcap_tanh(u, SHIFT, TEMPERATURE, FAST_TANH)
         e = tl.exp2((t - 1) * (HALF * LOG2E))
         if MASKED:
             e = tl.where(offs < V, e, 0.0)
@@ -2322,7 +2328,7 @@ if triton is not None:
                             FAST_TANH: tl.constexpr):
         """Writes scale·(1 − t²)·exp(z − lse) for a part of one row (bias: (h − lse)·log2 e)."""
         LOG2E: tl.constexpr = 1.4426950408889634
-        t = _tanh((u.to(tl.float32) + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+        t = _softcap_tanh(u, SHIFT, TEMPERATURE, FAST_TANH)
         g = scale * (1 - t * t) * tl.exp2(t * (HALF * LOG2E) + bias)
         if SATURATE_AT > 0:  # e5m2: saturate, never overflow to inf
             g = tl.minimum(tl.maximum(g, -SATURATE_AT), SATURATE_AT)
@@ -2382,7 +2388,7 @@ if triton is not None:
                 _softcap_grad_store(u_c, g_row, offs_c, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
                                     SATURATE_AT, True, FAST_TANH)
             tl.debug_barrier()  # the sweep's stores to the target columns land before their rewrite
-            t_y = _tanh((u_y + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+            t_y = _softcap_tanh(u_y, SHIFT, TEMPERATURE, FAST_TANH)
             same_target = tl.sum(tl.where(ys[:, None] == ys[None, :], w_valid[None, :], 0.0), axis=1)
             g_y = coef * (1 - t_y * t_y) * (weight_sum * tl.exp2(t_y * (HALF * LOG2E) + bias) - same_target)
             if SATURATE_AT > 0:
