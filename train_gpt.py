@@ -2422,7 +2422,7 @@ def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float
     """softcap_ce_reference's function; the fused Triton kernel where use_triton (default: on CUDA).
     programs: persistent programs (default one per SM: a 50,304-logit row takes all of an SM's
     registers at 16 warps, 128 per thread; larger vocabularies spill). H100, T = 49,152, e5m2
-    gradient: 3.40 ms against 3.80 for the earlier kernel that read each row twice (bytes floor
+    gradient: 3.40 ms against 3.79 for the earlier kernel that read each row twice (bytes floor
     2.47 ms; bench/bench_cross_entropy.py).
     fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter)."""
     if not (triton_applies(logits) if use_triton is None else use_triton):
