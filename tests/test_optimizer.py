@@ -100,9 +100,12 @@ def test_adam_update_matches_textbook_adam_with_cautious_decay():
     ref_w, ref_m, ref_v = w.clone(), m.clone(), v.clone()
     b1, b2, eps, lr, wd = 0.9, 0.99, 1e-10, 0.01, 0.3
     for t in range(1, 4):
-        g = torch.randn(5, 7)
+        kept, new = torch.randn(5, 7), torch.randn(5, 7)
+        g = kept + new  # T2.7: two steps' gradients
         step_size = lr * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t)
-        T.adam_update(g, w, m, v, torch.tensor(step_size), torch.tensor(wd), b1, b2, eps, 1.0)
+        T.adam_update(new, kept if t > 1 else None, w, m, v, torch.tensor(step_size), torch.tensor(wd),
+                      b1, b2, eps, 1.0)
+        g = g if t > 1 else new
         ref_m = b1 * ref_m + (1 - b1) * g
         ref_v = b2 * ref_v + (1 - b2) * g * g
         u = lr * (ref_m / (1 - b1 ** t)) / ((ref_v / (1 - b2 ** t)).sqrt() + eps)
@@ -223,20 +226,50 @@ def test_rank_rows_with_padding():
     assert (rows.start, rows.real_rows) == (4, 1)
 
 
-def test_adam_runs_when_asked_and_keeps_gradients_between():
-    params = make_params()
-    opt = T.NorMuonAdam(params, SPECS, CONFIG)
-    before = params["scalars"].detach().clone()
+ADAM_LABELS = [k for k, spec in SPECS.items() if spec.optimizer == "adam"]
+
+
+def test_adam_runs_when_asked_on_the_sum_of_two_steps_gradients():
+    """T2.7: a step without Adam keeps its gradients in the optimizer; the next Adam step updates with
+    their sum (exact here: fp32 parameters), as one Adam step on the summed gradient would."""
+    params, twin = make_params(dtype=torch.float32), make_params(dtype=torch.float32)
+    opt, twin_opt = T.NorMuonAdam(params, SPECS, CONFIG), T.NorMuonAdam(twin, SPECS, CONFIG)
+    before = {k: p.detach().clone() for k, p in params.items()}
+    first, second = micro_grads(params, 0, 0), micro_grads(params, 1, 0)
     for k, p in params.items():
-        p.grad = torch.ones_like(p)
+        p.grad = first[k].clone()
     opt.step(adam=False)  # an even step: NorMuon only
-    assert torch.equal(params["scalars"], before)
-    assert params["scalars"].grad is not None and params["qk_bank"].grad is None
-    for k in ("qk_bank", "mlp_bank"):
-        params[k].grad = torch.ones_like(params[k])
-    opt.step(adam=True)  # an odd step: Adam too, on two steps' gradients
-    assert not torch.equal(params["scalars"], before)
-    assert params["scalars"].grad is None
+    for k in ADAM_LABELS:
+        assert torch.equal(params[k], before[k]), k
+        assert params[k].grad is None and k in opt.kept, k
+    assert all(p.grad is None for p in params.values())
+    for k, p in params.items():
+        p.grad = second[k].clone()
+    opt.step(adam=True)  # an odd step: Adam too, on both steps' gradients
+    assert not opt.kept and all(p.grad is None for p in params.values())
+    for k in ADAM_LABELS:
+        twin[k].grad = first[k] + second[k]
+    twin_opt.step(adam=True)
+    for k in ADAM_LABELS:
+        assert not torch.equal(params[k], before[k]), k
+        assert torch.equal(params[k], twin[k]), k
+
+
+def test_consecutive_steps_without_adam_add_up_their_kept_gradients():
+    params, twin = make_params(dtype=torch.float32), make_params(dtype=torch.float32)
+    opt, twin_opt = T.NorMuonAdam(params, SPECS, CONFIG), T.NorMuonAdam(twin, SPECS, CONFIG)
+    grads = [micro_grads(params, step, 0) for step in range(3)]
+    for g in grads[:2]:
+        for k in ADAM_LABELS:
+            params[k].grad = g[k].clone()
+        opt.step(adam=False)
+    for k in ADAM_LABELS:
+        params[k].grad = grads[2][k].clone()
+        twin[k].grad = grads[0][k] + grads[1][k] + grads[2][k]
+    opt.step(adam=True)
+    twin_opt.step(adam=True)
+    for k in ADAM_LABELS:
+        assert torch.equal(params[k], twin[k]), k
 
 
 def test_tied_embedding_follows_lm_head_until_untied():
