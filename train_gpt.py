@@ -177,6 +177,8 @@ class Hyperparameters:
     fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
     fused_mlp_min_tokens: int = 32768  # per-rank tokens per forward below which the plain MLP runs (launch-bound)
     fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
+    fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
+    fp8_qkv_min_tokens: int = 32768  # per-rank tokens per forward below which it stays bf16 (launch-bound)
     attention_backend: str = "auto"  # auto | fa3 | fa4 | varlen | flex | sdpa
     fa4_min_tokens: int = 32768  # per-rank tokens per forward below which fa4 hands over to varlen (host-bound)
     # --- run ---
@@ -272,6 +274,8 @@ class ModelConfig(PartConfig):
     fused_mlp: bool
     fused_mlp_min_tokens: int
     fp8_mlp: bool  # fused MLP layers, sm90+ only
+    fp8_qkv: bool  # sm90+ only
+    fp8_qkv_min_tokens: int
     attention_backend: str  # resolved: fa3 | fa4 | varlen | flex | sdpa
     fa4_min_tokens: int
     max_tokens: int  # the longest forward on one rank (sizes the rotary tables)
@@ -280,9 +284,10 @@ class ModelConfig(PartConfig):
     def from_hyperparameters(cls, hp: Hyperparameters) -> "ModelConfig":
         device = torch.device(hp.device).type
         longest_step = max(stage.batch_tokens for stage in hp.stages) // RANKS_PER_STEP
-        fp8_mlp = (hp.fp8_mlp and hp.fused_mlp and device == "cuda" and torch.cuda.is_available()
-                   and torch.cuda.get_device_capability()[0] >= 9)  # the fused GEMM needs TMA
+        hopper = device == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+        fp8_mlp = hp.fp8_mlp and hp.fused_mlp and hopper  # the fused GEMM needs TMA
         return super().from_hyperparameters(hp, fp8_lm_head=hp.fp8_lm_head and device == "cuda", fp8_mlp=fp8_mlp,
+                                            fp8_qkv=hp.fp8_qkv and hopper,
                                             attention_backend=resolve_attention_backend(hp.attention_backend, device),
                                             max_tokens=max(hp.val_seq_len, longest_step))
 
@@ -633,6 +638,7 @@ class ForwardContext:
     vo: tuple[Tensor, ...]  # per attention slot: (2, d, d), V then O
     mlp_fc: tuple[Tensor, ...]  # per layer: (hidden, d)
     mlp_proj: tuple[Tensor, ...]  # per layer: (hidden, d), stored (in, out)
+    qkv8: "QKVBankFP8 | None"  # the training forward's e4m3 Q/K/V weights (T6.3), else None
 
 
 class GPT(nn.Module):
@@ -759,7 +765,7 @@ class GPT(nn.Module):
         """(loss to backpropagate, mean next-token CE). target_weights weighs the target columns
         (t+1 ... t+n_predict, then the prefix target); the fused lm_head + soft-capped cross-entropy
         (FP8 on CUDA, T4.4) scores every column at once."""
-        x = self.hidden_states(input_ids, cu_seqlens, shape, fp8_mlp=self.config.fp8_mlp)
+        x = self.hidden_states(input_ids, cu_seqlens, shape, fp8=True)
         targets = self.target_columns(target_ids.long(), shape)
         return lm_head_softcap_ce(x, self.lm_head, targets, target_weights, grad_scale, self.config.fp8_lm_head)
 
@@ -789,13 +795,15 @@ class GPT(nn.Module):
         return torch.stack(columns, 1)
 
     # --- forward ------------------------------------------------------------------------------------
-    def hidden_states(self, input_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
-                      fp8_mlp: bool = False) -> Tensor:
-        """The final normalized hidden states (T, d) of a batch of packed documents; fp8_mlp: the
-        fused MLP layers' forward in e4m3 (training only: evaluation stays bf16)."""
-        ctx = self.context(input_ids.long(), cu_seqlens, shape)
-        fused_mlp = self.config.fused_mlp and input_ids.size(0) >= self.config.fused_mlp_min_tokens
-        bank8 = MLPBankFP8.quantize(self.mlp_bank) if fp8_mlp and fused_mlp else None
+    def hidden_states(self, input_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape, fp8: bool = False) -> Tensor:
+        """The final normalized hidden states (T, d) of a batch of packed documents; fp8: the e4m3
+        forward products the config enables (fused MLP layers, Q/K/V projections), for training
+        only: evaluation stays bf16."""
+        cfg = self.config
+        fp8_qkv = fp8 and cfg.fp8_qkv and input_ids.size(0) >= cfg.fp8_qkv_min_tokens
+        ctx = self.context(input_ids.long(), cu_seqlens, shape, fp8_qkv)
+        fused_mlp = cfg.fused_mlp and input_ids.size(0) >= cfg.fused_mlp_min_tokens
+        bank8 = MLPBankFP8.quantize(self.mlp_bank) if fp8 and cfg.fp8_mlp and fused_mlp else None
         x = ctx.x_input
         for layer in self.layers:
             if layer.index == POST_GATE_LAYER:
@@ -810,9 +818,9 @@ class GPT(nn.Module):
             ctx.outputs[layer.index] = x
         return norm(self.final_mix(x, ctx))
 
-    def context(self, ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape) -> ForwardContext:
-        """Embeddings, the pre MUDD gate, the attention layout and the per-layer weights: what the
-        layers share."""
+    def context(self, ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape, fp8_qkv: bool) -> ForwardContext:
+        """Embeddings, the pre MUDD gate, the attention layout and the per-layer weights (with
+        fp8_qkv, the Q/K/V weights also in e4m3): what the layers share."""
         cfg, scalars = self.config, self.named_scalars()
         lookup = functools.partial(embedding_lookup, fp32_grad=cfg.embed_grad_fp32)
         x = lookup(self.embed, ids)
@@ -829,7 +837,8 @@ class GPT(nn.Module):
         value_embeds = lookup(self.value_embeds, ids).split(cfg.model_dim, -1) if cfg.value_embeds else None
         return ForwardContext(x_input=x_input, x0=x0, bigram=bigram, value_embeds=value_embeds, gates=gates,
                               scalars=scalars, shape=shape, outputs={},
-                              **self.attention_layout(ids.size(0), cu_seqlens, shape), **self.bank_views())
+                              **self.attention_layout(ids.size(0), cu_seqlens, shape), **self.bank_views(),
+                              qkv8=QKVBankFP8.quantize(self.qk_bank, self.vo_bank) if fp8_qkv else None)
 
     def attention_layout(self, T: int, cu_seqlens: Tensor, shape: ForwardShape) -> dict:
         """AttnArgs and rotary tables of the plain and, with paired heads, the doubled sequence."""
@@ -905,7 +914,11 @@ class GPT(nn.Module):
         w_qkv = torch.cat([ctx.qk[slot], w_v])
         lambdas = ctx.scalars["attn_lambdas"][i]  # pre-multiplied into the weights (#47, #48)
         w_qkv, w_o = lambdas[0] * w_qkv, lambdas[1] * w_o
-        q, k, v = (x @ w_qkv.t()).view(T, 3 * H, hd).split(H, dim=1)
+        if ctx.qkv8 is not None:  # e4m3 forward (T6.3): the bank's scale times the lambda
+            qkv = fp8_normed_linear(x, w_qkv, ctx.qkv8.weights[slot], ctx.qkv8.scales[slot] * lambdas[0])
+        else:
+            qkv = x @ w_qkv.t()
+        q, k, v = qkv.view(T, 3 * H, hd).split(H, dim=1)
         q, k = norm(q), norm(k)  # QK-norm
         if v_extra is not None:
             v = v + v_extra
@@ -2909,6 +2922,52 @@ def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, 
     (16-byte aligned)."""
     return FP8ReluSquareMLP.apply(x, fc, proj, bank8.fc[layer], bank8.proj_t[layer], bank8.scales[layer, 0, 0],
                                   bank8.scales[layer, 1, 0], post_scale)
+
+
+# --- FP8 Q/K/V projections (T6.3) ----------------------------------------------------------------------
+# The attention input is RMS-normalized, so it takes the MLP's static e4m3 scale; each layer's Q, K
+# and V rows are quantized once per forward with one scale per layer. cuBLAS multiplies (fast
+# accumulation, as the lm_head's forward); the backward is the bf16 product's, from the bf16 input
+# and weight it saves.
+@dataclass
+class QKVBankFP8:
+    """Each attention slot's (3d, d) Q, K, V weights in e4m3 and their scales (slots,) fp32."""
+    weights: Tensor
+    scales: Tensor
+
+    @classmethod
+    def quantize(cls, qk_bank: Tensor, vo_bank: Tensor) -> "QKVBankFP8":
+        slots, d = vo_bank.size(0) // 2, vo_bank.size(-1)
+        w = torch.cat([qk_bank.detach().view(slots, -1, d), vo_bank.detach().view(slots, 2, d, d)[:, 0]], 1)
+        w8, scale = quantize_e4m3(w, w.abs().amax(dim=(1, 2), keepdim=True))
+        return cls(w8, scale.view(slots))
+
+
+def fp8_normed_linear_reference(x: Tensor, w8: Tensor, w_scale: Tensor) -> Tensor:
+    """fp8_normed_linear's forward in fp32 on the e4m3 values: x RMS-normalized, w ≈ w8·w_scale."""
+    x8, x_scale = quantize_normed_e4m3(x)
+    return ((x8.float() @ w8.float().t()) * (x_scale * w_scale)).bfloat16()
+
+
+class FP8NormedLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, w8: Tensor, w_scale: Tensor):
+        x8, x_scale = quantize_normed_e4m3(x)
+        ctx.save_for_backward(x, w)
+        one = torch.ones((), dtype=torch.float32, device=x.device)
+        return torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=(w_scale * x_scale).float().reshape(()),
+                                out_dtype=torch.bfloat16, use_fast_accum=True)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, w = ctx.saved_tensors
+        return grad @ w, grad.t() @ x, None, None
+
+
+def fp8_normed_linear(x: Tensor, w: Tensor, w8: Tensor, w_scale: Tensor) -> Tensor:
+    """x @ wᵀ (bf16) for an RMS-normalized x (T, d), with the forward in e4m3: w8 ≈ w / w_scale
+    (0-d fp32); the gradients are those of x @ wᵀ in bf16."""
+    return FP8NormedLinear.apply(x, w, w8, w_scale)
 
 
 # --- Embedding lookups with fp32-accumulated gradients (T3.3, T3.4; issue #25) ----------------------
