@@ -1194,14 +1194,13 @@ class NorMuonAdam:
 
     def _keep(self, label: str):
         """Hold a step's gradient (its reduction under way) for the next Adam update of the label."""
-        reduction = self._launch_reduction(label)
-        if label in self.kept:  # two steps without Adam in a row (the warm-up's stage edges): sum them
-            earlier = self._kept_grad(label)
-            work, grad = reduction
+        work, grad = self._launch_reduction(label)
+        earlier = self._kept_grad(label)
+        if earlier is not None:  # two steps without Adam in a row (the warm-up's stage edges): sum them
             if work is not None:
                 work.wait()
-            reduction = (None, grad.add_(earlier))
-        self.kept[label] = reduction
+            work, grad = None, grad.add_(earlier)
+        self.kept[label] = (work, grad)
 
     def _kept_grad(self, label: str) -> Tensor | None:
         """The kept gradient rows of `label`, reduced (the reduction waited for), or None."""
