@@ -178,7 +178,7 @@ class Hyperparameters:
     fused_mlp_min_tokens: int = 32768  # per-rank tokens per forward below which the plain MLP runs (launch-bound)
     fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
     fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
-    fp8_qkv_min_tokens: int = 32768  # per-rank tokens per forward below which it stays bf16 (launch-bound)
+    fp8_qkv_min_tokens: int = 49152  # per-rank tokens per forward below which it stays bf16 (host-bound there)
     attention_backend: str = "auto"  # auto | fa3 | fa4 | varlen | flex | sdpa
     fa4_min_tokens: int = 32768  # per-rank tokens per forward below which fa4 hands over to varlen (host-bound)
     # --- run ---
