@@ -20,8 +20,10 @@ those launched inside optimizer.step() (a record_function range, linked CPU laun
 the profiler's correlation ids) form the optimizer group, the others go to the first GROUPS rule
 that matches their name. From the same trace, the GPU's idle time between activities (overlapping
 ones merged), the part of it before the next activity had been launched (the CPU was behind) and the
-part before optimizer work, with the largest gaps (listed under each stage's line). The profiler adds
-CPU work to every launch, so the host-bound part reads high; the wall row is measured without it.
+part before optimizer work, with the largest gaps (listed under each stage's line); and where the
+CPU's time goes (CPU ops by exclusive time, on the forward's and autograd's threads, also under each
+stage's line). The profiler adds CPU work to every op, so the host-bound part reads high; the wall
+row is measured without it.
 The child writes DIR/<label>.json (raw per-kernel totals: grouping happens
 here, so --merge applies refined rules to old runs); the parent writes DIR/kernels.csv and
 DIR/table.md and prints the markdown table last.
@@ -227,6 +229,54 @@ def gpu_idle(events: list[dict], top: int = 5) -> dict:
     return dict(idle=idle, host=host, optimizer=optimizer, gaps=gaps, largest=largest)
 
 
+CPU_EVENT_KINDS = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
+# Names folded into one entry of the host-time list: inductor's own kernel launches, the Python
+# wrapper of a compiled graph (its name carries the graph's hash), the CUDA API's launch calls.
+HOST_FOLDS = [("inductor Triton launches", re.compile(r"^triton_(?:poi|red|per|tem)_")),
+              ("compiled graph wrapper code", re.compile(r"^## Call CompiledFxGraph")),
+              ("CUDA launch API", re.compile(r"^(?:cuLaunchKernel|cudaLaunchKernel|cudaGraphLaunch)"))]
+
+
+def host_time(events: list[dict], top: int = 12) -> dict:
+    """Where the CPU time of the profiled steps goes, in µs: `busy`, the CPU ops' time on every
+    thread outside any other op (the forward's thread and autograd's backward thread); `self`, the
+    top `top` names by exclusive time (an op's time less its nested ops'), names folded by
+    HOST_FOLDS, as [name, µs, calls]. The profiler adds its own cost to every op, so the sum reads
+    higher than the unprofiled host time; the ranking is what it shows."""
+    by_thread: dict[tuple, list] = {}
+    for e in events:
+        if e.get("cat") in CPU_EVENT_KINDS and e.get("ph", "X") == "X" and "dur" in e:
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    busy = 0.0
+    exclusive: dict[str, list] = {}
+    for ops in by_thread.values():
+        ops.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack: list[list] = []  # [event, time of its nested ops]
+
+        def close(entry):
+            name = entry[0]["name"]
+            for folded, rule in HOST_FOLDS:
+                if rule.search(name):
+                    name = folded
+                    break
+            total = exclusive.setdefault(name, [0.0, 0])
+            total[0] += entry[0]["dur"] - entry[1]
+            total[1] += 1
+
+        for e in ops:
+            while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= e["ts"]:
+                close(stack.pop())
+            if stack:
+                stack[-1][1] += e["dur"]
+            else:
+                busy += e["dur"]
+            stack.append([e, 0.0])
+        while stack:
+            close(stack.pop())
+    ranked = sorted(([name, us, calls] for name, (us, calls) in exclusive.items()), key=lambda r: -r[1])
+    return dict(busy=busy, self=ranked[:top])
+
+
 def load_source(path: str):
     spec = importlib.util.spec_from_file_location("profiled_train_gpt", path)
     module = importlib.util.module_from_spec(spec)
@@ -317,6 +367,7 @@ def run_child(args):
                 events = json.load(f)["traceEvents"]
             totals, ranges, unlinked = kernel_totals(events)
             idle = gpu_idle(events)
+            host = host_time(events)
             if args.trace_dir:
                 kept = os.path.join(args.trace_dir, f"{_slug(args.label)}_st{stage}.json.gz")
                 with open(trace, "rb") as fin, gzip.open(kept, "wb") as fout:
@@ -330,6 +381,8 @@ def run_child(args):
                 idle=dict(ms=idle["idle"] / 1000 / args.steps, host_ms=idle["host"] / 1000 / args.steps,
                           optimizer_ms=idle["optimizer"] / 1000 / args.steps, gaps=idle["gaps"] / args.steps,
                           largest=idle["largest"]) if cuda else None,
+                host=dict(busy_ms=host["busy"] / 1000 / args.steps,
+                          top=[[name, us / 1000 / args.steps, calls / args.steps] for name, us, calls in host["self"]]),
                 kernels=[dict(name=name, kind=kind, optimizer=opt, ms=us / 1000 / args.steps, calls=count / args.steps)
                          for (name, kind, opt), (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])]))
             print(f"[{args.label}] stage {stage}: wall {wall_ms:.2f} ms/step, loss {loss:.4f}", flush=True)
@@ -394,6 +447,11 @@ def describe(results: list[dict]) -> str:
                          + "".join(f"; warning: {n}" for n in notes))
             for gap, before, after in (s.get("idle") or {}).get("largest", []):
                 lines.append(f"    idle {gap:8.1f} µs after {str(before)[:70]} before {str(after)[:70]}")
+            host = s.get("host")  # profiles made before the host analysis have none
+            if host:
+                lines.append(f"    host (profiled): {host['busy_ms']:.1f} ms/step in CPU ops; by exclusive time:")
+                for name, ms, calls in host["top"]:
+                    lines.append(f"      {ms:7.2f} ms/step {calls:6.1f} calls  {name[:90]}")
     return "\n".join(lines)
 
 

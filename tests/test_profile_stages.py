@@ -173,6 +173,36 @@ def test_gpu_idle_splits_gaps_into_host_bound_and_optimizer_parts():
     assert idle["largest"] == [[10.0, "C", "D"], [10.0, "E", "F"], [3.0, "B", "C"]]
 
 
+def test_host_time_ranks_cpu_ops_by_exclusive_time_per_thread():
+    """Nested ops count their own time less their children's; each thread's top-level ops make the
+    busy time; inductor's launches and the graph wrappers (hash in the name) fold into one entry;
+    GPU events do not count."""
+    graph = "## Call CompiledFxGraph fabc123 ##"
+    events = [
+        _event("cpu_op", "Torch-Compiled Region: 0/0", 0.0, 100.0),
+        _event("cpu_op", graph, 1.0, 98.0),
+        _event("cpu_op", "speedrun::fa4_varlen_attention", 10.0, 40.0),
+        _event("cpu_op", "FlashAttnFwd", 12.0, 30.0),
+        _event("cuda_driver", "cuLaunchKernelEx", 20.0, 5.0),
+        _event("cpu_op", "triton_poi_fused_add_0", 60.0, 6.0),
+        _event("cuda_driver", "cuLaunchKernel", 62.0, 2.0),
+        _event("cpu_op", "triton_red_fused_sum_1", 70.0, 4.0),
+        _event("cpu_op", "autograd::engine::evaluate_function: CompiledFunctionBackward", 200.0, 50.0, tid=11),
+        _event("cpu_op", "## Call CompiledFxGraph fdef456 ##", 201.0, 45.0, tid=11),
+        _event("kernel", "triton_poi_fused_add_0", 300.0, 500.0, pid=0, tid=7),
+    ]
+    host = P.host_time(events, top=10)
+    assert host["busy"] == 150.0
+    ranked = {name: (us, calls) for name, us, calls in host["self"]}
+    # the wrappers: 98 - 40 - 6 - 4 = 48 in the forward's, 45 in the backward's
+    assert ranked["compiled graph wrapper code"] == (93.0, 2)
+    assert ranked["inductor Triton launches"] == (8.0, 2)  # 6 - 2 and 4
+    assert ranked["CUDA launch API"] == (7.0, 2)
+    assert ranked["speedrun::fa4_varlen_attention"] == (10.0, 1) and ranked["FlashAttnFwd"] == (25.0, 1)
+    assert ranked["Torch-Compiled Region: 0/0"] == (2.0, 1)
+    assert host["self"][0][0] == "compiled graph wrapper code" and "kernel" not in str(host["self"])
+
+
 def _stage(stage, wall, kernels, loss=3.5, ranges=2, steps=2):
     return dict(stage=stage, step=10 * stage, tokens_per_step=16384, max_seq_len=896, adam_steps=steps // 2,
                 wall_ms=wall, loss=loss, optimizer_ranges=ranges, unlinked_gpu_events=0, peak_memory_gib=1.5,
@@ -237,6 +267,10 @@ def test_description_flags_missing_optimizer_ranges_unlinked_events_and_non_fini
     first, second = text.splitlines()[1:3]
     assert "1 optimizer ranges in the trace, expected 2" in first and "3 GPU events without a CPU launch" in first
     assert "non-finite loss nan" in first and "warning" not in second and "loss 3.500" in second
+    stage["host"] = dict(busy_ms=61.5, top=[["speedrun::fa4_varlen_attention", 3.25, 10.0]])
+    lines = P.describe([_result("ours", [stage])]).splitlines()
+    assert "host (profiled): 61.5 ms/step in CPU ops" in lines[2]
+    assert lines[3].split() == ["3.25", "ms/step", "10.0", "calls", "speedrun::fa4_varlen_attention"]
 
 
 def _git(repo, *args):
