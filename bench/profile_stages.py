@@ -237,6 +237,11 @@ HOST_FOLDS = [("inductor Triton launches", re.compile(r"^triton_(?:poi|red|per|t
               ("CUDA launch API", re.compile(r"^(?:cuLaunchKernel|cudaLaunchKernel|cudaGraphLaunch)"))]
 
 
+def _host_name(name: str) -> str:
+    """A CPU op's name, or the HOST_FOLDS entry that folds it."""
+    return next((folded for folded, rule in HOST_FOLDS if rule.search(name)), name)
+
+
 def host_time(events: list[dict], top: int = 12) -> dict:
     """Where the CPU time of the profiled steps goes, in µs: `busy`, the CPU ops' time on every
     thread outside any other op (the forward's thread and autograd's backward thread); `self`, the
@@ -249,20 +254,15 @@ def host_time(events: list[dict], top: int = 12) -> dict:
             by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
     busy = 0.0
     exclusive: dict[str, list] = {}
+
+    def close(entry):  # [event, time of its nested ops]
+        total = exclusive.setdefault(_host_name(entry[0]["name"]), [0.0, 0])
+        total[0] += entry[0]["dur"] - entry[1]
+        total[1] += 1
+
     for ops in by_thread.values():
         ops.sort(key=lambda e: (e["ts"], -e["dur"]))
-        stack: list[list] = []  # [event, time of its nested ops]
-
-        def close(entry):
-            name = entry[0]["name"]
-            for folded, rule in HOST_FOLDS:
-                if rule.search(name):
-                    name = folded
-                    break
-            total = exclusive.setdefault(name, [0.0, 0])
-            total[0] += entry[0]["dur"] - entry[1]
-            total[1] += 1
-
+        stack: list[list] = []
         for e in ops:
             while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= e["ts"]:
                 close(stack.pop())

@@ -100,12 +100,10 @@ def test_adam_update_matches_textbook_adam_with_cautious_decay():
     ref_w, ref_m, ref_v = w.clone(), m.clone(), v.clone()
     b1, b2, eps, lr, wd = 0.9, 0.99, 1e-10, 0.01, 0.3
     for t in range(1, 4):
-        kept, new = torch.randn(5, 7), torch.randn(5, 7)
-        g = kept + new  # T2.7: two steps' gradients
+        kept, new = (torch.randn(5, 7) if t > 1 else None), torch.randn(5, 7)
+        g = new if kept is None else kept + new  # T2.7: two steps' gradients
         step_size = lr * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t)
-        T.adam_update(new, kept if t > 1 else None, w, m, v, torch.tensor(step_size), torch.tensor(wd),
-                      b1, b2, eps, 1.0)
-        g = g if t > 1 else new
+        T.adam_update(new, kept, w, m, v, torch.tensor(step_size), torch.tensor(wd), b1, b2, eps, 1.0)
         ref_m = b1 * ref_m + (1 - b1) * g
         ref_v = b2 * ref_v + (1 - b2) * g * g
         u = lr * (ref_m / (1 - b1 ** t)) / ((ref_v / (1 - b2 ** t)).sqrt() + eps)
