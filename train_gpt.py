@@ -1659,6 +1659,19 @@ class RunLog:
             f.write(text + "\n")
 
 
+def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU model and how many of its cores this process may use: the launch-bound stages run at
+    the host's speed, so two machines with the same GPU can differ there."""
+    model = "unknown model"
+    try:
+        with open(cpuinfo) as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model} ({usable} cores usable)"
+
+
 def environment_report() -> str:
     try:
         smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout.rstrip()
@@ -1667,6 +1680,7 @@ def environment_report() -> str:
     lines = [f"Running Python {sys.version.replace(chr(10), ' ')}",
              f"Running PyTorch {torch.__version__} compiled for CUDA {torch.version.cuda}",
              f"Running Triton version {triton.__version__ if triton else 'not installed'}",
+             f"Running on host CPU {host_cpu()}",
              smi or "nvidia-smi: not available"]
     return "\n".join(lines)
 

@@ -63,6 +63,7 @@ class Run:
     cuda: str = ""
     triton: str = ""
     driver: str = ""
+    host_cpu: str = ""  # absent in older logs
     run_id: str = ""
     hardware: str = ""
     mode: str = ""
@@ -124,6 +125,8 @@ def parse_log(path, complete: bool = True) -> Run:
             run.torch, run.cuda = tm.groups()
         elif ln.startswith("Running Triton version "):
             run.triton = ln[len("Running Triton version "):].strip()
+        elif ln.startswith("Running on host CPU "):
+            run.host_cpu = ln[len("Running on host CPU "):].strip()
         elif not run.driver and (dm := re.search(r"Driver Version:\s*(\S+)", ln)):
             run.driver = dm.group(1)
     for what, val in (("Running Python", run.python), ("Running PyTorch", run.torch), ("Running Triton version", run.triton)):
@@ -394,7 +397,8 @@ def baseline_lines(s: dict, base_name: str) -> list[str]:
 def setup_lines(runs: list[Run]) -> list[str]:
     r = runs[0]
     ga = f", grad_accum_steps {r.grad_accum_steps}" if r.grad_accum_steps else ""
-    return [f"- hardware: {r.hardware}", f"- mode: {r.mode} (world_size {r.world_size}{ga})",
+    host = [f"- host CPU: {joined(runs, 'host_cpu')}"] if any(x.host_cpu for x in runs) else []
+    return [f"- hardware: {r.hardware}", *host, f"- mode: {r.mode} (world_size {r.world_size}{ga})",
             f"- data: {r.data}", f"- software: {joined(runs, 'software')}"]
 
 
@@ -669,6 +673,8 @@ def new_readme(folder: Path, runs: list[Run], s: dict, prev: Path | None, baseli
            f"- Triton: {joined(runs, 'triton')}"]
     if any(x.driver for x in runs):
         md.append(f"- NVIDIA driver: {joined(runs, 'driver')}")
+    if any(x.host_cpu for x in runs):
+        md.append(f"- host CPU: {joined(runs, 'host_cpu')}")
     md += ["", "## Results", "", runs_table(runs), "", *summary_lines(s)]
     if baseline is not None and s.get("baseline"):
         md += baseline_lines(s, f"[{baseline.name}](../{baseline.name}/)")

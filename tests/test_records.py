@@ -27,7 +27,7 @@ NVSMI = """Sat Nov 22 03:13:00 2025
 def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None, source=SOURCE,
              hardware="8x NVIDIA H100 80GB HBM3", mode="rank-slice", data=None, truncate_after_step=None,
              bad_line_at_step=None, error_at_step=None, overrides=None, world_size=8, grad_accum=1, train_loss=None,
-             seed=None, schedule=None, step_ms=None):
+             seed=None, schedule=None, step_ms=None, host_cpu=None):
     """Write a complete log (or a broken one) with a known final val loss and train time (ms).
     schedule: (scheduled steps, stage fractions) logged as the hyperparameters' stage table;
     step_ms: train_time (ms) after a given number of steps (default: linear up to final_ms)."""
@@ -36,7 +36,7 @@ def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None
     lines = [source.rstrip("\n"), "=" * 100,
              "Running Python 3.12.3 (main, Apr 10 2024, 05:33:47) [GCC 13.2.0]",
              "Running PyTorch 2.11.0+cu128 compiled for CUDA 12.8", "Running Triton version 3.6.0",
-             NVSMI, "=" * 100,
+             *([f"Running on host CPU {host_cpu}"] if host_cpu else []), NVSMI, "=" * 100,
              f"run_id: {run_id or path.stem}", f"hardware: {hardware}", f"mode: {mode}", f"world_size: {world_size}",
              f"grad_accum_steps: {grad_accum}", f"data: {data}", *([f"overrides: {overrides}"] if overrides is not None else []),
              "hyperparameters: " + json.dumps({"num_iterations": total, "val_loss_every": val_every,
@@ -99,6 +99,20 @@ def test_parse_complete_log(tmp_path):
     assert r.data.startswith("FineWeb") and r.hyperparameters["num_iterations"] == 100
     assert (r.torch, r.cuda, r.triton, r.driver) == ("2.11.0+cu128", "12.8", "3.6.0", "570.86.15")
     assert [v[0] for v in r.val] == [0, 25, 50, 75, 100]
+
+
+def test_host_cpu_line_is_read_and_shown_in_the_statistics_setup(tmp_path, capsys):
+    cpu = "Intel(R) Xeon(R) Platinum 8480+ (16 cores usable)"
+    for i, loss in enumerate(LOSSES):
+        make_log(tmp_path / "new" / f"run{i}.txt", loss, 180000 + i, host_cpu=cpu)
+    make_log(tmp_path / "old" / "run0.txt", 3.27, 180000)
+    make_log(tmp_path / "old" / "run1.txt", 3.28, 180000)
+    assert tool.parse_log(tmp_path / "new" / "run0.txt").host_cpu == cpu
+    assert tool.parse_log(tmp_path / "old" / "run0.txt").host_cpu == ""
+    assert run_tool("stats", tmp_path / "new", "--no-plot") == 0
+    assert f"- host CPU: {cpu}\n" in (tmp_path / "new" / "statistics.md").read_text()
+    assert run_tool("stats", tmp_path / "old", "--no-plot") == 0  # logs from before the line: none shown
+    assert "host CPU" not in (tmp_path / "old" / "statistics.md").read_text()
 
 
 def test_malformed_step_line_names_file_and_line(tmp_path):

@@ -203,6 +203,15 @@ def load_records_tool():
     return module
 
 
+def test_host_cpu_names_the_model_and_the_usable_cores(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654 96-Core Processor\n"
+                       "processor\t: 1\nmodel name\t: AMD EPYC 9654 96-Core Processor\n")
+    usable = len(os.sched_getaffinity(0))
+    assert T.host_cpu(str(cpuinfo)) == f"AMD EPYC 9654 96-Core Processor ({usable} cores usable)"
+    assert T.host_cpu(str(tmp_path / "missing")) == f"unknown model ({usable} cores usable)"
+
+
 def test_main_learns_and_writes_the_field_log_format(tmp_path, corpus):
     env = tiny_env(tmp_path, corpus, rank_slice=True, num_scheduled_iterations=30, num_extension_iterations=2,
                    val_loss_every=10, run_id="learn")
@@ -212,6 +221,7 @@ def test_main_learns_and_writes_the_field_log_format(tmp_path, corpus):
     source = open(os.path.join(ROOT, "train_gpt.py")).read()
     assert log.startswith(source.rstrip("\n") + "\n" + "=" * 100 + "\n")
     assert "Running PyTorch " in log and "mode: rank-slice" in log and "hardware: cpu" in log
+    assert re.search(r"^Running on host CPU .+ \(\d+ cores usable\)$", log, re.M)
     overrides = re.search(r"^overrides: (.*)$", log, re.M).group(1)
     assert "RANK_SLICE=1" in overrides and "NUM_SCHEDULED_ITERATIONS=30" in overrides and "RUN_ID" not in overrides
     vals = [(int(m.group(1)), float(m.group(2))) for m in
