@@ -2106,8 +2106,8 @@ def main():
 # Fast paths
 # =============================================================================================
 # Each fused op is one block, in this order: its torch reference (the definition and the fallback),
-# the Triton kernels, their launcher, the custom ops that keep them whole in a torch.compile graph,
-# the autograd function, and the dispatcher the model or optimizer calls. One rule picks the path:
+# the Triton kernels, their launcher (traced by torch.compile, or in a custom op where the op cannot
+# be traced), the autograd function, and the dispatcher the model or optimizer calls. One rule picks the path:
 # a dispatcher's `use_triton=None` means triton_applies(input) (a CUDA tensor with Triton installed,
 # and the shapes the kernels take); True forces the kernels (tests run them in Triton's CPU
 # interpreter), False the reference. Features (FP8, the fused MLP in stage 1) are model choices.
@@ -2754,11 +2754,15 @@ RELU_SQUARE_GEMM_CONFIGS = {"relu_square": GemmConfig(), "relu_square_grad": Gem
                             "relu_square_fp8": GemmConfig(block_k=128)}
 
 
+def _tma_ready(t: Tensor) -> bool:
+    """Row-major from a 16-byte aligned address (TMA's requirement), the address judged by the
+    storage offset (allocations start 512-byte aligned): torch.compile traces this, not data_ptr()."""
+    return t.is_contiguous() and t.storage_offset() * t.element_size() % 16 == 0
+
+
 def _tma_operand(t: Tensor) -> Tensor:
-    """t, or a copy of it, row-major from a 16-byte aligned address (TMA's requirement)."""
-    if not t.is_contiguous() or t.data_ptr() % 16:
-        t = t.clone(memory_format=torch.contiguous_format)
-    return t
+    """t, or a copy of it that _tma_ready."""
+    return t if _tma_ready(t) else t.clone(memory_format=torch.contiguous_format)
 
 
 def relu_square_gemm(a: Tensor, b: Tensor, aux: Tensor | None = None, config: GemmConfig | None = None,
@@ -2777,7 +2781,7 @@ def relu_square_gemm(a: Tensor, b: Tensor, aux: Tensor | None = None, config: Ge
         raise ValueError(f"expected bf16 tensors, got {[t.dtype for t in tensors]}")
     if out is None:
         out = a.new_empty((M, N))
-    elif not out.is_contiguous() or out.data_ptr() % 16:
+    elif not _tma_ready(out):
         raise ValueError("out must be contiguous from a 16-byte aligned address")
     _launch_relu_square_gemm(a, b, out, aux, None, None, None, None, epilogue, config)
     return out
@@ -2828,8 +2832,9 @@ def tma_gemm_applies(t: Tensor) -> bool:
     return triton_applies(t) and torch.cuda.get_device_capability(t.device)[0] >= 9
 
 
-# The two GEMMs as custom ops (opaque to torch.compile); use_triton=False runs the same products in torch.
-@torch.library.custom_op("speedrun::relu_square_matmul", mutates_args=())
+# The two GEMMs. torch.compile traces the Triton launches (TMA descriptors included) into its graph
+# and inductor launches the kernels itself: no custom op, whose Python path cost ~0.25 ms of host time
+# per call (records/experiments/2026-11-25_HostBoundProfileH100). use_triton=False: the same products in torch.
 def relu_square_matmul(x: Tensor, w: Tensor, use_triton: bool) -> Tensor:
     """post = relu(x·wᵀ)², x (M, K), w (N, K)."""
     if use_triton:
@@ -2837,22 +2842,11 @@ def relu_square_matmul(x: Tensor, w: Tensor, use_triton: bool) -> Tensor:
     return torch.relu(x @ w.t()).square()
 
 
-@relu_square_matmul.register_fake
-def _relu_square_matmul_fake(x: Tensor, w: Tensor, use_triton: bool) -> Tensor:
-    return x.new_empty((x.size(0), w.size(0)))
-
-
-@torch.library.custom_op("speedrun::relu_square_grad_matmul", mutates_args=())
 def relu_square_grad_matmul(grad: Tensor, w: Tensor, post: Tensor, use_triton: bool) -> Tensor:
     """dpre = (grad·wᵀ)·2·√post, grad (M, K), w (N, K), post (M, N)."""
     if use_triton:
         return relu_square_gemm(grad, w, post)
     return (grad @ w.t()) * (2 * post.sqrt())
-
-
-@relu_square_grad_matmul.register_fake
-def _relu_square_grad_matmul_fake(grad: Tensor, w: Tensor, post: Tensor, use_triton: bool) -> Tensor:
-    return post.new_empty(post.shape)
 
 
 class ReluSquareMLP(torch.autograd.Function):
@@ -2930,22 +2924,27 @@ def fp8_relu_square_mlp_reference(x: Tensor, fc: Tensor, proj: Tensor, post_scal
     return out.bfloat16(), post.amax().view(1)
 
 
-# One op for both e4m3 products: inductor's own lowering of _scaled_mm rejects per-layer scale views.
-@torch.library.custom_op("speedrun::fp8_relu_square_mlp_forward", mutates_args=())
+# The down-projection as a custom op: inductor's own lowering of _scaled_mm rejects the per-layer
+# scale views. The up-projection's Triton launch is traced, as relu_square_matmul's.
+@torch.library.custom_op("speedrun::fp8_down_projection", mutates_args=())
+def fp8_down_projection(post8: Tensor, post_scale: Tensor, proj8_t: Tensor, proj_scale: Tensor) -> Tensor:
+    """post8·proj in bf16: post8 (M, hidden) e4m3 at post_scale, proj given transposed (d, hidden) in
+    e4m3 at proj_scale."""
+    return torch._scaled_mm(post8, proj8_t.t(), scale_a=post_scale, scale_b=proj_scale,
+                            out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
+@fp8_down_projection.register_fake
+def _fp8_down_projection_fake(post8, post_scale, proj8_t, proj_scale):
+    return post8.new_empty((post8.size(0), proj8_t.size(0)), dtype=torch.bfloat16)
+
+
 def fp8_relu_square_mlp_forward(x8: Tensor, fc8: Tensor, product_scale: Tensor, post_scale: Tensor,
                                 proj8_t: Tensor, proj_scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(out, post, amax of post): post = relu(product_scale·x8·fc8ᵀ)² in bf16 (the backward's),
     out = (post in e4m3 at post_scale)·proj in bf16, proj given transposed in e4m3 at proj_scale."""
     post, post8, amax = relu_square_fp8_gemm(x8, fc8, product_scale, post_scale)
-    out = torch._scaled_mm(post8, proj8_t.t(), scale_a=post_scale, scale_b=proj_scale,
-                           out_dtype=torch.bfloat16, use_fast_accum=True)
-    return out, post, amax
-
-
-@fp8_relu_square_mlp_forward.register_fake
-def _fp8_relu_square_mlp_forward_fake(x8, fc8, product_scale, post_scale, proj8_t, proj_scale):
-    return (x8.new_empty((x8.size(0), proj8_t.size(0)), dtype=torch.bfloat16),
-            x8.new_empty((x8.size(0), fc8.size(0)), dtype=torch.bfloat16), x8.new_empty((1,), dtype=torch.float32))
+    return fp8_down_projection(post8, post_scale, proj8_t, proj_scale), post, amax
 
 
 class FP8ReluSquareMLP(torch.autograd.Function):
