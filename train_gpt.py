@@ -2816,8 +2816,9 @@ def _launch_relu_square_gemm(a, b, out, aux, out8, scale, act_scale, amax, epilo
     out8_desc = None if out8 is None else TensorDescriptor.from_tensor(out8, c_block)
     M, N = out.shape
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
-    # persistent: one program per SM (a few on the CPU interpreter, so each still loops over tiles)
-    slots = _sm_count(a.device) if a.is_cuda else 4
+    # persistent: one program per SM (a few on the CPU interpreter, so each still loops over tiles);
+    # torch.compile folds the device's properties to a constant (it would trace _sm_count's cache)
+    slots = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
     programs = min(tiles, slots) if config.persistent else tiles
     _relu_square_gemm_kernel[(programs,)](
         a_desc, b_desc, TensorDescriptor.from_tensor(out, c_block), aux_desc, out8_desc, scale, act_scale, amax,
