@@ -2755,9 +2755,12 @@ RELU_SQUARE_GEMM_CONFIGS = {"relu_square": GemmConfig(), "relu_square_grad": Gem
 
 
 def _tma_ready(t: Tensor) -> bool:
-    """Row-major from a 16-byte aligned address (TMA's requirement), the address judged by the
-    storage offset (allocations start 512-byte aligned): torch.compile traces this, not data_ptr()."""
-    return t.is_contiguous() and t.storage_offset() * t.element_size() % 16 == 0
+    """Row-major from a 16-byte aligned address (TMA's requirement). torch.compile can trace neither
+    data_ptr() nor storage_offset(): in a traced launch only the layout is judged here, and the
+    descriptor built at run time asserts the address (TensorDescriptor: "base must be 16-byte aligned")."""
+    if torch.compiler.is_compiling():
+        return t.is_contiguous()
+    return t.is_contiguous() and t.data_ptr() % 16 == 0
 
 
 def _tma_operand(t: Tensor) -> Tensor:
@@ -2816,9 +2819,8 @@ def _launch_relu_square_gemm(a, b, out, aux, out8, scale, act_scale, amax, epilo
     out8_desc = None if out8 is None else TensorDescriptor.from_tensor(out8, c_block)
     M, N = out.shape
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
-    # persistent: one program per SM (a few on the CPU interpreter, so each still loops over tiles);
-    # torch.compile folds the device's properties to a constant (it would trace _sm_count's cache)
-    slots = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
+    # persistent: one program per SM (a few on the CPU interpreter, so each still loops over tiles)
+    slots = _sm_count(a.device) if a.is_cuda else 4
     programs = min(tiles, slots) if config.persistent else tiles
     _relu_square_gemm_kernel[(programs,)](
         a_desc, b_desc, TensorDescriptor.from_tensor(out, c_block), aux_desc, out8_desc, scale, act_scale, amax,

@@ -80,6 +80,22 @@ def test_relu_square_gemm_rejects_shapes_tma_cannot_stride():
         T.relu_square_gemm(a.float(), torch.randn(24, 40))
 
 
+def test_tma_operands_are_copied_only_when_tma_cannot_read_them_eager_and_traced():
+    """Eager: an aligned row-major view is passed as it is; a view 2 bytes into its storage and a
+    transposed view are copied. Traced (fullgraph, as the model's compiled graph traces the launch):
+    the check compiles (it may not read the address, which dynamo cannot trace) and still copies
+    the non-contiguous view."""
+    bank = torch.randn(3, 16, 8).bfloat16()
+    aligned, odd = bank[1], torch.randn(129).bfloat16()[1:].view(16, 8)
+    assert T._tma_operand(aligned) is aligned
+    for view in (odd, bank[1].t()):
+        copy = T._tma_operand(view)
+        assert copy.data_ptr() % 16 == 0 and copy.is_contiguous() and torch.equal(copy, view)
+    torch._dynamo.reset()
+    traced = torch.compile(lambda t: T._tma_operand(t).stride(), backend="eager", fullgraph=True)
+    assert traced(aligned) == (8, 1) and traced(bank[1].t()) == (16, 1)
+
+
 FP8_INTERPRETER_CHECK = textwrap.dedent("""
     import torch, train_gpt as T
     from helpers import rel_err as rel
