@@ -3371,11 +3371,14 @@ def _fa4_window_size(window: int) -> tuple[int | None, int]:
 @torch.library.custom_op("speedrun::fa4_varlen_attention", mutates_args=())
 def fa4_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int,
                          window: int) -> tuple[Tensor, Tensor]:
-    """(out (S, H, D), lse (H, S) fp32) of attend's attention with FA4; q already scaled."""
-    out, lse = fa4_interface.flash_attn_varlen_func(
+    """(out (S, H, D), lse (H, S) fp32) of attend's attention with FA4; q already scaled. FA4's
+    forward itself, as the backward below: its public function adds an autograd.Function (host
+    time per call) whose graph this op replaces."""
+    left, right = _fa4_window_size(window)
+    out, lse, *_ = fa4_interface._flash_attn_fwd(
         q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
-        max_seqlen_k=max_seqlen, softmax_scale=1.0, causal=True, window_size=_fa4_window_size(window),
-        return_lse=True)
+        max_seqlen_k=max_seqlen, softmax_scale=1.0, causal=True, window_size_left=left,
+        window_size_right=right, return_lse=True)
     return out, lse
 
 

@@ -110,12 +110,12 @@ class StandInFA4:
     def __init__(self):
         self.left_windows = []
 
-    def flash_attn_varlen_func(self, q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               softmax_scale, causal, window_size, return_lse):
-        assert softmax_scale == 1.0 and causal and return_lse and window_size[1] == 0
+    def _flash_attn_fwd(self, q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        softmax_scale, causal, window_size_left, window_size_right, return_lse):
+        assert softmax_scale == 1.0 and causal and return_lse and window_size_right == 0
         assert torch.equal(cu_seqlens_q, cu_seqlens_k) and max_seqlen_q == max_seqlen_k
-        self.left_windows.append(window_size[0])
-        return reference_attention(q, k, v, cu_seqlens_q, window_size[0])
+        self.left_windows.append(window_size_left)
+        return (*reference_attention(q, k, v, cu_seqlens_q, window_size_left), None, None, None)  # out, lse, p, row_max, o_lo
 
     def _flash_attn_bwd(self, q, k, v, out, dout, lse, *, softmax_scale, causal, window_size_left,
                         window_size_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
