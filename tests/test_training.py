@@ -22,7 +22,7 @@ TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=
             bigram_rows=1001, stages=T.replace_stage_columns(T.STAGES, **TINY_STAGES), window_block_size=16,
             val_tokens=2048, val_seq_len=1024, muon_momentum_warmup_steps=5, muon_momentum_cooldown_steps=2)
 SWITCHES = [f.name for f in dataclasses.fields(T.Hyperparameters)
-            if f.type in (bool, "bool") and f.name not in ("rank_slice", "compile", "warmup", "save_checkpoint")]
+            if f.type in (bool, "bool") and f.name not in ("rank_slice", "compile", "warmup", "skip_guard_checks", "save_checkpoint")]
 DEFAULTS = T.Hyperparameters()
 
 
@@ -415,3 +415,30 @@ def test_average_last_steps_replaces_the_final_weights_and_leaves_training_alone
     with pytest.raises(ValueError, match="AVERAGE_LAST_STEPS=8: must lie in 0..7"):
         T.check_hyperparameters(T.Hyperparameters(num_scheduled_iterations=6, num_extension_iterations=1,
                                                   average_last_steps=8))
+
+
+def test_skipped_guard_checks_after_the_warmup_pick_the_same_graphs(corpus, monkeypatch):
+    """With SKIP_GUARD_CHECKS the timed run checks only the guards that tell graphs apart: every
+    step's loss must equal the fully guarded run's, and nothing recompiles. Dynamo's own graphs
+    (backend="eager") keep the test fast; the guards are the same as inductor's."""
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda f, **kw: real_compile(f, backend="eager", **kw))
+    hp = T.Hyperparameters(**{**TINY, "compile": True, "warmup": True}, rank_slice=True, num_scheduled_iterations=12,
+                           num_extension_iterations=2, val_loss_every=7, train_files=str(corpus / "tiny_train_*.bin"),
+                           val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus))
+    results = {}
+    try:
+        for skip in (False, True):
+            torch._dynamo.reset()
+            torch.compiler.set_stance("default")
+            trainer = T.Trainer(dataclasses.replace(hp, skip_guard_checks=skip), 0, 1, torch.device("cpu"), T.RunLog(None))
+            trainer.warmup()
+            assert torch._dynamo.eval_frame._is_skip_guard_eval_unsafe_stance() == skip
+            compiled = dict(torch._dynamo.utils.counters["stats"])
+            val = trainer.run()
+            assert dict(torch._dynamo.utils.counters["stats"]) == compiled  # every graph came from the warm-up
+            results[skip] = (trainer.losses.tolist(), val)
+    finally:
+        torch.compiler.set_stance("default")
+        torch._dynamo.reset()
+    assert results[True] == results[False]
