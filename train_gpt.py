@@ -125,7 +125,6 @@ class Hyperparameters:
     num_scheduled_iterations: int = 1270
     num_extension_iterations: int = 15
     stop_after: int = 0  # >0: end the run after this many steps, schedule unchanged (quick comparisons)
-    average_last_steps: int = 0  # >0: the final weights are the mean of those after each of the run's last N steps
     stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216 etc.
     final_long_window: int = 20  # long window of the last validation, in blocks (no YaRN update)
     window_block_size: int = 128
@@ -1640,32 +1639,6 @@ def interpolate(weights: tuple[float, float], tau: float) -> float:
     return start if start == end else start * (1 - tau) + end * tau
 
 
-class WeightAverage:
-    """The uniform mean of the weights after each of a run's last steps, kept in fp32 and copied into
-    the model before the final validation (latest weight averaging: Kaddour 2022; Sanyal et al. 2023
-    for LLM pre-training). Its buffers exist only while the run averages."""
-
-    def __init__(self, params: list[Tensor]):
-        self.params, self.mean, self.count = params, [], 0
-
-    @torch.no_grad()
-    def add(self):
-        if not self.mean:
-            self.mean = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
-        self.count += 1
-        for mean, p in zip(self.mean, self.params):
-            mean.lerp_(p.float(), 1 / self.count)
-
-    @torch.no_grad()
-    def apply(self):
-        for mean, p in zip(self.mean, self.params):
-            p.copy_(mean)
-        self.reset()
-
-    def reset(self):
-        self.mean, self.count = [], 0
-
-
 class NonFiniteLoss(RuntimeError):
     pass
 
@@ -1742,9 +1715,6 @@ def check_hyperparameters(hp: Hyperparameters):
     total_steps = Schedule(ScheduleConfig.from_hyperparameters(hp)).total_steps
     if not 0 <= hp.stop_after <= total_steps:
         raise SetupError(f"STOP_AFTER={hp.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
-    if not 0 <= hp.average_last_steps <= (hp.stop_after or total_steps):
-        raise SetupError(f"AVERAGE_LAST_STEPS={hp.average_last_steps}: must lie in 0..{hp.stop_after or total_steps} "
-                         f"(the run's steps; 0: no averaging)")
     for stage in stages:
         if stage.batch_tokens % RANKS_PER_STEP:
             raise SetupError(f"STAGE_BATCH_TOKENS entry {stage.batch_tokens} is not divisible by {RANKS_PER_STEP}")
@@ -1776,7 +1746,6 @@ class Trainer:
         self.training_loss = compiled(self.model.training_loss)
         self.evaluation_loss = compiled(self.model.evaluation_loss)
         self.long_windows = None  # those the model's rotary tables are set for
-        self.weight_average = WeightAverage(list(self.model.parameters()))
         self.losses = torch.zeros(self.schedule.total_steps, device=device)
         self.checked_steps = 0
         self.pending_check = None  # (first step, CUDA event of its flag's copy) of the check in flight
@@ -1815,7 +1784,6 @@ class Trainer:
         self.losses.zero_()
         self.long_windows = None
         self.checked_steps, self.pending_check = 0, None
-        self.weight_average.reset()
 
     def set_long_windows(self, plan: StepPlan):
         """The YaRN state that lives in the model, refreshed when a stage changes the long window."""
@@ -1946,11 +1914,6 @@ class Trainer:
             if last:
                 break
             ce = self.train_step(self.schedule.plan(step), loader)
-            if step >= self.last_step - hp.average_last_steps:  # the final weights' mean (WeightAverage)
-                self.weight_average.add()
-                if step + 1 == self.last_step:
-                    self.weight_average.apply()
-                    self.log(f"final weights: the mean of those after each of the last {hp.average_last_steps} steps")
             if hp.nonfinite_check_every and (step + 1) % hp.nonfinite_check_every == 0:
                 self.check_finite(step + 1, wait=False)
             self.log_step(step + 1, training_ms + 1000 * (time.perf_counter() - t0), ce)

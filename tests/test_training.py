@@ -367,56 +367,6 @@ def test_readme_documents_every_hyperparameter_and_the_ci_test_command():
     assert test_command in open(os.path.join(ROOT, ".ci", "run")).read()
 
 
-def mean_tolerance(p: torch.Tensor) -> dict:
-    """A running mean in fp32 against the stacked mean: fp32 rounding, then the parameter's own (bf16: one ulp)."""
-    return dict(rtol=2 ** -8, atol=1e-6) if p.dtype == torch.bfloat16 else dict(rtol=1e-6, atol=1e-7)
-
-
-def test_weight_average_is_the_mean_of_the_weights_it_was_given():
-    torch.manual_seed(0)
-    params = [torch.zeros(3, 5, dtype=torch.bfloat16), torch.zeros(7)]
-    average, seen = T.WeightAverage(params), []
-    for _ in range(4):
-        for p in params:
-            p.copy_(torch.randn(p.shape))
-        seen.append([p.float().clone() for p in params])
-        average.add()
-    average.apply()
-    for i, p in enumerate(params):
-        mean = torch.stack([snapshot[i] for snapshot in seen]).mean(0)
-        torch.testing.assert_close(p.float(), mean, **mean_tolerance(p))
-    assert average.mean == [] and average.count == 0  # the fp32 buffers are freed with the copy
-
-
-def test_average_last_steps_replaces_the_final_weights_and_leaves_training_alone(corpus):
-    """AVERAGE_LAST_STEPS=3: every training loss equals the unaveraged run's, and the final weights
-    (hence the final validation) are the mean of the weights after each of the last three steps."""
-    hp = T.Hyperparameters(**TINY, rank_slice=True, num_scheduled_iterations=6, num_extension_iterations=1,
-                           val_loss_every=0, train_files=str(corpus / "tiny_train_*.bin"),
-                           val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus))
-    runs = {}
-    for n in (0, 3):
-        trainer = T.Trainer(dataclasses.replace(hp, average_last_steps=n), 0, 1, torch.device("cpu"), T.RunLog(None))
-        snapshots, train_step = [], trainer.train_step
-
-        def recording_train_step(*args, trainer=trainer, snapshots=snapshots, train_step=train_step):
-            ce = train_step(*args)
-            snapshots.append([p.detach().float().clone() for p in trainer.model.parameters()])
-            return ce
-
-        trainer.train_step = recording_train_step
-        val = trainer.run()
-        runs[n] = (trainer.losses.tolist(), val, snapshots, [p.detach().clone() for p in trainer.model.parameters()])
-    assert runs[3][0] == runs[0][0]
-    assert runs[3][1] != runs[0][1]
-    for i, p in enumerate(runs[3][3]):
-        mean = torch.stack([snapshot[i] for snapshot in runs[3][2][-3:]]).mean(0)
-        torch.testing.assert_close(p.float(), mean, **mean_tolerance(p))
-    with pytest.raises(ValueError, match="AVERAGE_LAST_STEPS=8: must lie in 0..7"):
-        T.check_hyperparameters(T.Hyperparameters(num_scheduled_iterations=6, num_extension_iterations=1,
-                                                  average_last_steps=8))
-
-
 def test_skipped_guard_checks_after_the_warmup_pick_the_same_graphs(corpus, monkeypatch):
     """With SKIP_GUARD_CHECKS the timed run checks only the guards that tell graphs apart: every
     step's loss must equal the fully guarded run's, and nothing recompiles. Dynamo's own graphs
