@@ -1,0 +1,258 @@
+"""Communication in real training steps across ranks (issue #24 item 5): per stage, wall ms/step,
+the NCCL kernel time per step and the part of it that is exposed (no compute kernel running), from a
+profiler trace of rank 0; then the bigram table's gradient exchange, dense against touched rows only.
+
+    torchrun --standalone --nproc_per_node=2 bench/profile_comm.py [--share 8] [--stages 1,2,3]
+        [--steps 6] [--synthetic] [--out DIR]
+
+--share 8: each rank computes one 8-rank share of the step (no gradient accumulation), the compute an
+8-GPU step leaves each GPU; the step then trains on world/8 of the batch, which changes no kernel's
+shape. Without it the run is the full batch (accumulation 8/world), as train_gpt.py runs it.
+
+The 8-rank model printed last: a ring reduce-scatter or all-gather moves (w-1)/w of the buffer per
+rank, so at equal bus bandwidth its kernel time grows by (7/8)/((w-1)/w) from w ranks to 8 (1.75x from
+2); the exposed time at 8 then lies between the measured exposed time (the growth hides behind
+compute) and that plus the whole growth.
+
+Exchange: a rank's bigram-table gradient is nonzero only in the rows its tokens hashed to. Dense:
+reduce_scatter_tensor of the (rows, dim) bf16 table, as the optimizer does. Touched rows only: the
+unique hashed ids of the rank's step, their rows gathered and sent to the rows' owners (all_to_all,
+counts first), summed into the owner's shard with index_add_; median of --repeats, both on the same
+tensors. The all-gather after Adam stays dense either way: Adam's momentum and weight decay move
+every row.
+
+Data: TRAIN_FILES/VAL_FILES as for train_gpt.py (the proxy gives the real touched fraction), or
+--synthetic: Zipf-distributed shards written to a temporary directory (timing of the steps does not
+depend on the text; the touched fraction does, so it is reported as synthetic).
+"""
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_gpt as T  # noqa: E402
+from bench_optimizer import trace_summary  # noqa: E402
+from profile_stages import stage_step  # noqa: E402
+
+FULL_WORLD = T.RANKS_PER_STEP
+
+
+def write_synthetic_shards(directory: str, n_train: int = 2, tokens: int = 20_000_000, seed: int = 0):
+    """Zipf-distributed GPT-2 ids with a BOS every ~1,000 tokens: patterns for TRAIN_FILES, VAL_FILES."""
+    from data.shards import write_shard
+    rng = np.random.default_rng(seed)
+    vocab, bos = 50257, 50256
+    for name in [f"syn_train_{i:06d}.bin" for i in range(1, n_train + 1)] + ["syn_val_000000.bin"]:
+        ids = np.minimum(rng.zipf(1.2, tokens) - 1, vocab - 2).astype(np.uint16)
+        ids[rng.random(tokens) < 1e-3] = bos
+        ids[0] = bos
+        write_shard(os.path.join(directory, name), ids)
+    return os.path.join(directory, "syn_train_*.bin"), os.path.join(directory, "syn_val_*.bin")
+
+
+def collective_kind(name: str) -> str:
+    for kind in ("ReduceScatter", "AllGather", "AllReduce", "Broadcast", "SendRecv"):
+        if kind.lower() in name.lower():
+            return kind
+    return "other"
+
+
+def nccl_by_kind(trace_path: str, steps: int) -> dict[str, float]:
+    """ms per step of NCCL kernels by collective kind (summed durations)."""
+    import json
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    totals: dict[str, float] = {}
+    for e in events:
+        if e.get("cat") == "kernel" and "nccl" in e["name"].lower():
+            kind = collective_kind(e["name"])
+            totals[kind] = totals.get(kind, 0.0) + e["dur"] / 1000 / steps
+    return totals
+
+
+def scale_to(world: int, target: int = FULL_WORLD) -> float:
+    """Kernel-time factor of a ring collective from `world` to `target` ranks at equal bus bandwidth."""
+    return ((target - 1) / target) / ((world - 1) / world)
+
+
+def eight_rank_model(comm_ms: float, exposed_ms: float, world: int) -> tuple[float, float, float]:
+    """(comm at 8 ranks, exposed at 8 if the growth hides, exposed at 8 if none of it hides)."""
+    comm8 = comm_ms * scale_to(world)
+    return comm8, exposed_ms, exposed_ms + (comm8 - comm_ms)
+
+
+def owner_counts(ids: torch.Tensor, rows_per_rank: int, world: int) -> torch.Tensor:
+    """How many of the sorted unique row ids fall in each rank's contiguous shard."""
+    return torch.bincount(torch.div(ids, rows_per_rank, rounding_mode="floor"), minlength=world)
+
+
+def sparse_reduce_scatter(grad, hashed, rows_per_rank: int, world: int, rank: int):
+    """This rank's shard of the summed table gradient, moving only the rows this rank touched."""
+    touched = torch.unique(hashed)  # sorted, so each owner's rows are contiguous
+    send_counts = owner_counts(touched, rows_per_rank, world)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts)
+    send, recv = send_counts.tolist(), recv_counts.tolist()  # split sizes are host values: one sync
+    rows_out = grad.index_select(0, touched)
+    ids_in = touched.new_empty(sum(recv))
+    rows_in = grad.new_empty((sum(recv), grad.size(1)))
+    dist.all_to_all_single(ids_in, touched, recv, send)
+    dist.all_to_all_single(rows_in, rows_out, recv, send)
+    local = torch.zeros((rows_per_rank, grad.size(1)), dtype=torch.float32, device=grad.device)
+    local.index_add_(0, ids_in - rank * rows_per_rank, rows_in.float())
+    return local.to(grad.dtype), touched.numel()
+
+
+def exchange_bench(model, hashed_batches, world, rank, device, repeats):
+    """Median ms of the dense reduce-scatter and of the touched-rows exchange, per step's ids."""
+    table = model.bigram_embed
+    rows, dim = table.shape
+    rows_per_rank = -(-rows // world)
+    grad = torch.zeros((rows_per_rank * world, dim), dtype=table.dtype, device=device)
+    results = []
+    for stage, hashed in hashed_batches:
+        grad.zero_()
+        grad[hashed] = torch.randn((hashed.numel(), dim), dtype=grad.dtype, device=device)
+        dense_out = grad.new_empty((rows_per_rank, dim))
+
+        def timed(fn):
+            times = []
+            for i in range(repeats + 2):
+                torch.cuda.synchronize()
+                dist.barrier()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = fn()
+                end.record()
+                torch.cuda.synchronize()
+                if i >= 2:
+                    times.append(start.elapsed_time(end))
+            return statistics.median(times), out
+
+        dense_ms, _ = timed(lambda: dist.reduce_scatter_tensor(dense_out, grad))
+        sparse_ms, (sparse_out, touched) = timed(lambda: sparse_reduce_scatter(grad, hashed, rows_per_rank, world, rank))
+        error = (sparse_out.float() - dense_out.float()).abs().max().item()
+        results.append(dict(stage=stage, touched=touched, fraction=touched / rows, dense_ms=dense_ms,
+                            sparse_ms=sparse_ms, max_abs_diff=error))
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--share", type=int, choices=[0, FULL_WORLD], default=0,
+                        help=f"{FULL_WORLD}: each rank computes one {FULL_WORLD}-rank share (no accumulation)")
+    parser.add_argument("--stages", default="1,2,3")
+    parser.add_argument("--steps", type=int, default=6, help="timed and profiled steps per stage")
+    parser.add_argument("--warmup-steps", type=int, default=2, help="untimed steps per stage after the warm-up")
+    parser.add_argument("--repeats", type=int, default=20, help="exchange timings per variant")
+    parser.add_argument("--synthetic", action="store_true", help="Zipf token shards instead of TRAIN_FILES")
+    parser.add_argument("--out", default=".")
+    args = parser.parse_args()
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if not torch.cuda.is_available():
+        raise SystemExit("error: no CUDA GPU visible; run under torchrun (--nproc_per_node=1 gives the no-communication baseline)")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(device)
+    if world > 1:
+        dist.init_process_group("nccl", device_id=device)
+    barrier = dist.barrier if world > 1 else (lambda: None)
+    os.makedirs(args.out, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        hp = T.Hyperparameters.from_env()
+        if args.synthetic:
+            shared = [None]
+            if rank == 0:
+                shared = [write_synthetic_shards(tmp)]
+            if world > 1:
+                dist.broadcast_object_list(shared, 0)
+            hp = dataclasses.replace(hp, train_files=shared[0][0], val_files=shared[0][1], val_tokens=4 * hp.val_seq_len)
+        T.check_hyperparameters(hp)
+        for name in ("recompile_limit", "cache_size_limit"):  # as main(): one graph per stage shape
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 64)
+        trainer = T.Trainer(hp, rank, world, device, T.RunLog(None))
+        if args.share:
+            trainer.grad_accum, trainer.grad_scale = 1, 1.0
+        trainer.warmup()  # every graph of the run compiled, guards skipped after it as in main()
+        loader = T.TrainLoader(hp.train_files, rank, world, device, log=lambda _: None, grad_accum=trainer.grad_accum)
+        schedule, optimizer = trainer.schedule, trainer.optimizer
+        stages = [int(s) for s in args.stages.split(",")]
+        mode = f"{args.share}-rank share per GPU" if args.share else f"full batch (accumulation {trainer.grad_accum})"
+        lines = [f"device: {torch.cuda.get_device_name(device)} x{world}, torch {torch.__version__}, "
+                 f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}; {mode}; "
+                 f"data: {'synthetic' if args.synthetic else hp.train_files}", "",
+                 "| stage | step | wall ms/step | NCCL ms/step | exposed ms/step | compute ms/step | "
+                 "by kind (ms/step) | 8 ranks: NCCL | 8 ranks: exposed |", "|---|---|---|---|---|---|---|---|---|"]
+        hashed_batches = []
+
+        def run(step, n):
+            for i in range(n):
+                plan = dataclasses.replace(schedule.plan(step), adam_step=schedule.plan(step + i).adam_step)
+                trainer.train_step(plan, loader)
+
+        for stage in stages:
+            step = stage_step(schedule, stage)
+            if schedule.untie_step is not None and step > schedule.untie_step and optimizer.tied:
+                optimizer.untie()
+            run(step, args.warmup_steps)
+            torch.cuda.synchronize()
+            barrier()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            run(step, args.steps)
+            end.record()
+            torch.cuda.synchronize()
+            wall = start.elapsed_time(end) / args.steps
+            barrier()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                    torch.profiler.ProfilerActivity.CUDA]) as prof:
+                run(step, args.steps)
+                torch.cuda.synchronize()
+            trace = os.path.join(tmp, f"comm_trace_stage{stage}.json")
+            if rank == 0:
+                prof.export_chrome_trace(trace)
+                comm, exposed, compute = trace_summary(trace, args.steps)
+                kinds = ", ".join(f"{k} {v:.2f}" for k, v in sorted(nccl_by_kind(trace, args.steps).items()))
+                model8 = "| - | - |"
+                if world > 1:
+                    comm8, low, high = eight_rank_model(comm, exposed, world)
+                    model8 = f"| {comm8:.2f} | {low:.2f}-{high:.2f} |"
+                lines.append(f"| {stage} | {step} | {wall:.2f} | {comm:.2f} | {exposed:.2f} | {compute:.2f} | "
+                             f"{kinds or '-'} {model8}")
+            plan = schedule.plan(step)
+            inputs, _, _ = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)
+            rows = trainer.model.bigram_embed.size(0)
+            hashed_batches.append((stage, T.bigram_ids(inputs.long(), rows)))
+            while loader._step_slices:  # the step's other micro-batches, unused
+                loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)
+        results = exchange_bench(trainer.model, hashed_batches, world, rank, device, args.repeats) if world > 1 else []
+        if rank == 0 and results:
+            rows, dim = trainer.model.bigram_embed.shape
+            lines += ["", f"bigram table {rows} x {dim} {str(trainer.model.bigram_embed.dtype).split('.')[-1]}: "
+                      f"reduce-scatter of this rank's gradient, dense vs touched rows only (median of {args.repeats})", "",
+                      "| stage | rows touched by one rank's step | dense ms | touched-rows ms | max abs diff | "
+                      "8 ranks: dense ms (model) |", "|---|---|---|---|---|---|"]
+            for r in results:
+                lines.append(f"| {r['stage']} | {r['touched']} ({100 * r['fraction']:.1f}%) | {r['dense_ms']:.2f} | "
+                             f"{r['sparse_ms']:.2f} | {r['max_abs_diff']:.3g} | {r['dense_ms'] * scale_to(world):.2f} |")
+        if rank == 0:
+            text = "\n".join(lines)
+            print(text, flush=True)
+            with open(os.path.join(args.out, "profile_comm.md"), "w") as f:
+                f.write(text + "\n")
+        barrier()
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
