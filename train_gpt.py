@@ -1870,6 +1870,10 @@ class Trainer:
         """Compile every graph the run will use (each stage's shapes, Adam and non-Adam steps, the
         untie step, every validation shape) on real steps, then restore the initial state (#47, T5.2)."""
         steps = [step for step in self.schedule.warmup_steps() if step < self.last_step]
+        validations = {}  # one validation per distinct shape the run validates with
+        for step in self.validation_steps():
+            plan = self.schedule.plan(step, final=step == self.schedule.total_steps)
+            validations.setdefault((plan.shape, plan.long_windows), step)
         self.log(f"Compiling model and warming up kernels on steps {steps}")
         initial_model = copy.deepcopy(self.model.state_dict())
         initial_optimizer = self.optimizer.state_dict()
@@ -1877,18 +1881,22 @@ class Trainer:
                              grad_accum=self.grad_accum)
         start = time.perf_counter()
         for step in steps:
-            if step < self.schedule.num_scheduled:  # validations happen in the stages and at the end
-                self.evaluate(step, max_batches=1)
             self.train_step(self.schedule.plan(step), loader)
             self._sync()
             self.log(f"warm-up step {step} done at {time.perf_counter() - start:.0f}s")
-        self.evaluate(self.last_step, final=self.last_step == self.schedule.total_steps, max_batches=1)
+        for step in validations.values():
+            self.evaluate(step, final=step == self.schedule.total_steps, max_batches=1)
         self.log(f"Compile and warm-up took {time.perf_counter() - start:.0f}s. Resetting model")
         if self.hp.compile and self.hp.skip_guard_checks:  # host time in the launch-bound stages (T5.2)
             torch.compiler.set_stance(skip_guard_eval_unsafe=True)
         self.model.load_state_dict(initial_model)
         self.optimizer.load_state_dict(initial_optimizer)
         self._clear_run_state()
+
+    def validation_steps(self) -> list[int]:
+        """The steps before which the run validates: the first, every VAL_LOSS_EVERY-th, the last."""
+        every = self.hp.val_loss_every
+        return sorted({0, self.last_step, *(range(every, self.last_step, every) if every > 0 else ())})
 
     def run(self) -> float:
         hp, total = self.hp, self.schedule.total_steps
@@ -1900,9 +1908,10 @@ class Trainer:
         if self.token_bytes is not None:  # built on the clock, like the reference's
             self.model.prefix_ids.copy_(prefix_token_ids(self.token_bytes, hp.vocab_size))
         val_loss = float("nan")
+        validation_steps = set(self.validation_steps())
         for step in range(self.last_step + 1):
             last = step == self.last_step
-            if last or step == 0 or (hp.val_loss_every > 0 and step % hp.val_loss_every == 0):
+            if step in validation_steps:
                 self._sync()
                 training_ms += 1000 * (time.perf_counter() - t0)
                 self.check_finite(step)

@@ -367,14 +367,16 @@ def test_readme_documents_every_hyperparameter_and_the_ci_test_command():
     assert test_command in open(os.path.join(ROOT, ".ci", "run")).read()
 
 
-def test_skipped_guard_checks_after_the_warmup_pick_the_same_graphs(corpus, monkeypatch):
+@pytest.mark.parametrize("val_loss_every", [7, 6])
+def test_skipped_guard_checks_after_the_warmup_pick_the_same_graphs(corpus, monkeypatch, val_loss_every):
     """With SKIP_GUARD_CHECKS the timed run checks only the guards that tell graphs apart: every
     step's loss must equal the fully guarded run's, and nothing recompiles. Dynamo's own graphs
-    (backend="eager") keep the test fast; the guards are the same as inductor's."""
+    (backend="eager") keep the test fast; the guards are the same as inductor's. VAL_LOSS_EVERY=6
+    puts a validation at step 12, the extension's first step (its windows, not the final's)."""
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda f, **kw: real_compile(f, backend="eager", **kw))
     hp = T.Hyperparameters(**{**TINY, "compile": True, "warmup": True}, rank_slice=True, num_scheduled_iterations=12,
-                           num_extension_iterations=2, val_loss_every=7, train_files=str(corpus / "tiny_train_*.bin"),
+                           num_extension_iterations=2, val_loss_every=val_loss_every, train_files=str(corpus / "tiny_train_*.bin"),
                            val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus))
     results = {}
     try:
