@@ -1785,14 +1785,14 @@ class Trainer:
         self.long_windows = None
         self.checked_steps, self.pending_check = 0, None
 
-    def set_long_windows(self, plan: StepPlan):
+    def set_long_windows(self, long_windows: tuple[int, ...]):
         """The YaRN state that lives in the model, refreshed when a stage changes the long window."""
-        if plan.long_windows != self.long_windows:
-            self.model.set_long_windows(list(plan.long_windows))
-            self.long_windows = plan.long_windows
+        if long_windows != self.long_windows:
+            self.model.set_long_windows(list(long_windows))
+            self.long_windows = long_windows
 
     def train_step(self, plan: StepPlan, loader: "TrainLoader") -> Tensor:
-        self.set_long_windows(plan)
+        self.set_long_windows(plan.long_windows)
         target_weights = self.target_weights[plan.step]
         mean_ce = torch.zeros((), device=self.device)
         for _ in range(self.grad_accum):
@@ -1806,11 +1806,16 @@ class Trainer:
         self.losses[plan.step] = mean_ce
         return mean_ce
 
+    def validation_shape(self, step: int, final: bool = False) -> tuple[ForwardShape, tuple[int, ...]]:
+        """(forward shape, long windows) of the validation before `step`."""
+        plan = self.schedule.plan(step, final)
+        shape = dataclasses.replace(plan.shape, max_seq_len=self.hp.val_seq_len, n_predict=1, prefix_target=False)
+        return shape, plan.long_windows
+
     @torch.no_grad()
     def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> float:
-        plan = self.schedule.plan(step, final)
-        self.set_long_windows(plan)
-        shape = dataclasses.replace(plan.shape, max_seq_len=self.hp.val_seq_len, n_predict=1, prefix_target=False)
+        shape, long_windows = self.validation_shape(step, final)
+        self.set_long_windows(long_windows)
         total = torch.zeros((), device=self.device)
         count = 0
         for i, (inputs, targets, cu_seqlens) in enumerate(self.val_set):
@@ -1872,8 +1877,7 @@ class Trainer:
         steps = [step for step in self.schedule.warmup_steps() if step < self.last_step]
         validations = {}  # one validation per distinct shape the run validates with
         for step in self.validation_steps():
-            plan = self.schedule.plan(step, final=step == self.schedule.total_steps)
-            validations.setdefault((plan.shape, plan.long_windows), step)
+            validations.setdefault(self.validation_shape(step, final=step == self.schedule.total_steps), step)
         self.log(f"Compiling model and warming up kernels on steps {steps}")
         initial_model = copy.deepcopy(self.model.state_dict())
         initial_optimizer = self.optimizer.state_dict()
@@ -1976,6 +1980,13 @@ def check_inputs(hp: Hyperparameters):
         prefix_token_ids(gpt2_token_bytes(hp.tokenizer_dir), hp.vocab_size)
 
 
+def allow_graph_per_shape():
+    """Dynamo's recompile limit (8) raised to 64: one graph per stage shape and per optimizer table shape."""
+    for name in ("recompile_limit", "cache_size_limit"):  # the name before and since PyTorch 2.6
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
+
+
 def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
     """(rank, world size, device) of this process; the process group when several run."""
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -2050,9 +2061,7 @@ def main():
             check_inputs(hp)
             return print(f"settings and inputs ok ({data_label(hp)})")
         rank, world_size, device = init_process(hp)
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, 64)
+        allow_graph_per_shape()
         runs = planned_runs(hp, world_size)
         log = open_run_log(runs[0], rank, world_size, device)
         trainer = Trainer(runs[0], rank, world_size, device, log)

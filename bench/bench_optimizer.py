@@ -62,9 +62,7 @@ def main():
         torch.cuda.set_device(device)
     if world > 1:
         dist.init_process_group("nccl" if cuda else "gloo")
-    for name in ("recompile_limit", "cache_size_limit"):  # as train_gpt's main(): one graph per table shape
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, 64)
+    T.allow_graph_per_shape()  # as main(): one graph per table shape
     torch.manual_seed(0)
     model = T.GPT(T.ModelConfig.from_hyperparameters(hp)).to(device)
     params = dict(model.named_parameters())

@@ -1,6 +1,9 @@
 """Communication in real training steps across ranks (issue #24 item 5): per stage, wall ms/step,
-the NCCL kernel time per step and the part of it that is exposed (no compute kernel running), from a
-profiler trace of rank 0; then the bigram table's gradient exchange, dense against touched rows only.
+the NCCL kernel time per step and the part of it with no compute kernel running, from a profiler
+trace of rank 0; then the bigram table's gradient exchange, dense against touched rows only.
+An NCCL kernel's time includes its wait for the other ranks (launch-bound steps launch them early),
+so the cost of communication is the wall ms/step against the same steps on one rank
+(--nproc_per_node=1 --share 8: nothing reduced).
 
     torchrun --standalone --nproc_per_node=2 bench/profile_comm.py [--share 8] [--stages 1,2,3]
         [--steps 6] [--synthetic] [--out DIR]
@@ -11,8 +14,8 @@ shape. Without it the run is the full batch (accumulation 8/world), as train_gpt
 
 The 8-rank model printed last: a ring reduce-scatter or all-gather moves (w-1)/w of the buffer per
 rank, so at equal bus bandwidth its kernel time grows by (7/8)/((w-1)/w) from w ranks to 8 (1.75x from
-2); the exposed time at 8 then lies between the measured exposed time (the growth hides behind
-compute) and that plus the whole growth.
+2); the time with no compute running at 8 then lies between the measured one (the growth hides
+behind compute) and that plus the whole growth.
 
 Exchange: a rank's bigram-table gradient is nonzero only in the rows its tokens hashed to. Dense:
 reduce_scatter_tensor of the (rows, dim) bf16 table, as the optimizer does. Touched rows only: the
@@ -27,6 +30,7 @@ depend on the text; the touched fraction does, so it is reported as synthetic).
 """
 import argparse
 import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -67,7 +71,6 @@ def collective_kind(name: str) -> str:
 
 def nccl_by_kind(trace_path: str, steps: int) -> dict[str, float]:
     """ms per step of NCCL kernels by collective kind (summed durations)."""
-    import json
     with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
     totals: dict[str, float] = {}
@@ -138,7 +141,8 @@ def exchange_bench(model, hashed_batches, world, rank, device, repeats):
             return statistics.median(times), out
 
         dense_ms, _ = timed(lambda: dist.reduce_scatter_tensor(dense_out, grad))
-        sparse_ms, (sparse_out, touched) = timed(lambda: sparse_reduce_scatter(grad, hashed, rows_per_rank, world, rank))
+        sparse_ms, (sparse_out, touched) = timed(
+            lambda: sparse_reduce_scatter(grad, hashed, rows_per_rank, world, rank))
         error = (sparse_out.float() - dense_out.float()).abs().max().item()
         results.append(dict(stage=stage, touched=touched, fraction=touched / rows, dense_ms=dense_ms,
                             sparse_ms=sparse_ms, max_abs_diff=error))
@@ -158,7 +162,8 @@ def main():
     args = parser.parse_args()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if not torch.cuda.is_available():
-        raise SystemExit("error: no CUDA GPU visible; run under torchrun (--nproc_per_node=1 gives the no-communication baseline)")
+        raise SystemExit("error: no CUDA GPU visible; run under torchrun "
+                         "(--nproc_per_node=1 gives the no-communication baseline)")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     torch.cuda.set_device(device)
     if world > 1:
@@ -173,11 +178,10 @@ def main():
                 shared = [write_synthetic_shards(tmp)]
             if world > 1:
                 dist.broadcast_object_list(shared, 0)
-            hp = dataclasses.replace(hp, train_files=shared[0][0], val_files=shared[0][1], val_tokens=4 * hp.val_seq_len)
+            hp = dataclasses.replace(hp, train_files=shared[0][0], val_files=shared[0][1],
+                                     val_tokens=4 * hp.val_seq_len)
         T.check_hyperparameters(hp)
-        for name in ("recompile_limit", "cache_size_limit"):  # as main(): one graph per stage shape
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, 64)
+        T.allow_graph_per_shape()
         trainer = T.Trainer(hp, rank, world, device, T.RunLog(None))
         if args.share:
             trainer.grad_accum, trainer.grad_scale = 1, 1.0
@@ -189,8 +193,9 @@ def main():
         lines = [f"device: {torch.cuda.get_device_name(device)} x{world}, torch {torch.__version__}, "
                  f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}; {mode}; "
                  f"data: {'synthetic' if args.synthetic else hp.train_files}", "",
-                 "| stage | step | wall ms/step | NCCL ms/step | exposed ms/step | compute ms/step | "
-                 "by kind (ms/step) | 8 ranks: NCCL | 8 ranks: exposed |", "|---|---|---|---|---|---|---|---|---|"]
+                 "| stage | step | wall ms/step | NCCL ms/step (with waits) | of it, no compute running | "
+                 "compute ms/step | by kind (ms/step) | 8 ranks: NCCL | 8 ranks: no compute running |",
+                 "|---|---|---|---|---|---|---|---|---|"]
         hashed_batches = []
 
         def run(step, n):
@@ -228,22 +233,24 @@ def main():
                     model8 = f"| {comm8:.2f} | {low:.2f}-{high:.2f} |"
                 lines.append(f"| {stage} | {step} | {wall:.2f} | {comm:.2f} | {exposed:.2f} | {compute:.2f} | "
                              f"{kinds or '-'} {model8}")
-            plan = schedule.plan(step)
-            inputs, _, _ = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)
-            rows = trainer.model.bigram_embed.size(0)
-            hashed_batches.append((stage, T.bigram_ids(inputs.long(), rows)))
-            while loader._step_slices:  # the step's other micro-batches, unused
-                loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)
-        results = exchange_bench(trainer.model, hashed_batches, world, rank, device, args.repeats) if world > 1 else []
+            plan = schedule.plan(step)  # one micro-batch's hashed ids (the loader hands out whole steps)
+            inputs = [loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)[0]
+                      for _ in range(trainer.grad_accum)]
+            hashed_batches.append((stage, T.bigram_ids(inputs[0].long(), trainer.model.bigram_embed.size(0))))
+        results = []
+        if world > 1:
+            results = exchange_bench(trainer.model, hashed_batches, world, rank, device, args.repeats)
         if rank == 0 and results:
             rows, dim = trainer.model.bigram_embed.shape
-            lines += ["", f"bigram table {rows} x {dim} {str(trainer.model.bigram_embed.dtype).split('.')[-1]}: "
-                      f"reduce-scatter of this rank's gradient, dense vs touched rows only (median of {args.repeats})", "",
+            dtype = str(trainer.model.bigram_embed.dtype).split('.')[-1]
+            lines += ["", f"bigram table {rows} x {dim} {dtype}: reduce-scatter of this rank's gradient, "
+                      f"dense vs touched rows only (median of {args.repeats})", "",
                       "| stage | rows touched by one rank's step | dense ms | touched-rows ms | max abs diff | "
                       "8 ranks: dense ms (model) |", "|---|---|---|---|---|---|"]
             for r in results:
-                lines.append(f"| {r['stage']} | {r['touched']} ({100 * r['fraction']:.1f}%) | {r['dense_ms']:.2f} | "
-                             f"{r['sparse_ms']:.2f} | {r['max_abs_diff']:.3g} | {r['dense_ms'] * scale_to(world):.2f} |")
+                lines.append(f"| {r['stage']} | {r['touched']} ({100 * r['fraction']:.1f}%) | "
+                             f"{r['dense_ms']:.2f} | {r['sparse_ms']:.2f} | {r['max_abs_diff']:.3g} | "
+                             f"{r['dense_ms'] * scale_to(world):.2f} |")
         if rank == 0:
             text = "\n".join(lines)
             print(text, flush=True)
