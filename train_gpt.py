@@ -1812,9 +1812,14 @@ class Trainer:
         shape = dataclasses.replace(plan.shape, max_seq_len=self.hp.val_seq_len, n_predict=1, prefix_target=False)
         return shape, plan.long_windows
 
-    @torch.no_grad()
     def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> float:
-        shape, long_windows = self.validation_shape(step, final)
+        return self.validation_loss(*self.validation_shape(step, final), max_batches)
+
+    @torch.no_grad()
+    def validation_loss(self, shape: ForwardShape, long_windows: tuple[int, ...],
+                        max_batches: int | None = None) -> float:
+        """Mean next-token cross-entropy over the validation set, all ranks, with the rotary tables of
+        `long_windows` (bench/eval_windows.py tries other shapes than the schedule's)."""
         self.set_long_windows(long_windows)
         total = torch.zeros((), device=self.device)
         count = 0

@@ -1,0 +1,110 @@
+"""Final-validation attention windows, tried on the models a run trains: train exactly as train_gpt.py
+does (same environment, SEEDS included, one compile), then evaluate each run's final model under
+several window settings besides the run's own final validation.
+
+    python bench/eval_windows.py [--windows 6:20,6:32,6:20y,8:20] [--out FILE.json]
+    torchrun --standalone --nproc_per_node=N bench/eval_windows.py ...      # several GPUs
+
+A setting is SHORT:LONG in blocks of WINDOW_BLOCK_SIZE tokens (SHORT for the short-window layers,
+LONG for the long-window ones); a trailing `y` also moves the rotary tables and softmax scale by one
+YaRN update from the last stage's long window to LONG (train_gpt.py's final validation does not:
+FINAL_LONG_WINDOW keeps the extension's tables, #48). The schedule's own final setting is
+`<last stage short>:<FINAL_LONG_WINDOW>`: listing it checks that the sweep reproduces the run's number.
+
+Each run's log gets one line per setting after its training lines,
+`final_windows short:6 long:20 yarn:0 val_loss:3.6331`, and --out (rank 0) collects them per run
+as JSON. Quality only: guard checks stay on (SKIP_GUARD_CHECKS=0), since the settings compile after
+the warm-up, so the logged step times are not the record's.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import train_gpt  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowSetting:
+    short_blocks: int
+    long_blocks: int
+    yarn_update: bool
+
+    def label(self) -> str:
+        return f"short:{self.short_blocks} long:{self.long_blocks} yarn:{int(self.yarn_update)}"
+
+
+def parse_settings(text: str) -> list[WindowSetting]:
+    settings = []
+    for item in text.split(","):
+        item = item.strip()
+        yarn_update = item.endswith("y")
+        try:
+            short, long = (int(part) for part in item.rstrip("y").split(":"))
+        except ValueError:
+            raise SystemExit(f"error: window setting {item!r} is not SHORT:LONG[y] in blocks, e.g. 6:20 or 6:32y")
+        if short < 1 or long < 1:
+            raise SystemExit(f"error: window setting {item!r}: windows are at least one block")
+        settings.append(WindowSetting(short, long, yarn_update))
+    return settings
+
+
+def setting_shape(trainer: "train_gpt.Trainer", setting: WindowSetting):
+    """(forward shape, long windows for the rotary tables) of the final validation under `setting`."""
+    block = trainer.hp.window_block_size
+    shape, long_windows = trainer.validation_shape(trainer.schedule.total_steps, final=True)
+    shape = dataclasses.replace(shape, short_window=setting.short_blocks * block,
+                                long_window=setting.long_blocks * block)
+    if setting.yarn_update:
+        long_windows = long_windows + (setting.long_blocks * block,)
+    return shape, long_windows
+
+
+def evaluate_settings(trainer: "train_gpt.Trainer", settings: list[WindowSetting]) -> dict[str, float]:
+    losses = {}
+    for setting in settings:
+        losses[setting.label()] = trainer.validation_loss(*setting_shape(trainer, setting))
+        trainer.log(f"final_windows {setting.label()} val_loss:{losses[setting.label()]:.4f}")
+    return losses
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--windows", default="6:20,6:16,6:24,6:32,6:20y,6:32y,8:20,10:20",
+                        help="comma-separated SHORT:LONG[y] settings in blocks (default: %(default)s)")
+    parser.add_argument("--out", default="", help="JSON of every run's losses per setting (rank 0)")
+    args = parser.parse_args()
+    settings = parse_settings(args.windows)
+    hp = dataclasses.replace(train_gpt.Hyperparameters.from_env(), skip_guard_checks=False)
+    if not hp.sliding_windows:
+        raise SystemExit("error: SLIDING_WINDOWS=0 attends over whole documents: there are no windows to try")
+    train_gpt.check_hyperparameters(hp)
+    rank, world_size, device = train_gpt.init_process(hp)
+    train_gpt.allow_graph_per_shape()
+    runs = train_gpt.planned_runs(hp, world_size)
+    results = {}
+    trainer = None
+    for run in runs:
+        log = train_gpt.open_run_log(run, rank, world_size, device)
+        if trainer is None:
+            trainer = train_gpt.Trainer(run, rank, world_size, device, log)
+            if run.warmup:
+                trainer.warmup()
+        else:
+            trainer.start_over(run, log)
+        results[run.run_id] = {"seed": run.seed, "run_val_loss": trainer.run(),
+                               "settings": evaluate_settings(trainer, settings)}
+    if rank == 0 and args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
