@@ -126,9 +126,9 @@ class Hyperparameters:
     num_extension_iterations: int = 15
     stop_after: int = 0  # >0: end the run after this many steps, schedule unchanged (quick comparisons)
     stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216 etc.
-    final_long_window: int = 20  # long window of the last validation, in blocks (no YaRN update)
+    final_long_window: int = 32  # long window of the last validation, in blocks (no YaRN update); the reference: 20
     window_block_size: int = 128
-    cooldown_frac: float = 0.60
+    cooldown_frac: float = 0.55  # reference 0.60; proxy: records/experiments/2026-11-26_CooldownFinalWindowH200
     lr_floor: float = 0.15
     untie_embed_at: float = 2 / 3  # fraction of the scheduled steps; 0 keeps them tied (T3.15)
     # --- optimizer (T2) ---

@@ -132,18 +132,25 @@ def schedule_of(hp: T.Hyperparameters) -> T.Schedule:
 
 
 def test_schedule_matches_the_recipe():
+    """RECIPE's schedule (its LR examples with its cooldown, 0.60), and ours: cooldown 0.55, final window 32."""
+    reference = schedule_of(T.Hyperparameters(cooldown_frac=0.60, final_long_window=20))
+    for step, expected in [(0, 1.0), (423, 1.52), (600, 1.355), (846, 0.912), (847, 1.027), (1000, 0.710),
+                           (1269, 0.152), (1280, 0.15)]:
+        assert abs(reference.plan(step).lr_multiplier - expected) < 2e-3, step
+    assert reference.plan(1285, final=True).shape.long_window == 2560
     s = schedule_of(T.Hyperparameters())
     plan = s.plan
     assert s.stage_starts == [0, 423, 847, 1270] and s.total_steps == 1285 and s.untie_step == 847
     assert [step for step in range(1285) if plan(step).untie] == [847]
-    for step, expected in [(0, 1.0), (423, 1.52), (600, 1.355), (846, 0.912), (847, 1.027), (1000, 0.710),
-                           (1269, 0.152), (1280, 0.15)]:
+    assert s.cooldown_start == 571
+    for step, expected in [(0, 1.0), (423, 1.52), (571, 1.52), (600, 1.463), (846, 0.981), (847, 1.106),
+                           (1000, 0.760), (1269, 0.152), (1280, 0.15)]:
         assert abs(plan(step).lr_multiplier - expected) < 2e-3, step
     assert plan(0).momentum == 0.85 and abs(plan(300).momentum - 0.95) < 1e-12 and abs(plan(1285).momentum - 0.85) < 1e-12
     assert [plan(step).adam_step for step in range(4)] == [False, True, False, True]
     assert (plan(0).shape.short_window, plan(0).shape.long_window) == (128, 384)
     assert (plan(1280).shape.short_window, plan(1280).shape.long_window) == (768, 1664)
-    assert plan(1285, final=True).shape.long_window == 2560 and plan(1280).long_windows == (384, 896, 1408, 1664)
+    assert plan(1285, final=True).shape.long_window == 4096 and plan(1280).long_windows == (384, 896, 1408, 1664)
     assert plan(0).target_weights[:3] == (1.0, 0.5, 0.25) and plan(500).shape.n_predict == 2
     assert plan(900).shape.n_predict == 1 and plan(900).target_weights == (1.0,)
     assert plan(0).tokens_per_rank == 16384 and plan(1000).tokens_per_rank == 49152
