@@ -2,14 +2,15 @@
 does (same environment, SEEDS included, one compile), then evaluate each run's final model under
 several window settings besides the run's own final validation.
 
-    python bench/eval_windows.py [--windows 6:20,6:32,6:20y,8:20] [--out FILE.json]
+    python bench/eval_windows.py [--windows 6:32,6:20,6:48,6:32y,8:32] [--out FILE.json]
     torchrun --standalone --nproc_per_node=N bench/eval_windows.py ...      # several GPUs
 
 A setting is SHORT:LONG in blocks of WINDOW_BLOCK_SIZE tokens (SHORT for the short-window layers,
 LONG for the long-window ones); a trailing `y` also moves the rotary tables and softmax scale by one
 YaRN update from the last stage's long window to LONG (train_gpt.py's final validation does not:
 FINAL_LONG_WINDOW keeps the extension's tables, #48). The schedule's own final setting is
-`<last stage short>:<FINAL_LONG_WINDOW>`: listing it checks that the sweep reproduces the run's number.
+`<last stage short>:<FINAL_LONG_WINDOW>` (6:32 by default): listing it checks that the sweep
+reproduces the run's number.
 
 Each run's log gets one line per setting after its training lines,
 `final_windows short:6 long:20 yarn:0 val_loss:3.6331`, and --out (rank 0) collects them per run
@@ -75,7 +76,7 @@ def evaluate_settings(trainer: "train_gpt.Trainer", settings: list[WindowSetting
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--windows", default="6:20,6:16,6:24,6:32,6:20y,6:32y,8:20,10:20",
+    parser.add_argument("--windows", default="6:32,6:20,6:24,6:48,5:32,8:32,6:32y",
                         help="comma-separated SHORT:LONG[y] settings in blocks (default: %(default)s)")
     parser.add_argument("--out", default="", help="JSON of every run's losses per setting (rank 0)")
     args = parser.parse_args()
