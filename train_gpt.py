@@ -1907,6 +1907,16 @@ class Trainer:
         every = self.hp.val_loss_every
         return sorted({0, self.last_step, *(range(every, self.last_step, every) if every > 0 else ())})
 
+    def run_each(self, runs: list[Hyperparameters]):
+        """Warm up once (WARMUP), then train each of `runs` (SEEDS: the compiled graphs serve every run,
+        each after the first starts over under its own log); yields (run, final val loss) after each."""
+        if self.hp.warmup:
+            self.warmup()
+        for i, run in enumerate(runs):
+            if i > 0:
+                self.start_over(run, open_run_log(run, self.rank, self.world_size, self.device))
+            yield run, self.run()
+
     def run(self) -> float:
         hp, total = self.hp, self.schedule.total_steps
         loader = TrainLoader(hp.train_files, self.rank, self.world_size, self.device, log=self.log,
@@ -2073,18 +2083,13 @@ def main():
     except (SetupError, FileNotFoundError) as error:
         report_setup_error(error, rank, log)
     try:
-        if hp.warmup:
-            trainer.warmup()
-        trainer.run()
-        for run in runs[1:]:  # SEEDS: the compiled graphs serve every run
-            log = open_run_log(run, rank, world_size, device)
-            trainer.start_over(run, log)
-            trainer.run()
+        for _ in trainer.run_each(runs):  # each run logs its own results
+            pass
     except NonFiniteLoss as error:
-        log(f"error: {error}")
+        trainer.log(f"error: {error}")
         raise SystemExit(1) from None
     except torch.OutOfMemoryError:
-        log("error: out of GPU memory. Free the GPU (other processes?), keep PYTORCH_ALLOC_CONF="
+        trainer.log("error: out of GPU memory. Free the GPU (other processes?), keep PYTORCH_ALLOC_CONF="
             "expandable_segments:True, or lower STAGE_BATCH_TOKENS / VAL_SEQ_LEN for smaller GPUs.")
         raise
     finally:

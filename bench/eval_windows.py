@@ -69,8 +69,9 @@ def setting_shape(trainer: "train_gpt.Trainer", setting: WindowSetting):
 def evaluate_settings(trainer: "train_gpt.Trainer", settings: list[WindowSetting]) -> dict[str, float]:
     losses = {}
     for setting in settings:
-        losses[setting.label()] = trainer.validation_loss(*setting_shape(trainer, setting))
-        trainer.log(f"final_windows {setting.label()} val_loss:{losses[setting.label()]:.4f}")
+        label = setting.label()
+        losses[label] = trainer.validation_loss(*setting_shape(trainer, setting))
+        trainer.log(f"final_windows {label} val_loss:{losses[label]:.4f}")
     return losses
 
 
@@ -88,17 +89,11 @@ def main():
     rank, world_size, device = train_gpt.init_process(hp)
     train_gpt.allow_graph_per_shape()
     runs = train_gpt.planned_runs(hp, world_size)
+    trainer = train_gpt.Trainer(runs[0], rank, world_size, device,
+                                train_gpt.open_run_log(runs[0], rank, world_size, device))
     results = {}
-    trainer = None
-    for run in runs:
-        log = train_gpt.open_run_log(run, rank, world_size, device)
-        if trainer is None:
-            trainer = train_gpt.Trainer(run, rank, world_size, device, log)
-            if run.warmup:
-                trainer.warmup()
-        else:
-            trainer.start_over(run, log)
-        results[run.run_id] = {"seed": run.seed, "run_val_loss": trainer.run(),
+    for run, val_loss in trainer.run_each(runs):
+        results[run.run_id] = {"seed": run.seed, "run_val_loss": val_loss,
                                "settings": evaluate_settings(trainer, settings)}
     if rank == 0 and args.out:
         with open(args.out, "w") as f:
