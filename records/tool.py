@@ -325,7 +325,30 @@ def summarize(runs: list[Run], target: float, baseline: list[Run] | None = None)
         if len(runs) >= 2 and len(baseline) >= 2:
             s["baseline"] = {"time": welch(times, [r.train_time for r in baseline]),
                              "loss": welch(losses, [r.final_loss for r in baseline])}
+        s["paired"] = paired_by_seed(runs, baseline)
     return s
+
+
+def paired_by_seed(new: list[Run], base: list[Run]) -> dict | None:
+    """Final val loss paired by SEED: runs of one seed start from the same initialization and read the
+    same data, so their difference drops the seed-to-seed spread that Welch's test carries. Per-seed
+    differences new − base over the seeds each side ran exactly once, their mean and a paired t-test;
+    None when fewer than two seeds pair up."""
+    def once(runs):
+        seeds = [r.hyperparameters.get("seed") for r in runs]
+        return {x: r.final_loss for x, r in zip(seeds, runs) if x is not None and seeds.count(x) == 1}
+    a, b = once(new), once(base)
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return None
+    from scipy import stats as st
+    diffs = [a[x] - b[x] for x in seeds]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        two = st.ttest_rel([a[x] for x in seeds], [b[x] for x in seeds])
+        less = st.ttest_rel([a[x] for x in seeds], [b[x] for x in seeds], alternative="less")
+    return {"seeds": seeds, "diffs": diffs, "diff": statistics.fmean(diffs), "t": float(two.statistic),
+            "df": len(seeds) - 1, "p_two_sided": float(two.pvalue), "p_less": float(less.pvalue)}
 
 
 def fmt_p(p: float) -> str:
@@ -391,7 +414,17 @@ def baseline_lines(s: dict, base_name: str) -> list[str]:
         w = b[key]
         out.append(f"| {label} | {w['new_mean']:.{nd}f} | {w['base_mean']:.{nd}f} | {w['diff']:+.{nd}f} "
                    f"| {w['t']:.4f} | {w['df']:.2f} | {fmt_p(w['p_two_sided'])} | {fmt_p(w['p_less'])} |")
-    return out
+    return out + paired_lines(s.get("paired"))
+
+
+def paired_lines(paired: dict | None) -> list[str]:
+    if paired is None:
+        return ["", "Paired by seed: needs >= 2 seeds that each side ran once (SEED / SEEDS)."]
+    seeds, diffs = paired["seeds"], paired["diffs"]
+    return ["", f"Paired by seed (final val loss, new − baseline, seeds {', '.join(map(str, seeds))}): "
+            f"{' / '.join(f'{d:+.4f}' for d in diffs)}, mean {paired['diff']:+.4f}; paired t = {paired['t']:.4f}, "
+            f"df = {paired['df']}, p (two-sided) = {fmt_p(paired['p_two_sided'])}, "
+            f"p (one-sided, new lower) = {fmt_p(paired['p_less'])}."]
 
 
 def setup_lines(runs: list[Run]) -> list[str]:
@@ -763,7 +796,8 @@ def ablation_groups(runs: list[Run], baseline: str = "defaults") -> dict[str, li
 
 def ablation_table(runs: list[Run], baseline: str = "defaults") -> str:
     """Final val loss and train time per configuration against the baseline configuration (the
-    defaults unless named), then val loss at every validation step (means over each one's runs)."""
+    defaults unless named), its difference paired by seed where two or more seeds pair up, then val
+    loss at every validation step (means over each one's runs)."""
     check_consistent(runs)
     for r in runs[1:]:
         if r.source != runs[0].source:
@@ -775,12 +809,15 @@ def ablation_table(runs: list[Run], baseline: str = "defaults") -> str:
     base_time = statistics.fmean(r.train_time for r in groups[baseline])
     order = sorted(groups, key=lambda g: (g != baseline, -statistics.fmean(r.final_loss for r in groups[g])))
     vs = "vs defaults" if baseline == "defaults" else f"vs {baseline}"
-    out = [f"| overrides | runs | final val loss | {vs} | train time (s) | {vs} |",
-           "|---|---:|---:|---:|---:|---:|"]
+    out = [f"| overrides | runs | final val loss | {vs} | paired by seed (seeds, p two-sided) | train time (s) | {vs} |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
     for g in order:
         loss = statistics.fmean(r.final_loss for r in groups[g])
         secs = statistics.fmean(r.train_time for r in groups[g])
-        out.append(f"| {g} | {len(groups[g])} | {loss:.4f} | {loss - base_loss:+.4f} | {secs:.2f} | "
+        paired = paired_by_seed(groups[g], groups[baseline]) if g != baseline else None
+        pairs = "" if g == baseline else "n/a" if paired is None else (
+            f"{paired['diff']:+.4f} ({len(paired['seeds'])}, p {fmt_p(paired['p_two_sided'])})")
+        out.append(f"| {g} | {len(groups[g])} | {loss:.4f} | {loss - base_loss:+.4f} | {pairs} | {secs:.2f} | "
                    f"{100 * (secs / base_time - 1):+.1f}% |")
     stages = stage_table({g: groups[g] for g in order})
     out += ["", *stages] if stages else []

@@ -398,9 +398,9 @@ def test_ablation_groups_runs_by_their_own_overrides(tmp_path, capsys):
             make_log(tmp_path / "y.txt", 3.70, 84_000, overrides=f"XSA=0 {shared} MUDD_GATES=0")]
     assert run_tool("ablation", *logs) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[2] == "| defaults | 2 | 3.6100 | +0.0000 | 81.00 | +0.0% |"  # seeds are repeats
-    assert lines[3] == "| MUDD_GATES=0 XSA=0 | 1 | 3.7000 | +0.0900 | 84.00 | +3.7% |"  # worst first
-    assert lines[4] == "| XSA=0 | 1 | 3.6500 | +0.0400 | 81.00 | +0.0% |"
+    assert lines[2] == "| defaults | 2 | 3.6100 | +0.0000 |  | 81.00 | +0.0% |"  # seeds are repeats
+    assert lines[3] == "| MUDD_GATES=0 XSA=0 | 1 | 3.7000 | +0.0900 | n/a | 84.00 | +3.7% |"  # worst first
+    assert lines[4] == "| XSA=0 | 1 | 3.6500 | +0.0400 | n/a | 81.00 | +0.0% |"
     assert lines[6] == "| overrides | step 0 | step 25 | step 50 | step 75 | step 100 |"
     assert lines[8] == "| defaults | 8.6100 | 7.3600 | 6.1100 | 4.8600 | 3.6100 |"
 
@@ -470,12 +470,52 @@ def test_ablation_compares_against_a_named_baseline(tmp_path, capsys):
     assert "ATTENTION_BACKEND=fa4, ATTENTION_BACKEND=varlen" in capsys.readouterr().err
     assert run_tool("ablation", "--baseline", "ATTENTION_BACKEND=varlen", *logs) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == ("| overrides | runs | final val loss | vs ATTENTION_BACKEND=varlen | train time (s) "
-                        "| vs ATTENTION_BACKEND=varlen |")
-    assert lines[2] == "| ATTENTION_BACKEND=varlen | 2 | 3.6300 | +0.0000 | 81.00 | +0.0% |"
-    assert lines[3] == "| ATTENTION_BACKEND=fa4 | 1 | 3.6200 | -0.0100 | 76.00 | -6.2% |"
+    assert lines[0] == ("| overrides | runs | final val loss | vs ATTENTION_BACKEND=varlen "
+                        "| paired by seed (seeds, p two-sided) | train time (s) | vs ATTENTION_BACKEND=varlen |")
+    assert lines[2] == "| ATTENTION_BACKEND=varlen | 2 | 3.6300 | +0.0000 |  | 81.00 | +0.0% |"
+    assert lines[3] == "| ATTENTION_BACKEND=fa4 | 1 | 3.6200 | -0.0100 | n/a | 76.00 | -6.2% |"
     assert run_tool("ablation", "--baseline", "XSA=0", *logs) == 2
     assert "no run has exactly the overrides 'XSA=0'" in capsys.readouterr().err
+
+
+PAIRED_BASE = {1: 3.6318, 2: 3.6354, 3: 3.6350, 4: 3.6330}
+PAIRED_NEW = {1: 3.6285, 2: 3.6312, 3: 3.6299, 5: 3.6200}  # seeds 4 and 5 ran on one side only
+
+
+def paired_logs(folder, losses, overrides=""):
+    return [make_log(Path(folder) / f"{Path(folder).name}_s{seed}.txt", loss, 80_000, seed=seed,
+                     overrides=f"{overrides} SEED={seed}".strip()) for seed, loss in losses.items()]
+
+
+def test_paired_by_seed_pairs_the_seeds_both_sides_ran_once(tmp_path, capsys):
+    """The paired t-test over seeds 1-3 (the seeds on both sides), by hand: mean difference over
+    its standard error; Welch's test over all runs stays beside it."""
+    new, base = paired_logs(tmp_path / "new", PAIRED_NEW, "COOLDOWN_FRAC=0.55"), paired_logs(tmp_path / "base", PAIRED_BASE)
+    d = np.array([PAIRED_NEW[s] - PAIRED_BASE[s] for s in (1, 2, 3)])
+    t = d.mean() / (d.std(ddof=1) / math.sqrt(3))
+    p = tool.paired_by_seed(tool.load_runs(tmp_path / "new"), tool.load_runs(tmp_path / "base"))
+    assert p["seeds"] == [1, 2, 3] and p["diffs"] == pytest.approx(d.tolist(), abs=1e-12)
+    assert p["t"] == pytest.approx(t, rel=1e-9) and p["df"] == 2
+    assert p["p_less"] == pytest.approx(st.t.cdf(t, 2), rel=1e-9)
+    assert p["p_two_sided"] == pytest.approx(2 * st.t.cdf(-abs(t), 2), rel=1e-9)
+    assert 0.005 < p["p_less"] < 0.01  # unpaired, the same runs are far from it (Welch below)
+    assert run_tool("stats", tmp_path / "new", "--baseline", tmp_path / "base", "--no-plot") == 0
+    md = (tmp_path / "new" / "statistics.md").read_text()
+    assert "Welch" in md and (f"Paired by seed (final val loss, new − baseline, seeds 1, 2, 3): -0.0033 / -0.0042 / "
+                              f"-0.0051, mean -0.0042; paired t = {t:.4f}, df = 2") in md
+    assert run_tool("ablation", *new, *base) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| COOLDOWN_FRAC=0.55 |"))
+    assert f"| -0.0042 (3, p {tool.fmt_p(p['p_two_sided'])}) |" in row
+
+
+@pytest.mark.parametrize("new_seeds,base_seeds", [((1, 2), (3, 4)), ((1, 1, 2), (1, 2)), ((1, 2), (None, None))])
+def test_paired_by_seed_needs_two_seeds_each_side_ran_once(tmp_path, new_seeds, base_seeds):
+    for side, seeds in (("new", new_seeds), ("base", base_seeds)):
+        for i, seed in enumerate(seeds):
+            make_log(tmp_path / side / f"r{i}.txt", 3.63 + 0.001 * i, 80_000, seed=seed)
+    assert tool.paired_by_seed(tool.load_runs(tmp_path / "new"), tool.load_runs(tmp_path / "base")) is None
+    assert run_tool("stats", tmp_path / "new", "--baseline", tmp_path / "base", "--no-plot") == 0
+    assert "Paired by seed: needs >= 2 seeds that each side ran once" in (tmp_path / "new" / "statistics.md").read_text()
 
 
 # ------------------------------------------------------------------ compare
