@@ -2,18 +2,21 @@
 does (same environment, SEEDS included, one compile), then evaluate each run's final model under
 several window settings besides the run's own final validation.
 
-    python bench/eval_windows.py [--windows 6:32,6:20,6:48,6:32y,8:32] [--out FILE.json]
+    python bench/eval_windows.py [--windows 6:32,6:20,6:48,6:32y,8:32,6:32x1.05] [--out FILE.json]
     torchrun --standalone --nproc_per_node=N bench/eval_windows.py ...      # several GPUs
 
 A setting is SHORT:LONG in blocks of WINDOW_BLOCK_SIZE tokens (SHORT for the short-window layers,
 LONG for the long-window ones); a trailing `y` also moves the rotary tables and softmax scale by one
 YaRN update from the last stage's long window to LONG (train_gpt.py's final validation does not:
-FINAL_LONG_WINDOW keeps the extension's tables, #48). The schedule's own final setting is
+FINAL_LONG_WINDOW keeps the extension's tables, #48); a trailing `xF` multiplies the softmax scale
+by F (YaRN's temperature without its rotary change: the final validation attends further than any
+training step, over documents that training truncated). The schedule's own final setting is
 `<last stage short>:<FINAL_LONG_WINDOW>` (6:32 by default): listing it checks that the sweep
 reproduces the run's number.
 
 Each run's log gets one line per setting after its training lines,
-`final_windows short:6 long:20 yarn:0 val_loss:3.6331`, and --out (rank 0) collects them per run
+`final_windows short:6 long:20 yarn:0 val_loss:3.6331` (`... yarn:0 scale:1.05 val_loss:...` with a
+factor), and --out (rank 0) collects them per run
 as JSON. Quality only: guard checks stay on (SKIP_GUARD_CHECKS=0), since the settings compile after
 the warm-up, so the logged step times are not the record's.
 """
@@ -21,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 
 import torch
@@ -35,23 +39,30 @@ class WindowSetting:
     short_blocks: int
     long_blocks: int
     yarn_update: bool
+    scale_factor: float = 1.0  # on the softmax scale the rotary tables come with
 
     def label(self) -> str:
-        return f"short:{self.short_blocks} long:{self.long_blocks} yarn:{int(self.yarn_update)}"
+        scale = f" scale:{self.scale_factor:g}" if self.scale_factor != 1.0 else ""
+        return f"short:{self.short_blocks} long:{self.long_blocks} yarn:{int(self.yarn_update)}{scale}"
+
+
+SETTING = re.compile(r"(\d+):(\d+)(y?)(?:x(\d+(?:\.\d*)?|\.\d+))?")
 
 
 def parse_settings(text: str) -> list[WindowSetting]:
     settings = []
     for item in text.split(","):
         item = item.strip()
-        yarn_update = item.endswith("y")
-        try:
-            short, long = (int(part) for part in item.rstrip("y").split(":"))
-        except ValueError:
-            raise SystemExit(f"error: window setting {item!r} is not SHORT:LONG[y] in blocks, e.g. 6:20 or 6:32y")
+        match = SETTING.fullmatch(item)
+        if match is None:
+            raise SystemExit(f"error: window setting {item!r} is not SHORT:LONG[y][xF] in blocks, e.g. 6:20, "
+                             "6:32y or 6:32x1.05")
+        short, long, yarn_update, factor = int(match[1]), int(match[2]), match[3] == "y", float(match[4] or 1)
         if short < 1 or long < 1:
             raise SystemExit(f"error: window setting {item!r}: windows are at least one block")
-        settings.append(WindowSetting(short, long, yarn_update))
+        if factor <= 0:
+            raise SystemExit(f"error: window setting {item!r}: the softmax scale factor must be positive")
+        settings.append(WindowSetting(short, long, yarn_update, factor))
     return settings
 
 
@@ -69,8 +80,15 @@ def setting_shape(trainer: "train_gpt.Trainer", setting: WindowSetting):
 def evaluate_settings(trainer: "train_gpt.Trainer", settings: list[WindowSetting]) -> dict[str, float]:
     losses = {}
     for setting in settings:
-        label = setting.label()
-        losses[label] = trainer.validation_loss(*setting_shape(trainer, setting))
+        label, (shape, long_windows) = setting.label(), setting_shape(trainer, setting)
+        trainer.set_long_windows(long_windows)  # the tables and softmax scale; validation_loss keeps them
+        scale = trainer.model.attn_scale  # a buffer the compiled graphs read, so no recompile
+        schedule_scale = scale.item()
+        scale.fill_(schedule_scale * setting.scale_factor)
+        try:
+            losses[label] = trainer.validation_loss(shape, long_windows)
+        finally:
+            scale.fill_(schedule_scale)
         trainer.log(f"final_windows {label} val_loss:{losses[label]:.4f}")
     return losses
 
@@ -78,7 +96,8 @@ def evaluate_settings(trainer: "train_gpt.Trainer", settings: list[WindowSetting
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--windows", default="6:32,6:20,6:24,6:48,5:32,8:32,6:32y",
-                        help="comma-separated SHORT:LONG[y] settings in blocks (default: %(default)s)")
+                        help="comma-separated SHORT:LONG[y][xF] settings in blocks, F a softmax scale factor "
+                             "(default: %(default)s)")
     parser.add_argument("--out", default="", help="JSON of every run's losses per setting (rank 0)")
     args = parser.parse_args()
     settings = parse_settings(args.windows)

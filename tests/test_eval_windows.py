@@ -1,5 +1,6 @@
 """bench/eval_windows.py on the tiny CPU configuration: each run's model is scored under the listed
-final-validation windows, the schedule's own setting reproduces the run's number, others differ."""
+final-validation windows (and softmax scales), the schedule's own setting reproduces the run's number,
+others differ."""
 import json
 import os
 import subprocess
@@ -14,9 +15,12 @@ import eval_windows as E  # noqa: E402
 
 
 def test_parse_settings():
-    assert E.parse_settings("6:20, 8:32y") == [E.WindowSetting(6, 20, False), E.WindowSetting(8, 32, True)]
+    assert E.parse_settings("6:20, 8:32y,6:32x1.05, 6:32yx.9") == [
+        E.WindowSetting(6, 20, False), E.WindowSetting(8, 32, True), E.WindowSetting(6, 32, False, 1.05),
+        E.WindowSetting(6, 32, True, 0.9)]
     assert E.WindowSetting(8, 32, True).label() == "short:8 long:32 yarn:1"
-    for bad in ("6", "6:x", "0:20", "6:20:1"):
+    assert E.WindowSetting(6, 32, False, 1.05).label() == "short:6 long:32 yarn:0 scale:1.05"
+    for bad in ("6", "6:x", "0:20", "6:20:1", "6:20x", "6:20x0", "6:20xy1.1", "6:20x1.1y"):
         with pytest.raises(SystemExit, match="window setting"):
             E.parse_settings(bad)
 
@@ -25,14 +29,16 @@ def test_sweep_after_each_seed(tmp_path, corpus):
     env = tiny_env(tmp_path, corpus, seeds="1,2", run_id="sweep", final_long_window=20)
     out = tmp_path / "windows.json"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "eval_windows.py"),
-                           "--windows", "6:20,2:4,6:20y", "--out", str(out)],
+                           "--windows", "6:20x1.5,6:20,2:4,6:20y", "--out", str(out)],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads(out.read_text())
     assert sorted(results) == ["sweep_s1", "sweep_s2"]
     for run_id, result in results.items():
         losses = result["settings"]
-        assert losses["short:6 long:20 yarn:0"] == result["run_val_loss"]  # the schedule's own final setting
+        assert losses["short:6 long:20 yarn:0"] == result["run_val_loss"]  # the schedule's own final setting,
+        # after a setting that scaled the softmax: the schedule's scale came back
+        assert losses["short:6 long:20 yarn:0 scale:1.5"] != result["run_val_loss"]
         assert losses["short:2 long:4 yarn:0"] != result["run_val_loss"]  # windows shorter than the documents
         assert losses["short:6 long:20 yarn:1"] != result["run_val_loss"]  # other rotary tables
         log = (tmp_path / "logs" / f"{run_id}.txt").read_text()
