@@ -28,7 +28,7 @@ import shutil
 import statistics
 import sys
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +40,7 @@ DESC_RE = re.compile(r"^([a-z_]+): (.*)$")
 NUM = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)"
 VAL_RE = re.compile(rf"^step:(\d+)/(\d+) val_loss:{NUM} train_time:(\d+(?:\.\d+)?)ms step_avg:{NUM}ms$")
 TRAIN_RE = re.compile(rf"^step:(\d+)/(\d+) (?:train_loss:{NUM} )?train_time:(\d+(?:\.\d+)?)ms step_avg:{NUM}ms$")
+FINAL_WINDOWS_RE = re.compile(rf"^final_windows (.+) val_loss:{NUM}$")  # bench/eval_windows.py
 PEAK_RE = re.compile(r"^peak memory allocated: (\d+) MiB reserved: (\d+) MiB(?: \(cpu: [^)]*\))?$")
 TORCH_RE = re.compile(r"^Running PyTorch (\S+) compiled for CUDA (\S+)$")
 REQUIRED_KEYS = ("run_id", "hardware", "mode", "world_size", "data", "hyperparameters")
@@ -82,6 +83,7 @@ class Run:
     train_ms: dict = field(default_factory=dict)  # step -> train_time (ms) of its step lines
     last_step: int = 0
     step_avg_ms: float = math.nan  # step_avg of the last step line
+    final_windows: dict = field(default_factory=dict)  # setting label -> val loss (bench/eval_windows.py lines)
 
     @property
     def software(self) -> str:
@@ -179,6 +181,9 @@ def parse_log(path, complete: bool = True) -> Run:
             if not pm:
                 raise err(idx, f"cannot parse peak memory line: {ln!r}")
             run.peak_allocated, run.peak_reserved = int(pm.group(1)), int(pm.group(2))
+            for later in lines[idx + 1:]:  # bench/eval_windows.py scores the final model after the run
+                if fm := FINAL_WINDOWS_RE.match(later.rstrip()):
+                    run.final_windows[fm.group(1)] = float(fm.group(2))
             return run
         elif ln.startswith("error:"):
             raise err(idx, f"run stopped with an error: {ln.removeprefix('error:').strip()}")
@@ -189,6 +194,21 @@ def parse_log(path, complete: bool = True) -> Run:
         where = f"last step {run.last_step}/{run.total}" if run.total else "no step lines"
         raise err(n - 1, f"truncated run: no final validation line ({where})")
     raise err(n - 1, "truncated run: no 'peak memory allocated' line after the final validation line")
+
+
+def scored_by_final_windows(runs: list[Run], setting: str | None) -> list[Run]:
+    """The runs with each final val loss replaced by its log's `final_windows SETTING` line
+    (bench/eval_windows.py), to compare runs under one final-validation setting; None: unchanged."""
+    if setting is None:
+        return runs
+    out = []
+    for r in runs:
+        if setting not in r.final_windows:
+            have = ", ".join(repr(x) for x in r.final_windows) or "none"
+            raise RecordsError(f"{r.path}: no 'final_windows {setting} val_loss:...' line (its settings: {have}); "
+                               "bench/eval_windows.py writes them")
+        out.append(replace(r, final_loss=r.final_windows[setting]))
+    return out
 
 
 def load_runs(folder) -> list[Run]:
@@ -461,13 +481,19 @@ def plot_runs(runs: list[Run], out: Path, target: float, title: str) -> None:
 
 
 def write_stats(folder: Path, runs: list[Run], target: float, baseline_dir: Path | None = None,
-                plot: bool = True, root: Path = REPO_ROOT) -> dict:
-    baseline = load_runs(baseline_dir) if baseline_dir is not None else None
+                plot: bool = True, root: Path = REPO_ROOT, final_windows: str | None = None) -> dict:
+    """statistics.md (and val_loss.png) of `runs`; final_windows: score every run, baseline too, by
+    that bench/eval_windows.py setting instead of its final validation."""
+    runs = scored_by_final_windows(runs, final_windows)
+    baseline = scored_by_final_windows(load_runs(baseline_dir), final_windows) if baseline_dir is not None else None
     s = summarize(runs, target, baseline)
     cmd = f"python records/tool.py stats {rel(folder, root)} --target {target}" + (
-        f" --baseline {rel(baseline_dir, root)}" if baseline_dir is not None else "") + ("" if plot else " --no-plot")
+        f" --baseline {rel(baseline_dir, root)}" if baseline_dir is not None else "") + ("" if plot else " --no-plot") + (
+        f" --final-windows {shlex.quote(final_windows)}" if final_windows else "")
     mixed = mixed_overrides(runs)
-    md = [f"# Statistics: {folder.name}", "", f"Generated from {len(runs)} log(s) by `{cmd}`.", "",
+    scored = ([f"Final val loss: each log's `final_windows {final_windows}` line (bench/eval_windows.py), not "
+               "its run's final validation.", ""] if final_windows else [])
+    md = [f"# Statistics: {folder.name}", "", f"Generated from {len(runs)} log(s) by `{cmd}`.", "", *scored,
           *setup_lines(runs), "", "## Runs", "", runs_table(runs), "", "## Summary", "", *summary_lines(s),
           *([f"- Warning: {mixed}"] if mixed else []), *baseline_lines(s, baseline_dir.name if baseline_dir else "")]
     stages = stage_table({folder.name: runs, **({baseline_dir.name: baseline} if baseline else {})})
@@ -575,17 +601,19 @@ def find_folder(arg: str, root: Path, recorded: bool = False) -> Path:
 
 
 def recorded_options(md: Path, text: str) -> dict:
-    """target, baseline and no_plot of the `stats` command named in statistics.md's 'Generated ... by' line."""
+    """target, baseline, no_plot and final_windows of the `stats` command named in statistics.md's
+    'Generated ... by' line."""
     m = GENERATED_RE.search(text)
     if not m:
         raise RecordsError(f"{md} has no 'Generated ... by `python records/tool.py stats ...`' line, so its target "
                            "and baseline are unknown: move it away to write a new one")
-    options, tokens = {"target": None, "baseline": None, "no_plot": False}, iter(shlex.split(m.group(1))[1:])
+    options = {"target": None, "baseline": None, "no_plot": False, "final_windows": None}
+    tokens = iter(shlex.split(m.group(1))[1:])
     for token in tokens:
         if token == "--no-plot":
             options["no_plot"] = True
-        elif token in ("--target", "--baseline") and (value := next(tokens, None)) is not None:
-            options[token[2:]] = value
+        elif token in ("--target", "--baseline", "--final-windows") and (value := next(tokens, None)) is not None:
+            options[token[2:].replace("-", "_")] = value
         else:
             raise RecordsError(f"{md}: cannot read {token!r} in the command of its 'Generated ... by' line")
     try:
@@ -606,15 +634,17 @@ def cmd_stats(args) -> int:
     target = args.target if args.target is not None else kept.get("target") or DEFAULT_TARGET
     baseline = args.baseline or kept.get("baseline")
     no_plot = args.no_plot or kept.get("no_plot", False)
+    final_windows = args.final_windows or kept.get("final_windows")
     for option, given, old in (("--target", args.target, kept.get("target")),
-                               ("--baseline", args.baseline, kept.get("baseline"))):
+                               ("--baseline", args.baseline, kept.get("baseline")),
+                               ("--final-windows", args.final_windows, kept.get("final_windows"))):
         if given is not None and old is not None and given != old:
             print(f"note: {md} was made with {option} {old}; now {given}")
     base = find_folder(baseline, args.root, recorded=args.baseline is None) if baseline else None
     mixed = mixed_overrides(runs)
     if mixed:
         print(f"warning: {mixed}", file=sys.stderr)
-    s = write_stats(folder, runs, target, base, plot=not no_plot, root=args.root)
+    s = write_stats(folder, runs, target, base, plot=not no_plot, root=args.root, final_windows=final_windows)
     print(f"{folder}: {s['n']} run(s), {runs[0].hardware}, {runs[0].mode}, data {runs[0].data.split()[0]}")
     print("\n".join(summary_lines(s) + baseline_lines(s, base.name if base else "")))
     after = md.read_text(encoding="utf-8")
@@ -831,7 +861,7 @@ def ablation_table(runs: list[Run], baseline: str = "defaults") -> str:
 
 
 def cmd_ablation(args) -> int:
-    runs = [parse_log(p) for p in args.logs]
+    runs = scored_by_final_windows([parse_log(p) for p in args.logs], args.final_windows)
     sys.stdout.write(ablation_table(runs, args.baseline))
     return 0
 
@@ -947,6 +977,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"val loss target of the t-test (default: the existing statistics.md's, else {DEFAULT_TARGET})")
     s.add_argument("--baseline", help="folder of baseline logs for Welch's t-tests, e.g. the previous record "
                                       "(default: the existing statistics.md's, else none)")
+    s.add_argument("--final-windows", metavar="SETTING",
+                   help="score every run (baseline too) by its log's `final_windows SETTING` line from "
+                        "bench/eval_windows.py, e.g. 'short:6 long:32 yarn:0' (kept like --target)")
     s.add_argument("--no-plot", action="store_true", help="do not draw val_loss.png (kept when statistics.md was "
                                                           "made so)")
     s.set_defaults(func=cmd_stats)
@@ -972,6 +1005,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--baseline", default="defaults",
                    help="the overrides of the runs to compare against, e.g. 'ATTENTION_BACKEND=varlen' "
                         "(default: the runs with none beside the shared ones)")
+    a.add_argument("--final-windows", metavar="SETTING",
+                   help="score every run by its log's `final_windows SETTING` line from bench/eval_windows.py")
     a.set_defaults(func=cmd_ablation)
     c = sub.add_parser("compare", parents=[common],
                        help="per-step loss differences and ms/step of runs that should match (1 vs 2, 4, 8 GPUs), "

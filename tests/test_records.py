@@ -518,6 +518,42 @@ def test_paired_by_seed_needs_two_seeds_each_side_ran_once(tmp_path, new_seeds, 
     assert "Paired by seed: needs >= 2 seeds that each side ran once" in (tmp_path / "new" / "statistics.md").read_text()
 
 
+def with_final_windows(path, losses):
+    """Append bench/eval_windows.py's lines (setting label -> loss) after the run's peak-memory line."""
+    path = Path(path)
+    path.write_text(path.read_text() + "".join(f"final_windows {k} val_loss:{v:.4f}\n" for k, v in losses.items()))
+    return path
+
+
+def test_final_windows_lines_can_stand_in_for_the_final_validation(tmp_path, capsys):
+    """stats and ablation score runs by an eval_windows setting when asked, both sides alike; stats
+    keeps the choice on regeneration; a log without that setting is named in one line."""
+    own, wide = "short:6 long:20 yarn:0", "short:6 long:32 yarn:0"
+    for side, offset in (("base", 0.0), ("new", -0.002)):
+        for seed in (1, 2, 3):
+            log = make_log(tmp_path / side / f"{side}_s{seed}.txt", 3.63 + offset + 0.001 * seed, 80_000, seed=seed,
+                           overrides=f"SEED={seed}" + (" MUON_LR=0.026" if side == "new" else ""))
+            jitter = 0.0005 * (seed == 2 and side == "new")
+            with_final_windows(log, {own: 3.63 + offset + 0.001 * seed, wide: 3.62 + 2 * offset + 0.001 * seed + jitter})
+    run = tool.parse_log(tmp_path / "new" / "new_s1.txt")
+    assert run.final_windows == {own: pytest.approx(3.629), wide: pytest.approx(3.617)} and run.final_loss == 3.629
+    assert run_tool("stats", tmp_path / "new", "--baseline", tmp_path / "base", "--no-plot", "--final-windows", wide) == 0
+    md = (tmp_path / "new" / "statistics.md").read_text()
+    assert f"--final-windows '{wide}'`" in md and f"each log's `final_windows {wide}` line" in md
+    assert "| new_s1 | [new_s1.txt](new_s1.txt) | 3.6170 |" in md
+    assert "-0.0040 / -0.0035 / -0.0040, mean -0.0038;" in md  # paired by seed under the wide setting
+    capsys.readouterr()
+    assert run_tool("stats", tmp_path / "new", "--baseline", tmp_path / "base") == 0  # regenerated: setting kept
+    assert (tmp_path / "new" / "statistics.md").read_text() == md
+    assert run_tool("ablation", "--final-windows", wide, *sorted((tmp_path / "new").glob("*.txt")),
+                    *sorted((tmp_path / "base").glob("*.txt"))) == 0
+    assert "| MUON_LR=0.026 | 3 | 3.6182 | -0.0038 | -0.0038 (3, p 0.0019) |" in capsys.readouterr().out
+    assert run_tool("ablation", "--final-windows", "short:8 long:32 yarn:0", tmp_path / "base" / "base_s1.txt") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "base_s1.txt: no 'final_windows short:8 long:32 yarn:0 val_loss:...' line" in err
+    assert f"'{own}', '{wide}'" in err
+
+
 # ------------------------------------------------------------------ compare
 
 def equivalence_logs(tmp_path, **offsets):
