@@ -362,11 +362,12 @@ def paired_by_seed(new: list[Run], base: list[Run]) -> dict | None:
     if len(seeds) < 2:
         return None
     from scipy import stats as st
-    diffs = [a[x] - b[x] for x in seeds]
+    new_losses, base_losses = [a[x] for x in seeds], [b[x] for x in seeds]
+    diffs = [n - m for n, m in zip(new_losses, base_losses)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        two = st.ttest_rel([a[x] for x in seeds], [b[x] for x in seeds])
-        less = st.ttest_rel([a[x] for x in seeds], [b[x] for x in seeds], alternative="less")
+        two = st.ttest_rel(new_losses, base_losses)
+        less = st.ttest_rel(new_losses, base_losses, alternative="less")
     return {"seeds": seeds, "diffs": diffs, "diff": statistics.fmean(diffs), "t": float(two.statistic),
             "df": len(seeds) - 1, "p_two_sided": float(two.pvalue), "p_less": float(less.pvalue)}
 
