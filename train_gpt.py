@@ -122,7 +122,7 @@ class Hyperparameters:
     val_seq_len: int = 262_144  # tokens per validation forward on one rank
     val_loss_every: int = 250  # 0: only at the start and the end
     # --- schedule (T5) ---
-    num_scheduled_iterations: int = 1270
+    num_scheduled_iterations: int = 1255  # reference 1270; proxy: records/experiments/2026-11-26_MuonLrFewerStepsH200
     num_extension_iterations: int = 15
     stop_after: int = 0  # >0: end the run after this many steps, schedule unchanged (quick comparisons)
     stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216 etc.
@@ -132,7 +132,7 @@ class Hyperparameters:
     lr_floor: float = 0.15
     untie_embed_at: float = 2 / 3  # fraction of the scheduled steps; 0 keeps them tied (T3.15)
     # --- optimizer (T2) ---
-    muon_lr: float = 0.023
+    muon_lr: float = 0.017  # reference 0.023; proxy: records/experiments/2026-11-26_MuonLrFewerStepsH200
     muon_momentum_min: float = 0.85
     muon_momentum_max: float = 0.95
     muon_momentum_warmup_steps: int = 300

@@ -132,30 +132,32 @@ def schedule_of(hp: T.Hyperparameters) -> T.Schedule:
 
 
 def test_schedule_matches_the_recipe():
-    """RECIPE's schedule (its LR examples with its cooldown, 0.60), and ours: cooldown 0.55, final window 32."""
-    reference = schedule_of(T.Hyperparameters(cooldown_frac=0.60, final_long_window=20))
+    """RECIPE's schedule (its LR examples with its 1270 scheduled steps and cooldown 0.60), and ours:
+    1255 scheduled steps, cooldown 0.55, final window 32."""
+    reference = schedule_of(T.Hyperparameters(num_scheduled_iterations=1270, cooldown_frac=0.60, final_long_window=20))
     for step, expected in [(0, 1.0), (423, 1.52), (600, 1.355), (846, 0.912), (847, 1.027), (1000, 0.710),
                            (1269, 0.152), (1280, 0.15)]:
         assert abs(reference.plan(step).lr_multiplier - expected) < 2e-3, step
+    assert reference.stage_starts == [0, 423, 847, 1270] and reference.total_steps == 1285
     assert reference.plan(1285, final=True).shape.long_window == 2560
     s = schedule_of(T.Hyperparameters())
     plan = s.plan
-    assert s.stage_starts == [0, 423, 847, 1270] and s.total_steps == 1285 and s.untie_step == 847
-    assert [step for step in range(1285) if plan(step).untie] == [847]
-    assert s.cooldown_start == 571
-    for step, expected in [(0, 1.0), (423, 1.52), (571, 1.52), (600, 1.463), (846, 0.981), (847, 1.106),
-                           (1000, 0.760), (1269, 0.152), (1280, 0.15)]:
+    assert s.stage_starts == [0, 418, 837, 1255] and s.total_steps == 1270 and s.untie_step == 837
+    assert [step for step in range(1270) if plan(step).untie] == [837]
+    assert s.cooldown_start == 564
+    for step, expected in [(0, 1.0), (418, 1.52), (564, 1.52), (600, 1.449), (836, 0.981), (837, 1.106),
+                           (1000, 0.733), (1254, 0.152), (1265, 0.15)]:
         assert abs(plan(step).lr_multiplier - expected) < 2e-3, step
-    assert plan(0).momentum == 0.85 and abs(plan(300).momentum - 0.95) < 1e-12 and abs(plan(1285).momentum - 0.85) < 1e-12
+    assert plan(0).momentum == 0.85 and abs(plan(300).momentum - 0.95) < 1e-12 and abs(plan(1270).momentum - 0.85) < 1e-12
     assert [plan(step).adam_step for step in range(4)] == [False, True, False, True]
     assert (plan(0).shape.short_window, plan(0).shape.long_window) == (128, 384)
-    assert (plan(1280).shape.short_window, plan(1280).shape.long_window) == (768, 1664)
-    assert plan(1285, final=True).shape.long_window == 4096 and plan(1280).long_windows == (384, 896, 1408, 1664)
+    assert (plan(1265).shape.short_window, plan(1265).shape.long_window) == (768, 1664)
+    assert plan(1270, final=True).shape.long_window == 4096 and plan(1265).long_windows == (384, 896, 1408, 1664)
     assert plan(0).target_weights[:3] == (1.0, 0.5, 0.25) and plan(500).shape.n_predict == 2
     assert plan(900).shape.n_predict == 1 and plan(900).target_weights == (1.0,)
     assert plan(0).tokens_per_rank == 16384 and plan(1000).tokens_per_rank == 49152
     assert plan(0).shape.max_seq_len == 896 and plan(1000).shape.max_seq_len == 2048
-    assert s.warmup_steps() == [0, 1, 421, 422, 423, 424, 845, 846, 847, 848, 1268, 1269, 1270, 1271]
+    assert s.warmup_steps() == [0, 1, 416, 417, 418, 419, 835, 836, 837, 838, 1253, 1254, 1255, 1256]
     off = schedule_of(T.Hyperparameters(sliding_windows=False, multi_token_prediction=False, adam_every_other_step=False))
     assert off.plan(0).shape.short_window == T.NO_WINDOW and off.plan(0).target_weights == (1.0, 0.25)
     assert all(off.plan(step).adam_step for step in range(4))
