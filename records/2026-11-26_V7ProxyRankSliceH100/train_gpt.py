@@ -1,0 +1,3419 @@
+"""speedrun: train a GPT-2-small-class model to a target validation loss as fast as possible.
+
+    torchrun --standalone --nproc_per_node=8 train_gpt.py      # also 1, 2 or 4 GPUs (same math)
+
+Read top-down: config (every hyperparameter, the stage table), model, optimizer, data, schedule and
+training, then the fast paths (Triton kernels, each beside its torch reference). Every field of
+`Hyperparameters` is overridable by the environment variable of the same name in upper case (e.g.
+`VAL_LOSS_EVERY=125`). Comments cite the techniques by section of docs/TECHNIQUES.md (T3.4) and by
+the number of the NanoGPT-speedrun record that introduced them (#62).
+"""
+
+import os
+
+os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+# FlashAttention-4 keeps its JIT-compiled kernels on disk, so later runs skip the compile (read at import)
+os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+
+import copy
+import dataclasses
+import functools
+import gc
+import glob
+import json
+import math
+import resource
+import shlex
+import subprocess
+import sys
+import time
+import typing
+import uuid
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # CPU-only installs may lack Triton; every kernel has a torch path
+    triton = None
+try:
+    from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10
+except ImportError:
+    varlen_attn = None
+try:
+    from flash_attn_interface import flash_attn_varlen_func  # FlashAttention-3, where installed
+except ImportError:
+    flash_attn_varlen_func = None
+try:
+    from flash_attn.cute import interface as fa4_interface  # FlashAttention-4 (CuTe DSL): requirements-gpu.txt
+except ImportError:
+    fa4_interface = None
+
+warnings.filterwarnings("ignore", message=".*reduce_scatter_tensor.*is deprecated.*")
+warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*is deprecated.*")
+
+# =============================================================================================
+# Config
+# =============================================================================================
+
+RANKS_PER_STEP = 8  # the schedule is written for 8 ranks; fewer GPUs accumulate gradients
+
+
+class SetupError(ValueError):
+    """A problem with the run's settings, machine or input files: main() reports it as one line
+    naming the fix (on rank 0 only, and in the run's log once it is open) and exits with 1."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One row of the schedule (T5.1). `fraction`: its share of the scheduled steps, None for the
+    extension that follows them (NUM_EXTENSION_ITERATIONS steps at the lr floor). Weights given as
+    (start, end) move linearly across the stage."""
+    fraction: float | None
+    batch_tokens: int  # global tokens per step; each of the RANKS_PER_STEP ranks takes 1/8
+    max_seq_len: int  # documents are truncated to this length
+    short_window: int  # sliding attention windows, in blocks of WINDOW_BLOCK_SIZE tokens (T3.8)
+    long_window: int
+    lr_mul: float  # learning-rate multiplier before the cooldown
+    mtp_weights: tuple[tuple[float, float], ...]  # loss weight of targets t+1, t+2, ... (T4.2)
+    prefix_weight: tuple[float, float] | None  # prefix-token loss weight (T4.3); None: no such target
+
+
+#       fraction  batch    seq   short long  lr    MTP weights: t+1, t+2, t+3          prefix
+STAGES = (
+    Stage(1 / 3, 131_072, 896, 1, 3, 1.00, ((1.0, 1.0), (0.5, 0.5), (0.25, 0.0)), (0.25, 0.25)),
+    Stage(1 / 3, 262_144, 2048, 3, 7, 1.52, ((1.0, 1.0), (0.5, 0.0)), (0.25, 0.0)),
+    Stage(1 / 3, 393_216, 2048, 5, 11, 1.73, ((1.0, 1.0),), None),
+    Stage(None, 393_216, 2048, 6, 13, 1.73, ((1.0, 1.0),), None),
+)
+# The columns that environment variables STAGE_<COLUMN> override, one comma-separated entry per row
+STAGE_COLUMNS = ("batch_tokens", "max_seq_len", "short_window", "long_window", "lr_mul")
+
+
+def replace_stage_columns(stages: tuple[Stage, ...], **columns: tuple) -> tuple[Stage, ...]:
+    """The table with whole columns replaced, e.g. batch_tokens=(2048, 4096, 4096, 4096)."""
+    for name, values in columns.items():
+        if name not in STAGE_COLUMNS:
+            raise SetupError(f"unknown stage column {name!r} (one of {', '.join(STAGE_COLUMNS)})")
+        if len(values) != len(stages):
+            raise SetupError(f"STAGE_{name.upper()} has {len(values)} entries; the schedule has {len(stages)} "
+                             f"stages (three and the extension)")
+    return tuple(dataclasses.replace(stage, **{name: values[i] for name, values in columns.items()})
+                 for i, stage in enumerate(stages))
+
+
+@dataclass
+class Hyperparameters:
+    # --- data (T1.1) ---
+    train_files: str = "data/fineweb10B/fineweb_train_*.bin"
+    val_files: str = "data/fineweb10B/fineweb_val_*.bin"
+    val_tokens: int = 10_485_760  # proxy runs use 3_932_160
+    val_seq_len: int = 262_144  # tokens per validation forward on one rank
+    val_loss_every: int = 250  # 0: only at the start and the end
+    # --- schedule (T5) ---
+    num_scheduled_iterations: int = 1255  # reference 1270; proxy: records/experiments/2026-11-26_MuonLrFewerStepsH200
+    num_extension_iterations: int = 15
+    stop_after: int = 0  # >0: end the run after this many steps, schedule unchanged (quick comparisons)
+    stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216 etc.
+    final_long_window: int = 32  # long window of the last validation, in blocks (no YaRN update); the reference: 20
+    window_block_size: int = 128
+    cooldown_frac: float = 0.55  # reference 0.60; proxy: records/experiments/2026-11-26_CooldownFinalWindowH200
+    lr_floor: float = 0.15
+    untie_embed_at: float = 2 / 3  # fraction of the scheduled steps; 0 keeps them tied (T3.15)
+    # --- optimizer (T2) ---
+    muon_lr: float = 0.017  # reference 0.023; proxy: records/experiments/2026-11-26_MuonLrFewerStepsH200
+    muon_momentum_min: float = 0.85
+    muon_momentum_max: float = 0.95
+    muon_momentum_warmup_steps: int = 300
+    muon_momentum_cooldown_steps: int = 50
+    muon_beta2: float = 0.9
+    muon_weight_decay: float = 1.2
+    orthogonalizer: str = "polar_express"  # or "newton_schulz" (classic quintic)
+    mantissa_tracking: bool = True  # bf16 banks with an exact fp32 master (T2.6)
+    adam_lr: float = 0.008
+    adam_eps: float = 1e-10
+    adam_weight_decay: float = 0.005
+    adam_every_other_step: bool = True  # Adam on odd steps with two steps' gradients (T2.7)
+    # --- model (T3) ---
+    vocab_size: int = 50304
+    model_dim: int = 768
+    num_heads: int = 6
+    head_dim: int = 128
+    mlp_hidden: int = 3072
+    bigram_rows: int = 50304 * 15 // 2
+    # --- features, each switchable for ablations (docs/TECHNIQUES.md) ---
+    value_embeds: bool = True
+    skip_connection: bool = True
+    residual_lambdas: bool = True  # 0: residual and sublayer weights fixed at 1
+    attn_lambdas: bool = True  # 0: attention weights unscaled
+    smear_gate: bool = True
+    attn_output_gates: bool = True
+    sliding_windows: bool = True
+    yarn: bool = True
+    key_offset: bool = True
+    paired_heads: bool = True
+    paired_rope_by_head: bool = False  # paired layers: rotary position 2t + (h mod 2) for head h, as the reference
+    multi_token_prediction: bool = True
+    bigram_embed: bool = True
+    embed_grad_fp32: bool = False  # token, bigram and value embeddings: gradient rows summed per id in fp32
+    backout: bool = True  # the final MUDD mix starts by subtracting half of layer 7's output
+    late_attn_from_layer7: bool = True
+    xsa: bool = True  # gated exclusive self-attention on layers 1, 3, 4, 7
+    dc_mha: bool = True  # lightweight DC-MHA on layer 10
+    prefix_loss: bool = True  # prefix-token auxiliary loss; reads tokenizer_dir/encoder.json
+    tokenizer_dir: str = "data/gpt2"  # GPT-2's encoder.json (python data/cached_fineweb10B.py fetches it)
+    fp8_lm_head: bool = True  # used on CUDA only
+    fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
+    fused_mlp_min_tokens: int = 32768  # per-rank tokens per forward below which the plain MLP runs (launch-bound)
+    fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
+    fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
+    fp8_qkv_min_tokens: int = 49152  # per-rank tokens per forward below which it stays bf16 (host-bound there)
+    attention_backend: str = "auto"  # auto | fa3 | fa4 | varlen | flex | sdpa
+    fa4_min_tokens: int = 32768  # per-rank tokens per forward below which fa4 hands over to varlen (host-bound)
+    # --- run ---
+    rank_slice: bool = False  # one GPU computes one rank's share of each 8-GPU step
+    seed: int = 0
+    seeds: tuple[int, ...] = ()  # e.g. 1,2,3: one compile, then one timed run per seed, logged as RUN_ID_s<seed>
+    device: str = "cuda"  # "cpu" runs the same code on the CPU (tests, smoke runs)
+    compile: bool = True
+    warmup: bool = True  # compile every shape before the clock, then restore the initial state
+    skip_guard_checks: bool = True  # after the warm-up, dynamo checks only the guards that tell its graphs apart
+    run_id: str = ""
+    log_dir: str = "logs"
+    save_checkpoint: bool = False
+    train_loss_every: int = 0  # >0: add train_loss to every N-th step line (costs a sync)
+    nonfinite_check_every: int = 25  # steps between checks of the training losses (no host sync: read a period later)
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> "Hyperparameters":
+        """Defaults overridden by environment variables named like the fields, in upper case; the
+        stage table's columns by STAGE_<COLUMN>."""
+        hints = typing.get_type_hints(cls)
+        values = {}
+        for field in dataclasses.fields(cls):
+            raw = environ.get(field.name.upper())
+            if raw is not None and field.name != "stages":
+                values[field.name] = _parse_env_value(field.name.upper(), raw, hints[field.name])
+        columns = {}
+        for column in STAGE_COLUMNS:
+            name = f"STAGE_{column.upper()}"
+            if name in environ:
+                kind = typing.get_type_hints(Stage)[column]
+                columns[column] = _parse_env_value(name, environ[name], tuple[kind, ...])
+        return cls(**values, stages=replace_stage_columns(STAGES, **columns))
+
+
+def _parse_env_value(name: str, raw: str, kind):
+    try:
+        if kind is bool:
+            word = raw.strip().lower()
+            if word in ("1", "true", "yes", "on"):
+                return True
+            if word in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected 1/0/true/false")
+        if kind is int:
+            return int(raw.replace("_", ""))
+        if kind is float:
+            return float(raw)
+        if kind is str:
+            return raw
+        item = typing.get_args(kind)[0]  # tuple[int, ...] / tuple[float, ...]: comma separated
+        return tuple(item(x.replace("_", "")) for x in raw.split(","))
+    except ValueError as error:
+        raise SetupError(f"environment variable {name}={raw!r} is not a valid {kind}: {error}") from None
+
+
+class PartConfig:
+    """A part's config (a frozen dataclass): the Hyperparameters fields of the same names."""
+
+    @classmethod
+    def from_hyperparameters(cls, hp: Hyperparameters, **derived):
+        """Each field from `derived` if given there, else from the Hyperparameters field of its name."""
+        return cls(**{f.name: derived[f.name] if f.name in derived else getattr(hp, f.name)
+                      for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class ModelConfig(PartConfig):
+    """What GPT reads (see Hyperparameters for each field); features resolved for the device."""
+    vocab_size: int
+    model_dim: int
+    num_heads: int
+    head_dim: int
+    mlp_hidden: int
+    bigram_rows: int
+    value_embeds: bool
+    skip_connection: bool
+    residual_lambdas: bool
+    attn_lambdas: bool
+    smear_gate: bool
+    attn_output_gates: bool
+    yarn: bool
+    key_offset: bool
+    paired_heads: bool
+    paired_rope_by_head: bool
+    bigram_embed: bool
+    embed_grad_fp32: bool
+    backout: bool
+    late_attn_from_layer7: bool
+    xsa: bool
+    dc_mha: bool
+    prefix_loss: bool
+    fp8_lm_head: bool  # FP8 lm_head: CUDA only
+    fused_mlp: bool
+    fused_mlp_min_tokens: int
+    fp8_mlp: bool  # fused MLP layers, sm90+ only
+    fp8_qkv: bool  # sm90+ only
+    fp8_qkv_min_tokens: int
+    attention_backend: str  # resolved: fa3 | fa4 | varlen | flex | sdpa
+    fa4_min_tokens: int
+    max_tokens: int  # the longest forward on one rank (sizes the rotary tables)
+
+    @classmethod
+    def from_hyperparameters(cls, hp: Hyperparameters) -> "ModelConfig":
+        device = torch.device(hp.device).type
+        longest_step = max(stage.batch_tokens for stage in hp.stages) // RANKS_PER_STEP
+        hopper = device == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+        fp8_mlp = hp.fp8_mlp and hp.fused_mlp and hopper  # the fused GEMM needs TMA
+        return super().from_hyperparameters(hp, fp8_lm_head=hp.fp8_lm_head and device == "cuda", fp8_mlp=fp8_mlp,
+                                            fp8_qkv=hp.fp8_qkv and hopper,
+                                            attention_backend=resolve_attention_backend(hp.attention_backend, device),
+                                            max_tokens=max(hp.val_seq_len, longest_step))
+
+
+@dataclass(frozen=True)
+class OptimConfig(PartConfig):
+    """What NorMuonAdam reads (see Hyperparameters)."""
+    muon_lr: float
+    muon_beta2: float
+    muon_weight_decay: float
+    orthogonalizer: str
+    mantissa_tracking: bool
+    adam_lr: float
+    adam_eps: float
+    adam_weight_decay: float
+    compile: bool
+
+
+@dataclass(frozen=True)
+class ScheduleConfig(PartConfig):
+    """What Schedule reads (see Hyperparameters)."""
+    stages: tuple[Stage, ...]
+    num_scheduled_iterations: int
+    num_extension_iterations: int
+    window_block_size: int
+    final_long_window: int
+    cooldown_frac: float
+    lr_floor: float
+    untie_embed_at: float
+    muon_momentum_min: float
+    muon_momentum_max: float
+    muon_momentum_warmup_steps: int
+    muon_momentum_cooldown_steps: int
+    adam_every_other_step: bool
+    sliding_windows: bool
+    multi_token_prediction: bool
+    prefix_loss: bool
+
+
+def grad_accum_steps(hp: Hyperparameters, world_size: int) -> int:
+    """Micro-batches per step on each GPU: fewer GPUs accumulate the 8 ranks' slices (T1.3)."""
+    return 1 if hp.rank_slice else RANKS_PER_STEP // world_size
+
+# =============================================================================================
+# Model
+# =============================================================================================
+
+# Layer layout of the 11-layer model (T3.1). Layer 6 has no attention (#17).
+NUM_LAYERS = 11
+ATTENTION_LAYERS = (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)  # index in this tuple = bank slot
+LONG_WINDOW_LAYERS = (3, 10)
+PAIRED_HEAD_LAYERS = (0, 2, 5, 9)
+KEY_OFFSET_LAYERS = (3, 10)
+VALUE_EMBED_LAYERS = (1, 2, 8, 9, 10)  # layer -> block of the value-embedding table, in order
+SKIP_SOURCE_LAYER, SKIP_TARGET_LAYER = 3, 6
+CACHED_LAYER = 7  # its output feeds attention in layers 8-10 (#77) and the final mix (#40)
+XSA_LAYERS = (1, 3, 4, 7)  # exclusive self-attention (#82, #85)
+OUTPUT_GATE_LAYERS = (3, 10)  # attention output gates from the MUDD gates (#85)
+MUDD_LAYER = 10  # residual mix, extra value input and value-embedding gate from the MUDD block (#81)
+POST_GATE_LAYER = 4  # the post MUDD gate reads the residual entering this layer (#85)
+DC_LAYER, DC_WINDOW = 10, 112  # lightweight DC-MHA: its layer and local window in keys (#85)
+MUDD_HIDDEN, MUDD_SCALE, MUDD_GATE_SCALE_INIT = 64, 0.1, 0.1
+GATE_INPUTS = 12  # residual channels a learned sigmoid gate reads (smear, value-embedding gates)
+# Per-token coefficients of the MUDD block at layer 10 (from the residual entering it) and of the
+# final mix before the head (from the last residual), in output order (T3.14). "input" is the
+# residual entering layer 0, "layerN" the residual after layer N.
+MUDD_LAYER_OUTPUTS = ("v_input", "v_layer7", "v_residual", "mix_input", "mix_layer7", "mix_residual",
+                      "ve_gate_first_heads", "ve_gate_last_heads", "attn_residual", "attn_out", "attn_input",
+                      "attn_bigram", "mlp_residual", "mlp_out")
+MUDD_FINAL_OUTPUTS = ("input", "layer7", "layer9", "value_embed", "layer3")
+RESIDUAL_LAMBDA_INIT, BIGRAM_LAMBDA_INIT, BACKOUT_LAMBDA_INIT, SKIP_LAMBDA_INIT = math.sqrt(1.1), 0.05, 0.5, -1.5
+BIGRAM_SIGN_ROWS = 8192
+ATTN_SCALE_INIT = 0.1  # softmax scale, raised by YaRN (#31)
+NO_WINDOW = -1
+
+
+@dataclass(frozen=True)
+class ForwardShape:
+    """What a forward needs besides the tokens; each value is a compile-time constant."""
+    short_window: int  # tokens, or NO_WINDOW
+    long_window: int
+    max_seq_len: int  # longest document (attention kernels' max_seqlen)
+    n_predict: int = 1  # multi-token prediction targets t+1 .. t+n_predict
+    prefix_target: bool = False  # one more target column: the prefix token of the next token (#88)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """What one layer does, fixed when the model is built from the layout above and the switches."""
+    index: int
+    attn_slot: int | None  # its slot in the attention banks; None: MLP only (layer 6)
+    long_window: bool
+    paired_heads: bool  # heads h and h + H/2 attend as one head over a doubled sequence (T3.10)
+    key_offset: bool  # keys' stationary half from the previous token (T3.11)
+    value_embed: int | None  # block of the value-embedding table added to its values (T3.3)
+    value_gate: int | None  # row of ve_gate_bank gating it; None at the MUDD layer (MUDD gates it)
+    reads_layer7: bool  # attention reads the cached layer-7 output, not the residual (T3.12)
+    mudd: bool  # the MUDD layer: dense value input and residual weights from MUDD connections (T3.14)
+    skip_target: bool  # adds the gated output of SKIP_SOURCE_LAYER (T3.7)
+
+
+def layer_plans(cfg: ModelConfig) -> tuple[LayerPlan, ...]:
+    ve_layers = VALUE_EMBED_LAYERS if cfg.value_embeds else ()
+    gated = [layer for layer in VALUE_EMBED_LAYERS if layer != MUDD_LAYER]  # rows of ve_gate_bank
+    return tuple(LayerPlan(
+        index=layer,
+        attn_slot=ATTENTION_LAYERS.index(layer) if layer in ATTENTION_LAYERS else None,
+        long_window=layer in LONG_WINDOW_LAYERS,
+        paired_heads=cfg.paired_heads and layer in PAIRED_HEAD_LAYERS,
+        key_offset=cfg.key_offset and layer in KEY_OFFSET_LAYERS,
+        value_embed=ve_layers.index(layer) if layer in ve_layers else None,
+        value_gate=gated.index(layer) if layer in ve_layers and layer in gated else None,
+        reads_layer7=cfg.late_attn_from_layer7 and layer > CACHED_LAYER,
+        mudd=layer == MUDD_LAYER,
+        skip_target=cfg.skip_connection and layer == SKIP_TARGET_LAYER,
+    ) for layer in range(NUM_LAYERS))
+
+
+def norm(x: Tensor) -> Tensor:
+    """RMSNorm without weights (eps: the dtype's machine epsilon) (T3.2)."""
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def rope_frequencies(head_dim: int) -> Tensor:
+    """Half-truncated RoPE (#17): head_dim/4 frequencies 1 ... 1/1024 rad/token rotate the first
+    head_dim/2 dimensions as interleaved pairs (#58); the other half is stationary (T3.9)."""
+    return (1 / 1024) ** torch.linspace(0, 1, head_dim // 4, dtype=torch.float64)
+
+
+def yarn(frequencies: Tensor, long_windows: list[int]) -> tuple[Tensor, float]:
+    """YaRN (#31, T3.9): on each long-window change W_old -> W_new, interpolate the frequencies that
+    rotate less than 32 times over W_old and raise the softmax scale by 1 + 0.2·ln(W_new/W_old).
+    Returns (frequencies, attention scale) after the given sequence of long windows."""
+    freqs, scale = frequencies.clone(), ATTN_SCALE_INIT
+    for old, new in zip(long_windows, long_windows[1:]):
+        if new == old:
+            continue
+        rotations = old * freqs / (2 * math.pi)
+        keep = ((rotations - 1) / (32 - 1)).clamp(0, 1)
+        freqs = freqs * (old / new + keep * (1 - old / new))
+        scale *= 1 + 0.2 * math.log(new / old)
+    return freqs, scale
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (..., D) rotated by the angles whose cos/sin (..., D/4), broadcasting against x's leading
+    dimensions, are given (T3.9)."""
+    D = x.size(-1)
+    pairs = x[..., : D // 2].unflatten(-1, (D // 4, 2))
+    x1, x2 = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((rotated, x[..., D // 2:]), dim=-1)
+
+
+def paired_rope_positions(T: int, H: int, by_head: bool, device: torch.device) -> Tensor:
+    """Rotary positions (2T, H/2) of the paired-head layout (token t's head i at 2t, head i + H/2 at
+    2t + 1): the doubled sequence's own positions, or (by_head) 2t + (h mod 2) for head h, as the
+    reference rotates the (T, H/2, 2·hd) view before reinterpreting it (issue #25)."""
+    s = torch.arange(2 * T, device=device)[:, None]
+    if not by_head:
+        return s.expand(2 * T, H // 2)
+    head = torch.arange(H // 2, device=device)[None, :] + (s % 2) * (H // 2)
+    return s - s % 2 + head % 2
+
+
+def shift_key_half(k: Tensor) -> Tensor:
+    """Partial key offset (#49, T3.11): the stationary half of each key takes the previous token's."""
+    half = k.size(-1) // 2
+    return torch.cat([k[:, :, :half], torch.cat([k[:1, :, half:], k[:-1, :, half:]])], dim=-1)
+
+
+def exclusive_self_attention(y: Tensor, v: Tensor, alpha: Tensor) -> Tensor:
+    """Gated XSA (arXiv 2603.09078; #82, #85; T3.13): removes tanh(α) of each head output's component
+    along the token's own value vector. y, v (T, H, D); alpha (T, H) or (H,)."""
+    yf, vf = y.float(), v.float()
+    along = (yf * vf).sum(-1, keepdim=True) / vf.square().sum(-1, keepdim=True).clamp_min(1e-8)
+    return (yf - torch.tanh(alpha.float())[..., None] * along * vf).to(y.dtype)
+
+
+ATTENTION_BACKENDS = ("auto", "fa3", "fa4", "varlen", "flex", "sdpa")
+FA4_GPU_MAJORS = (9, 10)  # Hopper (sm90) and datacenter Blackwell (sm100): the GPUs FA4's kernels target
+
+
+def fa4_runs_here(device_type: str) -> bool:
+    """FlashAttention-4 is importable and this process's GPU is one its kernels target."""
+    return (fa4_interface is not None and device_type == "cuda"
+            and torch.cuda.get_device_capability()[0] in FA4_GPU_MAJORS)
+
+
+def fa4_small_forward_backend() -> str:
+    """Where forwards below FA4_MIN_TOKENS go with ATTENTION_BACKEND=fa4."""
+    return "fa3" if flash_attn_varlen_func is not None else "varlen"
+
+
+def resolve_attention_backend(requested: str, device_type: str) -> str:
+    """auto on CUDA: FlashAttention-4 where it runs (an H100 run measured 0.95x varlen's train time at
+    the same loss), else FA3 where importable, else torch's varlen attention; SDPA on the CPU."""
+    if requested not in ATTENTION_BACKENDS:
+        raise SetupError(f"ATTENTION_BACKEND={requested}: use one of {', '.join(ATTENTION_BACKENDS)}")
+    if requested == "fa3" and flash_attn_varlen_func is None:
+        raise SetupError("ATTENTION_BACKEND=fa3 needs FlashAttention-3 (flash_attn_interface): install it or use auto")
+    if requested == "fa4" and fa4_interface is None:
+        raise SetupError("ATTENTION_BACKEND=fa4 needs FlashAttention-4 (flash_attn.cute): "
+                         "pip install -r requirements-gpu.txt, or use auto")
+    if requested == "fa4" and not fa4_runs_here(device_type):
+        raise SetupError("ATTENTION_BACKEND=fa4 runs on Hopper or Blackwell GPUs (sm90, sm100): use auto")
+    if requested != "auto":
+        return requested
+    if device_type != "cuda":
+        return "sdpa"
+    if fa4_runs_here(device_type):
+        return "fa4"
+    return "fa3" if flash_attn_varlen_func is not None else "varlen"
+
+
+@dataclass
+class AttnArgs:
+    """The document layout of one forward as the attention kernels take it, built once per forward."""
+    cu_seqlens: Tensor  # document boundaries [0, ..., T] (varlen kernels)
+    doc_ids: Tensor  # document of every position (DC-MHA, flex and SDPA masks)
+    max_seqlen: int
+    backend: str
+    block_masks: dict  # flex: one block mask per window, made on first use
+
+    def doubled(self) -> "AttnArgs":
+        """The same documents over the doubled sequence of paired-head layers (2t, 2t + 1)."""
+        return AttnArgs(2 * self.cu_seqlens, self.doc_ids.repeat_interleave(2), 2 * self.max_seqlen,
+                        self.backend, {})
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, args: AttnArgs, window: int) -> Tensor:
+    """Causal attention within documents over keys at most `window` positions back (NO_WINDOW:
+    unbounded). q, k, v: (S, H, D), q already scaled."""
+    if args.backend == "fa3":
+        return flash_attn_varlen_func(q, k, v, args.cu_seqlens, args.cu_seqlens, args.max_seqlen, args.max_seqlen,
+                                      softmax_scale=1.0, causal=True, window_size=(window, 0))
+    if args.backend == "fa4":
+        return fa4_varlen_attention(q, k, v, args.cu_seqlens, args.max_seqlen, window)[0]
+    if args.backend == "varlen":
+        return varlen_attn(q, k, v, args.cu_seqlens, args.cu_seqlens, args.max_seqlen, args.max_seqlen, scale=1.0,
+                           window_size=(window, 0))
+    S, doc_ids = q.size(0), args.doc_ids
+    if args.backend == "flex":
+        if window not in args.block_masks:
+            def doc_causal_window(b, h, qi, ki):
+                inside = (qi >= ki) & (doc_ids[qi] == doc_ids[ki])
+                return inside if window == NO_WINDOW else inside & (qi - ki <= window)
+            args.block_masks[window] = create_block_mask(doc_causal_window, None, None, S, S, device=q.device)
+        out = flex_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                             block_mask=args.block_masks[window], scale=1.0)
+        return out[0].transpose(0, 1)
+    if args.backend == "sdpa":
+        pos = torch.arange(S, device=q.device)
+        mask = (pos[:, None] >= pos[None, :]) & (doc_ids[:, None] == doc_ids[None, :])
+        if window != NO_WINDOW:
+            mask &= pos[:, None] - pos[None, :] <= window
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                             attn_mask=mask, scale=1.0)
+        return out.transpose(0, 1)
+    raise ValueError(f"unknown attention backend {args.backend!r} (one of {', '.join(ATTENTION_BACKENDS[1:])})")
+
+
+def scalar_layout(cfg: ModelConfig) -> dict[str, tuple[Tensor, bool]]:
+    """Named scalars: initial value and whether it is learned (a part of the `scalars` parameter,
+    in this order) or fixed by a switch that is off (T3.5). Skip and smear exist only when on."""
+    parts = {"attn_lambdas": (torch.tensor([0.5, 1.0]).repeat(NUM_LAYERS, 1), True) if cfg.attn_lambdas
+             else (torch.ones(NUM_LAYERS, 2), False)}
+    if cfg.smear_gate:
+        parts["smear_lambda"] = (torch.tensor(0.0), True)
+    if cfg.skip_connection:
+        parts["skip_lambda"] = (torch.tensor(SKIP_LAMBDA_INIT), True)
+    return parts
+
+
+def mudd_gate_outputs(cfg: ModelConfig) -> tuple[list, list]:
+    """The MUDD gates' outputs (T3.16), ((kind, layer), width, initial value) each: those of the pre
+    gate (from x0, for layers before POST_GATE_LAYER), then those of the post gate."""
+    H = cfg.num_heads
+    outputs = [(("xsa", layer), H, 0.0) for layer in XSA_LAYERS if cfg.xsa]
+    outputs += [(("out_gate", layer), H, 0.25) for layer in OUTPUT_GATE_LAYERS if cfg.attn_output_gates]
+    for layer in ATTENTION_LAYERS:
+        if layer != MUDD_LAYER:  # x0 and bigram injections; the MUDD layer mixes its own
+            outputs.append((("x0", layer), 1, 0.0))
+            if cfg.bigram_embed:
+                outputs.append((("bigram", layer), 1, BIGRAM_LAMBDA_INIT))
+    if cfg.skip_connection:
+        outputs.append((("skip", SKIP_TARGET_LAYER), 1, 0.5))
+    if cfg.dc_mha:
+        outputs += [(("dc_w1", DC_LAYER), H, 1.0), (("dc_w2", DC_LAYER), H, 0.0)]
+    pre = [o for o in outputs if o[0][1] < POST_GATE_LAYER]
+    return pre, [o for o in outputs if o[0][1] >= POST_GATE_LAYER]
+
+
+def mudd_connection_outputs(cfg: ModelConfig) -> tuple[list, list]:
+    """The MUDD connections' coefficients (T3.14), (name, 1, initial value) each, for the layer-10 block
+    and the final mix. At init they equal the static architecture they replaced: the residual
+    lambdas, value-embedding gate 2 (= 2σ(0)), bigram 0.05, no x0, and the backout −0.5·layer7."""
+    residual = RESIDUAL_LAMBDA_INIT if cfg.residual_lambdas else 1.0
+    layer = dict.fromkeys(MUDD_LAYER_OUTPUTS, 0.0)
+    layer.update(ve_gate_first_heads=2.0, ve_gate_last_heads=2.0, attn_residual=residual, attn_out=1.0,
+                 attn_bigram=BIGRAM_LAMBDA_INIT, mlp_residual=residual, mlp_out=1.0)
+    final = dict.fromkeys(MUDD_FINAL_OUTPUTS, 0.0)
+    final["layer7"] = -BACKOUT_LAMBDA_INIT if cfg.backout else 0.0
+    return [(name, 1, value) for name, value in layer.items()], [(name, 1, value) for name, value in final.items()]
+
+
+class MuddBlock(nn.Module):
+    """Two small per-token MLPs, x -> scale·(W2·GELU(W1[i]·x) + b2) for i = 0, 1, each with named
+    outputs of given widths: MUDD connections (#81, fixed scale 0.1) and MUDD gates (#85, learned scale)."""
+
+    def __init__(self, dim: int, outputs: tuple[list, list], scale: float, learned_scale: bool):
+        super().__init__()
+        self.outputs = outputs
+        initial = torch.tensor([value for part in outputs for _, width, value in part for _ in range(width)])
+        bound = dim ** -0.5  # Kaiming-uniform
+        self.w1 = nn.Parameter(torch.empty(2, MUDD_HIDDEN, dim, dtype=torch.bfloat16).uniform_(-bound, bound))
+        self.w2 = nn.Parameter(torch.zeros(len(initial), MUDD_HIDDEN, dtype=torch.bfloat16))
+        self.b2 = nn.Parameter((initial / scale).to(torch.bfloat16))
+        self.scale = nn.Parameter(torch.tensor(scale)) if learned_scale else scale
+
+    def forward(self, which: int, x: Tensor) -> dict:
+        """{name: (T, width)} of MLP `which` on x (T, dim)."""
+        names, widths = zip(*[(name, width) for name, width, _ in self.outputs[which]])
+        first = sum(width for _, width, _ in self.outputs[0]) if which else 0
+        rows = slice(first, first + sum(widths))
+        out = F.gelu(x @ self.w1[which].t()) @ self.w2[rows].t() + self.b2[rows]
+        return dict(zip(names, (self.scale * out).split(widths, -1)))
+
+
+@dataclass
+class ForwardContext:
+    """What the layers of one forward share besides the residual stream x."""
+    x_input: Tensor  # the residual entering layer 0
+    x0: Tensor  # the normalized embedding, re-injected after every attention (T3.4)
+    bigram: Tensor | None  # the bigram embedding, re-injected likewise
+    value_embeds: tuple[Tensor, ...] | None  # one (T, d) block per value-embedding layer
+    gates: dict  # MUDD gate outputs {(kind, layer): (T, width)}
+    scalars: dict[str, Tensor]
+    attn: AttnArgs
+    attn_paired: AttnArgs | None
+    shape: ForwardShape
+    outputs: dict[int, Tensor]  # residual after each layer so far
+    # The banks unbound once per forward into per-layer views: their backward is one stack per bank,
+    # where indexing the bank in each layer would zero-fill a bank-sized gradient per layer (#56, #74).
+    rope: tuple[Tensor, Tensor]  # cos, sin (T, 1, hd/4) at positions 0..T-1
+    rope_paired: tuple[Tensor, Tensor] | None  # cos, sin (T, 2, H/2 or 1, hd/4): the paired-head positions
+    qk: tuple[Tensor, ...]  # per attention slot: (2·H·hd, d), Q then K rows
+    vo: tuple[Tensor, ...]  # per attention slot: (2, d, d), V then O
+    mlp_fc: tuple[Tensor, ...]  # per layer: (hidden, d)
+    mlp_proj: tuple[Tensor, ...]  # per layer: (hidden, d), stored (in, out)
+    qkv8: "QKVBankFP8 | None"  # the training forward's e4m3 Q/K/V weights (T6.3), else None
+
+
+class GPT(nn.Module):
+    """GPT with banked weights: Q/K, V/O and MLP matrices of all layers live in 3-D parameters
+    (#61, T3.1) that the optimizer orthogonalizes batch-wise. Activations are bf16."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.num_heads * cfg.head_dim != cfg.model_dim or cfg.num_heads % 2:
+            raise SetupError(f"need NUM_HEADS * HEAD_DIM == MODEL_DIM and an even NUM_HEADS, got "
+                             f"{cfg.num_heads}x{cfg.head_dim} vs {cfg.model_dim}")
+        self.config = cfg
+        self.layers = layer_plans(cfg)
+        self._init_matrices(cfg)  # parameters in the order they draw from the random generator
+        self._init_embeddings(cfg)
+        self._init_scalars(cfg)
+        self.mudd = MuddBlock(cfg.model_dim, mudd_connection_outputs(cfg), MUDD_SCALE, learned_scale=False)
+        self.gates = MuddBlock(cfg.model_dim, mudd_gate_outputs(cfg), MUDD_GATE_SCALE_INIT, learned_scale=True)
+        if cfg.prefix_loss:  # prefix token of every token, filled by the trainer (#88); -1: none
+            self.register_buffer("prefix_ids", torch.full((cfg.vocab_size,), -1, dtype=torch.long), persistent=False)
+        hd, positions = cfg.head_dim, 2 * cfg.max_tokens  # paired layers double the sequence
+        self.register_buffer("rope_base", rope_frequencies(hd), persistent=False)
+        self.register_buffer("rope_cos", torch.empty(positions, hd // 4, dtype=torch.bfloat16), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(positions, hd // 4, dtype=torch.bfloat16), persistent=False)
+        self.register_buffer("attn_scale", torch.tensor(ATTN_SCALE_INIT), persistent=False)
+        self.set_long_windows([1])
+
+    def _init_matrices(self, cfg: ModelConfig):
+        d, H, hd, V = cfg.model_dim, cfg.num_heads, cfg.head_dim, cfg.vocab_size
+        n_attn, bf16 = len(ATTENTION_LAYERS), dict(dtype=torch.bfloat16)
+        bound = math.sqrt(3) * 0.5 * d ** -0.5  # uniform with std 0.5/sqrt(d)
+        self.lm_head = nn.Parameter(torch.empty(V, d, **bf16).normal_(0, 0.005))
+        self.embed = nn.Parameter(self.lm_head.detach().clone())  # tied at init (#51, T3.15)
+        # Q/K per head pair (#80): slot a holds H/2 Q groups then H/2 K groups of (2·hd, d).
+        self.qk_bank = nn.Parameter(torch.empty(n_attn * H, 2 * hd, d, **bf16).uniform_(-bound, bound))
+        self.vo_bank = nn.Parameter(torch.empty(2 * n_attn, d, d, **bf16).uniform_(-bound, bound))  # V, O (out, in)
+        mlp = torch.empty(NUM_LAYERS, 2, cfg.mlp_hidden, d, **bf16)
+        mlp[:, 0].uniform_(-bound, bound)  # fc (hidden, d); proj stored (hidden, d) = (in, out), zero (#5)
+        mlp[:, 1].zero_()
+        self.mlp_bank = nn.Parameter(mlp)
+
+    def _init_embeddings(self, cfg: ModelConfig):
+        d, H, V, bf16 = cfg.model_dim, cfg.num_heads, cfg.vocab_size, dict(dtype=torch.bfloat16)
+        if cfg.value_embeds:  # (#14, #63, #70; T3.3) token-major (V, layers·d): one gather serves every
+            # layer, and the gradient is one scatter into the table
+            self.value_embeds = nn.Parameter(torch.empty(V, len(VALUE_EMBED_LAYERS) * d, **bf16).normal_(0, 0.01))
+            gated = sum(plan.value_gate is not None for plan in self.layers)
+            self.ve_gate_bank = nn.Parameter(torch.zeros(gated, H, GATE_INPUTS, **bf16))
+        if cfg.bigram_embed:  # hashed bigram table with random sign rows (#62, #83, #85; T3.4)
+            self.bigram_embed = nn.Parameter(torch.zeros(cfg.bigram_rows, d, **bf16))
+            signs = torch.randn(BIGRAM_SIGN_ROWS, d).sign().to(torch.bfloat16)
+            self.register_buffer("bigram_signs", signs, persistent=False)
+        if cfg.smear_gate:  # one-token look-back on the embeddings (#34, T3.6)
+            self.smear_gate = nn.Parameter(torch.zeros(1, GATE_INPUTS, **bf16))
+
+    def _init_scalars(self, cfg: ModelConfig):
+        # per-sublayer residual and output weights (#9, #73; T3.5); fixed at 1 when switched off
+        if cfg.residual_lambdas:
+            self.resid_lambdas = nn.Parameter(torch.full((NUM_LAYERS, 2), RESIDUAL_LAMBDA_INIT))
+            self.post_lambdas = nn.Parameter(torch.ones(NUM_LAYERS, 2))
+        else:
+            self.register_buffer("resid_lambdas", torch.ones(NUM_LAYERS, 2), persistent=False)
+            self.register_buffer("post_lambdas", torch.ones(NUM_LAYERS, 2), persistent=False)
+        if cfg.fp8_mlp:  # each layer's delayed scale of post, one allocation each (T6.2)
+            for i in range(NUM_LAYERS):
+                self.register_buffer(f"fp8_post_scale{i}", torch.ones((), dtype=torch.float32))
+        layout = scalar_layout(cfg)
+        learned = [value.flatten() for value, is_learned in layout.values() if is_learned]
+        if learned:  # attention lambdas, smear, skip
+            self.scalars = nn.Parameter(torch.cat(learned))
+        fixed = [value.flatten() for value, is_learned in layout.values() if not is_learned]
+        self.register_buffer("fixed_scalars", torch.cat(fixed) if fixed else torch.zeros(0), persistent=False)
+        self.scalar_parts, offsets = {}, {True: 0, False: 0}
+        for name, (value, is_learned) in layout.items():
+            self.scalar_parts[name] = (is_learned, offsets[is_learned], value.shape)
+            offsets[is_learned] += value.numel()
+
+    # --- schedule-dependent state -----------------------------------------------------------------
+    @torch.no_grad()
+    def set_long_windows(self, long_windows: list[int]):
+        """Rotary tables and softmax scale for the long windows used so far (YaRN if enabled)."""
+        freqs, scale = yarn(self.rope_base, long_windows) if self.config.yarn else (self.rope_base, ATTN_SCALE_INIT)
+        angles = torch.arange(self.rope_cos.size(0), dtype=torch.float64, device=freqs.device)[:, None] * freqs
+        self.rope_cos.copy_(angles.cos())
+        self.rope_sin.copy_(angles.sin())
+        self.attn_scale.fill_(scale)
+
+    def param_specs(self) -> dict[str, "ParamSpec"]:
+        """Optimizer table (T2.1). Within its group (replicated, bank, sharded table) a parameter's
+        place here is its place in the optimizer's communication and work order: the big MLP bank sits
+        between the two small banks, so the first wait and the last gather are short."""
+        cfg = self.config
+        table = {
+            "qk_bank": ParamSpec("normuon", "sharded", matrix_shape=(2 * cfg.head_dim, cfg.model_dim), wd_mul=1.0),
+            "mlp_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.mlp_hidden, cfg.model_dim), wd_mul=1.0,
+                                  matrix_lr_muls=(1.0, 2.0)),  # projections (odd index) x2
+            "vo_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.model_dim, cfg.model_dim), wd_mul=1.0),
+            "scalars": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.99)),
+            "smear_gate": ParamSpec("adam", "replicated", lr_mul=0.01, betas=(0.9, 0.99)),
+            "ve_gate_bank": ParamSpec("adam", "replicated", wd_mul=1.0, betas=(0.9, 0.99)),
+            "lm_head": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
+            "bigram_embed": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
+            "post_lambdas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
+            "resid_lambdas": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.95)),
+            "value_embeds": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
+            "embed": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
+            "mudd.w1": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
+            "mudd.w2": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
+            "mudd.b2": ParamSpec("adam", "replicated", lr_mul=0.25, betas=(0.9, 0.99)),
+            "gates.w1": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
+            "gates.w2": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
+            "gates.b2": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
+            "gates.scale": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
+        }
+        names = dict(self.named_parameters())
+        missing = set(names) - set(table)
+        if missing:
+            raise ValueError(f"parameters without an optimizer spec: {sorted(missing)}")
+        return {label: spec for label, spec in table.items() if label in names}
+
+    # --- losses -------------------------------------------------------------------------------------
+    def training_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
+                      target_weights: Tensor, grad_scale: float = 1.0) -> tuple[Tensor, Tensor]:
+        """(loss to backpropagate, mean next-token CE). target_weights weighs the target columns
+        (t+1 ... t+n_predict, then the prefix target); the fused lm_head + soft-capped cross-entropy
+        (FP8 on CUDA, T4.4) scores every column at once."""
+        x = self.hidden_states(input_ids, cu_seqlens, shape, fp8=True)
+        targets = self.target_columns(target_ids.long(), shape)
+        return lm_head_softcap_ce(x, self.lm_head, targets, target_weights, grad_scale, self.config.fp8_lm_head)
+
+    def evaluation_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
+                        chunk: int) -> Tensor:
+        """The summed next-token cross-entropy, the lm_head applied `chunk` tokens at a time."""
+        x = self.hidden_states(input_ids, cu_seqlens, shape)
+        targets = target_ids.long()
+        total = x.new_zeros((), dtype=torch.float32)
+        for i in range(0, x.size(0), chunk):
+            z = softcap(vocab_matmul(x[i: i + chunk], self.lm_head.t()))
+            total = total + (torch.logsumexp(z, -1) - z.gather(1, targets[i: i + chunk, None])[:, 0]).sum()
+        return total
+
+    def target_columns(self, targets: Tensor, shape: ForwardShape) -> Tensor:
+        """Target matrix (T, N), -1 = none: multi-token prediction (#53, T4.2) scores the same logits
+        against the targets t+1 .. t+n_predict (none past the end); the prefix-token loss (#88, T4.3)
+        against the token spelling the longest proper prefix of the next token."""
+        T, n = targets.size(0), shape.n_predict
+        # Columns as shifted slices of the padded targets, stacked: torch 2.11's inductor fails on
+        # CUDA (loop merging) for the same matrix built as a gather over (T, n) indices joined with
+        # the prefix column by cat.
+        padded = torch.cat([targets, targets.new_full((n - 1,), -1)]) if n > 1 else targets
+        columns = [padded[k: k + T] for k in range(n)]
+        if shape.prefix_target:
+            columns.append(self.prefix_ids[targets])
+        return torch.stack(columns, 1)
+
+    # --- forward ------------------------------------------------------------------------------------
+    def hidden_states(self, input_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape, fp8: bool = False) -> Tensor:
+        """The final normalized hidden states (T, d) of a batch of packed documents; fp8: the e4m3
+        forward products the config enables (fused MLP layers, Q/K/V projections), for training
+        only: evaluation stays bf16."""
+        cfg = self.config
+        fp8_qkv = fp8 and cfg.fp8_qkv and input_ids.size(0) >= cfg.fp8_qkv_min_tokens
+        ctx = self.context(input_ids.long(), cu_seqlens, shape, fp8_qkv)
+        fused_mlp = cfg.fused_mlp and input_ids.size(0) >= cfg.fused_mlp_min_tokens
+        bank8 = MLPBankFP8.quantize(self.mlp_bank) if fp8 and cfg.fp8_mlp and fused_mlp else None
+        x = ctx.x_input
+        for layer in self.layers:
+            if layer.index == POST_GATE_LAYER:
+                ctx.gates.update(self.gates(1, x))
+            mix = self.mudd(0, x) if layer.mudd else None  # the MUDD layer's coefficients (T3.14)
+            if layer.attn_slot is not None:
+                x = self.attention_block(layer, x, ctx, mix)
+            elif layer.skip_target:  # U-net remnant 3 -> 6 with a per-token gate (#45, #55; T3.7)
+                gate = ctx.gates["skip", layer.index]
+                x = x + torch.sigmoid(ctx.scalars["skip_lambda"]) * gate * ctx.outputs[SKIP_SOURCE_LAYER]
+            x = self.mlp_block(layer, x, ctx, mix, fused_mlp, bank8)
+            ctx.outputs[layer.index] = x
+        return norm(self.final_mix(x, ctx))
+
+    def context(self, ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape, fp8_qkv: bool) -> ForwardContext:
+        """Embeddings, the pre MUDD gate, the attention layout and the per-layer weights (with
+        fp8_qkv, the Q/K/V weights also in e4m3): what the layers share."""
+        cfg, scalars = self.config, self.named_scalars()
+        lookup = functools.partial(embedding_lookup, fp32_grad=cfg.embed_grad_fp32)
+        x = lookup(self.embed, ids)
+        if cfg.smear_gate:  # (#34, T3.6)
+            gate = torch.sigmoid(x[1:, :GATE_INPUTS] @ self.smear_gate.t())
+            x = torch.cat([x[:1], x[1:] + scalars["smear_lambda"] * gate * x[:-1]])
+        x0 = norm(x)
+        gates = self.gates(0, x0)
+        x_input, bigram = x0, None
+        if cfg.bigram_embed:  # (#62, T3.4)
+            signs = self.bigram_signs[bigram_sign_ids(ids)]
+            bigram = lookup(self.bigram_embed, bigram_ids(ids, cfg.bigram_rows)) * signs
+            x_input = x0 + gates["bigram", 0] * bigram
+        value_embeds = lookup(self.value_embeds, ids).split(cfg.model_dim, -1) if cfg.value_embeds else None
+        return ForwardContext(x_input=x_input, x0=x0, bigram=bigram, value_embeds=value_embeds, gates=gates,
+                              scalars=scalars, shape=shape, outputs={},
+                              **self.attention_layout(ids.size(0), cu_seqlens, shape), **self.bank_views(),
+                              qkv8=QKVBankFP8.quantize(self.qk_bank, self.vo_bank) if fp8_qkv else None)
+
+    def attention_layout(self, T: int, cu_seqlens: Tensor, shape: ForwardShape) -> dict:
+        """AttnArgs and rotary tables of the plain and, with paired heads, the doubled sequence."""
+        positions = torch.arange(T, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+        doc_ids = torch.searchsorted(cu_seqlens, positions, right=True)
+        backend = self.config.attention_backend
+        if backend == "fa4" and T < self.config.fa4_min_tokens:  # FA4's per-call host cost outweighs its kernels
+            backend = fa4_small_forward_backend()
+        attn = AttnArgs(cu_seqlens, doc_ids, shape.max_seq_len, backend, {})
+        layout = dict(attn=attn, rope=(self.rope_cos[:T, None], self.rope_sin[:T, None]),
+                      attn_paired=None, rope_paired=None)
+        if self.config.paired_heads:  # the doubled sequence's tables, as (token, half of the heads)
+            H, quarter = self.config.num_heads, self.config.head_dim // 4
+            paired = (self.rope_cos[: 2 * T, None], self.rope_sin[: 2 * T, None])
+            if self.config.paired_rope_by_head:
+                index = paired_rope_positions(T, H, True, cu_seqlens.device)
+                paired = (self.rope_cos[index], self.rope_sin[index])
+            layout.update(attn_paired=attn.doubled(),
+                          rope_paired=tuple(t.view(T, 2, -1, quarter) for t in paired))
+        return layout
+
+    def bank_views(self) -> dict:
+        """The banks unbound into per-layer matrices (see ForwardContext.qk)."""
+        n_attn, d = len(ATTENTION_LAYERS), self.config.model_dim
+        mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
+        return dict(qk=self.qk_bank.view(n_attn, -1, d).unbind(0), vo=self.vo_bank.view(n_attn, 2, d, d).unbind(0),
+                    mlp_fc=mlp_fc, mlp_proj=mlp_proj)
+
+    def attention_block(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext, mix: dict | None) -> Tensor:
+        """The attention sublayer and the residual update after it: x0 and the bigram embedding
+        re-injected with their gates (T3.4), or at the MUDD layer its dense mix."""
+        a_in, v_extra, x = self.attention_inputs(layer, x, ctx, mix)
+        y = self.attention(layer, a_in, v_extra, ctx)
+        if mix is not None:
+            x = mix["attn_residual"] * x + mix["attn_out"] * y + mix["attn_input"] * ctx.x_input
+            return x if ctx.bigram is None else x + mix["attn_bigram"] * ctx.bigram
+        i = layer.index
+        x = self.resid_lambdas[i, 0] * x + self.post_lambdas[i, 0] * y + ctx.gates["x0", i] * ctx.x0
+        if ctx.bigram is not None and i > 0:  # layer 0's bigram entered with x0
+            x = x + ctx.gates["bigram", i] * ctx.bigram
+        return x
+
+    def attention_inputs(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext,
+                         mix: dict | None) -> tuple[Tensor, Tensor | None, Tensor]:
+        """(normalized attention input, extra value input (T, H, hd) or None, residual): the value
+        embedding with its gate (T3.3) and, at the MUDD layer, the dense value input and the residual
+        pre-mix (T3.14)."""
+        T, H, hd = x.size(0), self.config.num_heads, self.config.head_dim
+        a_in = norm(ctx.outputs[CACHED_LAYER] if layer.reads_layer7 else x)
+        v_extra = None
+        if layer.value_embed is not None:
+            ve = ctx.value_embeds[layer.value_embed]
+            if mix is not None:  # one MUDD gate for each half of the heads
+                gate = torch.cat([mix["ve_gate_first_heads"].expand(T, H // 2),
+                                  mix["ve_gate_last_heads"].expand(T, H - H // 2)], -1)
+            else:  # gated value embedding (#55, #70)
+                half = GATE_INPUTS // 2
+                gate = 2 * torch.sigmoid(torch.cat([a_in[:, :half], ve[:, :half]], -1)
+                                         @ self.ve_gate_bank[layer.value_gate].t())
+            v_extra = gate[..., None] * ve.view(T, H, hd)
+        if mix is not None:
+            layer7 = ctx.outputs[CACHED_LAYER]
+            v_mudd = (mix["v_input"] * ctx.x_input + mix["v_layer7"] * layer7 + mix["v_residual"] * x).view(T, H, hd)
+            v_extra = v_mudd if v_extra is None else v_extra + v_mudd
+            x = (1 + mix["mix_residual"]) * x + mix["mix_input"] * ctx.x_input + mix["mix_layer7"] * layer7
+        return a_in, v_extra, x
+
+    def attention(self, layer: LayerPlan, x: Tensor, v_extra: Tensor | None, ctx: ForwardContext) -> Tensor:
+        """One attention sublayer on the normalized input x (T3.8-T3.13, T3.16, T3.17)."""
+        cfg, i, slot = self.config, layer.index, layer.attn_slot
+        T, H, hd = x.size(0), cfg.num_heads, cfg.head_dim
+        w_v, w_o = ctx.vo[slot][0], ctx.vo[slot][1]
+        w_qkv = torch.cat([ctx.qk[slot], w_v])
+        lambdas = ctx.scalars["attn_lambdas"][i]  # pre-multiplied into the weights (#47, #48)
+        w_qkv, w_o = lambdas[0] * w_qkv, lambdas[1] * w_o
+        if ctx.qkv8 is not None:  # e4m3 forward (T6.3): the bank's scale times the lambda
+            qkv = fp8_normed_linear(x, w_qkv, ctx.qkv8.weights[slot], ctx.qkv8.scales[slot] * lambdas[0])
+        else:
+            qkv = x @ w_qkv.t()
+        q, k, v = qkv.view(T, 3 * H, hd).split(H, dim=1)
+        q, k = norm(q), norm(k)  # QK-norm
+        if v_extra is not None:
+            v = v + v_extra
+        if layer.paired_heads:  # heads h and h+H/2 become one head: 2t is head h, 2t+1 head h+H/2 (#58);
+            # rotated as (T, 2, H/2, hd) views of the projection (plain strides), then interleaved
+            q, k = (apply_rope(t.view(T, 2, H // 2, hd), *ctx.rope_paired) for t in (q, k))
+            q, k, v = (t.reshape(2 * T, H // 2, hd) for t in (q, k, v))
+            args = ctx.attn_paired
+        else:
+            q, k = apply_rope(q, *ctx.rope), apply_rope(k, *ctx.rope)
+            args = ctx.attn
+        if layer.key_offset:
+            k = shift_key_half(k)
+        q = (q * self.attn_scale).to(v.dtype)
+        window = ctx.shape.long_window if layer.long_window else ctx.shape.short_window
+        y = attend(q, k, v, args, window).reshape(T, H, hd)
+        gates = ctx.gates
+        if ("dc_w1", i) in gates:  # cross-head composition on a local window (#85, T3.17); w1 RMS-normalized
+            w1 = F.rms_norm(gates["dc_w1", i].float(), (H,), eps=1e-6)
+            y = y + dc_mha(q, k, v, ctx.attn.doc_ids, w1, gates["dc_w2", i])
+        if ("xsa", i) in gates:  # (T3.13)
+            y = exclusive_self_attention(y, v, gates["xsa", i])
+        if ("out_gate", i) in gates:  # (#28, #85; T3.16)
+            y = y * gates["out_gate", i][..., None]
+        return y.reshape(T, H * hd) @ w_o.t()
+
+    def mlp_block(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext, mix: dict | None, fused: bool,
+                  bank8: "MLPBankFP8 | None") -> Tensor:
+        """The ReLU² MLP (#5) and the residual update after it. Small forwards (stage 1) are
+        launch-bound: there the plain expression beats the fused kernels (T6.1). With bank8 the
+        forward runs in e4m3 and refreshes the layer's delayed scale of post (T6.2)."""
+        fc, proj = ctx.mlp_fc[layer.index], ctx.mlp_proj[layer.index]
+        if bank8 is not None:
+            post_scale = getattr(self, f"fp8_post_scale{layer.index}")
+            out, post_amax = fp8_relu_square_mlp(norm(x), fc, proj, bank8, layer.index, post_scale)
+            post_scale.copy_(post_amax.clamp_min(1e-12).view(()) * (FP8_POST_MARGIN / E4M3_MAX))
+        else:
+            out = (relu_square_mlp if fused else relu_square_mlp_reference)(norm(x), fc, proj)
+        if mix is not None:
+            return mix["mlp_residual"] * x + mix["mlp_out"] * out
+        return self.resid_lambdas[layer.index, 1] * x + self.post_lambdas[layer.index, 1] * out
+
+    def final_mix(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+        """MUDD's dense mix of earlier residuals before the head (#81, T3.14); at init its layer-7
+        term is the backout (#40, T3.12)."""
+        f, out = self.mudd(1, x), ctx.outputs
+        x = (x + f["input"] * ctx.x_input + f["layer7"] * out[CACHED_LAYER] + f["layer9"] * out[MUDD_LAYER - 1]
+             + f["layer3"] * out[SKIP_SOURCE_LAYER])
+        if ctx.value_embeds is not None:
+            x = x + f["value_embed"] * ctx.value_embeds[0]
+        return x
+
+    def named_scalars(self) -> dict[str, Tensor]:
+        return {name: (self.scalars if learned else self.fixed_scalars)[offset: offset + math.prod(shape)].view(shape)
+                for name, (learned, offset, shape) in self.scalar_parts.items()}
+
+
+def bigram_ids(ids: Tensor, rows: int) -> Tensor:
+    """Hash of (previous, current) token into rows-1 buckets; the first token gets the last row."""
+    prev = torch.cat([ids[:1], ids[:-1]])
+    hashed = ((36313 * ids) ^ (27191 * prev)) % (rows - 1)
+    hashed[:1].fill_(rows - 1)  # fill_, not `hashed[0] = ...`: a host scalar copied in would sync in eager mode
+    return hashed
+
+
+def bigram_sign_ids(ids: Tensor) -> Tensor:
+    prev = torch.cat([ids[:1], ids[:-1]])
+    signs = (prev ^ ids) % BIGRAM_SIGN_ROWS
+    signs[:1].fill_(0)
+    return signs
+
+# =============================================================================================
+# Optimizer
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """How one parameter is optimized and communicated (T2.1)."""
+    optimizer: str  # "normuon" | "adam"
+    comm: str  # "sharded": reduce-scatter + all-gather along dim 0 | "replicated": all-reduce
+    lr_mul: float = 1.0
+    wd_mul: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    matrix_shape: tuple[int, int] | None = None  # NorMuon: each bank entry is one such matrix
+    matrix_lr_muls: tuple[float, ...] = (1.0,)  # NorMuon: cycled over the bank's matrix index
+
+    def matrix_lr_mul(self, index: Tensor) -> Tensor:
+        """NorMuon: the learning-rate multiplier of the bank's matrices `index`: the table's
+        matrix_lr_muls times √(rows/cols) for tall matrices (#42, T2.4)."""
+        rows, cols = self.matrix_shape
+        return torch.tensor(self.matrix_lr_muls)[index % len(self.matrix_lr_muls)] * max(1.0, rows / cols) ** 0.5
+def _fp32_from_bf16_and_mantissa(hi: Tensor, mantissa: Tensor) -> Tensor:
+    """The exact fp32 master weight whose top 16 bits are the bf16 weight (T2.6)."""
+    bits = (hi.view(torch.int16).to(torch.int32) << 16) | (mantissa.to(torch.int32) & 0xFFFF)
+    return bits.view(torch.float32)
+
+
+def _split_fp32_to_bf16_and_mantissa(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Inverse of the above: truncated bf16 top half and the low 16 bits as int16."""
+    bits = x.view(torch.int32)
+    hi = (bits >> 16).to(torch.int16).view(torch.bfloat16)
+    mantissa = (((bits & 0xFFFF) ^ 0x8000) - 0x8000).to(torch.int16)
+    return hi, mantissa
+
+
+def normuon_momentum(grad: Tensor, momentum: Tensor, mu: Tensor, grad_scale: float) -> Tensor:
+    """Nesterov momentum in EMA form: m ← μm + (1−μ)g, returns (1−μ)g + μm (#3, T2.2)."""
+    g = grad.float() * grad_scale
+    momentum.lerp_(g, 1 - mu)
+    return g.lerp(momentum, mu)
+
+
+def normuon_update(update: Tensor, second_moment: Tensor, weight: Tensor, mantissa: Tensor | None,
+                   lr: Tensor, lr_muls: Tensor, wd_lr: Tensor, beta2: float, axis: int):
+    """NorMuon (arXiv 2510.05491, #41; T2.4): per-row (axis -1) or per-column (axis -2) RMS equalization
+    of the orthogonalized update by an EMA second moment, keeping each matrix's Frobenius norm;
+    then the step with cautious, lr-coupled weight decay (#43, T2.5) on the fp32 master weight."""
+    O = update.float()
+    n = O.size(axis)
+    v_mean = O.square().mean(axis, keepdim=True)
+    norm = (v_mean.sum((-2, -1), keepdim=True) * n).sqrt()
+    second_moment.lerp_(v_mean, 1 - beta2)
+    scale = second_moment.clamp_min(1e-10).rsqrt()
+    scaled_norm = (v_mean * scale.square()).sum((-2, -1), keepdim=True).mul(n).sqrt()
+    O = O * scale * (norm / scaled_norm.clamp_min(1e-10))
+    lr_eff = lr * lr_muls
+    w32 = weight.float() if mantissa is None else _fp32_from_bf16_and_mantissa(weight, mantissa)
+    decay = (O * w32 >= 0) * w32 * (wd_lr * lr_eff)
+    w32 = w32 - lr_eff * O - decay
+    if mantissa is None:
+        weight.copy_(w32)
+    else:
+        hi, low = _split_fp32_to_bf16_and_mantissa(w32)
+        weight.copy_(hi)
+        mantissa.copy_(low)
+
+
+def normuon_bank_step(grad: Tensor, momentum: Tensor, second_moment: Tensor, weight: Tensor,
+                      mantissa: Tensor | None, mu: Tensor, lr: Tensor, lr_muls: Tensor, wd_lr: Tensor,
+                      grad_scale: float, beta2: float, axis: int, method: str, use_triton: bool):
+    """A whole NorMuon step of one bank shard: Nesterov momentum, orthogonalization, variance
+    normalization and the cautious update; compiled as one graph per bank (#74, T2.3)."""
+    update = normuon_momentum(grad, momentum, mu, grad_scale)
+    orthogonal = polar_iterations(polar_normalize(update, method), method, use_triton)
+    normuon_update(orthogonal, second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
+
+
+def adam_update(grad: Tensor, kept_grad: Tensor | None, weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
+                step_size: Tensor, wd_lr2: Tensor, beta1: float, beta2: float, eps: float, grad_scale: float):
+    """Adam with cautious weight decay (#50, T2.5): decay only where the update shrinks |w|; strength
+    lr²·wd so it follows the schedule. step_size carries the bias correction. kept_grad: the
+    previous step's gradient (T2.7), added here in fp32 rather than by autograd in a pass of its own."""
+    g = grad.float() if kept_grad is None else grad.float() + kept_grad.float()
+    g = g * grad_scale
+    exp_avg.lerp_(g, 1 - beta1)
+    exp_avg_sq.lerp_(g.square(), 1 - beta2)
+    w = weight.float()
+    u = step_size * exp_avg / (exp_avg_sq.sqrt() + eps)
+    u = u + (u * w > 0) * w * wd_lr2
+    weight.copy_(w - u)
+
+
+class RankRows:
+    """This rank's rows of a parameter viewed as (n, ...): rows [start, start + rows) of a padded
+    (n_pad = rows·world, ...) layout. Padding rows exist only in communication buffers. A 0-d
+    parameter counts as one row (it is always replicated)."""
+
+    def __init__(self, view_shape: tuple[int, ...], rank: int, world: int):
+        self.view_shape = view_shape
+        n = view_shape[0] if view_shape else 1
+        self.rows = -(-n // world)
+        self.padded = self.rows * world != n
+        self.start = rank * self.rows
+        self.real_rows = max(0, min(n - self.start, self.rows))
+
+    def full(self, t: Tensor) -> Tensor:
+        return t.view(self.view_shape)
+
+
+class NorMuonAdam:
+    """One optimizer for every parameter, without DDP (#61, T2.1).
+
+    step(): (1) launch the gradient reductions asynchronously, bf16 on the wire: all-reduce for
+    replicated parameters, reduce-scatter for sharded ones; (2) update in the same order: wait for
+    a reduction, update this rank's rows, launch their all-gather; (3) wait for the gathers.
+    Gradients are SUM-reduced and scaled by 1/world in the update functions.
+    The order (`comm_order`): small replicated parameters, then the NorMuon banks, then the big
+    sharded Adam tables, each group in table order. NCCL runs collectives in launch order, so
+    waiting in launch order never waits for an unrelated reduction, and bank i is orthogonalized
+    while bank i+1 and the tables are still reducing.
+
+    Step sizes: a NorMuon matrix moves by muon_lr × the schedule's lr multiplier × its spec's lr_mul
+    × spec.matrix_lr_mul(i); an Adam parameter by adam_lr × the lr multiplier × its spec's lr_mul.
+
+    Adam every other step (T2.7): on a step without Adam, each Adam parameter's gradient is moved out
+    of .grad into `kept` (its reduction launched at once, so it overlaps the next step), and the next
+    step's update adds it to the new one inside the Adam kernel. Autograd would otherwise add the
+    two in a separate full pass over every table (0.55 ms per step on the H100 at 1 rank).
+
+    Tied embedding (#51, #53; T3.15): while tied, embed's gradient is added to lm_head's, only lm_head
+    is reduced and updated and embed is overwritten with it; untie() hands lm_head's Adam state to
+    embed. Both are stored (vocab, dim), so tying needs no transpose."""
+
+    def __init__(self, params: dict[str, nn.Parameter], specs: dict[str, ParamSpec], config: OptimConfig,
+                 rank: int = 0, world_size: int = 1, tied: tuple[str, str] | None = None):
+        self.params, self.specs, self.config = params, specs, config
+        self.rank, self.world = rank, world_size
+        self.tied = self.initial_tie = tied  # (follower, leader) = ("embed", "lm_head") while tied
+        group = lambda label: (specs[label].comm != "replicated", specs[label].optimizer != "normuon")  # noqa: E731
+        self.comm_order = sorted((label for label in specs if label in params), key=group)
+        self.grad_scale = 1.0 / world_size
+        self.state: dict[str, dict[str, Tensor | int]] = {}
+        self.kept: dict[str, tuple] = {}  # Adam label -> (reduction work or None, this rank's gradient rows)
+        self.rows: dict[str, RankRows] = {}
+        self.lr_muls: dict[str, Tensor] = {}  # NorMuon: per-matrix lr multipliers of the local rows
+        on_cuda = next(iter(params.values())).is_cuda
+        self.use_triton = triton_applies(next(iter(params.values())))  # symmetric kernels on every bank
+        if on_cuda and config.compile:  # one graph per bank and table shape
+            self._normuon_fn = torch.compile(normuon_bank_step, dynamic=False, fullgraph=True)
+            self._adam_fn = torch.compile(adam_update, dynamic=False, fullgraph=True)
+        else:
+            self._normuon_fn, self._adam_fn = normuon_bank_step, adam_update
+        for label, p in params.items():
+            self._init_state(label, p, specs[label])
+
+    def _init_state(self, label: str, p: Tensor, spec: ParamSpec):
+        view = (-1, *spec.matrix_shape) if spec.optimizer == "normuon" else tuple(p.shape)
+        view = tuple(p.view(view).shape)
+        rows = self.rows[label] = RankRows(view, self.rank, self.world)
+        local = (rows.rows, *view[1:]) if spec.comm == "sharded" else view
+        st = self.state[label] = {}
+        zeros = lambda shape, dtype=torch.float32: torch.zeros(shape, dtype=dtype, device=p.device)  # noqa: E731
+        if spec.optimizer == "adam":
+            st.update(exp_avg=zeros(local), exp_avg_sq=zeros(local), step=0)
+            return
+        matrix_rows, cols = spec.matrix_shape
+        st["momentum"] = zeros(local)
+        st["second_moment"] = zeros((local[0], matrix_rows, 1) if matrix_rows >= cols else (local[0], 1, cols))
+        if self.config.mantissa_tracking and p.dtype == torch.bfloat16:
+            st["mantissa"] = zeros(local, torch.int16)
+        index = torch.arange(local[0]) + (rows.start if spec.comm == "sharded" else 0)
+        self.lr_muls[label] = spec.matrix_lr_mul(index).view(-1, 1, 1).to(p.device)
+
+    # --- step ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, lr_multiplier: float = 1.0, momentum: float = 0.95, adam: bool = True):
+        """One update: NorMuon on the banks with this momentum, Adam on the rest when `adam` (the
+        schedule runs it on every other step with two steps' gradients, T2.7)."""
+        params = self.params
+        follower, leader = self.tied if self.tied else (None, None)
+        if follower and params[follower].grad is not None:
+            params[leader].grad.add_(params[follower].grad)
+            params[follower].grad = None
+        with_grad = [label for label in self.comm_order if params[label].grad is not None and label != follower]
+        active = [label for label in with_grad if adam or self.specs[label].optimizer == "normuon"]
+        reductions = [self._launch_reduction(label) for label in active]
+        gathers = []
+        for label, (work, grad) in zip(active, reductions):
+            if work is not None:
+                work.wait()
+            gathers.append(self._update(label, grad, lr_multiplier, momentum))
+        for gather in gathers:
+            if gather is not None:
+                gather()
+        for label in with_grad:
+            if label not in active:  # after the gathers: these reductions overlap the next step
+                self._keep(label)
+        if follower and adam:
+            params[follower].copy_(params[leader])
+        for label in with_grad:
+            params[label].grad = None
+
+    def _keep(self, label: str):
+        """Hold a step's gradient (its reduction under way) for the next Adam update of the label."""
+        work, grad = self._launch_reduction(label)
+        earlier = self._kept_grad(label)
+        if earlier is not None:  # two steps without Adam in a row (the warm-up's stage edges): sum them
+            if work is not None:
+                work.wait()
+            work, grad = None, grad.add_(earlier)
+        self.kept[label] = (work, grad)
+
+    def _kept_grad(self, label: str) -> Tensor | None:
+        """The kept gradient rows of `label`, reduced (the reduction waited for), or None."""
+        if label not in self.kept:
+            return None
+        work, grad = self.kept.pop(label)
+        if work is not None:
+            work.wait()
+        return grad
+
+    def _launch_reduction(self, label: str):
+        p, spec, rows = self.params[label], self.specs[label], self.rows[label]
+        grad = p.grad
+        if self.world == 1:
+            return None, rows.full(grad)
+        if spec.comm == "replicated":
+            return dist.all_reduce(grad, op=dist.ReduceOp.SUM, async_op=True), rows.full(grad)
+        full = rows.full(grad)
+        if rows.padded:
+            padded = full.new_zeros((rows.rows * self.world, *full.shape[1:]))
+            padded[: full.size(0)] = full
+            full = padded
+        local = full.new_empty((rows.rows, *full.shape[1:]))
+        return dist.reduce_scatter_tensor(local, full, op=dist.ReduceOp.SUM, async_op=True), local
+
+    def _local_weight(self, label: str) -> tuple[Tensor, Tensor, bool]:
+        """(the full weight as viewed, this rank's rows of it, whether they are sharded)."""
+        p, spec, rows = self.params[label], self.specs[label], self.rows[label]
+        full_weight = rows.full(p.data)
+        if not (spec.comm == "sharded" and self.world > 1):
+            return full_weight, full_weight, False
+        if rows.padded:
+            weight = full_weight.new_zeros((rows.rows, *full_weight.shape[1:]))
+            weight[: rows.real_rows] = full_weight[rows.start: rows.start + rows.real_rows]
+            return full_weight, weight, True
+        return full_weight, full_weight[rows.start: rows.start + rows.rows], True
+
+    def _update(self, label: str, grad: Tensor, lr_multiplier: float, momentum: float):
+        """Update this rank's rows of one parameter; returns a wait function for their all-gather."""
+        spec, st, cfg = self.specs[label], self.state[label], self.config
+        full_weight, weight, sharded = self._local_weight(label)
+        cpu = lambda x: torch.tensor(x, dtype=torch.float32)  # 0-d CPU scalars: no recompiles  # noqa: E731
+        if spec.optimizer == "normuon":
+            lr = cfg.muon_lr * lr_multiplier * spec.lr_mul
+            rows, cols = spec.matrix_shape
+            self._normuon_fn(grad, st["momentum"], st["second_moment"], weight, st.get("mantissa"),
+                             cpu(momentum), cpu(lr), self.lr_muls[label],
+                             cpu(cfg.muon_weight_decay * spec.wd_mul * cfg.muon_lr * lr_multiplier),
+                             self.grad_scale, cfg.muon_beta2, -1 if rows >= cols else -2,
+                             cfg.orthogonalizer, self.use_triton)
+        else:
+            beta1, beta2 = spec.betas
+            st["step"] += 1
+            t = st["step"]
+            lr = cfg.adam_lr * spec.lr_mul * lr_multiplier
+            step_size = lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+            self._adam_fn(grad, self._kept_grad(label), weight, st["exp_avg"], st["exp_avg_sq"],
+                          cpu(step_size), cpu(lr * lr * cfg.adam_weight_decay * spec.wd_mul), beta1, beta2,
+                          cfg.adam_eps, self.grad_scale)
+        if not sharded:
+            return None
+        if self.rows[label].padded:
+            gathered = weight.new_empty((self.rows[label].rows * self.world, *weight.shape[1:]))
+            work = dist.all_gather_into_tensor(gathered, weight, async_op=True)
+            n = full_weight.size(0)
+            return lambda: (work.wait(), full_weight.copy_(gathered[:n]))
+        work = dist.all_gather_into_tensor(full_weight, weight, async_op=True)  # in place
+        return work.wait
+
+    # --- state ----------------------------------------------------------------------------------
+    def untie(self):
+        """Give the follower (embed) the leader's (lm_head's) Adam state and update both from now on (#53)."""
+        follower, leader = self.tied
+        for key in ("exp_avg", "exp_avg_sq"):
+            self.state[follower][key].copy_(self.state[leader][key])
+        self.state[follower]["step"] = self.state[leader]["step"]
+        self.tied = None
+
+    def state_dict(self) -> dict:
+        """Moments, step counts, the tie, and the gradients kept for the next Adam step (T2.7)."""
+        kept = {label: self._kept_grad(label) for label in list(self.kept)}
+        self.kept = {label: (None, grad) for label, grad in kept.items()}
+        return {"tied": self.tied,
+                "state": {label: {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in st.items()}
+                          for label, st in self.state.items()},
+                "kept": {label: grad.clone() for label, grad in kept.items()}}
+
+    def reset(self):
+        """A new optimizer's state: zero moments, buffers and step counts, the tables tied again."""
+        self.tied = self.initial_tie
+        self.kept = {}
+        for st in self.state.values():
+            for key, value in st.items():
+                if isinstance(value, Tensor):
+                    value.zero_()  # in place: compiled functions keep their inputs
+                else:
+                    st[key] = 0
+
+    def load_state_dict(self, state: dict):
+        self.tied = state["tied"]
+        self.kept = {label: (None, grad.clone()) for label, grad in state["kept"].items()}
+        for label, st in state["state"].items():
+            for key, value in st.items():
+                if isinstance(value, Tensor):
+                    self.state[label][key].copy_(value)  # in place: compiled functions keep their inputs
+                else:
+                    self.state[label][key] = value
+
+# =============================================================================================
+# Data
+# =============================================================================================
+
+BOS_ID = 50256  # <|endoftext|> precedes every document
+SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256
+SHARD_HEADER_BYTES = 4 * SHARD_HEADER_INTS
+DOWNLOAD_HINT = ("download FineWeb shards with `python data/cached_fineweb10B.py 9`, or point TRAIN_FILES / VAL_FILES "
+                 "at your shards")
+MAX_DOCS_PER_BATCH = {16384: 64, 32768: 96, 49152: 128}  # cu_seqlens lengths (#78)
+
+
+class ShardError(SetupError):
+    """A token shard that cannot be used: the message names the file and the defect (also .path, .defect)."""
+
+    def __init__(self, path, defect: str):
+        self.path, self.defect = os.fspath(path), defect
+        super().__init__(f"{self.path}: {defect}")
+
+
+def read_shard_header(path: str) -> int:
+    """Check a shard's magic, version and size; return its token count. The format's one reader:
+    data/shards.py (the data scripts' writer) imports it from here."""
+    size = os.path.getsize(path)
+    if size < SHARD_HEADER_BYTES:
+        raise ShardError(path, f"{size} bytes, shorter than the {SHARD_HEADER_BYTES}-byte header (truncated download?)")
+    magic, version, tokens = (int(v) for v in np.fromfile(path, dtype="<i4", count=3))
+    if magic != SHARD_MAGIC:
+        raise ShardError(path, f"bad magic number: expected {SHARD_MAGIC}, got {magic} (not a token shard?)")
+    if version != SHARD_VERSION:
+        raise ShardError(path, f"unsupported version {version} (expected {SHARD_VERSION})")
+    expected = SHARD_HEADER_BYTES + 2 * tokens
+    if size != expected:
+        raise ShardError(path, f"size mismatch: header says {tokens} tokens = {expected} bytes, file has {size} bytes"
+                               + (" (truncated? download it again)" if size < expected else ""))
+    return tokens
+
+
+def find_shards(pattern: str) -> list[str]:
+    files = sorted(glob.glob(pattern))
+    if not files:
+        raise FileNotFoundError(f"no token shards match {pattern!r}: {DOWNLOAD_HINT}")
+    for path in files:
+        read_shard_header(path)
+    return files
+
+
+class Shard:
+    """One shard's tokens in (pinned) host memory and the positions of its documents' BOS tokens."""
+
+    def __init__(self, path: str, pin_memory: bool):
+        n = read_shard_header(path)
+        storage = torch.empty(n, dtype=torch.int16, pin_memory=pin_memory)
+        self.tokens = storage.numpy().view(np.uint16)
+        with open(path, "rb") as f:
+            f.seek(SHARD_HEADER_BYTES)
+            if f.readinto(self.tokens) != 2 * n:
+                raise ShardError(path, f"could not read {n} tokens")
+        self.path = path
+        self.bos = np.flatnonzero(self.tokens == BOS_ID)
+
+
+def max_docs_per_batch(tokens: int) -> int:
+    return MAX_DOCS_PER_BATCH.get(tokens) or max(16, -(-(tokens // 300) // 128) * 128)
+
+
+def plan_batch(bos: np.ndarray, first_doc: int, shard_len: int, tokens: int, num_ranks: int,
+               max_seq_len: int, max_docs: int):
+    """BOS-aligned packing (#26, T1.2): every rank gets consecutive documents starting at a
+    BOS, each truncated to max_seq_len and the last cut to fit, totalling exactly tokens+1.
+    A rank's (max_docs)-th segment takes all it still needs, across document boundaries, so that
+    cu_seqlens keeps a fixed length. Returns (per-rank [(start, end)], next document index), or
+    None when the shard runs out (the caller re-plans from the next shard)."""
+    plan, i = [], first_doc
+    for _ in range(num_ranks):
+        segments, length = [], 0
+        while length < tokens + 1:
+            if i >= len(bos):
+                return None
+            start = int(bos[i])
+            need = tokens + 1 - length
+            if len(segments) == max_docs - 1:
+                end = start + need
+                if end > shard_len:
+                    return None
+                i = int(np.searchsorted(bos, end))
+            else:
+                next_start = int(bos[i + 1]) if i + 1 < len(bos) else shard_len
+                end = min(next_start, start + max_seq_len, start + need)
+                i += 1
+            segments.append((start, end))
+            length += end - start
+        plan.append(segments)
+    return plan, i
+
+
+def cu_seqlens_for(lengths: list[int], tokens: int, max_docs: int) -> np.ndarray:
+    """[0, c1, ..., tokens] for segments of the given lengths (the last one loses its final token,
+    which is only a target), padded to max_docs+1 entries by repeating tokens."""
+    cu = np.full(max_docs + 1, tokens, dtype=np.int32)
+    cu[0] = 0
+    cu[1: len(lengths) + 1] = np.minimum(np.cumsum(lengths), tokens)
+    return cu
+
+
+class TrainLoader:
+    """Training batches for one rank: the planner's slice of consecutive documents, the next shard
+    loaded by a background thread, cycling over the files when they run out (logged once per
+    pass). next_batch() accepts a new batch size and max_seq_len at any step."""
+
+    def __init__(self, pattern: str, rank: int, world_size: int, device: torch.device, log=print,
+                 grad_accum: int = 1):
+        self.files = find_shards(pattern)
+        self.rank, self.world_size, self.device, self.log = rank, world_size, device, log
+        self.grad_accum = grad_accum
+        self._step_slices, self._step_shape = [], None  # this rank's remaining micro-batches of the step
+        self.pin_memory = device.type == "cuda"
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        self.file_index, self.passes, self.doc_cursor = 0, 1, 0
+        self.shard = Shard(self.files[0], self.pin_memory)
+        self._next_shard = self._pool.submit(Shard, self.files[1 % len(self.files)], self.pin_memory)
+
+    def _advance_shard(self):
+        self.file_index += 1
+        if self.file_index % len(self.files) == 0:
+            self.passes += 1
+            self.log(f"data: starting pass {self.passes} over {len(self.files)} train files")
+        self.shard = self._next_shard.result()
+        following = self.files[(self.file_index + 1) % len(self.files)]
+        self._next_shard = self._pool.submit(Shard, following, self.pin_memory)
+        self.doc_cursor = 0
+
+    def next_batch(self, tokens: int, max_seq_len: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(inputs int32 (tokens,), targets int32 (tokens,), cu_seqlens int32) on the device."""
+        max_docs = max_docs_per_batch(tokens)
+        if self._step_slices and self._step_shape != (tokens, max_seq_len):
+            raise ValueError(f"batch shape changed to {(tokens, max_seq_len)} in the middle of a step "
+                             f"planned for {self._step_shape}")
+        if not self._step_slices:
+            # Plan the whole step (world_size x grad_accum slices) at once, so that a shard
+            # boundary falls at the same place on 1, 2, 4 or 8 GPUs.
+            ranks = self.world_size * self.grad_accum
+            for _ in range(2 * len(self.files) + 1):
+                planned = plan_batch(self.shard.bos, self.doc_cursor, len(self.shard.tokens), tokens,
+                                     ranks, max_seq_len, max_docs)
+                if planned is not None:
+                    break
+                self._advance_shard()
+            else:
+                raise SetupError(f"no train shard holds a batch of {tokens} tokens x {ranks} slices: the "
+                                 f"{len(self.files)} train files are too small")
+            plan, self.doc_cursor = planned
+            self._step_slices = [plan[k * self.world_size + self.rank] for k in range(self.grad_accum)]
+            self._step_shape = (tokens, max_seq_len)
+        segments = self._step_slices.pop(0)
+        buf = torch.empty(tokens + 1, dtype=torch.int32, pin_memory=self.pin_memory)
+        np.concatenate([self.shard.tokens[s:e] for s, e in segments], out=buf.numpy(), casting="safe")
+        cu = torch.from_numpy(cu_seqlens_for([e - s for s, e in segments], tokens, max_docs))
+        if self.pin_memory:
+            cu = cu.pin_memory()
+        buf = buf.to(self.device, non_blocking=True)
+        return buf[:-1], buf[1:], cu.to(self.device, non_blocking=True)
+
+
+class ValidationSet:
+    """The first val_tokens (+1) tokens of the validation files, in chunks of seq_len tokens
+    (chunk i is evaluated by rank i % world_size); documents are not truncated."""
+
+    def __init__(self, pattern: str, val_tokens: int, seq_len: int, rank: int, world_size: int, device: torch.device):
+        if val_tokens % seq_len:
+            raise SetupError(f"VAL_TOKENS={val_tokens} must be a multiple of VAL_SEQ_LEN={seq_len}")
+        parts, have = [], 0
+        for path in find_shards(pattern):
+            parts.append(Shard(path, pin_memory=False).tokens)
+            have += len(parts[-1])
+            if have > val_tokens:
+                break
+        if have < val_tokens + 1:
+            raise SetupError(f"validation files {pattern!r} hold {have} tokens; VAL_TOKENS={val_tokens} needs "
+                             f"{val_tokens + 1} (its last input's target): lower VAL_TOKENS")
+        self.tokens = np.concatenate(parts)[: val_tokens + 1].astype(np.int32)
+        self.seq_len, self.device = seq_len, device
+        self.chunks = list(range(rank, val_tokens // seq_len, world_size))
+        self.max_docs = max_docs_per_batch(seq_len)
+
+    def batch(self, chunk: int) -> tuple[Tensor, Tensor, Tensor]:
+        seq = self.tokens[chunk * self.seq_len: (chunk + 1) * self.seq_len + 1]
+        starts = np.flatnonzero(seq[:-1] == BOS_ID)
+        bounds = np.unique(np.concatenate([[0], starts, [self.seq_len]]))
+        lengths = list(np.diff(bounds))
+        if len(lengths) > self.max_docs:  # fold the excess documents into the last segment
+            lengths = lengths[: self.max_docs - 1] + [int(sum(lengths[self.max_docs - 1:]))]
+        cu = cu_seqlens_for(lengths, self.seq_len, self.max_docs)
+        seq = torch.from_numpy(seq).to(self.device)
+        return seq[:-1], seq[1:], torch.from_numpy(cu).to(self.device)
+
+    def __iter__(self):
+        return (self.batch(chunk) for chunk in self.chunks)
+
+
+GPT2_SPECIAL_TOKEN = "<|endoftext|>"
+
+
+def gpt2_token_bytes(tokenizer_dir: str) -> dict[int, bytes]:
+    """The byte string of every GPT-2 token id (the special token excluded), read from
+    tokenizer_dir/encoder.json, whose keys spell bytes in GPT-2's byte-level alphabet: printable
+    Latin-1 characters stand for their own byte, the other bytes for chr(256 + n) in byte order."""
+    path = os.path.join(tokenizer_dir, "encoder.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"the prefix-token loss (PREFIX_LOSS=1) needs GPT-2's vocabulary file {path}: the repository keeps it "
+            f"in data/gpt2/ (restore it with `git checkout -- data/gpt2`, or `python data/cached_fineweb10B.py` "
+            f"fetches it); or set TOKENIZER_DIR to a folder holding encoder.json, or PREFIX_LOSS=0")
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    byte_of = {chr(b): b for b in printable}
+    byte_of.update({chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in printable)})
+    try:
+        with open(path, encoding="utf-8") as f:
+            encoder = json.load(f)
+        return {int(i): bytes(byte_of[c] for c in token) for token, i in encoder.items() if token != GPT2_SPECIAL_TOKEN}
+    except (ValueError, KeyError) as error:
+        raise SetupError(f"{path} is not a GPT-2 encoder.json ({type(error).__name__}: {error})") from None
+
+
+def prefix_token_ids(token_bytes: dict[int, bytes], vocab_size: int) -> Tensor:
+    """For every id: the token whose bytes are the longest proper prefix of its bytes, -1 where none
+    is a token (single bytes, the special token, padding ids) (#88, T4.3)."""
+    id_of = {b: i for i, b in token_bytes.items()}
+    table = [-1] * vocab_size
+    for i, b in token_bytes.items():
+        if i >= vocab_size:
+            raise SetupError(f"token id {i} does not fit the vocabulary of {vocab_size} (VOCAB_SIZE)")
+        table[i] = next((id_of[b[:n]] for n in range(len(b) - 1, 0, -1) if b[:n] in id_of), -1)
+    return torch.tensor(table, dtype=torch.long)
+
+
+# =============================================================================================
+# Schedule and training
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one step takes from the schedule: the loader its batch shape, the model its windows,
+    target columns and loss weights, the optimizer its learning-rate multiplier, momentum and
+    whether Adam runs."""
+    step: int
+    stage: int
+    tokens_per_rank: int
+    shape: ForwardShape
+    target_weights: tuple[float, ...]  # multi-token prediction targets, then the prefix target
+    long_windows: tuple[int, ...]  # the long window of every stage so far, in tokens (YaRN)
+    lr_multiplier: float
+    momentum: float
+    adam_step: bool
+    untie: bool  # untie embed and lm_head after this step
+
+
+class Schedule:
+    """The stage table (T5.1) turned into per-step plans: stage boundaries at the cumulative
+    fractions of the scheduled steps, then the extension; a linear cooldown of the lr multiplier to
+    the floor; the Muon momentum warm-up and cool-down (T2.8)."""
+
+    def __init__(self, config: ScheduleConfig):
+        self.config = cfg = config
+        n = cfg.num_scheduled_iterations
+        self.num_scheduled = n
+        fractions = [stage.fraction for stage in cfg.stages[:-1]]
+        self.stage_starts = [round(n * sum(fractions[:k])) for k in range(len(fractions))] + [n]
+        self.total_steps = n + cfg.num_extension_iterations
+        self.cooldown_start = int(n * (1 - cfg.cooldown_frac))
+        self.untie_step = (round(n * cfg.untie_embed_at) | 1) if cfg.untie_embed_at > 0 else None  # an Adam step
+
+    def plan(self, step: int, final: bool = False) -> StepPlan:
+        """The plan of `step`; `final`: the last validation's, with FINAL_LONG_WINDOW."""
+        cfg, stage = self.config, self.stage(step)
+        row, block = cfg.stages[stage], cfg.window_block_size
+        tau = self.stage_progress(step)
+        mtp = [interpolate(w, tau) for w in row.mtp_weights] if cfg.multi_token_prediction else [1.0]
+        prefix = interpolate(row.prefix_weight, tau) if cfg.prefix_loss and row.prefix_weight else None
+        long = cfg.final_long_window if final else row.long_window
+        windows = (row.short_window * block, long * block) if cfg.sliding_windows else (NO_WINDOW, NO_WINDOW)
+        return StepPlan(
+            step=step, stage=stage, tokens_per_rank=row.batch_tokens // RANKS_PER_STEP,
+            shape=ForwardShape(*windows, row.max_seq_len, len(mtp), prefix is not None),
+            target_weights=tuple(mtp + ([] if prefix is None else [prefix])),
+            long_windows=tuple(s.long_window * block for s in cfg.stages[: stage + 1]),
+            lr_multiplier=self.lr_multiplier(step), momentum=self.momentum(step),
+            adam_step=step % 2 == 1 or not cfg.adam_every_other_step, untie=step == self.untie_step)
+
+    def stage(self, step: int) -> int:
+        return max(i for i, start in enumerate(self.stage_starts) if step >= start)
+
+    def stage_progress(self, step: int) -> float:
+        """Fraction of the current stage elapsed before this step."""
+        stage = self.stage(step)
+        start, end = self.stage_starts[stage], (self.stage_starts + [self.total_steps])[stage + 1]
+        return (step - start) / (end - start)
+
+    def lr_multiplier(self, step: int) -> float:
+        stage_mul = self.config.stages[self.stage(step)].lr_mul
+        if step < self.cooldown_start:
+            return stage_mul
+        tau = min(1.0, (step - self.cooldown_start) / (self.num_scheduled - self.cooldown_start))
+        return stage_mul * (1 - tau) + self.config.lr_floor * tau
+
+    def momentum(self, step: int) -> float:
+        cfg = self.config
+        low, high = cfg.muon_momentum_min, cfg.muon_momentum_max
+        warm = min(1.0, step / cfg.muon_momentum_warmup_steps) if cfg.muon_momentum_warmup_steps else 1.0
+        cooldown_start = self.total_steps - cfg.muon_momentum_cooldown_steps
+        if step > cooldown_start:
+            return high - (high - low) * (step - cooldown_start) / cfg.muon_momentum_cooldown_steps
+        return low + (high - low) * warm
+
+    def warmup_steps(self) -> list[int]:
+        """Steps whose graphs the warm-up compiles: the first two and both sides of every stage start."""
+        steps = {0, 1}
+        for start in self.stage_starts[1:]:
+            steps.update(s for s in range(start - 2, start + 2) if 0 <= s < self.total_steps)
+        return sorted(steps)
+
+
+def interpolate(weights: tuple[float, float], tau: float) -> float:
+    """A stage's weight at fraction tau of it: (start, end) linearly."""
+    start, end = weights
+    return start if start == end else start * (1 - tau) + end * tau
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+class RunLog:
+    """Rank 0 writes logs/<run_id>.txt and echoes chosen lines to the console."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        if path:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+
+    def __call__(self, text: str, console: bool = True):
+        if self.path is None:
+            return
+        if console:
+            print(text, flush=True)
+        with open(self.path, "a") as f:
+            f.write(text + "\n")
+
+
+def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU model and how many of its cores this process may use: the launch-bound stages run at
+    the host's speed, so two machines with the same GPU can differ there."""
+    model = "unknown model"
+    try:
+        with open(cpuinfo) as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model} ({usable} cores usable)"
+
+
+def environment_report() -> str:
+    try:
+        smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout.rstrip()
+    except (OSError, subprocess.TimeoutExpired):
+        smi = ""
+    lines = [f"Running Python {sys.version.replace(chr(10), ' ')}",
+             f"Running PyTorch {torch.__version__} compiled for CUDA {torch.version.cuda}",
+             f"Running Triton version {triton.__version__ if triton else 'not installed'}",
+             f"Running on host CPU {host_cpu()}",
+             smi or "nvidia-smi: not available"]
+    return "\n".join(lines)
+
+
+def hyperparameter_variables() -> list[str]:
+    """The environment variables Hyperparameters.from_env reads."""
+    names = [f.name.upper() for f in dataclasses.fields(Hyperparameters) if f.name != "stages"]
+    return names + [f"STAGE_{column.upper()}" for column in STAGE_COLUMNS]
+
+
+def environment_overrides(environ=os.environ) -> str:
+    """The hyperparameter variables set for this run, as shell assignments (RUN_ID excluded)."""
+    names = [name for name in hyperparameter_variables() if name != "RUN_ID"]
+    return " ".join(f"{name}={shlex.quote(environ[name])}" for name in names if name in environ)
+
+
+def data_label(hp: Hyperparameters) -> str:
+    name = os.path.basename(hp.train_files).lower()
+    kind = "proxy" if "proxy" in name else "FineWeb" if name.startswith("fineweb_") else "custom"
+    return f"{kind} (train {hp.train_files}; val {hp.val_files}, {hp.val_tokens} tokens)"
+
+
+def check_hyperparameters(hp: Hyperparameters):
+    stages = hp.stages
+    if len(stages) < 2 or stages[-1].fraction is not None or any(s.fraction is None for s in stages[:-1]):
+        raise SetupError("the stage table needs stages with a fraction of the scheduled steps, then the extension")
+    if abs(sum(s.fraction for s in stages[:-1]) - 1) > 1e-9:
+        raise SetupError("the stages' fractions of the scheduled steps must add up to 1")
+    if len(set(hp.seeds)) < len(hp.seeds):
+        raise SetupError(f"SEEDS={','.join(map(str, hp.seeds))} repeats a seed: each run's log is named by its seed")
+    total_steps = Schedule(ScheduleConfig.from_hyperparameters(hp)).total_steps
+    if not 0 <= hp.stop_after <= total_steps:
+        raise SetupError(f"STOP_AFTER={hp.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
+    for stage in stages:
+        if stage.batch_tokens % RANKS_PER_STEP:
+            raise SetupError(f"STAGE_BATCH_TOKENS entry {stage.batch_tokens} is not divisible by {RANKS_PER_STEP}")
+
+
+class Trainer:
+    """Owns the model, optimizer, schedule and data of one run, and performs its steps."""
+
+    def __init__(self, hp: Hyperparameters, rank: int, world_size: int, device: torch.device, log: RunLog):
+        self.hp, self.rank, self.world_size, self.device, self.log = hp, rank, world_size, device, log
+        self.grad_accum = grad_accum_steps(hp, world_size)
+        self.grad_scale = 1.0 / self.grad_accum
+        self.schedule = Schedule(ScheduleConfig.from_hyperparameters(hp))
+        self.last_step = hp.stop_after or self.schedule.total_steps  # the run's final validation
+        # inputs first: a missing or damaged file stops the run before the model takes the GPU
+        find_shards(hp.train_files)
+        self.val_set = ValidationSet(hp.val_files, hp.val_tokens, hp.val_seq_len, rank, world_size, device)
+        self.token_bytes = gpt2_token_bytes(hp.tokenizer_dir) if hp.prefix_loss else None
+        torch.manual_seed(hp.seed)
+        self.model = GPT(ModelConfig.from_hyperparameters(hp)).to(device)
+        backend = self.model.config.attention_backend  # auto's choice
+        if backend == "fa4":
+            backend += f" ({fa4_small_forward_backend()} below {hp.fa4_min_tokens} tokens per forward)"
+        log(f"attention backend: {backend}")
+        self._share_initialization()
+        self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), self.model.param_specs(),
+                                     OptimConfig.from_hyperparameters(hp), rank, world_size, tied=("embed", "lm_head"))
+        compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.compile else (lambda f: f)
+        self.training_loss = compiled(self.model.training_loss)
+        self.evaluation_loss = compiled(self.model.evaluation_loss)
+        self.long_windows = None  # those the model's rotary tables are set for
+        self.losses = torch.zeros(self.schedule.total_steps, device=device)
+        self.checked_steps = 0
+        self.pending_check = None  # (first step, CUDA event of its flag's copy) of the check in flight
+        self.nonfinite_flag = torch.zeros((), dtype=torch.bool, pin_memory=device.type == "cuda")
+        # Every step's target-column weights on the device, made once: a per-step copy from host
+        # memory would block the CPU until the GPU drained its queue, exposing launch gaps.
+        self.target_weights = [torch.tensor(self.schedule.plan(step).target_weights, device=device)
+                               for step in range(self.schedule.total_steps)]
+
+    def _share_initialization(self):
+        if self.world_size > 1:  # the same initialization on every rank
+            random_buffers = [self.model.bigram_signs] if self.hp.bigram_embed else []
+            for tensor in [*self.model.parameters(), *random_buffers]:
+                dist.broadcast(tensor.data, 0)
+
+    def start_over(self, hp: Hyperparameters, log: "RunLog"):
+        """The initial state of another run with hp's seed (SEEDS), as a new process would draw it:
+        the parameters and buffers of a fresh model, a fresh optimizer's state; the compiled graphs stay."""
+        self.hp, self.log = hp, log
+        torch.manual_seed(hp.seed)
+        fresh = GPT(self.model.config)
+        own = {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
+        with torch.no_grad():  # every tensor, the non-persistent random ones too (bigram signs)
+            for name, tensor in [*fresh.named_parameters(), *fresh.named_buffers()]:
+                own[name].copy_(tensor)
+        self._share_initialization()
+        self.optimizer.reset()
+        self._clear_run_state()
+
+    def _clear_run_state(self):
+        """What a run leaves outside the weights and the optimizer's state (the gradients kept for
+        Adam, T2.7, are the optimizer's): gradients, the losses, the YaRN tables' windows, the
+        non-finite checks."""
+        for p in self.model.parameters():
+            p.grad = None
+        self.losses.zero_()
+        self.long_windows = None
+        self.checked_steps, self.pending_check = 0, None
+
+    def set_long_windows(self, long_windows: tuple[int, ...]):
+        """The YaRN state that lives in the model, refreshed when a stage changes the long window."""
+        if long_windows != self.long_windows:
+            self.model.set_long_windows(list(long_windows))
+            self.long_windows = long_windows
+
+    def train_step(self, plan: StepPlan, loader: "TrainLoader") -> Tensor:
+        self.set_long_windows(plan.long_windows)
+        target_weights = self.target_weights[plan.step]
+        mean_ce = torch.zeros((), device=self.device)
+        for _ in range(self.grad_accum):
+            inputs, targets, cu_seqlens = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)
+            loss, ce = self.training_loss(inputs, targets, cu_seqlens, plan.shape, target_weights, self.grad_scale)
+            loss.backward()
+            mean_ce += ce / self.grad_accum
+        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step)
+        if plan.untie and self.optimizer.tied:
+            self.optimizer.untie()
+        self.losses[plan.step] = mean_ce
+        return mean_ce
+
+    def validation_shape(self, step: int, final: bool = False) -> tuple[ForwardShape, tuple[int, ...]]:
+        """(forward shape, long windows) of the validation before `step`."""
+        plan = self.schedule.plan(step, final)
+        shape = dataclasses.replace(plan.shape, max_seq_len=self.hp.val_seq_len, n_predict=1, prefix_target=False)
+        return shape, plan.long_windows
+
+    def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> float:
+        return self.validation_loss(*self.validation_shape(step, final), max_batches)
+
+    @torch.no_grad()
+    def validation_loss(self, shape: ForwardShape, long_windows: tuple[int, ...],
+                        max_batches: int | None = None) -> float:
+        """Mean next-token cross-entropy over the validation set, all ranks, with the rotary tables of
+        `long_windows` (bench/eval_windows.py tries other shapes than the schedule's)."""
+        self.set_long_windows(long_windows)
+        total = torch.zeros((), device=self.device)
+        count = 0
+        for i, (inputs, targets, cu_seqlens) in enumerate(self.val_set):
+            if max_batches is not None and i >= max_batches:
+                break
+            total += self.evaluation_loss(inputs, targets, cu_seqlens, shape, min(32768, self.hp.val_seq_len))
+            count += inputs.numel()
+        stats = torch.stack([total, torch.tensor(float(count), device=self.device)])
+        if self.world_size > 1:
+            dist.all_reduce(stats)
+        return (stats[0] / stats[1]).item()
+
+    def global_mean(self, value: Tensor) -> float:
+        """Mean of a per-rank scalar over all ranks (a collective: every rank must call it)."""
+        value = value.detach().clone()
+        if self.world_size > 1:
+            dist.all_reduce(value)
+        return value.item() / self.world_size
+
+    def check_finite(self, upto: int, wait: bool = True):
+        """Stop at the first non-finite training loss among the steps not checked yet. wait=False
+        (the periodic check) queues the test with no host sync: its flag lands in pinned memory and
+        is read at the next check, long finished by then, so a bad step stops the run one period late."""
+        if self.pending_check is not None:
+            (start, copied), self.pending_check = self.pending_check, None
+            self.read_nonfinite_flag(copied, start, self.checked_steps, upto)
+        recent = self.recent_losses(self.checked_steps, upto)
+        self.nonfinite_flag.copy_((~torch.isfinite(recent)).any(), non_blocking=True)
+        copied = torch.cuda.Event() if self.device.type == "cuda" else None  # the CPU's copy is done on return
+        if copied is not None:
+            copied.record()
+        if wait:
+            self.read_nonfinite_flag(copied, self.checked_steps, upto, upto)
+        else:
+            self.pending_check = (self.checked_steps, copied)
+        self.checked_steps = upto
+
+    def read_nonfinite_flag(self, copied: "torch.cuda.Event | None", start: int, end: int, detected_at: int):
+        if copied is not None:
+            copied.synchronize()
+        if self.nonfinite_flag.item():
+            self.raise_nonfinite(start, end, detected_at)
+
+    def recent_losses(self, start: int, end: int) -> Tensor:
+        recent = self.losses[start:end].clone()
+        if self.world_size > 1:
+            dist.all_reduce(recent)  # a NaN on any rank shows on every rank
+        return recent
+
+    def raise_nonfinite(self, start: int, end: int, detected_at: int):
+        recent = self.recent_losses(start, end)  # every rank is here: the flag was reduced over ranks
+        first = int((~torch.isfinite(recent)).nonzero()[0])
+        raise NonFiniteLoss(f"non-finite training loss {recent[first].item()} at step {start + first} "
+                            f"(detected at step {detected_at}); lower the learning rates or check the data")
+
+    def warmup(self):
+        """Compile every graph the run will use (each stage's shapes, Adam and non-Adam steps, the
+        untie step, every validation shape) on real steps, then restore the initial state (#47, T5.2)."""
+        steps = [step for step in self.schedule.warmup_steps() if step < self.last_step]
+        validations = {}  # one validation per distinct shape the run validates with
+        for step in self.validation_steps():
+            validations.setdefault(self.validation_shape(step, final=step == self.schedule.total_steps), step)
+        self.log(f"Compiling model and warming up kernels on steps {steps}")
+        initial_model = copy.deepcopy(self.model.state_dict())
+        initial_optimizer = self.optimizer.state_dict()
+        loader = TrainLoader(self.hp.train_files, self.rank, self.world_size, self.device, log=lambda _: None,
+                             grad_accum=self.grad_accum)
+        start = time.perf_counter()
+        for step in steps:
+            self.train_step(self.schedule.plan(step), loader)
+            self._sync()
+            self.log(f"warm-up step {step} done at {time.perf_counter() - start:.0f}s")
+        for step in validations.values():
+            self.evaluate(step, final=step == self.schedule.total_steps, max_batches=1)
+        self.log(f"Compile and warm-up took {time.perf_counter() - start:.0f}s. Resetting model")
+        if self.hp.compile and self.hp.skip_guard_checks:  # host time in the launch-bound stages (T5.2)
+            torch.compiler.set_stance(skip_guard_eval_unsafe=True)
+        self.model.load_state_dict(initial_model)
+        self.optimizer.load_state_dict(initial_optimizer)
+        self._clear_run_state()
+
+    def validation_steps(self) -> list[int]:
+        """The steps before which the run validates: the first, every VAL_LOSS_EVERY-th, the last."""
+        every = self.hp.val_loss_every
+        return sorted({0, self.last_step, *(range(every, self.last_step, every) if every > 0 else ())})
+
+    def run_each(self, runs: list[Hyperparameters]):
+        """Warm up once (WARMUP), then train each of `runs` (SEEDS: the compiled graphs serve every run,
+        each after the first starts over under its own log); yields (run, final val loss) after each."""
+        if self.hp.warmup:
+            self.warmup()
+        for i, run in enumerate(runs):
+            if i > 0:
+                self.start_over(run, open_run_log(run, self.rank, self.world_size, self.device))
+            yield run, self.run()
+
+    def run(self) -> float:
+        hp, total = self.hp, self.schedule.total_steps
+        loader = TrainLoader(hp.train_files, self.rank, self.world_size, self.device, log=self.log,
+                             grad_accum=self.grad_accum)
+        gc.collect()
+        self._sync()
+        training_ms, t0 = 0.0, time.perf_counter()
+        if self.token_bytes is not None:  # built on the clock, like the reference's
+            self.model.prefix_ids.copy_(prefix_token_ids(self.token_bytes, hp.vocab_size))
+        val_loss = float("nan")
+        validation_steps = set(self.validation_steps())
+        for step in range(self.last_step + 1):
+            last = step == self.last_step
+            if step in validation_steps:
+                self._sync()
+                training_ms += 1000 * (time.perf_counter() - t0)
+                self.check_finite(step)
+                val_loss = self.evaluate(step, final=step == total)
+                self.log(f"step:{step}/{total} val_loss:{val_loss:.4f} train_time:{training_ms:.0f}ms "
+                         f"step_avg:{training_ms / max(step, 1):.2f}ms")
+                self._sync()
+                t0 = time.perf_counter()
+            if last:
+                break
+            ce = self.train_step(self.schedule.plan(step), loader)
+            if hp.nonfinite_check_every and (step + 1) % hp.nonfinite_check_every == 0:
+                self.check_finite(step + 1, wait=False)
+            self.log_step(step + 1, training_ms + 1000 * (time.perf_counter() - t0), ce)
+        self.log_memory()
+        if hp.save_checkpoint:
+            self.save_checkpoint()
+        return val_loss
+
+    def log_step(self, steps_done: int, elapsed_ms: float, ce: Tensor):
+        extra = ""
+        if self.hp.train_loss_every and steps_done % self.hp.train_loss_every == 0:
+            extra = f" train_loss:{self.global_mean(ce):.4f}"
+        self.log(f"step:{steps_done}/{self.schedule.total_steps}{extra} train_time:{elapsed_ms:.0f}ms "
+                 f"step_avg:{elapsed_ms / steps_done:.2f}ms", console=steps_done % 25 == 0 or steps_done <= 10)
+
+    def log_memory(self):
+        if self.device.type == "cuda":
+            self.log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
+                     f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
+        else:  # the same line with the process's peak resident memory
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # KiB on Linux
+            self.log(f"peak memory allocated: {rss} MiB reserved: {rss} MiB (cpu: peak resident set size)")
+
+    def save_checkpoint(self):
+        folder = os.path.join("checkpoints", self.hp.run_id)
+        os.makedirs(folder, exist_ok=True)
+        if self.rank == 0:
+            torch.save({"hyperparameters": dataclasses.asdict(self.hp), "model": self.model.state_dict()},
+                       os.path.join(folder, "model.pt"))
+        torch.save(self.optimizer.state_dict(), os.path.join(folder, f"optimizer_rank{self.rank}.pt"))
+        self.log(f"checkpoint: {folder}/")
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+def check_world_size(hp: Hyperparameters, world_size: int):
+    if world_size not in (1, 2, 4, 8):
+        raise SetupError(f"world size {world_size} is not supported: run on 1, 2, 4 or 8 GPUs "
+                         f"(gradient accumulation 8 // world_size keeps the 8-GPU math)")
+    if hp.rank_slice and world_size != 1:
+        raise SetupError("RANK_SLICE=1 runs one rank's share on a single GPU: use --nproc_per_node=1 (NGPU=1)")
+
+
+def check_inputs(hp: Hyperparameters):
+    """What a run reads before its first step, checked on the CPU: the shards and the vocabulary."""
+    find_shards(hp.train_files)
+    ValidationSet(hp.val_files, hp.val_tokens, hp.val_seq_len, 0, 1, torch.device("cpu"))
+    if hp.prefix_loss:
+        prefix_token_ids(gpt2_token_bytes(hp.tokenizer_dir), hp.vocab_size)
+
+
+def allow_graph_per_shape():
+    """Dynamo's recompile limit (8) raised to 64: one graph per stage shape and per optimizer table shape."""
+    for name in ("recompile_limit", "cache_size_limit"):  # the name before and since PyTorch 2.6
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
+
+
+def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
+    """(rank, world size, device) of this process; the process group when several run."""
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    check_world_size(hp, world_size)
+    if hp.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SetupError("no CUDA GPU visible. train_gpt.py trains on NVIDIA GPUs (H100-class); `SMOKE=1 "
+                             "./run.sh` trains a tiny model on the CPU, DEVICE=cpu runs this one there (slowly)")
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device(hp.device)
+    if world_size > 1:
+        cuda = device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    return rank, world_size, device
+
+
+def planned_runs(hp: Hyperparameters, world_size: int) -> list[Hyperparameters]:
+    """The runs this process makes: hp, or (SEEDS) one per seed, logged as RUN_ID_s<seed>. A missing
+    RUN_ID becomes rank 0's uuid4 on every rank."""
+    run_id = hp.run_id or str(uuid.uuid4())
+    if world_size > 1:  # every rank logs under rank 0's id
+        shared = [run_id]
+        dist.broadcast_object_list(shared, 0)
+        run_id = shared[0]
+    if not hp.seeds:
+        return [dataclasses.replace(hp, run_id=run_id)]
+    return [dataclasses.replace(hp, seed=seed, run_id=f"{run_id}_s{seed}") for seed in hp.seeds]
+
+
+def open_run_log(hp: Hyperparameters, rank: int, world_size: int, device: torch.device) -> RunLog:
+    """The run's log (rank 0 writes it): this source, the environment, the run's description."""
+    log = RunLog(os.path.join(hp.log_dir, f"{hp.run_id}.txt") if rank == 0 else None)
+    with open(__file__) as f:
+        log(f.read().rstrip("\n") + "\n" + "=" * 100, console=False)
+    log(environment_report() + "\n" + "=" * 100, console=False)
+    hardware = f"{world_size}x {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"
+    log("\n".join([f"run_id: {hp.run_id}", f"hardware: {hardware}",
+                   f"mode: {'rank-slice' if hp.rank_slice else 'full-batch'}", f"world_size: {world_size}",
+                   f"grad_accum_steps: {grad_accum_steps(hp, world_size)}", f"data: {data_label(hp)}",
+                   f"overrides: {environment_overrides()}",
+                   f"hyperparameters: {json.dumps(dataclasses.asdict(hp))}"]))
+    return log
+
+
+def report_setup_error(error: Exception, rank: int, log: RunLog | None):
+    """One line naming the fix, from rank 0 only (torchrun would print it once per process), and
+    into the run's log when it is open; exit code 1."""
+    message = f"error: {error}"
+    if log is not None:
+        log(message, console=False)
+    if rank == 0:
+        print(message, file=sys.stderr, flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    raise SystemExit(1)
+
+
+def main():
+    """Train; `python train_gpt.py --check` only checks the settings and inputs (run.sh does so
+    before it starts torchrun, so a bad setting is one line, not one traceback per process)."""
+    rank, log = int(os.environ.get("RANK", 0)), None
+    try:
+        if sys.argv[1:] not in ([], ["--check"]):
+            raise SetupError(f"unknown arguments {sys.argv[1:]}: settings are environment variables (README)")
+        hp = Hyperparameters.from_env()
+        check_hyperparameters(hp)
+        if sys.argv[1:] == ["--check"]:
+            check_world_size(hp, int(os.environ.get("WORLD_SIZE", 1)))
+            check_inputs(hp)
+            return print(f"settings and inputs ok ({data_label(hp)})")
+        rank, world_size, device = init_process(hp)
+        allow_graph_per_shape()
+        runs = planned_runs(hp, world_size)
+        log = open_run_log(runs[0], rank, world_size, device)
+        trainer = Trainer(runs[0], rank, world_size, device, log)
+    except (SetupError, FileNotFoundError) as error:
+        report_setup_error(error, rank, log)
+    try:
+        for _ in trainer.run_each(runs):  # each run logs its own results
+            pass
+    except NonFiniteLoss as error:
+        trainer.log(f"error: {error}")
+        raise SystemExit(1) from None
+    except torch.OutOfMemoryError:
+        trainer.log("error: out of GPU memory. Free the GPU (other processes?), keep PYTORCH_ALLOC_CONF="
+            "expandable_segments:True, or lower STAGE_BATCH_TOKENS / VAL_SEQ_LEN for smaller GPUs.")
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+# =============================================================================================
+# Fast paths
+# =============================================================================================
+# Each fused op is one block, in this order: its torch reference (the definition and the fallback),
+# the Triton kernels, their launcher (traced by torch.compile, or in a custom op where the op cannot
+# be traced), the autograd function, and the dispatcher the model or optimizer calls. One rule picks the path:
+# a dispatcher's `use_triton=None` means triton_applies(input) (a CUDA tensor with Triton installed,
+# and the shapes the kernels take); True forces the kernels (tests run them in Triton's CPU
+# interpreter), False the reference. Features (FP8, the fused MLP in stage 1) are model choices.
+TRITON_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
+
+
+def triton_applies(t: Tensor) -> bool:
+    """Whether the Triton kernels run for this tensor by default: on CUDA, with Triton installed."""
+    return t.is_cuda and triton is not None
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# --- Orthogonalization: Polar Express (T2.3) --------------------------------------------------------
+# Polar Express (Amsel, Persson, Musco, Gower 2025; #38): five per-iteration odd quintics,
+# computed for num_iters=5, safety_factor=2e-2, cushion=2, applied after X / (1.02·‖X‖ + 1e-6).
+POLAR_EXPRESS_COEFFS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+# Classic Muon Newton-Schulz quintic (#3): singular values land in about [0.68, 1.13].
+NEWTON_SCHULZ_COEFFS = ((3.4445, -4.7750, 2.0315),) * 5
+ORTHOGONALIZERS = {  # name: (coefficients, norm safety factor, norm epsilon)
+    "polar_express": (POLAR_EXPRESS_COEFFS, 1.02, 1e-6),
+    "newton_schulz": (NEWTON_SCHULZ_COEFFS, 1.0, 1e-7),
+}
+
+
+def polar_normalize(G: Tensor, method: str = "polar_express") -> Tensor:
+    """G / (safety·‖G‖_F + eps) per matrix, in bf16: the start of the iteration."""
+    _, safety, eps = ORTHOGONALIZERS[method]
+    norm = torch.linalg.vector_norm(G.float(), dim=(-2, -1), keepdim=True)
+    return (G / (norm * safety + eps)).bfloat16()
+
+
+def _gemm_dtype(X: Tensor) -> torch.dtype:
+    # On the CPU the products run in fp32, rounded to bf16 where a bf16 GEMM rounds: same function,
+    # but CPU bf16 GEMMs run ~60x slower than fp32 without AVX512-BF16 (CI, tests).
+    return torch.float32 if X.device.type == "cpu" else torch.bfloat16
+
+
+def polar_iterations_reference(X: Tensor, method: str = "polar_express") -> Tensor:
+    """The odd-polynomial iteration on a normalized bf16 bank X (B, rows, cols) in torch. Wide and
+    square matrices iterate on X·Xᵀ, tall ones on Xᵀ·X (#74), so the symmetric products are
+    min(rows, cols)² and nothing is transposed in memory. (a·X + X·B is not folded into X·(B + a·I)
+    here: torch would round B to bf16 before adding a·I, 1.1-1.5e-2 from float64.)"""
+    coeffs, _, _ = ORTHOGONALIZERS[method]
+    tall, work = X.size(-2) > X.size(-1), _gemm_dtype(X)
+    for a, b, c in coeffs:
+        Y = X.to(work)
+        A = (Y.mT @ Y if tall else Y @ Y.mT).bfloat16().to(work)
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c).bfloat16().to(work)
+        X = (torch.baddbmm(Y, Y, B, beta=a) if tall else torch.baddbmm(Y, B, Y, beta=a)).bfloat16()
+    return X
+
+# Symmetric batched products for Newton-Schulz / Polar Express (#27, #69, #74): only output tiles
+# on or below the diagonal are computed (a 1-D enumeration of the triangle), each stored at
+# [m, n] and mirrored to [n, m]; fp32 accumulation; operands loaded along their contiguous dim.
+# Odd sizes wrap the output offsets (loads stay in bounds) and mask the stores and reduction.
+# UPCAST only serves Triton's CPU interpreter (TRITON_INTERPRET=1), whose dot cannot do bf16 and
+# whose fp32-to-bf16 cast truncates: there the kernels round to nearest themselves (_to_dtype).
+if triton is not None:
+    @triton.jit
+    def _lower_triangle_tile(t):
+        # linear index t = row*(row+1)/2 + col (col <= row): fp32 sqrt guess, integer corrections
+        r = ((tl.sqrt((8 * t + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)
+        r = tl.where((r + 1) * (r + 2) // 2 <= t, r + 1, r)
+        r = tl.where(r * (r + 1) // 2 > t, r - 1, r)
+        return r, t - r * (r + 1) // 2
+
+    @triton.jit
+    def _to_dtype(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
+        # x.to(dtype) as a GPU casts: fp32 to the nearest bf16 (ties to even); Triton's CPU
+        # interpreter (UPCAST) truncates, so there the bits are rounded first
+        if UPCAST:
+            if dtype == tl.bfloat16:
+                bits = x.to(tl.uint32, bitcast=True)
+                x = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        return x.to(dtype)
+
+    @triton.jit
+    def _store_symmetric(out_ptr, c, pid_m, pid_n, offs_m, offs_n, N, stride_om, UPCAST: tl.constexpr):
+        # tile (m, n) and, off the diagonal, its transpose at (n, m)
+        c = _to_dtype(c, out_ptr.dtype.element_ty, UPCAST)
+        mask = (offs_m[:, None] < N) & (offs_n[None, :] < N)
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], c, mask=mask)
+        if pid_m != pid_n:
+            mask_t = (offs_n[:, None] < N) & (offs_m[None, :] < N)
+            tl.store(out_ptr + offs_n[:, None] * stride_om + offs_m[None, :], tl.trans(c), mask=mask_t)
+
+    @triton.jit
+    def _aat_kernel(a_ptr, out_ptr, M, K, alpha, beta, gamma, stride_ab, stride_am, stride_ob, stride_om,
+                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ADD_A: tl.constexpr,
+                    ADD_I: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+        # out[b] = alpha·A[b]·A[b]ᵀ (+ beta·A[b] when ADD_A, for square symmetric A) (+ gamma·I when ADD_I);
+        # A (M, K) row-major
+        pid_m, pid_n = _lower_triangle_tile(tl.program_id(0))
+        pid_b = tl.program_id(1).to(tl.int64)
+        a_ptr += pid_b * stride_ab
+        out_ptr += pid_b * stride_ob
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_k = tl.arange(0, BLOCK_K)
+        rm, rn = offs_m % M, offs_n % M
+        a_ptrs = a_ptr + rm[:, None] * stride_am + offs_k[None, :]
+        b_ptrs = a_ptr + rn[:, None] * stride_am + offs_k[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            if EVEN_K:
+                a, b = tl.load(a_ptrs), tl.load(b_ptrs)
+            else:
+                k_mask = offs_k[None, :] < K - k * BLOCK_K
+                a = tl.load(a_ptrs, mask=k_mask, other=0.0)
+                b = tl.load(b_ptrs, mask=k_mask, other=0.0)
+            if UPCAST:
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=INPUT_PRECISION)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+        acc = alpha * acc
+        if ADD_A:
+            acc += beta * tl.load(a_ptr + rm[:, None] * stride_am + rn[None, :]).to(tl.float32)
+        if ADD_I:
+            acc = tl.where(offs_m[:, None] == offs_n[None, :], acc + gamma, acc)
+        _store_symmetric(out_ptr, acc, pid_m, pid_n, offs_m, offs_n, M, stride_om, UPCAST)
+
+    @triton.jit
+    def _ata_kernel(a_ptr, out_ptr, M, K, stride_ab, stride_am, stride_ob, stride_om,
+                    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+        # out[b] = A[b]ᵀ·A[b], A (M, K) row-major, reduction over M; tiles [BLOCK_R, BLOCK_N] along K
+        pid_i, pid_j = _lower_triangle_tile(tl.program_id(0))
+        pid_b = tl.program_id(1).to(tl.int64)
+        a_ptr += pid_b * stride_ab
+        out_ptr += pid_b * stride_ob
+        offs_i = pid_i * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_j = pid_j * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_r = tl.arange(0, BLOCK_R)
+        ci, cj = (offs_i, offs_j) if EVEN_N else (offs_i % K, offs_j % K)
+        a_ptrs = a_ptr + offs_r[:, None] * stride_am + ci[None, :]
+        b_ptrs = a_ptr + offs_r[:, None] * stride_am + cj[None, :]
+        acc = tl.zeros((BLOCK_N, BLOCK_N), dtype=tl.float32)
+        for r in range(0, tl.cdiv(M, BLOCK_R)):
+            if EVEN_M:
+                a, b = tl.load(a_ptrs), tl.load(b_ptrs)
+            else:
+                r_mask = offs_r[:, None] < M - r * BLOCK_R
+                a = tl.load(a_ptrs, mask=r_mask, other=0.0)
+                b = tl.load(b_ptrs, mask=r_mask, other=0.0)
+            if UPCAST:
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            acc = tl.dot(tl.trans(a), b, acc, input_precision=INPUT_PRECISION)
+            a_ptrs += BLOCK_R * stride_am
+            b_ptrs += BLOCK_R * stride_am
+        _store_symmetric(out_ptr, acc, pid_i, pid_j, offs_i, offs_j, K, stride_om, UPCAST)
+
+
+# Launch configurations (block, block_k, num_warps, num_stages) per (kernel, output size, reduction size),
+# tuned on an H100 with `python bench/bench_orthogonalize.py --sweep`; other sizes use the defaults.
+SYMMETRIC_KERNEL_CONFIGS: dict[tuple[str, int, int], tuple[int, int, int, int]] = {
+    ("xxt", 256, 768): (128, 64, 4, 3),
+    ("ba_plus_caa", 256, 256): (64, 32, 4, 4),
+    ("xxt", 768, 768): (128, 64, 4, 3),
+    ("ba_plus_caa", 768, 768): (128, 64, 8, 3),
+    ("xtx", 768, 3072): (128, 64, 8, 3),
+}
+
+
+def _symmetric_launch(A: Tensor, kernel: str, n_out: int, reduction: int, config: tuple | None):
+    """Output buffer, grid, tile sizes and launch options for an (n_out x n_out) symmetric product of A."""
+    if A.dim() != 3 or not A.is_contiguous():
+        raise ValueError(f"expected a contiguous (batch, rows, cols) tensor, got {tuple(A.shape)}")
+    fp32 = A.dtype == torch.float32
+    big = n_out >= 512  # 768-wide Gram matrices: 128-tiles; small ones (256): more, smaller programs
+    default = (128 if big else 64, 32 if fp32 else 64, 8 if big else 4, 3 if fp32 else 4)
+    block, block_k, num_warps, num_stages = config or SYMMETRIC_KERNEL_CONFIGS.get((kernel, n_out, reduction), default)
+    tiles = triton.cdiv(n_out, block)
+    options = dict(num_warps=num_warps, num_stages=num_stages, INPUT_PRECISION="ieee" if fp32 else "tf32",
+                   UPCAST=TRITON_INTERPRETER and not fp32)
+    out = A.new_empty((A.size(0), n_out, n_out))
+    return out, (tiles * (tiles + 1) // 2, A.size(0)), block, block_k, options
+
+
+def xxt(A: Tensor, config: tuple | None = None) -> Tensor:
+    """A·Aᵀ for a batch A (B, M, K) -> (B, M, M). config: (block, block_k, num_warps, num_stages)."""
+    B, M, K = A.shape
+    out, grid, block, block_k, options = _symmetric_launch(A, "xxt", M, K, config)
+    _aat_kernel[grid](A, out, M, K, 1.0, 0.0, 0.0, A.stride(0), A.stride(1), out.stride(0), out.stride(1),
+                      BLOCK_M=block, BLOCK_K=block_k, EVEN_K=K % block_k == 0, ADD_A=False, ADD_I=False, **options)
+    return out
+
+
+def ba_plus_caa(A: Tensor, alpha: float, beta: float, config: tuple | None = None, identity: float = 0.0) -> Tensor:
+    """beta·A + alpha·A·A (+ identity·I) for a batch of symmetric A (B, N, N) (A·A = A·Aᵀ)."""
+    B, N, _ = A.shape
+    out, grid, block, block_k, options = _symmetric_launch(A, "ba_plus_caa", N, N, config)
+    _aat_kernel[grid](A, out, N, N, float(alpha), float(beta), float(identity), A.stride(0), A.stride(1),
+                      out.stride(0), out.stride(1), BLOCK_M=block, BLOCK_K=block_k, EVEN_K=N % block_k == 0,
+                      ADD_A=True, ADD_I=identity != 0.0, **options)
+    return out
+
+
+def xtx(A: Tensor, config: tuple | None = None) -> Tensor:
+    """Aᵀ·A for a batch A (B, M, K) -> (B, K, K)."""
+    B, M, K = A.shape
+    out, grid, block, block_k, options = _symmetric_launch(A, "xtx", K, M, config)
+    _ata_kernel[grid](A, out, M, K, A.stride(0), A.stride(1), out.stride(0), out.stride(1),
+                      BLOCK_N=block, BLOCK_R=block_k, EVEN_M=M % block_k == 0, EVEN_N=K % block == 0, **options)
+    return out
+
+
+def polar_iterations(X: Tensor, method: str = "polar_express", use_triton: bool | None = None) -> Tensor:
+    """polar_iterations_reference's function; with the symmetric Triton kernels, a·X + X·B is one
+    product X·(B + a·I), a·I added in the kernel's fp32 epilogue: baddbmm with beta != 0 first copies
+    X into its output, a device-to-device copy of the whole bank per iteration (20-40% of the torch
+    path's time on an H100, bench_orthogonalize.py --profile)."""
+    if not (triton_applies(X) if use_triton is None else use_triton):
+        return polar_iterations_reference(X, method)
+    coeffs, _, _ = ORTHOGONALIZERS[method]
+    tall, work = X.size(-2) > X.size(-1), _gemm_dtype(X)
+    for a, b, c in coeffs:
+        Y = X.to(work)
+        B = ba_plus_caa(xtx(X) if tall else xxt(X), alpha=c, beta=b, identity=a).to(work)
+        X = (Y @ B if tall else B @ Y).bfloat16()
+    return X
+
+
+def orthogonalize(G: Tensor, method: str = "polar_express", use_triton: bool | None = None) -> Tensor:
+    """Approximate U·Vᵀ (the orthogonal polar factor) of every matrix of a bank G (B, rows, cols), in bf16."""
+    return polar_iterations(polar_normalize(G, method), method, use_triton)
+
+
+# --- lm_head and soft-capped multi-target cross-entropy (T4.1, T4.4) ---------------------------------
+# Logit soft-cap z = 23·σ((u+5)/7.5) (#54) and the FP8 lm_head scales: x/x_s and W/w_s in e4m3, the
+# logit gradient in e5m2 as du/grad_s with grad_s = FP8_GRAD_SCALE·grad_scale (#51, #55, #65).
+SOFTCAP_SCALE, SOFTCAP_SHIFT, SOFTCAP_TEMPERATURE = 23.0, 5.0, 7.5
+FP8_X_SCALE, FP8_W_SCALE, FP8_GRAD_SCALE = 100 / 448, 1.6 / 448, 0.75 / 448
+E4M3_MAX, E5M2_MAX = 448.0, 57344.0  # largest finite float8_e4m3fn / float8_e5m2
+MAX_TARGETS = 4  # target columns per row of the fused cross-entropy
+
+
+def softcap(logits: Tensor) -> Tensor:
+    """Asymmetric logit soft-cap into (0, 23) (#54), computed in fp32 (or the logits' wider dtype)."""
+    u = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return SOFTCAP_SCALE * torch.sigmoid((u + SOFTCAP_SHIFT) / SOFTCAP_TEMPERATURE)
+
+
+def softcap_ce_reference(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float,
+                         grad_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """Plain-torch form of the fused kernel. logits u (T, V); targets (T, N) int, −1 = none;
+    weights (N,). Returns per row loss_t = Σ_k w_k·[y_tk ≥ 0]·(lse − z[y_tk]), ce0_t = lse − z[y_t0]
+    (0 where y_t0 = −1) and grad_mul·∂(Σ_t loss_t)/∂u in grad_dtype (e5m2: saturated)."""
+    z = softcap(logits)
+    lse = torch.logsumexp(z, -1, keepdim=True)
+    valid = targets >= 0
+    safe_targets = targets.clamp_min(0)
+    ce = lse - z.gather(1, safe_targets)
+    w_valid = weights.to(z.dtype) * valid
+    loss_rows = (ce * w_valid).sum(-1)
+    ce0_rows = torch.where(valid[:, 0], ce[:, 0], 0.0)
+    dz = torch.exp(z - lse) * w_valid.sum(-1, keepdim=True)
+    dz = dz.scatter_add(1, safe_targets, -w_valid)  # duplicate targets add up
+    sigma = z / SOFTCAP_SCALE
+    grad = (grad_mul * SOFTCAP_SCALE / SOFTCAP_TEMPERATURE) * sigma * (1 - sigma) * dz
+    if grad_dtype == torch.float8_e5m2:
+        grad = grad.clamp(-E5M2_MAX, E5M2_MAX)
+    return loss_rows, ce0_rows, grad.to(grad_dtype)
+
+
+# Fused soft-capped multi-target cross-entropy, forward and backward in one kernel (#60, #67, #79;
+# T4.1). Persistent programs take rows t = pid, pid + programs, ...; each row is read from memory
+# once and held in registers as up to three power-of-two parts (`vocab_parts`: 32768 + 16384 + 2048
+# for GPT-2's 50,304, the last one masked): sweep 1 sums exp(z − 23) (z < 23: no running max),
+# sweep 2 writes the logit gradient from the held logits, then the ≤ MAX_TARGETS target columns are
+# rewritten after a barrier. With tanh: z = h + h·t, t = tanh((u+5)/15), h = 23/2;
+# dz/du = 23/(4·7.5)·(1 − t²).
+if triton is not None:
+    @triton.jit
+    def _tanh(x, FAST: tl.constexpr):
+        if FAST:  # one MUFU op, ~2^-11 relative error (the reference's fast-math kernel does the same)
+            return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        else:
+            return 2 * tl.sigmoid(2 * x) - 1
+
+    @triton.jit
+    def _softcap_tanh(u, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr, FAST_TANH: tl.constexpr):
+        """t = tanh((u + 5)/15) of logits u (z = h + h·t)."""
+        return _tanh((u.to(tl.float32) + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+
+    @triton.jit
+    def _load_part(u_row, offs, V, MASKED: tl.constexpr):
+        if MASKED:
+            return tl.load(u_row + offs, mask=offs < V, other=0.0)
+        else:
+            return tl.load(u_row + offs)
+
+    @triton.jit
+    def _softcap_exp_sum(u, offs, V, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr, HALF: tl.constexpr,
+                         MASKED: tl.constexpr, FAST_TANH: tl.constexpr):
+        """Σ exp(z − 23) over a part of one row's logits u (masked-off columns excluded)."""
+        LOG2E: tl.constexpr = 1.4426950408889634
+        t = _softcap_tanh(u, SHIFT, TEMPERATURE, FAST_TANH)
+        e = tl.exp2((t - 1) * (HALF * LOG2E))
+        if MASKED:
+            e = tl.where(offs < V, e, 0.0)
+        return tl.sum(e, axis=0)
+
+    @triton.jit
+    def _softcap_grad_store(u, g_row, offs, V, scale, bias, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr,
+                            HALF: tl.constexpr, SATURATE_AT: tl.constexpr, MASKED: tl.constexpr,
+                            FAST_TANH: tl.constexpr):
+        """Writes scale·(1 − t²)·exp(z − lse) for a part of one row (bias: (h − lse)·log2 e)."""
+        LOG2E: tl.constexpr = 1.4426950408889634
+        t = _softcap_tanh(u, SHIFT, TEMPERATURE, FAST_TANH)
+        g = scale * (1 - t * t) * tl.exp2(t * (HALF * LOG2E) + bias)
+        if SATURATE_AT > 0:  # e5m2: saturate, never overflow to inf
+            g = tl.minimum(tl.maximum(g, -SATURATE_AT), SATURATE_AT)
+        if MASKED:
+            tl.store(g_row + offs, g.to(g_row.dtype.element_ty), mask=offs < V)
+        else:
+            tl.store(g_row + offs, g.to(g_row.dtype.element_ty))
+
+    @triton.jit
+    def _softcap_ce_kernel(logits_ptr, targets_ptr, weights_ptr, loss_ptr, ce0_ptr, grad_ptr,
+                           n_rows, V, stride_logits, stride_targets, stride_grad, grad_mul,
+                           CAP: tl.constexpr, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr,
+                           N_TARGETS: tl.constexpr, N_PAD: tl.constexpr, PART_A: tl.constexpr, PART_B: tl.constexpr,
+                           PART_C: tl.constexpr, SATURATE_AT: tl.constexpr, FAST_TANH: tl.constexpr):
+        LOG2E: tl.constexpr = 1.4426950408889634
+        HALF: tl.constexpr = CAP * 0.5
+        k = tl.arange(0, N_PAD)
+        weights = tl.load(weights_ptr + k, mask=k < N_TARGETS, other=0.0).to(tl.float32)
+        coef = grad_mul * (CAP / (4 * TEMPERATURE))
+        # parts A and B are whole; C is the masked rest (B and C may be absent: size 0)
+        offs_a = tl.arange(0, PART_A)
+        if PART_B > 0:
+            offs_b = PART_A + tl.arange(0, PART_B)
+        if PART_C > 0:
+            offs_c = PART_A + PART_B + tl.arange(0, PART_C)
+        first_row, programs = tl.program_id(0).to(tl.int64), tl.num_programs(0)
+        for i in range(0, tl.cdiv(n_rows - first_row, programs)):
+            row = first_row + i * programs
+            u_row = logits_ptr + row * stride_logits
+            g_row = grad_ptr + row * stride_grad
+            u_a = _load_part(u_row, offs_a, V, False)  # every load of the row in flight at once
+            if PART_B > 0:
+                u_b = _load_part(u_row, offs_b, V, False)
+            if PART_C > 0:
+                u_c = _load_part(u_row, offs_c, V, True)
+            total = _softcap_exp_sum(u_a, offs_a, V, SHIFT, TEMPERATURE, HALF, False, FAST_TANH)
+            if PART_B > 0:
+                total += _softcap_exp_sum(u_b, offs_b, V, SHIFT, TEMPERATURE, HALF, False, FAST_TANH)
+            if PART_C > 0:
+                total += _softcap_exp_sum(u_c, offs_c, V, SHIFT, TEMPERATURE, HALF, True, FAST_TANH)
+            lse = CAP + tl.log(total)
+            ys = tl.load(targets_ptr + row * stride_targets + k, mask=k < N_TARGETS, other=-1).to(tl.int32)
+            valid = ys >= 0
+            u_y = tl.load(u_row + tl.maximum(ys, 0)).to(tl.float32)
+            ce = lse - CAP * tl.sigmoid((u_y + SHIFT) / TEMPERATURE)
+            w_valid = tl.where(valid, weights, 0.0)
+            tl.store(loss_ptr + row, tl.sum(w_valid * ce, axis=0))
+            tl.store(ce0_ptr + row, tl.sum(tl.where((k == 0) & valid, ce, 0.0), axis=0))
+            weight_sum = tl.sum(w_valid, axis=0)
+            bias = (HALF - lse) * LOG2E  # z − lse = h·t + h − lse
+            _softcap_grad_store(u_a, g_row, offs_a, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+                                SATURATE_AT, False, FAST_TANH)
+            if PART_B > 0:
+                _softcap_grad_store(u_b, g_row, offs_b, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+                                    SATURATE_AT, False, FAST_TANH)
+            if PART_C > 0:
+                _softcap_grad_store(u_c, g_row, offs_c, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+                                    SATURATE_AT, True, FAST_TANH)
+            tl.debug_barrier()  # the sweep's stores to the target columns land before their rewrite
+            t_y = _softcap_tanh(u_y, SHIFT, TEMPERATURE, FAST_TANH)
+            same_target = tl.sum(tl.where(ys[:, None] == ys[None, :], w_valid[None, :], 0.0), axis=1)
+            g_y = coef * (1 - t_y * t_y) * (weight_sum * tl.exp2(t_y * (HALF * LOG2E) + bias) - same_target)
+            if SATURATE_AT > 0:
+                g_y = tl.minimum(tl.maximum(g_y, -SATURATE_AT), SATURATE_AT)
+            tl.store(g_row + ys, g_y.to(grad_ptr.dtype.element_ty), mask=valid)
+
+    @triton.jit
+    def _transpose_kernel(src_ptr, dst_ptr, M, N, stride_src, stride_dst,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        # dst (N, M) = srcᵀ: a tile read along src's rows, written along dst's rows
+        offs_m = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        offs_n = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tile = tl.load(src_ptr + offs_m[:, None] * stride_src + offs_n[None, :], mask=mask)
+        tl.store(dst_ptr + offs_n[:, None] * stride_dst + offs_m[None, :], tl.trans(tile), mask=tl.trans(mask))
+
+
+def vocab_parts(V: int) -> tuple[int, int, int]:
+    """A row of V logits as the kernel holds it: the largest power of two A <= V, the largest B <=
+    V − A (0 if none), and C, the next power of two >= the rest (masked; 0 if none)."""
+    part_a = 1 << (V.bit_length() - 1)
+    rest = V - part_a
+    part_b = 1 << (rest.bit_length() - 1) if rest else 0
+    rest -= part_b
+    return part_a, part_b, (1 << (rest - 1).bit_length()) if rest else 0
+
+
+def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float, grad_dtype: torch.dtype,
+               use_triton: bool | None = None, num_warps: int = 16, programs: int | None = None,
+               fast_tanh: bool | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """softcap_ce_reference's function; the fused Triton kernel where use_triton (default: on CUDA).
+    programs: persistent programs (default one per SM: a 50,304-logit row takes all of an SM's
+    registers at 16 warps, 128 per thread; larger vocabularies spill). H100, T = 49,152, e5m2
+    gradient: 3.40 ms against 3.79 for the earlier kernel that read each row twice (bytes floor
+    2.47 ms; bench/bench_cross_entropy.py).
+    fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter)."""
+    if not (triton_applies(logits) if use_triton is None else use_triton):
+        return softcap_ce_reference(logits, targets, weights, grad_mul, grad_dtype)
+    T, V = logits.shape
+    N = targets.size(1)
+    if not 1 <= N <= MAX_TARGETS or weights.numel() != N or logits.stride(1) != 1 or targets.stride(1) != 1:
+        raise ValueError(f"need unit-stride (T, V) logits, (T, N <= {MAX_TARGETS}) targets and N weights, got "
+                         f"{tuple(logits.shape)} {tuple(targets.shape)} {tuple(weights.shape)}")
+    interpreting = TRITON_INTERPRETER
+    loss_rows = torch.empty(T, dtype=torch.float32, device=logits.device)
+    ce0_rows = torch.empty(T, dtype=torch.float32, device=logits.device)
+    grad = torch.empty((T, V), dtype=grad_dtype, device=logits.device)
+    if programs is None:
+        programs = T if interpreting else _sm_count(logits.device)
+    if fast_tanh is None:
+        fast_tanh = not interpreting
+    part_a, part_b, part_c = vocab_parts(V)
+    _softcap_ce_kernel[(max(1, min(T, programs)),)](
+        logits, targets, weights.contiguous(), loss_rows, ce0_rows, grad, T, V, logits.stride(0),
+        targets.stride(0), grad.stride(0), float(grad_mul), CAP=SOFTCAP_SCALE, SHIFT=SOFTCAP_SHIFT,
+        TEMPERATURE=SOFTCAP_TEMPERATURE, N_TARGETS=N, N_PAD=max(2, triton.next_power_of_2(N)), PART_A=part_a,
+        PART_B=part_b, PART_C=part_c, SATURATE_AT=E5M2_MAX if grad_dtype == torch.float8_e5m2 else 0.0,
+        FAST_TANH=fast_tanh, num_warps=num_warps)
+    return loss_rows, ce0_rows, grad
+
+
+def transpose_copy(src: Tensor, use_triton: bool | None = None, block_m: int = 64, block_n: int = 128,
+                   num_warps: int = 4) -> Tensor:
+    """A contiguous copy of srcᵀ for a 2-D tensor with unit column stride (1- or 2-byte elements:
+    the FP8 operands _scaled_mm wants K-major); tiled Triton kernel where use_triton (default: CUDA)."""
+    if not (triton_applies(src) if use_triton is None else use_triton):
+        return src.t().contiguous()
+    M, N = src.shape
+    if src.stride(1) != 1:
+        raise ValueError("transpose_copy needs unit column stride")
+    dst = torch.empty((N, M), dtype=src.dtype, device=src.device)
+    _transpose_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
+        src, dst, M, N, src.stride(0), dst.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+    return dst
+
+
+def vocab_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for the vocabulary-sized lm_head products. On the CPU, 16-bit operands are multiplied
+    in fp32 and the result rounded back: the same fp32-accumulated exact products as a bf16 GEMM,
+    without CPU bf16 kernels that run ~60x slower where AVX512-BF16 is missing (CI, tests)."""
+    if a.is_cuda or a.dtype not in (torch.bfloat16, torch.float16):
+        return a @ b
+    return (a.float() @ b.float()).to(a.dtype)
+
+
+def _scale_tensor(value: float, device: torch.device) -> Tensor:
+    """A 0-d float32 scale in its own allocation: cuBLASLt (CUDA 13) rejects scale pointers that
+    are not 16-byte aligned, e.g. views into a shared buffer (BENCH.md)."""
+    return torch.full((), value, dtype=torch.float32, device=device)
+
+
+# The lm_head + loss as two custom ops (opaque to torch.compile): the forward computes the logits,
+# runs the fused cross-entropy, which writes the logit gradient at once (the logits are freed),
+# and the backward only multiplies the upstream scalar in and does the two products.
+# FP8 (#19, #67; T4.4): e4m3 x and W inputs select it; logits = x8·W8ᵀ (fast accumulation),
+# gradient e5m2, dx = g8·W8 and dW = g8ᵀ·x8 in FP8 with transposed copies for the K-major operands.
+@torch.library.custom_op("speedrun::lm_head_softcap_ce", mutates_args=())
+def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: Tensor,
+                                grad_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    if x.dtype == torch.float8_e4m3fn:
+        logits = torch._scaled_mm(x, w.t(), scale_a=_scale_tensor(FP8_X_SCALE, x.device),
+                                  scale_b=_scale_tensor(FP8_W_SCALE, x.device), out_dtype=torch.bfloat16,
+                                  use_fast_accum=True)
+        grad_dtype, grad_mul = torch.float8_e5m2, 1 / FP8_GRAD_SCALE  # stores du/grad_s
+    else:
+        logits = vocab_matmul(x, w.t())
+        grad_dtype, grad_mul = logits.dtype, grad_scale
+    loss_rows, ce0_rows, grad = softcap_ce(logits, targets, weights, grad_mul, grad_dtype)
+    return loss_rows.sum() * grad_scale, ce0_rows.mean(), grad
+
+
+@_lm_head_softcap_ce_forward.register_fake
+def _(x, w, targets, weights, grad_scale):
+    fp8 = x.dtype == torch.float8_e4m3fn
+    logits_dtype = torch.bfloat16 if fp8 else x.dtype
+    loss_dtype = torch.promote_types(logits_dtype, torch.float32)
+    grad = x.new_empty((x.size(0), w.size(0)), dtype=torch.float8_e5m2 if fp8 else logits_dtype)
+    return x.new_empty((), dtype=loss_dtype), x.new_empty((), dtype=loss_dtype), grad
+
+
+@torch.library.custom_op("speedrun::lm_head_softcap_ce_backward", mutates_args=())
+def _lm_head_softcap_ce_backward(g: Tensor, grad_logits: Tensor, x: Tensor, w: Tensor,
+                                 grad_scale: float) -> tuple[Tensor, Tensor]:
+    if grad_logits.dtype == torch.float8_e5m2:
+        grad_s = (g.float() * (FP8_GRAD_SCALE * grad_scale)).reshape(())  # the upstream scalar, folded in
+        grad_x = torch._scaled_mm(grad_logits, transpose_copy(w).t(), scale_a=grad_s,
+                                  scale_b=_scale_tensor(FP8_W_SCALE, w.device), out_dtype=torch.bfloat16)
+        grad_w = torch._scaled_mm(transpose_copy(grad_logits), transpose_copy(x).t(), scale_a=grad_s,
+                                  scale_b=_scale_tensor(FP8_X_SCALE, x.device), out_dtype=torch.bfloat16)
+        return grad_x, grad_w
+    g = g.to(grad_logits.dtype)
+    return vocab_matmul(grad_logits, w).mul_(g), vocab_matmul(grad_logits.t(), x).mul_(g)
+
+
+@_lm_head_softcap_ce_backward.register_fake
+def _(g, grad_logits, x, w, grad_scale):
+    dtype = torch.bfloat16 if grad_logits.dtype == torch.float8_e5m2 else x.dtype
+    return x.new_empty(x.shape, dtype=dtype), w.new_empty(w.shape, dtype=dtype)
+
+
+def to_e4m3(t: Tensor, scale: Tensor | float) -> Tensor:
+    """t / scale in e4m3, saturated at ±448 (scale broadcasts against t)."""
+    return (t.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+class _LMHeadSoftcapCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, grad_scale: float, fp8: bool):
+        if fp8:  # quantized in the compiled graph, where inductor fuses the scale and cast
+            x, w = to_e4m3(x, FP8_X_SCALE), to_e4m3(w, FP8_W_SCALE)
+        loss, ce0_mean, grad_logits = _lm_head_softcap_ce_forward(x, w, targets, weights, grad_scale)
+        ctx.save_for_backward(x, w, grad_logits)
+        ctx.grad_scale = grad_scale
+        ctx.mark_non_differentiable(ce0_mean)
+        return loss, ce0_mean
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_ce0: Tensor):
+        x, w, grad_logits = ctx.saved_tensors
+        grad_x, grad_w = _lm_head_softcap_ce_backward(grad_loss, grad_logits, x, w, ctx.grad_scale)
+        return grad_x, grad_w, None, None, None, None
+
+
+def lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, grad_scale: float = 1.0,
+                       fp8: bool = False) -> tuple[Tensor, Tensor]:
+    """Training loss of the lm_head (V, d) on hidden states x (T, d): (Σ_t loss_t · grad_scale as a
+    0-d fp32 tensor, mean ce0_t), with loss_t, ce0_t of softcap_ce_reference for targets (T, N ≤ 4)
+    (−1: none) and weights (N,). fp8 applies on CUDA (needs T % 16 == 0); elsewhere the plain path."""
+    fp8 = fp8 and x.is_cuda
+    if fp8 and x.size(0) % 16:
+        raise ValueError(f"the FP8 lm_head needs a multiple of 16 tokens, got {x.size(0)}")
+    return _LMHeadSoftcapCE.apply(x.contiguous(), lm_head, targets, weights, grad_scale, fp8)
+
+
+# --- MLP: ReLU² with the activation in the GEMM (T6.1) ------------------------------------------------
+
+
+def relu_square_mlp_reference(x: Tensor, fc: Tensor, proj: Tensor) -> Tensor:
+    """The MLP, relu(x·fcᵀ)²·proj (#5), with fc (hidden, d) and proj (hidden, d) stored (in, out);
+    also the model's choice where the step is launch-bound (stage 1), compiled by inductor."""
+    return torch.relu(x @ fc.t()).square() @ proj
+
+# Fused MLP up-projection + ReLU² (#59, #87; T6.1): one persistent TMA GEMM C = A·Bᵀ
+# (A (M, K), B (N, K), both row-major bf16) with fp32 accumulation and the activation in the
+# epilogue. Forward: post = relu(x·fcᵀ)², so the pre-activation never reaches memory. Backward:
+# dpre = (grad·projᵀ)·2·√post, as √post = relu(pre). TMA zero-fills out-of-bounds loads and clips
+# out-of-bounds stores, so ragged M, N, K need no masks.
+if triton is not None:
+    @triton.jit
+    def _grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+        # GROUP_M row blocks share each sweep over the column blocks (L2 reuse of both operands)
+        per_group = GROUP_M * tiles_n
+        first_m = (tile // per_group) * GROUP_M
+        rows = tl.minimum(tiles_m - first_m, GROUP_M)
+        return first_m + (tile % per_group) % rows, (tile % per_group) // rows
+
+    @triton.jit
+    def _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, acc, m, n, inv_act_scale,
+                              EPILOGUE: tl.constexpr):
+        if EPILOGUE == "relu_square_grad":  # aux holds post
+            acc = acc * (2.0 * tl.sqrt(aux_desc.load([m, n]).to(tl.float32)))
+        else:
+            acc = tl.maximum(acc, 0.0)
+            acc = acc * acc
+        c_desc.store([m, n], acc.to(tl.bfloat16))
+        if EPILOGUE == "relu_square_fp8":  # also post in e4m3 at the given scale, and its running amax
+            c8_desc.store([m, n], tl.minimum(acc * inv_act_scale, 448.0).to(c8_desc.dtype))
+            tl.atomic_max(amax_ptr, tl.max(tl.max(acc, 1), 0), sem="relaxed")
+
+    @triton.jit
+    def _relu_square_gemm_kernel(a_desc, b_desc, c_desc, aux_desc, c8_desc, scale_ptr, act_scale_ptr, amax_ptr,
+                                 M, N, K, num_programs,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 GROUP_M: tl.constexpr, EPILOGUE: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
+                                 FLATTEN: tl.constexpr, UPCAST: tl.constexpr):
+        tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+        if EPILOGUE == "relu_square_fp8":  # e4m3 operands: the product's scale, and post's inverse scale
+            product_scale = tl.load(scale_ptr)
+            inv_act_scale = 1.0 / tl.load(act_scale_ptr)
+        else:
+            product_scale = 1.0
+            inv_act_scale = 1.0
+        # the epilogue keeps its own tile counter, so the pipelined loads do not depend on the stores
+        epilogue_tile = tl.program_id(0) - num_programs
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, num_programs, flatten=FLATTEN):
+            pid_m, pid_n = _grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k in range(0, tl.cdiv(K, BLOCK_K)):
+                a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+                b = b_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
+                if UPCAST:
+                    a, b = a.to(tl.float32), b.to(tl.float32)
+                acc = tl.dot(a, tl.trans(b), acc)
+            if EPILOGUE == "relu_square_fp8":
+                acc = acc * product_scale
+            epilogue_tile += num_programs
+            pid_m, pid_n = _grouped_tile(epilogue_tile, tiles_m, tiles_n, GROUP_M)
+            m, n = pid_m * BLOCK_M, pid_n * BLOCK_N
+            if SPLIT_EPILOGUE:  # two (BLOCK_M, BLOCK_N/2) halves: half the shared memory for C and aux
+                left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+                _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, left, m, n, inv_act_scale, EPILOGUE)
+                _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, right, m, n + BLOCK_N // 2,
+                                      inv_act_scale, EPILOGUE)
+            else:
+                _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, acc, m, n, inv_act_scale, EPILOGUE)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Launch of _relu_square_gemm_kernel (bench/bench_mlp.py --sweep times the alternatives)."""
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    stages: int = 3
+    warps: int = 8
+    group_m: int = 8
+    persistent: bool = True  # one program per SM looping over the tiles, else one program per tile
+    flatten: bool = True  # pipeline across tiles: the next tile's loads overlap this tile's epilogue
+    split_epilogue: bool = True
+
+
+RELU_SQUARE_GEMM_CONFIGS = {"relu_square": GemmConfig(), "relu_square_grad": GemmConfig(),
+                            "relu_square_fp8": GemmConfig(block_k=128)}
+
+
+def _tma_ready(t: Tensor) -> bool:
+    """Row-major from a 16-byte aligned address (TMA's requirement). torch.compile can trace neither
+    data_ptr() nor storage_offset(): in a traced launch only the layout is judged here, and the
+    descriptor built at run time asserts the address (TensorDescriptor: "base must be 16-byte aligned")."""
+    if torch.compiler.is_compiling():
+        return t.is_contiguous()
+    return t.is_contiguous() and t.data_ptr() % 16 == 0
+
+
+def _tma_operand(t: Tensor) -> Tensor:
+    """t, or a copy of it that _tma_ready."""
+    return t if _tma_ready(t) else t.clone(memory_format=torch.contiguous_format)
+
+
+def relu_square_gemm(a: Tensor, b: Tensor, aux: Tensor | None = None, config: GemmConfig | None = None,
+                     out: Tensor | None = None) -> Tensor:
+    """Triton: relu(a·bᵀ)² when aux is None, else (a·bᵀ)·2·√aux; a (M, K), b (N, K), aux (M, N),
+    all bf16, bf16 out (M, N). N and K must be multiples of 8 (16-byte TMA row strides)."""
+    epilogue = "relu_square" if aux is None else "relu_square_grad"
+    config = config or RELU_SQUARE_GEMM_CONFIGS[epilogue]
+    (M, K), N = a.shape, b.size(0)
+    tensors = [t for t in (a, b, aux, out) if t is not None]
+    if b.size(1) != K or any(t.shape != (M, N) for t in (aux, out) if t is not None):
+        raise ValueError(f"expected a (M, K), b (N, K), aux and out (M, N), got {[tuple(t.shape) for t in tensors]}")
+    if N % 8 or K % 8:
+        raise ValueError(f"N={N} and K={K} must be multiples of 8 (16-byte TMA row strides)")
+    if any(t.dtype != torch.bfloat16 for t in tensors):
+        raise ValueError(f"expected bf16 tensors, got {[t.dtype for t in tensors]}")
+    if out is None:
+        out = a.new_empty((M, N))
+    elif not _tma_ready(out):
+        raise ValueError("out must be contiguous from a 16-byte aligned address")
+    _launch_relu_square_gemm(a, b, out, aux, None, None, None, None, epilogue, config)
+    return out
+
+
+def relu_square_fp8_gemm(a: Tensor, b: Tensor, product_scale: Tensor, act_scale: Tensor,
+                         config: GemmConfig | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Triton, e4m3 operands a (M, K) and b (N, K): post = relu(product_scale·a·bᵀ)² in bf16, the
+    same in e4m3 as min(post / act_scale, 448), and post's amax (fp32, shape (1,)). product_scale
+    and act_scale are fp32 one-element tensors. N and K must be multiples of 16 (TMA row strides)."""
+    config = config or RELU_SQUARE_GEMM_CONFIGS["relu_square_fp8"]
+    (M, K), N = a.shape, b.size(0)
+    if b.size(1) != K or a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"expected e4m3 a (M, K) and b (N, K), got {a.dtype} {tuple(a.shape)}, {b.dtype} {tuple(b.shape)}")
+    if N % 16 or K % 16:
+        raise ValueError(f"N={N} and K={K} must be multiples of 16 (16-byte TMA row strides)")
+    if product_scale.numel() != 1 or act_scale.numel() != 1:
+        raise ValueError("product_scale and act_scale must be one-element tensors")
+    post = a.new_empty((M, N), dtype=torch.bfloat16)
+    post8 = a.new_empty((M, N), dtype=torch.float8_e4m3fn)
+    amax = torch.zeros(1, dtype=torch.float32, device=a.device)
+    _launch_relu_square_gemm(a, b, post, None, post8, product_scale.float(), act_scale.float(), amax,
+                             "relu_square_fp8", config)
+    return post, post8, amax
+
+
+def _launch_relu_square_gemm(a, b, out, aux, out8, scale, act_scale, amax, epilogue, config):
+    c_block = [config.block_m, config.block_n // 2 if config.split_epilogue else config.block_n]
+    a_desc = TensorDescriptor.from_tensor(_tma_operand(a), [config.block_m, config.block_k])
+    b_desc = TensorDescriptor.from_tensor(_tma_operand(b), [config.block_n, config.block_k])
+    aux_desc = None if aux is None else TensorDescriptor.from_tensor(_tma_operand(aux), c_block)
+    out8_desc = None if out8 is None else TensorDescriptor.from_tensor(out8, c_block)
+    M, N = out.shape
+    tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
+    # persistent: one program per SM (a few on the CPU interpreter, so each still loops over tiles)
+    slots = _sm_count(a.device) if a.is_cuda else 4
+    programs = min(tiles, slots) if config.persistent else tiles
+    _relu_square_gemm_kernel[(programs,)](
+        a_desc, b_desc, TensorDescriptor.from_tensor(out, c_block), aux_desc, out8_desc, scale, act_scale, amax,
+        M, N, a.size(1), programs,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        EPILOGUE=epilogue, SPLIT_EPILOGUE=config.split_epilogue, FLATTEN=config.flatten,
+        UPCAST=TRITON_INTERPRETER, num_warps=config.warps, num_stages=config.stages)
+
+
+def tma_gemm_applies(t: Tensor) -> bool:
+    """Where relu_square_gemm runs by default: triton_applies and a GPU with TMA (Hopper or newer)."""
+    return triton_applies(t) and torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+# The two GEMMs. torch.compile traces the Triton launches (TMA descriptors included) into its graph
+# and inductor launches the kernels itself: no custom op, whose Python path cost ~0.25 ms of host time
+# per call (records/experiments/2026-11-25_HostBoundProfileH100). use_triton=False: the same products in torch.
+def relu_square_matmul(x: Tensor, w: Tensor, use_triton: bool) -> Tensor:
+    """post = relu(x·wᵀ)², x (M, K), w (N, K)."""
+    if use_triton:
+        return relu_square_gemm(x, w)
+    return torch.relu(x @ w.t()).square()
+
+
+def relu_square_grad_matmul(grad: Tensor, w: Tensor, post: Tensor, use_triton: bool) -> Tensor:
+    """dpre = (grad·wᵀ)·2·√post, grad (M, K), w (N, K), post (M, N)."""
+    if use_triton:
+        return relu_square_gemm(grad, w, post)
+    return (grad @ w.t()) * (2 * post.sqrt())
+
+
+class ReluSquareMLP(torch.autograd.Function):
+    """relu_square_mlp_reference's function saving x and post only: the backward's first GEMM
+    produces dpre directly (dpre = (grad·projᵀ)·2·√post, as √post = relu(pre)), the other three are cuBLAS."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool):
+        post = relu_square_matmul(x, fc, use_triton)
+        ctx.save_for_backward(x, fc, proj, post)
+        ctx.use_triton = use_triton
+        return post @ proj
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return *relu_square_mlp_backward(grad, *ctx.saved_tensors, ctx.use_triton), None
+
+
+def relu_square_mlp_backward(grad: Tensor, x: Tensor, fc: Tensor, proj: Tensor, post: Tensor,
+                             use_triton: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dfc, dproj) of the ReLU² MLP from x and post alone (ReluSquareMLP, FP8ReluSquareMLP)."""
+    dpre = relu_square_grad_matmul(grad, proj, post, use_triton)
+    return dpre @ fc, dpre.t() @ x, post.t() @ grad
+
+
+def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool | None = None) -> Tensor:
+    """The fused MLP: relu_square_mlp_reference's function with the ReLU² in the GEMM epilogues."""
+    return ReluSquareMLP.apply(x, fc, proj, tma_gemm_applies(x) if use_triton is None else use_triton)
+
+
+# --- FP8 MLP forward (the reference's #84, #89; T6.2) -------------------------------------------------
+# The training forward's two MLP products in e4m3 with fp32 accumulation; the backward stays bf16
+# (it reads the bf16 x, fc, proj and post). Tensorwise scales: x, RMS-normalized without weights so
+# that no element exceeds √d, at the static scale √d/448 (no amax pass; the reference measures the
+# amax per call); each layer's fc and proj by their amax per forward (one pass over the bank: the
+# weights change only at optimizer steps); post by a delayed scale, the layer's previous amax of post
+# times FP8_POST_MARGIN (post's amax is known only once the GEMM that writes it is done); values
+# above it clamp to 448.
+FP8_POST_MARGIN = 1.8
+
+
+def quantize_e4m3(t: Tensor, amax: Tensor | float) -> tuple[Tensor, Tensor | float]:
+    """(t / scale in e4m3, scale), scale = amax / 448 in fp32 (amax broadcasts against t)."""
+    scale = amax.float().clamp_min(1e-12) / E4M3_MAX if isinstance(amax, Tensor) else amax / E4M3_MAX
+    return to_e4m3(t, scale), scale
+
+
+def quantize_normed_e4m3(x: Tensor) -> tuple[Tensor, float]:
+    """quantize_e4m3 of an RMS-normalized x (no weights): its elements are bounded by √d."""
+    return quantize_e4m3(x, x.size(-1) ** 0.5)
+
+
+@dataclass
+class MLPBankFP8:
+    """The MLP bank (L, 2, hidden, d) in e4m3, each layer's fc and proj with its own scale."""
+    fc: Tensor  # (L, hidden, d)
+    proj_t: Tensor  # (L, d, hidden): proj transposed, so proj_t[i].t() is the column-major operand cuBLAS takes
+    scales: Tensor  # (L, 2, 4) fp32: [i, 0, 0] fc's, [i, 1, 0] proj's; 16 bytes apart, as cuBLASLt wants
+
+    @classmethod
+    def quantize(cls, bank: Tensor) -> "MLPBankFP8":
+        bank = bank.detach()
+        q, scale = quantize_e4m3(bank, bank.abs().amax(dim=(2, 3), keepdim=True))
+        return cls(q[:, 0], q[:, 1].transpose(1, 2).contiguous(), F.pad(scale.view(-1, 2, 1), (0, 3)))
+
+
+def fp8_relu_square_mlp_reference(x: Tensor, fc: Tensor, proj: Tensor, post_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """(out, amax of post): the FP8 MLP forward's arithmetic in fp32 on the e4m3 values; x RMS-normalized."""
+    x8, x_scale = quantize_normed_e4m3(x)
+    fc8, fc_scale = quantize_e4m3(fc, fc.abs().amax())
+    proj8, proj_scale = quantize_e4m3(proj, proj.abs().amax())
+    post = torch.relu((x8.float() @ fc8.float().t()) * (x_scale * fc_scale)).square()
+    post8 = (post / post_scale).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    out = (post8.float() @ proj8.float()) * (post_scale * proj_scale)
+    return out.bfloat16(), post.amax().view(1)
+
+
+# The down-projection as a custom op: inductor's own lowering of _scaled_mm rejects the per-layer
+# scale views. The up-projection's Triton launch is traced, as relu_square_matmul's.
+@torch.library.custom_op("speedrun::fp8_down_projection", mutates_args=())
+def fp8_down_projection(post8: Tensor, post_scale: Tensor, proj8_t: Tensor, proj_scale: Tensor) -> Tensor:
+    """post8·proj in bf16: post8 (M, hidden) e4m3 at post_scale, proj given transposed (d, hidden) in
+    e4m3 at proj_scale."""
+    return torch._scaled_mm(post8, proj8_t.t(), scale_a=post_scale, scale_b=proj_scale,
+                            out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
+@fp8_down_projection.register_fake
+def _fp8_down_projection_fake(post8, post_scale, proj8_t, proj_scale):
+    return post8.new_empty((post8.size(0), proj8_t.size(0)), dtype=torch.bfloat16)
+
+
+def fp8_relu_square_mlp_forward(x8: Tensor, fc8: Tensor, product_scale: Tensor, post_scale: Tensor,
+                                proj8_t: Tensor, proj_scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, post, amax of post): post = relu(product_scale·x8·fc8ᵀ)² in bf16 (the backward's),
+    out = (post in e4m3 at post_scale)·proj in bf16, proj given transposed in e4m3 at proj_scale."""
+    post, post8, amax = relu_square_fp8_gemm(x8, fc8, product_scale, post_scale)
+    return fp8_down_projection(post8, post_scale, proj8_t, proj_scale), post, amax
+
+
+class FP8ReluSquareMLP(torch.autograd.Function):
+    """relu_square_mlp's function with an e4m3 forward (see above); the backward is ReluSquareMLP's."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, fc: Tensor, proj: Tensor, fc8: Tensor, proj8_t: Tensor, fc_scale: Tensor,
+                proj_scale: Tensor, post_scale: Tensor):
+        x8, x_scale = quantize_normed_e4m3(x)
+        out, post, amax = fp8_relu_square_mlp_forward(x8, fc8, x_scale * fc_scale, post_scale, proj8_t, proj_scale)
+        ctx.save_for_backward(x, fc, proj, post)
+        ctx.mark_non_differentiable(amax)
+        return out, amax
+
+    @staticmethod
+    def backward(ctx, grad: Tensor, _amax_grad):
+        return *relu_square_mlp_backward(grad, *ctx.saved_tensors, True), None, None, None, None, None
+
+
+def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, layer: int,
+                        post_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """(out, amax of post) of layer `layer`'s MLP with the e4m3 forward; x RMS-normalized (norm), fc
+    and proj the bf16 weights the backward reads, post_scale a one-element fp32 tensor of its own
+    (16-byte aligned)."""
+    return FP8ReluSquareMLP.apply(x, fc, proj, bank8.fc[layer], bank8.proj_t[layer], bank8.scales[layer, 0, 0],
+                                  bank8.scales[layer, 1, 0], post_scale)
+
+
+# --- FP8 Q/K/V projections (T6.3) ----------------------------------------------------------------------
+# The attention input is RMS-normalized, so it takes the MLP's static e4m3 scale; each layer's Q, K
+# and V rows are quantized once per forward with one scale per layer. cuBLAS multiplies (fast
+# accumulation, as the lm_head's forward); the backward is the bf16 product's, from the bf16 input
+# and weight it saves.
+@dataclass
+class QKVBankFP8:
+    """Each attention slot's (3d, d) Q, K, V weights in e4m3 and their scales (slots,) fp32."""
+    weights: Tensor
+    scales: Tensor
+
+    @classmethod
+    def quantize(cls, qk_bank: Tensor, vo_bank: Tensor) -> "QKVBankFP8":
+        slots, d = vo_bank.size(0) // 2, vo_bank.size(-1)
+        w = torch.cat([qk_bank.detach().view(slots, -1, d), vo_bank.detach().view(slots, 2, d, d)[:, 0]], 1)
+        w8, scale = quantize_e4m3(w, w.abs().amax(dim=(1, 2), keepdim=True))
+        return cls(w8, scale.view(slots))
+
+
+def fp8_normed_linear_reference(x: Tensor, w8: Tensor, w_scale: Tensor) -> Tensor:
+    """fp8_normed_linear's forward in fp32 on the e4m3 values: x RMS-normalized, w ≈ w8·w_scale."""
+    x8, x_scale = quantize_normed_e4m3(x)
+    return ((x8.float() @ w8.float().t()) * (x_scale * w_scale)).bfloat16()
+
+
+class FP8NormedLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, w8: Tensor, w_scale: Tensor):
+        x8, x_scale = quantize_normed_e4m3(x)
+        ctx.save_for_backward(x, w)
+        one = torch.ones((), dtype=torch.float32, device=x.device)
+        return torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=(w_scale * x_scale).float().reshape(()),
+                                out_dtype=torch.bfloat16, use_fast_accum=True)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, w = ctx.saved_tensors
+        return grad @ w, grad.t() @ x, None, None
+
+
+def fp8_normed_linear(x: Tensor, w: Tensor, w8: Tensor, w_scale: Tensor) -> Tensor:
+    """x @ wᵀ (bf16) for an RMS-normalized x (T, d), with the forward in e4m3: w8 ≈ w / w_scale
+    (0-d fp32); the gradients are those of x @ wᵀ in bf16."""
+    return FP8NormedLinear.apply(x, w, w8, w_scale)
+
+
+# --- Embedding lookups with fp32-accumulated gradients (T3.3, T3.4; issue #25) ----------------------
+# The backward of table[ids] adds each token's gradient row into the table's gradient with atomic
+# adds in the table's dtype: in bf16 every add rounds, and the most frequent tokens are hit thousands
+# of times a step. Here the rows are summed per id in fp32 and rounded to bf16 once. The fast path
+# sorts the ids so that the fp32 sums need a (tokens, d) buffer, not a table-sized one: static shapes,
+# one stable sort, one fp32 index_add and one scatter of the rounded sums.
+
+
+def embedding_grad_reference(grad: Tensor, ids: Tensor, rows: int) -> Tensor:
+    """The table gradient (rows, d) of table[ids]: grad's rows summed per id in fp32, rounded once."""
+    total = torch.zeros(rows, grad.size(-1), dtype=torch.float32, device=grad.device)
+    return total.index_add_(0, ids, grad.float()).to(grad.dtype)
+
+
+def embedding_grad_sorted(grad: Tensor, ids: Tensor, rows: int) -> Tensor:
+    """embedding_grad_reference's function with fp32 sums over the T tokens only: ids sorted, each
+    run of equal ids summed into its first position, the rounded sum scattered to the table row."""
+    order = torch.argsort(ids, stable=True)
+    sorted_ids = ids[order]
+    positions = torch.arange(ids.numel(), device=ids.device)
+    first = torch.ones_like(sorted_ids, dtype=torch.bool)
+    first[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    run_start = torch.cummax(torch.where(first, positions, 0), 0).values  # first position of each id's run
+    sums = torch.zeros(grad.shape, dtype=torch.float32, device=grad.device)
+    sums.index_add_(0, run_start, grad[order].float())
+    table = grad.new_zeros((rows, grad.size(-1)))
+    return table.index_put_((sorted_ids,), sums[run_start].to(grad.dtype))  # a run's rows all write its sum
+
+
+class EmbeddingLookup(torch.autograd.Function):
+    """table[ids] whose backward sums the gradient rows per id in fp32 (embedding_grad_sorted)."""
+
+    @staticmethod
+    def forward(ctx, table: Tensor, ids: Tensor):
+        ctx.save_for_backward(ids)
+        ctx.rows = table.size(0)
+        return table[ids]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        ids, = ctx.saved_tensors
+        return embedding_grad_sorted(grad.contiguous(), ids, ctx.rows), None
+
+
+def embedding_lookup(table: Tensor, ids: Tensor, fp32_grad: bool) -> Tensor:
+    """table[ids] (ids 1-D); with fp32_grad its gradient rows are summed per id in fp32."""
+    return EmbeddingLookup.apply(table, ids) if fp32_grad else table[ids]
+
+
+# --- Lightweight DC-MHA (T3.17) -----------------------------------------------------------------------
+
+def dc_mha_torch(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor,
+                 window: int = DC_WINDOW) -> Tensor:
+    """dc_mha in plain torch (the kernels' reference). Blocked: each block of `window` queries sees
+    its own and the previous block of keys, so memory and work are O(T·window), not O(T²)."""
+    T, H, D = q.shape
+    n = -(-T // window)
+    pad = n * window - T
+
+    def blocks(t: Tensor) -> Tensor:  # (T, H, C) -> (n, H, window, C)
+        return F.pad(t, (0, 0, 0, 0, 0, pad)).view(n, window, H, t.size(-1)).transpose(1, 2)
+
+    def with_previous(t: Tensor) -> Tensor:  # (n, ..., window, D) -> (n, ..., 2·window, D)
+        return torch.cat([torch.cat([torch.zeros_like(t[:1]), t[:-1]]), t], dim=-2)
+
+    positions = torch.arange(n * window, device=q.device).view(n, window)
+    docs = F.pad(doc_ids, (0, pad), value=-1).view(n, window)  # padding: a document of its own
+    key_positions = torch.cat([positions - window, positions], 1)
+    key_docs = torch.cat([torch.cat([torch.full_like(docs[:1], -2), docs[:-1]]), docs], 1)
+    distance = positions[:, :, None] - key_positions[:, None, :]
+    visible = (distance >= 0) & (distance < window) & (docs[:, :, None] == key_docs[:, None, :])
+    scores = (blocks(q) @ with_previous(blocks(k)).mT).float().masked_fill(~visible[:, None], float("-inf"))
+    mix = (scores.softmax(-1) * blocks(w1[..., None])).sum(1, keepdim=True)  # (n, 1, window, 2·window)
+    out = (mix.to(v.dtype) @ with_previous(blocks(v))) * blocks(w2[..., None])
+    return out.transpose(1, 2).reshape(n * window, H, D)[:T]
+
+
+# Lightweight DC-MHA (#85, T3.17) as Triton kernels. A program takes BLOCK queries; they see
+# three key tiles of BLOCK keys (the two previous blocks and their own), enough for windows up to
+# 2·BLOCK + 1 keys. Forward: per head the softmax normalizer over the three tiles (online), then the
+# probabilities mixed over the heads by w1 into a (kept in bf16 for the backward), then o_h = a·V_h.
+# Backward: per query block da = Σ_h dO_h·V_hᵀ (through an fp32 scratch buffer), dw1_h = Σ_s p_h·da,
+# dS_h = w1_h·p_h·(da − dw1_h) (kept in bf16) and dq_h; then per key tile dk_h = Σ dS_hᵀ·q_h and
+# dv_h = Σ aᵀ·dO_h over the three query blocks that see it, so every gradient has one writer
+# (deterministic, no atomics). Scores are recomputed rather than held, and da is reloaded per tile
+# (ptxas: the backward-query kernel spills 12 bytes instead of 1.1 KB with da held in registers).
+# Tile j of query block i holds the keys of block i + j − 2; a, da and dS are kept as (rows, 3·BLOCK),
+# column j·BLOCK + c for key c of tile j.
+if triton is not None:
+    @triton.jit
+    def _dc_load_head(ptr, rows, h, H: tl.constexpr, D: tl.constexpr, T, UPCAST: tl.constexpr):
+        # rows of head h from a contiguous (T, H, D) tensor, zeros outside [0, T)
+        ok = (rows >= 0) & (rows < T)
+        t = tl.load(ptr + (rows[:, None] * H + h) * D + tl.arange(0, D)[None, :], mask=ok[:, None], other=0.0)
+        return t.to(tl.float32) if UPCAST else t
+
+    @triton.jit
+    def _dc_store_head(ptr, value, rows, h, H: tl.constexpr, D: tl.constexpr, T, UPCAST: tl.constexpr):
+        offs = (rows[:, None] * H + h) * D + tl.arange(0, D)[None, :]
+        tl.store(ptr + offs, _to_dtype(value, ptr.dtype.element_ty, UPCAST), mask=(rows < T)[:, None])
+
+    @triton.jit
+    def _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys, h, T, H: tl.constexpr, D: tl.constexpr,
+                   WINDOW: tl.constexpr, UPCAST: tl.constexpr):
+        # (BLOCK, BLOCK) scores of one key tile; −inf where the key is not in the query's document
+        # among its last WINDOW positions (rows past T carry document −1 and see nothing)
+        key_ok = (keys >= 0) & (keys < T)
+        doc_k = tl.load(docs_ptr + keys, mask=key_ok, other=-2)
+        distance = rows[:, None] - keys[None, :]
+        visible = (doc_q[:, None] == doc_k[None, :]) & (distance >= 0) & (distance < WINDOW)
+        s = tl.dot(q, tl.trans(_dc_load_head(k_ptr, keys, h, H, D, T, UPCAST)))
+        return tl.where(visible, s, float("-inf"))
+
+    @triton.jit
+    def _dc_operand(t, dtype: tl.constexpr, UPCAST: tl.constexpr):
+        # a tile rounded to the storage dtype as the GPU's dot sees it (fp32 again in the interpreter)
+        t = _to_dtype(t, dtype, UPCAST)
+        return t.to(tl.float32) if UPCAST else t
+
+    @triton.jit
+    def _dc_forward_kernel(q_ptr, k_ptr, v_ptr, docs_ptr, w1_ptr, o_ptr, lse_ptr, a_ptr, T,
+                           H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
+                           UPCAST: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK)
+        row_ok = rows < T
+        doc_q = tl.load(docs_ptr + rows, mask=row_ok, other=-1)
+        keys0, keys1, keys2 = rows - 2 * BLOCK, rows - BLOCK, rows
+        a0 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        a1 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        a2 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        for h in range(H):
+            q = _dc_load_head(q_ptr, rows, h, H, D, T, UPCAST)
+            s = _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys0, h, T, H, D, WINDOW, UPCAST)
+            m = tl.maximum(tl.max(s, 1), -1e30)  # finite: rows that see nothing get total 0
+            total = tl.sum(tl.exp(s - m[:, None]), 1)
+            s = _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys1, h, T, H, D, WINDOW, UPCAST)
+            m_new = tl.maximum(m, tl.max(s, 1))
+            total = total * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), 1)
+            s = _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys2, h, T, H, D, WINDOW, UPCAST)
+            m = tl.maximum(m_new, tl.max(s, 1))
+            total = total * tl.exp(m_new - m) + tl.sum(tl.exp(s - m[:, None]), 1)
+            total = tl.where(total > 0, total, 1.0)
+            lse = m + tl.log(total)
+            tl.store(lse_ptr + rows * H + h, lse, mask=row_ok)
+            weight = tl.load(w1_ptr + rows * H + h, mask=row_ok, other=0.0)[:, None]
+            lse = lse[:, None]
+            a0 += weight * tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys0, h, T, H, D, WINDOW, UPCAST) - lse)
+            a1 += weight * tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys1, h, T, H, D, WINDOW, UPCAST) - lse)
+            a2 += weight * tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys2, h, T, H, D, WINDOW, UPCAST) - lse)
+        a_rows = a_ptr + rows[:, None] * (3 * BLOCK) + cols[None, :]
+        a0 = _dc_operand(a0, a_ptr.dtype.element_ty, UPCAST)
+        a1 = _dc_operand(a1, a_ptr.dtype.element_ty, UPCAST)
+        a2 = _dc_operand(a2, a_ptr.dtype.element_ty, UPCAST)
+        tl.store(a_rows, a0.to(a_ptr.dtype.element_ty))
+        tl.store(a_rows + BLOCK, a1.to(a_ptr.dtype.element_ty))
+        tl.store(a_rows + 2 * BLOCK, a2.to(a_ptr.dtype.element_ty))
+        for h in range(H):
+            o = tl.dot(a0, _dc_load_head(v_ptr, keys0, h, H, D, T, UPCAST))
+            o = tl.dot(a1, _dc_load_head(v_ptr, keys1, h, H, D, T, UPCAST), o)
+            o = tl.dot(a2, _dc_load_head(v_ptr, keys2, h, H, D, T, UPCAST), o)
+            _dc_store_head(o_ptr, o, rows, h, H, D, T, UPCAST)
+
+    @triton.jit
+    def _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys, h, lse, T, H: tl.constexpr, D: tl.constexpr,
+                  WINDOW: tl.constexpr, UPCAST: tl.constexpr):
+        return tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys, h, T, H, D, WINDOW, UPCAST) - lse)
+
+    @triton.jit
+    def _dc_backward_query_kernel(q_ptr, k_ptr, v_ptr, docs_ptr, w1_ptr, lse_ptr, do_ptr, dq_ptr, dw1_ptr,
+                                  da_ptr, ds_ptr, T, T_pad, H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                                  WINDOW: tl.constexpr, UPCAST: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK)
+        row_ok = rows < T
+        doc_q = tl.load(docs_ptr + rows, mask=row_ok, other=-1)
+        # dL/da per key tile, through a scratch buffer (L2-resident) rather than held in registers
+        da_rows = da_ptr + rows[:, None] * (3 * BLOCK) + cols[None, :]
+        for tile in tl.static_range(3):
+            da = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+            for h in range(H):
+                v = _dc_load_head(v_ptr, rows + (tile - 2) * BLOCK, h, H, D, T, UPCAST)
+                da = tl.dot(_dc_load_head(do_ptr, rows, h, H, D, T, UPCAST), tl.trans(v), da)
+            tl.store(da_rows + tile * BLOCK, da)
+        tl.debug_barrier()
+        ds_type: tl.constexpr = ds_ptr.dtype.element_ty
+        for h in range(H):
+            q = _dc_load_head(q_ptr, rows, h, H, D, T, UPCAST)
+            lse = tl.load(lse_ptr + rows * H + h, mask=row_ok, other=0.0)[:, None]
+            dw1 = tl.zeros((BLOCK,), dtype=tl.float32)
+            for j in range(3):
+                keys = rows + (j - 2) * BLOCK
+                p = _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys, h, lse, T, H, D, WINDOW, UPCAST)
+                dw1 += tl.sum(p * tl.load(da_rows + j * BLOCK), 1)
+            tl.store(dw1_ptr + rows * H + h, dw1, mask=row_ok)
+            w1 = tl.load(w1_ptr + rows * H + h, mask=row_ok, other=0.0)[:, None]
+            ds_rows = ds_ptr + (h * T_pad + rows)[:, None] * (3 * BLOCK) + cols[None, :]
+            dq = tl.zeros((BLOCK, D), dtype=tl.float32)
+            for j in range(3):
+                keys = rows + (j - 2) * BLOCK
+                p = _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys, h, lse, T, H, D, WINDOW, UPCAST)
+                ds = _dc_operand(w1 * p * (tl.load(da_rows + j * BLOCK) - dw1[:, None]), ds_type, UPCAST)
+                tl.store(ds_rows + j * BLOCK, ds.to(ds_type))
+                dq = tl.dot(ds, _dc_load_head(k_ptr, keys, h, H, D, T, UPCAST), dq)
+            _dc_store_head(dq_ptr, dq, rows, h, H, D, T, UPCAST)
+
+    @triton.jit
+    def _dc_backward_key_kernel(q_ptr, do_ptr, a_ptr, ds_ptr, dk_ptr, dv_ptr, T, T_pad, H: tl.constexpr,
+                                D: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr):
+        keys = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK)
+        for h in range(H):
+            dk = tl.zeros((BLOCK, D), dtype=tl.float32)
+            dv = tl.zeros((BLOCK, D), dtype=tl.float32)
+            for j in tl.static_range(3):
+                rows = keys + (2 - j) * BLOCK  # the query block that holds these keys as its tile j
+                in_pad = (rows < T_pad)[:, None]
+                tile = j * BLOCK + cols[None, :]
+                ds = tl.load(ds_ptr + (h * T_pad + rows)[:, None] * (3 * BLOCK) + tile, mask=in_pad, other=0.0)
+                a = tl.load(a_ptr + rows[:, None] * (3 * BLOCK) + tile, mask=in_pad, other=0.0)
+                if UPCAST:
+                    ds, a = ds.to(tl.float32), a.to(tl.float32)
+                dk = tl.dot(tl.trans(ds), _dc_load_head(q_ptr, rows, h, H, D, T, UPCAST), dk)
+                dv = tl.dot(tl.trans(a), _dc_load_head(do_ptr, rows, h, H, D, T, UPCAST), dv)
+            _dc_store_head(dk_ptr, dk, keys, h, H, D, T, UPCAST)
+            _dc_store_head(dv_ptr, dv, keys, h, H, D, T, UPCAST)
+
+
+DC_BLOCK = 64  # queries per program and keys per tile: windows up to 129 keys
+# Launch options per kernel. No software pipelining of the head loops: Triton would multi-buffer
+# every tile load they issue, 344-515 KB of shared memory against Hopper's 227 KB per block (tests
+# compile them for sm_90). Warps: the faster of 4 and 8 per kernel on an H100 at 49,152 tokens
+# (bench/bench_arch.py --dc-warps 4,8: forward 0.41 vs 0.48 ms at 8, backward-query 0.57 vs 0.77 ms
+# and backward-key 0.22 vs 0.30 ms at 4).
+DC_LAUNCH = {"forward": dict(num_warps=8, num_stages=1), "backward_query": dict(num_warps=4, num_stages=1),
+             "backward_key": dict(num_warps=4, num_stages=1)}
+
+
+def _dc_padded_tokens(T: int, block: int) -> int:
+    """Rows of the kernels' (T_pad, 3·block) buffers: T rounded up to whole query blocks."""
+    return -(-T // block) * block
+
+
+def _dc_fits_int32(T: int, H: int, D: int, block: int) -> bool:
+    """q/k/v (T, H, D) and dS (H, T_pad, 3·block) below 2^31 elements."""
+    return max(T * H * D, H * _dc_padded_tokens(T, block) * 3 * block) < 2**31
+
+
+def _dc_launch(q: Tensor, block: int) -> tuple[int, int, int, int, int]:
+    T, H, D = q.shape
+    if not _dc_fits_int32(T, H, D, block):
+        raise ValueError(f"DC-MHA kernels index with int32: {T} tokens x {H} heads x {D} is too many")
+    T_pad = _dc_padded_tokens(T, block)
+    return T, H, D, T_pad // block, T_pad
+
+
+@torch.library.custom_op("speedrun::dc_mha_forward", mutates_args=())
+def dc_mha_forward(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, window: int,
+                   block: int) -> tuple[Tensor, Tensor, Tensor]:
+    """o (T, H, D) = a·V_h per head, the softmax normalizers lse (T, H) fp32 and the head mix a
+    (T_pad, 3·block); q, k, v contiguous (T, H, D), w1 (T, H) fp32."""
+    T, H, D, n, T_pad = _dc_launch(q, block)
+    o, lse = torch.empty_like(q), q.new_empty((T, H), dtype=torch.float32)
+    a = q.new_empty((T_pad, 3 * block))
+    _dc_forward_kernel[(n,)](q, k, v, doc_ids, w1, o, lse, a, T, H=H, D=D, BLOCK=block, WINDOW=window,
+                             UPCAST=TRITON_INTERPRETER, **DC_LAUNCH["forward"])
+    return o, lse, a
+
+
+@dc_mha_forward.register_fake
+def _dc_mha_forward_fake(q, k, v, doc_ids, w1, window, block):
+    return (torch.empty_like(q), q.new_empty((q.size(0), q.size(1)), dtype=torch.float32),
+            q.new_empty((_dc_padded_tokens(q.size(0), block), 3 * block)))
+
+
+@torch.library.custom_op("speedrun::dc_mha_backward", mutates_args=())
+def dc_mha_backward(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, lse: Tensor, a: Tensor,
+                    grad_o: Tensor, window: int, block: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv (T, H, D) and dw1 (T, H) fp32 of dc_mha_forward's o, given grad_o (contiguous)."""
+    T, H, D, n, T_pad = _dc_launch(q, block)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dw1 = torch.empty_like(w1)
+    da, ds = q.new_empty((T_pad, 3 * block), dtype=torch.float32), q.new_empty((H, T_pad, 3 * block))
+    _dc_backward_query_kernel[(n,)](q, k, v, doc_ids, w1, lse, grad_o, dq, dw1, da, ds, T, T_pad, H=H, D=D,
+                                    BLOCK=block, WINDOW=window, UPCAST=TRITON_INTERPRETER,
+                                    **DC_LAUNCH["backward_query"])
+    _dc_backward_key_kernel[(n,)](q, grad_o, a, ds, dk, dv, T, T_pad, H=H, D=D, BLOCK=block,
+                                  UPCAST=TRITON_INTERPRETER, **DC_LAUNCH["backward_key"])
+    return dq, dk, dv, dw1
+
+
+@dc_mha_backward.register_fake
+def _dc_mha_backward_fake(q, k, v, doc_ids, w1, lse, a, grad_o, window, block):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w1)
+
+
+class DCMHAKernel(torch.autograd.Function):
+    """o_h(t) = Σ_s (Σ_g w1[t,g]·p_g(t,s))·v_h(s) with the Triton kernels (dc_mha multiplies by w2)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, window: int, block: int):
+        q, k, v, w1_32 = q.contiguous(), k.contiguous(), v.contiguous(), w1.float().contiguous()
+        o, lse, a = dc_mha_forward(q, k, v, doc_ids, w1_32, window, block)
+        ctx.save_for_backward(q, k, v, doc_ids, w1_32, lse, a)
+        ctx.window, ctx.block, ctx.w1_dtype = window, block, w1.dtype
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o: Tensor):
+        q, k, v, doc_ids, w1_32, lse, a = ctx.saved_tensors
+        dq, dk, dv, dw1 = dc_mha_backward(q, k, v, doc_ids, w1_32, lse, a, grad_o.contiguous(), ctx.window, ctx.block)
+        return dq, dk, dv, None, dw1.to(ctx.w1_dtype), None, None
+
+
+def dc_mha_kernel_supports(q: Tensor, window: int, block: int = DC_BLOCK) -> bool:
+    """Whether the Triton DC-MHA kernels take these inputs: Triton, head_dim a power of two ≥ 16,
+    windows up to 2·block + 1 keys, tensors they can index with int32."""
+    T, H, D = q.shape
+    return (triton is not None and D >= 16 and D & (D - 1) == 0 and 1 <= window <= 2 * block + 1
+            and _dc_fits_int32(T, H, D, block))
+
+
+def dc_mha(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor, window: int = DC_WINDOW,
+           use_triton: bool | None = None) -> Tensor:
+    """Lightweight DC-MHA (#85, T3.17): the heads' softmax patterns over the last `window` keys
+    of the query's document, mixed across heads by w1 (T, H) and applied to every head's values,
+    scaled by w2 (T, H): out_h(t) = w2[t,h]·Σ_s (Σ_g w1[t,g]·p_g(t,s))·v_h(s). q (T, H, D) carries
+    the softmax scale. The Triton kernels where use_triton (default: on CUDA, where they apply),
+    else dc_mha_torch."""
+    if use_triton is None:
+        use_triton = triton_applies(q) and dc_mha_kernel_supports(q, window)
+    if use_triton:
+        return DCMHAKernel.apply(q, k, v, doc_ids, w1, window, DC_BLOCK) * w2[..., None]
+    return dc_mha_torch(q, k, v, doc_ids, w1, w2, window)
+
+
+# --- FlashAttention-4 (Dao-AILab/flash-attention, flash_attn/cute) as custom ops -----------------
+# FA4's CuTe-DSL kernels are JIT-compiled on first use by an autograd.Function dynamo cannot trace;
+# as two custom ops (forward, and backward through FA4's own backward from the saved output and
+# log-sum-exp) they stay opaque to torch.compile, which keeps one graph.
+def _fa4_window_size(window: int) -> tuple[int | None, int]:
+    """FA4's window_size for keys at most `window` back. Unbounded is a left size of None: FA4
+    reads a negative one with a right size of 0 as a local window, unlike FA3 and torch."""
+    return (None if window == NO_WINDOW else window), 0
+
+
+@torch.library.custom_op("speedrun::fa4_varlen_attention", mutates_args=())
+def fa4_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int,
+                         window: int) -> tuple[Tensor, Tensor]:
+    """(out (S, H, D), lse (H, S) fp32) of attend's attention with FA4; q already scaled. FA4's
+    forward itself, as the backward below: its public function adds an autograd.Function (host
+    time per call) whose graph this op replaces."""
+    left, right = _fa4_window_size(window)
+    out, lse, *_ = fa4_interface._flash_attn_fwd(
+        q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
+        max_seqlen_k=max_seqlen, softmax_scale=1.0, causal=True, window_size_left=left,
+        window_size_right=right, return_lse=True)
+    return out, lse
+
+
+@fa4_varlen_attention.register_fake
+def _fa4_varlen_attention_fake(q, k, v, cu_seqlens, max_seqlen, window):
+    S, H = q.shape[:2]
+    return q.new_empty((S, H, v.size(-1))), q.new_empty((H, S), dtype=torch.float32)
+
+
+@torch.library.custom_op("speedrun::fa4_varlen_attention_backward", mutates_args=())
+def fa4_varlen_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                                  cu_seqlens: Tensor, max_seqlen: int, window: int) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of fa4_varlen_attention's out, given grad_out."""
+    left, right = _fa4_window_size(window)
+    dq, dk, dv = fa4_interface._flash_attn_bwd(
+        q, k, v, out, grad_out, lse, softmax_scale=1.0, causal=True, window_size_left=left,
+        window_size_right=right, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
+        max_seqlen_k=max_seqlen)
+    return dq, dk, dv
+
+
+@fa4_varlen_attention_backward.register_fake
+def _fa4_varlen_attention_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, window):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _fa4_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens, max_seqlen, window = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens)
+    ctx.max_seqlen, ctx.window = max_seqlen, window
+
+
+def _fa4_backward(ctx, grad_out: Tensor, _grad_lse: Tensor):
+    q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
+    dq, dk, dv = fa4_varlen_attention_backward(grad_out, q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, ctx.window)
+    return dq, dk, dv, None, None, None
+
+
+fa4_varlen_attention.register_autograd(_fa4_backward, setup_context=_fa4_setup_context)
+
+
+if __name__ == "__main__":
+    main()
