@@ -388,8 +388,9 @@ def test_prefix_loss_adds_the_weighted_prefix_term():
 
 
 def test_prefix_weight_schedule():
-    """0.25 in stage 1, 0.25 -> 0 over stage 2, then no prefix column (the plan's last target weight)."""
-    plan = T.Schedule(T.ScheduleConfig.from_hyperparameters(T.Hyperparameters())).plan
+    """0.25 in stage 1, 0.25 -> 0 over stage 2, then no prefix column (the plan's last target weight);
+    at RECIPE's 1270 scheduled steps, where stage 2 is steps 423-846."""
+    plan = T.Schedule(T.ScheduleConfig.from_hyperparameters(T.Hyperparameters(num_scheduled_iterations=1270))).plan
     prefix = lambda step: plan(step).target_weights[-1] if plan(step).shape.prefix_target else None  # noqa: E731
     assert prefix(0) == 0.25 and prefix(422) == 0.25 and prefix(423) == 0.25
     assert abs(prefix(635) - 0.125) < 1e-12 and 0 < prefix(846) < 1e-3
