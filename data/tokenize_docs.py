@@ -3,10 +3,15 @@
 Inputs are .txt files (one document each), .jsonl files (one JSON object per line, the text in
 --text-field; blank lines are skipped) and folders, searched recursively for both kinds in sorted
 path order. Every document is preceded by <|endoftext|> (50256, acting as BOS); there is no EOS.
-The token stream is cut into consecutive slices, so documents may straddle shards: the first
---val-tokens + 1 tokens go to <prefix>_val_000000.bin (the extra token is the last target of
-train_gpt.py's VAL_TOKENS=--val-tokens), the rest to <prefix>_train_000001.bin,
-<prefix>_train_000002.bin, ... of --shard-tokens tokens each. The output does not depend on --workers.
+<prefix>_val_000000.bin holds a seeded random sample (--seed) of whole documents drawn from all the
+inputs, in the sample's order, cut at exactly --val-tokens + 1 tokens (the extra token is the last
+target of train_gpt.py's VAL_TOKENS=--val-tokens): only its last document is truncated, and the rest
+of that document is dropped, so no val text is in train. The other documents, in input order, are
+cut into consecutive slices <prefix>_train_000001.bin, <prefix>_train_000002.bin, ... of
+--shard-tokens tokens each, so documents may straddle train shards. The tokens first go to a
+temporary file in the output folder (2 bytes per token), removed at the end. The output depends on
+--seed, not on --workers. A corpus too small to leave any train tokens is an error, and a failed run
+leaves no shards (and no folder it created) behind.
 GPT-2's BPE files come from --bpe-dir (default data/gpt2, kept in the repository), checked against
 their known sha256; nothing is downloaded.
 """
@@ -33,6 +38,7 @@ GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\
 SUFFIXES = (".txt", ".jsonl")
 DEFAULT_VAL_TOKENS = 10_485_760  # train_gpt.py's default VAL_TOKENS (10 * 2**20)
 DEFAULT_SHARD_TOKENS = 100_000_000
+DEFAULT_SEED = 1337
 BATCH_PER_WORKER = 64  # documents in flight per worker; bounds memory on huge inputs
 
 ENCODING = None  # per process, set by init_worker
@@ -135,40 +141,33 @@ def encode_stream(items, workers, bpe_dir, text_field):
 
 
 class ShardWriter:
-    """Cuts the token stream into consecutive shards: the val shard first, then train shards."""
+    """Cuts a token stream into consecutive train shards of shard_tokens tokens."""
 
-    def __init__(self, out_dir, prefix, val_tokens, shard_tokens):
+    def __init__(self, out_dir, prefix, shard_tokens):
         self.out_dir, self.prefix, self.shard_tokens = out_dir, prefix, shard_tokens
-        # size of the val shard still to be written (0 once it is written): VAL_TOKENS=val_tokens
-        # predicts val_tokens targets, the last of which is token val_tokens + 1
-        self.val_size = val_tokens + 1 if val_tokens else 0
-        self.buffer = np.empty(max(self.val_size, shard_tokens), dtype=np.uint16)
+        self.buffer = np.empty(shard_tokens, dtype=np.uint16)
         self.fill = 0
         self.train_shards = 0
         self.written = []  # (path, number of tokens)
 
-    def capacity(self):
-        return self.val_size or self.shard_tokens
-
     def add(self, tokens):
         while tokens.size:
-            take = min(tokens.size, self.capacity() - self.fill)
+            take = min(tokens.size, self.shard_tokens - self.fill)
             self.buffer[self.fill:self.fill + take] = tokens[:take]
             self.fill += take
             tokens = tokens[take:]
-            if self.fill == self.capacity():
+            if self.fill == self.shard_tokens:
                 self.flush()
 
     def flush(self):
-        if self.val_size:
-            name, self.val_size = f"{self.prefix}_val_000000.bin", 0
-        else:
-            self.train_shards += 1
-            name = f"{self.prefix}_train_{self.train_shards:06d}.bin"
-        path = os.path.join(self.out_dir, name)
-        shards.write_shard(path, self.buffer[:self.fill])
-        self.written.append((path, self.fill))
+        self.train_shards += 1
+        self.write(f"{self.prefix}_train_{self.train_shards:06d}.bin", self.buffer[:self.fill])
         self.fill = 0
+
+    def write(self, name, tokens):
+        path = os.path.join(self.out_dir, name)
+        shards.write_shard(path, tokens)
+        self.written.append((path, tokens.size))
 
     def close(self):
         if self.fill:
@@ -177,6 +176,70 @@ class ShardWriter:
     def discard(self):
         for path, _ in self.written:
             os.remove(path)
+
+
+class TokenSpool:
+    """The documents' tokens (BOS included) in input order, in a temporary file; lengths[i] is document i's."""
+
+    def __init__(self, path):
+        self.path, self.lengths = path, []
+        self.file = open(path, "wb")
+
+    def add(self, tokens):
+        self.file.write(tokens.astype("<u2", copy=False).tobytes())
+        self.lengths.append(tokens.size)
+
+    def tokens(self):
+        """All tokens as a read-only array on the file, and each document's offset into it."""
+        self.file.close()
+        offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=offsets[1:])
+        return np.memmap(self.path, dtype="<u2", mode="r", shape=(int(offsets[-1]),)), offsets
+
+    def remove(self):
+        self.file.close()
+        if os.path.exists(self.path):
+            os.remove(self.path)
+
+
+def val_sample(lengths, val_size, seed):
+    """Indices of the val documents: a seeded random order of all documents, taken until they hold
+    val_size tokens (the last one is then cut); empty when val_size is 0. The order stays the same
+    across numpy versions (RandomState's stream is frozen)."""
+    if not val_size:
+        return np.zeros(0, dtype=np.int64)
+    order = np.random.RandomState(seed).permutation(len(lengths))
+    needed = int(np.searchsorted(np.cumsum(np.asarray(lengths)[order]), val_size)) + 1
+    return order[:needed]
+
+
+def train_runs(ndocs, val_docs):
+    """(first, end) ranges of consecutive documents not in val_docs, in input order."""
+    runs, first = [], 0
+    for i in sorted(int(i) for i in val_docs):
+        if i > first:
+            runs.append((first, i))
+        first = i + 1
+    return runs + ([(first, ndocs)] if first < ndocs else [])
+
+
+def write_splits(writer, spool, val_size, seed):
+    """Write the val sample's shard, then the other documents as train shards."""
+    tokens, offsets = spool.tokens()
+    val_docs = val_sample(spool.lengths, val_size, seed)
+    runs = train_runs(len(spool.lengths), val_docs)
+    if not runs:
+        total = int(offsets[-1])
+        raise InputError(f"the corpus ({total:,} tokens in {len(spool.lengths):,} documents) is too small: the val "
+                         f"sample (--val-tokens {val_size - 1:,} + 1) takes every document and leaves no train shard; "
+                         f"lower --val-tokens")
+    if val_size:
+        val = np.concatenate([tokens[offsets[i]:offsets[i + 1]] for i in val_docs])[:val_size]
+        writer.write(f"{writer.prefix}_val_000000.bin", val)
+    for first, end in runs:
+        writer.add(np.asarray(tokens[offsets[first]:offsets[end]]))
+    writer.close()
+    del tokens  # release the file before it is removed
 
 
 def parse_args(argv):
@@ -190,9 +253,12 @@ def parse_args(argv):
     parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
                         help=f"tokens per train shard (default {DEFAULT_SHARD_TOKENS:_})")
     parser.add_argument("--val-tokens", type=int, default=DEFAULT_VAL_TOKENS,
-                        help=f"validation size N: the val shard holds the first N + 1 tokens of the stream, so that "
-                             f"train_gpt.py's VAL_TOKENS=N can use it (N inputs, and the N-th input's target is token "
-                             f"N + 1); 0 = no val shard (default {DEFAULT_VAL_TOKENS:_}, train_gpt.py's VAL_TOKENS)")
+                        help=f"validation size N: the val shard holds N + 1 tokens of randomly drawn whole "
+                             f"documents (the last one cut), so that train_gpt.py's VAL_TOKENS=N can use it (N "
+                             f"inputs, and the N-th input's target is token N + 1); 0 = no val shard (default "
+                             f"{DEFAULT_VAL_TOKENS:_}, train_gpt.py's VAL_TOKENS)")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                        help=f"seed of the val sample, the documents drawn for the val shard (default {DEFAULT_SEED})")
     parser.add_argument("--bpe-dir", default=gpt2_files.DEFAULT_DIR,
                         help="folder with GPT-2's encoder.json and vocab.bpe, checked against their sha256 "
                              "(default: data/gpt2 in this repository); nothing is downloaded")
@@ -208,43 +274,54 @@ def parse_args(argv):
     return args
 
 
+def new_folders(path):
+    """The folders that creating `path` would make, deepest first."""
+    folders = []
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        folders.append(path)
+        path = os.path.dirname(path)
+    return folders
+
+
 def tokenize(args):
     out_dir = args.out_dir or os.path.join(HERE, args.prefix)
     load_gpt2(args.bpe_dir)  # fail early on missing or damaged BPE files
     files = find_files(args.inputs)
     if not files:
         raise InputError(f"no .txt or .jsonl files in {', '.join(args.inputs)}")
-    os.makedirs(out_dir, exist_ok=True)
     existing = sorted(path for kind in ("val", "train")
                       for path in glob.glob(os.path.join(out_dir, f"{glob.escape(args.prefix)}_{kind}_*.bin")))
     if existing and not args.overwrite:
         raise InputError(f"{out_dir} already has {len(existing)} {args.prefix} shards (e.g. {existing[0]}); "
                          f"pass --overwrite to replace them")
+    created = new_folders(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
     for path in existing:
         os.remove(path)
-    writer = ShardWriter(out_dir, args.prefix, args.val_tokens, args.shard_tokens)
-    documents = tokens = 0
+    writer = ShardWriter(out_dir, args.prefix, args.shard_tokens)
+    spool = TokenSpool(os.path.join(out_dir, f".{args.prefix}_tokens.tmp"))
     try:
         with tqdm(total=sum(os.path.getsize(p) for p in files), unit="B", unit_scale=True, desc="tokenize") as bar:
             for doc, nbytes in encode_stream(iter_items(files), args.workers, args.bpe_dir, args.text_field):
                 bar.update(nbytes)
                 if doc is not None:
-                    writer.add(doc)
-                    documents += 1
-                    tokens += doc.size
-        if not documents:
+                    spool.add(doc)
+        if not spool.lengths:
             raise InputError(f"no documents in {', '.join(args.inputs)} (only blank .jsonl lines)")
-        writer.close()
+        write_splits(writer, spool, args.val_tokens + 1 if args.val_tokens else 0, args.seed)
     except BaseException:
         writer.discard()  # never leave a partial data set behind
+        spool.remove()
+        for folder in created:  # deepest first
+            if not os.listdir(folder):
+                os.rmdir(folder)
         raise
-    print(f"{documents:,} documents, {tokens:,} tokens from {len(files)} input files -> "
+    spool.remove()
+    print(f"{len(spool.lengths):,} documents, {sum(spool.lengths):,} tokens from {len(files)} input files -> "
           f"{len(writer.written)} shards in {out_dir}:")
     for path, count in writer.written:
         print(f"  {os.path.basename(path)}  {count:,} tokens")
-    if not writer.train_shards:
-        print(f"warning: no train shard: the corpus ({tokens:,} tokens) is not longer than the val shard "
-              f"(--val-tokens {args.val_tokens:,} + 1); lower --val-tokens", file=sys.stderr)
 
 
 def main(argv=None):

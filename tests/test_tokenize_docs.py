@@ -26,13 +26,19 @@ def bpe_dir(repo_root):
 
 
 @pytest.fixture(scope="module")
-def decode(bpe_dir):
-    """Token ids -> text, with GPT-2's byte table written as in openai/gpt-2 (independent of the script)."""
+def decode_bytes(bpe_dir):
+    """Token ids -> UTF-8 bytes, with GPT-2's byte table written as in openai/gpt-2 (independent of the script)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = printable + [256 + n for n in range(256 - len(printable))]
     byte_of = dict(zip(map(chr, chars), printable + [b for b in range(256) if b not in printable]))
     token_of = {i: t for t, i in json.loads((bpe_dir / "encoder.json").read_text(encoding="utf-8")).items()}
-    return lambda ids: bytes(byte_of[c] for i in ids for c in token_of[int(i)]).decode("utf-8")
+    return lambda ids: bytes(byte_of[c] for i in ids for c in token_of[int(i)])
+
+
+@pytest.fixture(scope="module")
+def decode(decode_bytes):
+    """Token ids -> text."""
+    return lambda ids: decode_bytes(ids).decode("utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -73,15 +79,76 @@ def outputs(repo_root, bpe_dir, corpus, tmp_path_factory):
     return folders
 
 
-def test_stream_decodes_to_the_documents_in_order(shards, outputs, corpus, decode):
-    names = sorted(p.name for p in outputs[1].iterdir())
+def split_documents(stream):
+    """The documents of a token stream, each without its leading EOT."""
+    starts = np.flatnonzero(stream == EOT)
+    assert starts[0] == 0
+    return [doc[1:] for doc in np.split(stream, starts[1:])]
+
+
+def read_splits(shards, folder):
+    """(val documents, train documents) of a tokenize_docs output folder, as token arrays without EOT."""
+    names = sorted(p.name for p in folder.iterdir())
     assert names[-1] == "mydata_val_000000.bin"
     train = names[:-1]
-    assert train == [f"mydata_train_{i:06d}.bin" for i in range(1, len(train) + 1)] and len(train) >= 3
-    stream = np.concatenate([shards.read_tokens(outputs[1] / name) for name in names[-1:] + train])
-    assert stream[0] == EOT and stream.max() <= EOT
-    starts = np.flatnonzero(stream == EOT)
-    assert [decode(doc[1:]) for doc in np.split(stream, starts[1:])] == corpus[1]
+    assert train == [f"mydata_train_{i:06d}.bin" for i in range(1, len(train) + 1)]
+    train_stream = np.concatenate([shards.read_tokens(folder / name) for name in train])
+    return split_documents(shards.read_tokens(folder / names[-1])), split_documents(train_stream)
+
+
+def check_split(documents, val, train, decode, decode_bytes):
+    """val: whole documents, then one cut short; train: every other document, in input order.
+    Returns the indices of val's whole documents."""
+    drawn = [documents.index(decode(doc)) for doc in val[:-1]]
+    kept = [documents.index(decode(doc)) for doc in train]
+    assert len(set(drawn)) == len(drawn) and not set(drawn) & set(kept)
+    assert kept == sorted(set(kept))  # input order, each once
+    rest = set(range(len(documents))) - set(drawn) - set(kept)
+    assert len(rest) == 1  # the truncated document: its start in val, the rest dropped
+    cut = decode_bytes(val[-1])
+    assert documents[rest.pop()].encode("utf-8").startswith(cut)  # may be empty: only its EOT fitted
+    return drawn
+
+
+def test_val_is_a_sample_of_whole_documents_and_train_the_rest_in_order(shards, outputs, corpus, decode, decode_bytes):
+    val, train = read_splits(shards, outputs[1])
+    check_split(corpus[1], val, train, decode, decode_bytes)
+    assert len(list(outputs[1].iterdir())) >= 4  # at least three train shards besides val
+
+
+def test_val_sample_is_drawn_across_inputs_and_follows_the_seed(repo_root, bpe_dir, tmp_path, shards, decode,
+                                                                decode_bytes):
+    """Many one-line documents in many files: the val sample is not the first documents, and --seed picks it."""
+    texts = [f"Document number {i} says hello to the world." for i in range(40)]
+    (tmp_path / "docs").mkdir()
+    for i, text in enumerate(texts):
+        (tmp_path / "docs" / f"{i:03d}.txt").write_text(text, encoding="utf-8")
+    drawn = []  # the same seed gives the same sample: test_output_independent_of_workers
+    for k, seed in enumerate(("1337", "7")):
+        out = tmp_path / f"out{k}"
+        result = tokenize(repo_root, bpe_dir, [str(tmp_path / "docs")], out, "--val-tokens", "60", "--seed", seed,
+                          "--workers", "1")
+        assert result.returncode == 0, result.stderr
+        val, train = read_splits(shards, out)
+        assert sum(len(doc) + 1 for doc in val) == 61
+        drawn.append(check_split(texts, val, train, decode, decode_bytes))
+        assert drawn[-1] != list(range(len(drawn[-1])))  # not the first documents of the sorted files
+    assert drawn[0] != drawn[1]
+
+
+@pytest.mark.parametrize("case", ["corpus shorter than val", "one document longer than val"])
+def test_corpus_without_train_tokens_is_an_error_that_leaves_nothing(repo_root, bpe_dir, corpus, tmp_path, case):
+    if case == "corpus shorter than val":
+        inputs, val_tokens = corpus[0], "100000"
+    else:
+        (tmp_path / "one.txt").write_text("A single document that is longer than the val shard. " * 5, encoding="utf-8")
+        inputs, val_tokens = [str(tmp_path / "one.txt")], "10"
+    out = tmp_path / "new" / "out"
+    result = tokenize(repo_root, bpe_dir, inputs, out, "--val-tokens", val_tokens, "--workers", "1")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "too small" in errors[0] and "--val-tokens" in errors[0], result.stderr
+    assert not (tmp_path / "new").exists()  # neither the output folder nor its new parent is left
 
 
 def test_shard_sizes(shards, outputs):
@@ -112,7 +179,7 @@ def test_bad_jsonl_line_is_reported_and_leaves_nothing(repo_root, bpe_dir, tmp_p
                       "--workers", "2")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert f"{tmp_path / 'bad.jsonl'}:2" in result.stderr and "'text'" in result.stderr
-    assert list((tmp_path / "out").iterdir()) == []
+    assert not (tmp_path / "out").exists()  # the folder this run made is removed with its temporary file
 
 
 def test_val_shard_serves_val_tokens_of_the_same_number(shards, outputs):
