@@ -5,11 +5,23 @@
 # one GPU or the CPU, with nothing to download (data/smoke/preset.py).
 set -euo pipefail
 cd "$(dirname "$0")"
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
+    cat <<'USAGE'
+usage: [NGPU=1|2|4|8] [SETTING=value ...] ./run.sh
+       SMOKE=1 ./run.sh      a tiny model on the repository's text sample (CPU or one GPU)
+
+Checks the settings, the GPUs and the input files in one process (python train_gpt.py --check),
+then runs: torchrun --standalone --nproc_per_node=8 train_gpt.py (NGPU processes).
+Settings are environment variables named like train_gpt.py's Hyperparameters fields in upper
+case (MUON_LR=0.02, SEEDS=1,2,3, RANK_SLICE=1, ...): README.md lists them.
+USAGE
+    exit 0
+fi
 if [ "${SMOKE:-0}" = 1 ]; then
     exec python data/smoke/preset.py "$@"
 fi
 NGPU="${NGPU:-8}"
-# Settings, world size and input files first, in one process: a bad one is one line, not a
-# traceback from every rank and torchrun's report.
+# Settings, world size, GPUs and input files first, in one process: a bad one is one line, not a
+# traceback from every rank inside torchrun's report.
 WORLD_SIZE="$NGPU" python train_gpt.py --check
 exec torchrun --standalone --nproc_per_node="$NGPU" train_gpt.py "$@"

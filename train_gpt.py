@@ -17,11 +17,13 @@ os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
 
 import copy
 import dataclasses
+import difflib
 import functools
 import gc
 import glob
 import json
 import math
+import re
 import resource
 import shlex
 import subprocess
@@ -113,30 +115,45 @@ def replace_stage_columns(stages: tuple[Stage, ...], **columns: tuple) -> tuple[
                  for i, stage in enumerate(stages))
 
 
-@dataclass
-class Hyperparameters:
-    # --- data (T1.1) ---
+@dataclass(frozen=True)
+class DataConfig:
+    """The token shards (T1.1) and the validation set."""
     train_files: str = "data/fineweb10B/fineweb_train_*.bin"
     val_files: str = "data/fineweb10B/fineweb_val_*.bin"
     val_tokens: int = 10_485_760  # proxy runs use 3_932_160
     val_seq_len: int = 262_144  # tokens per validation forward on one rank
-    val_loss_every: int = 250  # 0: only at the start and the end
-    # --- schedule (T5) ---
-    num_scheduled_iterations: int = 1255  # reference 1270; proxy: records/experiments/2026-11-26_MuonLrFewerStepsH200
-    num_extension_iterations: int = 15
-    stop_after: int = 0  # >0: end the run after this many steps, schedule unchanged (quick comparisons)
-    stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216 etc.
-    final_long_window: int = 32  # long window of the last validation, in blocks (no YaRN update); the reference: 20
-    window_block_size: int = 128
-    cooldown_frac: float = 0.55  # reference 0.60; proxy: records/experiments/2026-11-26_CooldownFinalWindowH200
-    lr_floor: float = 0.15
-    untie_embed_at: float = 2 / 3  # fraction of the scheduled steps; 0 keeps them tied (T3.15)
-    # --- optimizer (T2) ---
-    muon_lr: float = 0.017  # reference 0.023; proxy: records/experiments/2026-11-26_MuonLrFewerStepsH200
-    muon_momentum_min: float = 0.85
-    muon_momentum_max: float = 0.95
-    muon_momentum_warmup_steps: int = 300
-    muon_momentum_cooldown_steps: int = 50
+    tokenizer_dir: str = "data/gpt2"  # GPT-2's encoder.json, for the prefix-token loss's table
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture (T3); each technique switchable for ablations (docs/TECHNIQUES.md)."""
+    vocab_size: int = 50304
+    model_dim: int = 768
+    num_heads: int = 6
+    head_dim: int = 128
+    mlp_hidden: int = 3072
+    bigram_rows: int = 50304 * 15 // 2
+    value_embeds: bool = True
+    skip_connection: bool = True
+    residual_lambdas: bool = True  # 0: residual and sublayer weights fixed at 1
+    attn_lambdas: bool = True  # 0: attention weights unscaled
+    smear_gate: bool = True
+    attn_output_gates: bool = True
+    yarn: bool = True
+    key_offset: bool = True
+    paired_heads: bool = True
+    bigram_embed: bool = True
+    backout: bool = True  # the final MUDD mix starts by subtracting half of layer 7's output
+    late_attn_from_layer7: bool = True
+    xsa: bool = True  # gated exclusive self-attention on layers 1, 3, 4, 7
+    dc_mha: bool = True  # lightweight DC-MHA on layer 10
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """NorMuon on the banks, Adam on the rest (T2); the per-parameter table is NorMuonAdam's."""
+    muon_lr: float = 0.017  # the reference: 0.023 (tuned on the proxy, docs/TECHNIQUES.md T2.4)
     muon_beta2: float = 0.9
     muon_weight_decay: float = 1.2
     orthogonalizer: str = "polar_express"  # or "newton_schulz" (classic quintic)
@@ -144,74 +161,152 @@ class Hyperparameters:
     adam_lr: float = 0.008
     adam_eps: float = 1e-10
     adam_weight_decay: float = 0.005
-    adam_every_other_step: bool = True  # Adam on odd steps with two steps' gradients (T2.7)
-    # --- model (T3) ---
-    vocab_size: int = 50304
-    model_dim: int = 768
-    num_heads: int = 6
-    head_dim: int = 128
-    mlp_hidden: int = 3072
-    bigram_rows: int = 50304 * 15 // 2
-    # --- features, each switchable for ablations (docs/TECHNIQUES.md) ---
-    value_embeds: bool = True
-    skip_connection: bool = True
-    residual_lambdas: bool = True  # 0: residual and sublayer weights fixed at 1
-    attn_lambdas: bool = True  # 0: attention weights unscaled
-    smear_gate: bool = True
-    attn_output_gates: bool = True
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The stage table and what changes along the run (T5, T2.7, T2.8, T4)."""
+    num_scheduled_iterations: int = 1255  # the reference: 1270 (T5.1)
+    num_extension_iterations: int = 15
+    stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216 etc.
+    final_long_window: int = 32  # long window of the last validation, in blocks (no YaRN update); the reference: 20
+    window_block_size: int = 128
     sliding_windows: bool = True
-    yarn: bool = True
-    key_offset: bool = True
-    paired_heads: bool = True
-    paired_rope_by_head: bool = False  # paired layers: rotary position 2t + (h mod 2) for head h, as the reference
+    cooldown_frac: float = 0.55  # the reference: 0.60 (T5.1)
+    lr_floor: float = 0.15
+    untie_embed_at: float = 2 / 3  # fraction of the scheduled steps; 0 keeps them tied (T3.15)
+    muon_momentum_min: float = 0.85
+    muon_momentum_max: float = 0.95
+    muon_momentum_warmup_steps: int = 300
+    muon_momentum_cooldown_steps: int = 50
+    adam_every_other_step: bool = True  # Adam on odd steps with two steps' gradients (T2.7)
     multi_token_prediction: bool = True
-    bigram_embed: bool = True
-    embed_grad_fp32: bool = False  # token, bigram and value embeddings: gradient rows summed per id in fp32
-    backout: bool = True  # the final MUDD mix starts by subtracting half of layer 7's output
-    late_attn_from_layer7: bool = True
-    xsa: bool = True  # gated exclusive self-attention on layers 1, 3, 4, 7
-    dc_mha: bool = True  # lightweight DC-MHA on layer 10
     prefix_loss: bool = True  # prefix-token auxiliary loss; reads tokenizer_dir/encoder.json
-    tokenizer_dir: str = "data/gpt2"  # GPT-2's encoder.json (python data/cached_fineweb10B.py fetches it)
-    fp8_lm_head: bool = True  # used on CUDA only
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """How the math runs, not what it computes: fast paths and their size thresholds, resolved once
+    per stage into an ExecutionPlan (see resolve_execution)."""
+    attention_backend: str = "auto"  # auto | fa3 | fa4 | varlen | flex | sdpa
+    fa4_min_tokens: int = 32768  # per-rank tokens per forward below which fa4 hands over to fa3/varlen (host-bound)
+    fp8_lm_head: bool = True  # CUDA only
     fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
     fused_mlp_min_tokens: int = 32768  # per-rank tokens per forward below which the plain MLP runs (launch-bound)
     fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
     fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
     fp8_qkv_min_tokens: int = 49152  # per-rank tokens per forward below which it stays bf16 (host-bound there)
-    attention_backend: str = "auto"  # auto | fa3 | fa4 | varlen | flex | sdpa
-    fa4_min_tokens: int = 32768  # per-rank tokens per forward below which fa4 hands over to varlen (host-bound)
-    # --- run ---
+    compile: bool = True
+    skip_guard_checks: bool = True  # after the warm-up, dynamo checks only the guards that tell its graphs apart
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One process's runs: where, how many, what is logged."""
+    val_loss_every: int = 250  # 0: only at the start and the end
+    stop_after: int = 0  # >0: end the run after this many steps, schedule unchanged (quick comparisons)
     rank_slice: bool = False  # one GPU computes one rank's share of each 8-GPU step
     seed: int = 0
     seeds: tuple[int, ...] = ()  # e.g. 1,2,3: one compile, then one timed run per seed, logged as RUN_ID_s<seed>
     device: str = "cuda"  # "cpu" runs the same code on the CPU (tests, smoke runs)
-    compile: bool = True
     warmup: bool = True  # compile every shape before the clock, then restore the initial state
-    skip_guard_checks: bool = True  # after the warm-up, dynamo checks only the guards that tell its graphs apart
     run_id: str = ""
     log_dir: str = "logs"
     save_checkpoint: bool = False
     train_loss_every: int = 0  # >0: add train_loss to every N-th step line (costs a sync)
     nonfinite_check_every: int = 25  # steps between checks of the training losses (no host sync: read a period later)
 
+
+@dataclass(frozen=True)
+class Hyperparameters:
+    """Every setting, one tree of parts. Each field of a part is also a flat name: the environment
+    variable of that name in upper case overrides it (MUON_LR=0.02), and `of(muon_lr=0.02)` and
+    `replace(...)` take the flat names; the stage table's columns are STAGE_<COLUMN>."""
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+    execution: ExecutionConfig = dataclasses.field(default_factory=ExecutionConfig)
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+
+    @staticmethod
+    def part_of_field() -> dict[str, str]:
+        """Flat field name -> the part that holds it."""
+        return {f.name: part.name for part in dataclasses.fields(Hyperparameters)
+                for f in dataclasses.fields(part.default_factory)}
+
+    @classmethod
+    def of(cls, **values) -> "Hyperparameters":
+        """The defaults with the given flat fields replaced."""
+        return cls().replace(**values)
+
+    def replace(self, **values) -> "Hyperparameters":
+        parts, owner = {}, self.part_of_field()
+        for name, value in values.items():
+            if name not in owner:
+                raise SetupError(f"unknown setting {name!r}{nearest_hint(name, list(owner))}")
+            parts.setdefault(owner[name], {})[name] = value
+        return dataclasses.replace(self, **{part: dataclasses.replace(getattr(self, part), **fields)
+                                            for part, fields in parts.items()})
+
+    def flat(self) -> dict:
+        """{flat name: value} of every field (the log's `hyperparameters:` JSON)."""
+        return {name: value for part in dataclasses.fields(self)
+                for name, value in dataclasses.asdict(getattr(self, part.name)).items()}
+
     @classmethod
     def from_env(cls, environ=os.environ) -> "Hyperparameters":
         """Defaults overridden by environment variables named like the fields, in upper case; the
-        stage table's columns by STAGE_<COLUMN>."""
-        hints = typing.get_type_hints(cls)
-        values = {}
-        for field in dataclasses.fields(cls):
-            raw = environ.get(field.name.upper())
-            if raw is not None and field.name != "stages":
-                values[field.name] = _parse_env_value(field.name.upper(), raw, hints[field.name])
+        stage table's columns by STAGE_<COLUMN>. A variable that looks like a setting but names
+        none (MUON_LRR) stops with the nearest name."""
+        check_unknown_settings(environ)
+        types = {part.name: part.default_factory for part in dataclasses.fields(cls)}
+        kinds = {name: typing.get_type_hints(types[part])[name] for name, part in cls.part_of_field().items()}
+        values = {name: _parse_env_value(name.upper(), environ[name.upper()], kind)
+                  for name, kind in kinds.items() if name != "stages" and name.upper() in environ}
         columns = {}
         for column in STAGE_COLUMNS:
             name = f"STAGE_{column.upper()}"
             if name in environ:
                 kind = typing.get_type_hints(Stage)[column]
                 columns[column] = _parse_env_value(name, environ[name], tuple[kind, ...])
-        return cls(**values, stages=replace_stage_columns(STAGES, **columns))
+        return cls.of(**values, stages=replace_stage_columns(STAGES, **columns))
+
+
+def hyperparameter_variables() -> list[str]:
+    """The environment variables Hyperparameters.from_env reads."""
+    names = [name.upper() for name in Hyperparameters.part_of_field() if name != "stages"]
+    return names + [f"STAGE_{column.upper()}" for column in STAGE_COLUMNS]
+
+
+def nearest_hint(name: str, known: list[str]) -> str:
+    """', did you mean X?' for the closest known name, or ''."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def check_unknown_settings(environ):
+    """Stop on an environment variable that looks like one of ours but is none: it shares a prefix
+    that two or more settings share (MUON_, STAGE_, FP8_, ...) or is spelled close to one. Run.sh
+    calls --check first, so a typo never trains silently with the default."""
+    known = hyperparameter_variables()
+    prefixes = {name.split("_")[0] + "_" for name in known}
+    prefixes = {p for p in prefixes if sum(name.startswith(p) for name in known) >= 2}
+    for name in sorted(environ):
+        if name in REMOVED_SETTINGS:
+            raise SetupError(f"{name} was removed: {REMOVED_SETTINGS[name]} (docs/TECHNIQUES.md, Removed); unset it")
+        if name in known or name in NOT_SETTINGS:
+            continue
+        if any(name.startswith(p) for p in prefixes) or difflib.get_close_matches(name, known, n=1, cutoff=0.85):
+            hint = nearest_hint(name, known) or f" (settings: {', '.join(sorted(known))})"
+            raise SetupError(f"unknown setting {name}={environ[name]!r}{hint}")
+
+
+# Environment variables that look like settings but belong to others (torchrun, run.sh)
+NOT_SETTINGS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SMOKE", "NGPU"}
+# Settings measured as no gain and taken out of the code: what they did
+REMOVED_SETTINGS = {"EMBED_GRAD_FP32": "fp32-summed embedding gradients measured no gain",
+                    "PAIRED_ROPE_BY_HEAD": "the reference's paired-head rotary positions measured no gain"}
 
 
 def _parse_env_value(name: str, raw: str, kind):
@@ -235,102 +330,14 @@ def _parse_env_value(name: str, raw: str, kind):
         raise SetupError(f"environment variable {name}={raw!r} is not a valid {kind}: {error}") from None
 
 
-class PartConfig:
-    """A part's config (a frozen dataclass): the Hyperparameters fields of the same names."""
-
-    @classmethod
-    def from_hyperparameters(cls, hp: Hyperparameters, **derived):
-        """Each field from `derived` if given there, else from the Hyperparameters field of its name."""
-        return cls(**{f.name: derived[f.name] if f.name in derived else getattr(hp, f.name)
-                      for f in dataclasses.fields(cls)})
-
-
-@dataclass(frozen=True)
-class ModelConfig(PartConfig):
-    """What GPT reads (see Hyperparameters for each field); features resolved for the device."""
-    vocab_size: int
-    model_dim: int
-    num_heads: int
-    head_dim: int
-    mlp_hidden: int
-    bigram_rows: int
-    value_embeds: bool
-    skip_connection: bool
-    residual_lambdas: bool
-    attn_lambdas: bool
-    smear_gate: bool
-    attn_output_gates: bool
-    yarn: bool
-    key_offset: bool
-    paired_heads: bool
-    paired_rope_by_head: bool
-    bigram_embed: bool
-    embed_grad_fp32: bool
-    backout: bool
-    late_attn_from_layer7: bool
-    xsa: bool
-    dc_mha: bool
-    prefix_loss: bool
-    fp8_lm_head: bool  # FP8 lm_head: CUDA only
-    fused_mlp: bool
-    fused_mlp_min_tokens: int
-    fp8_mlp: bool  # fused MLP layers, sm90+ only
-    fp8_qkv: bool  # sm90+ only
-    fp8_qkv_min_tokens: int
-    attention_backend: str  # resolved: fa3 | fa4 | varlen | flex | sdpa
-    fa4_min_tokens: int
-    max_tokens: int  # the longest forward on one rank (sizes the rotary tables)
-
-    @classmethod
-    def from_hyperparameters(cls, hp: Hyperparameters) -> "ModelConfig":
-        device = torch.device(hp.device).type
-        longest_step = max(stage.batch_tokens for stage in hp.stages) // RANKS_PER_STEP
-        hopper = device == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
-        fp8_mlp = hp.fp8_mlp and hp.fused_mlp and hopper  # the fused GEMM needs TMA
-        return super().from_hyperparameters(hp, fp8_lm_head=hp.fp8_lm_head and device == "cuda", fp8_mlp=fp8_mlp,
-                                            fp8_qkv=hp.fp8_qkv and hopper,
-                                            attention_backend=resolve_attention_backend(hp.attention_backend, device),
-                                            max_tokens=max(hp.val_seq_len, longest_step))
-
-
-@dataclass(frozen=True)
-class OptimConfig(PartConfig):
-    """What NorMuonAdam reads (see Hyperparameters)."""
-    muon_lr: float
-    muon_beta2: float
-    muon_weight_decay: float
-    orthogonalizer: str
-    mantissa_tracking: bool
-    adam_lr: float
-    adam_eps: float
-    adam_weight_decay: float
-    compile: bool
-
-
-@dataclass(frozen=True)
-class ScheduleConfig(PartConfig):
-    """What Schedule reads (see Hyperparameters)."""
-    stages: tuple[Stage, ...]
-    num_scheduled_iterations: int
-    num_extension_iterations: int
-    window_block_size: int
-    final_long_window: int
-    cooldown_frac: float
-    lr_floor: float
-    untie_embed_at: float
-    muon_momentum_min: float
-    muon_momentum_max: float
-    muon_momentum_warmup_steps: int
-    muon_momentum_cooldown_steps: int
-    adam_every_other_step: bool
-    sliding_windows: bool
-    multi_token_prediction: bool
-    prefix_loss: bool
-
-
 def grad_accum_steps(hp: Hyperparameters, world_size: int) -> int:
     """Micro-batches per step on each GPU: fewer GPUs accumulate the 8 ranks' slices (T1.3)."""
-    return 1 if hp.rank_slice else RANKS_PER_STEP // world_size
+    return 1 if hp.run.rank_slice else RANKS_PER_STEP // world_size
+
+
+def longest_forward(hp: Hyperparameters) -> int:
+    """Tokens of the longest forward on one rank (sizes the rotary tables)."""
+    return max(hp.data.val_seq_len, max(stage.batch_tokens for stage in hp.schedule.stages) // RANKS_PER_STEP)
 
 # =============================================================================================
 # Model
@@ -388,6 +395,16 @@ class LayerPlan:
     reads_layer7: bool  # attention reads the cached layer-7 output, not the residual (T3.12)
     mudd: bool  # the MUDD layer: dense value input and residual weights from MUDD connections (T3.14)
     skip_target: bool  # adds the gated output of SKIP_SOURCE_LAYER (T3.7)
+    bigram: bool  # the bigram embedding re-injected after its attention (T3.4); layer 0's enters with x0
+    xsa: bool  # gated exclusive self-attention (T3.13)
+    out_gate: bool  # attention output gate from the MUDD gates (T3.16)
+    dc_mha: bool  # lightweight DC-MHA on a local window (T3.17)
+    gates_post: bool  # the post MUDD gate reads the residual entering this layer (T3.16)
+
+    @property
+    def value_input(self) -> bool:
+        """Its attention adds an extra value input: a value embedding or the MUDD value mix."""
+        return self.value_embed is not None or self.mudd
 
 
 def layer_plans(cfg: ModelConfig) -> tuple[LayerPlan, ...]:
@@ -404,7 +421,46 @@ def layer_plans(cfg: ModelConfig) -> tuple[LayerPlan, ...]:
         reads_layer7=cfg.late_attn_from_layer7 and layer > CACHED_LAYER,
         mudd=layer == MUDD_LAYER,
         skip_target=cfg.skip_connection and layer == SKIP_TARGET_LAYER,
+        bigram=cfg.bigram_embed and layer in ATTENTION_LAYERS and layer > 0,
+        xsa=cfg.xsa and layer in XSA_LAYERS,
+        out_gate=cfg.attn_output_gates and layer in OUTPUT_GATE_LAYERS,
+        dc_mha=cfg.dc_mha and layer == DC_LAYER,
+        gates_post=layer == POST_GATE_LAYER,
     ) for layer in range(NUM_LAYERS))
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """How a forward of one size runs on this device: every fast-path choice, resolved once per
+    stage (resolve_execution) and passed to the model with the step, never re-tested inside it.
+    With the ForwardShape it keys the compiled graph of a step."""
+    attention: str  # the attention backend: fa3 | fa4 | varlen | flex | sdpa
+    mlp_fused: bool  # the ReLU² MLP's custom backward (T6.1); False: the plain expression
+    mlp_kernel: bool  # ... with the Triton TMA GEMM (Hopper or newer); False: torch matmuls
+    mlp_e4m3: bool  # the fused MLP's forward in e4m3 (T6.2)
+    qkv_e4m3: bool  # the Q/K/V projection in e4m3 (T6.3)
+    lm_head_fp8: bool  # the lm_head and its gradients in FP8 (T4.4)
+    dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
+
+
+def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.device, tokens: int,
+                      training: bool) -> ExecutionPlan:
+    """The plan of a forward of `tokens` tokens on one rank: the settings, what the device has, and
+    the size thresholds below which the host-bound stage 1 keeps the paths that launch faster.
+    Evaluation (training=False) stays bf16."""
+    cuda = device.type == "cuda" and torch.cuda.is_available()
+    kernels = cuda and triton is not None
+    hopper = kernels and torch.cuda.get_device_capability(device)[0] >= 9  # TMA, e4m3 GEMMs
+    backend = resolve_attention_backend(cfg.attention_backend, device.type)
+    if backend == "fa4" and tokens < cfg.fa4_min_tokens:  # FA4's per-call host cost outweighs its kernels
+        backend = fa4_small_forward_backend()
+    fused_mlp = cfg.fused_mlp and tokens >= cfg.fused_mlp_min_tokens
+    return ExecutionPlan(
+        attention=backend, mlp_fused=fused_mlp, mlp_kernel=fused_mlp and hopper,
+        mlp_e4m3=training and cfg.fp8_mlp and fused_mlp and hopper,
+        qkv_e4m3=training and cfg.fp8_qkv and hopper and tokens >= cfg.fp8_qkv_min_tokens,
+        lm_head_fp8=training and cfg.fp8_lm_head and cuda,
+        dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW))
 
 
 def norm(x: Tensor) -> Tensor:
@@ -443,17 +499,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((rotated, x[..., D // 2:]), dim=-1)
 
 
-def paired_rope_positions(T: int, H: int, by_head: bool, device: torch.device) -> Tensor:
-    """Rotary positions (2T, H/2) of the paired-head layout (token t's head i at 2t, head i + H/2 at
-    2t + 1): the doubled sequence's own positions, or (by_head) 2t + (h mod 2) for head h, as the
-    reference rotates the (T, H/2, 2·hd) view before reinterpreting it (issue #25)."""
-    s = torch.arange(2 * T, device=device)[:, None]
-    if not by_head:
-        return s.expand(2 * T, H // 2)
-    head = torch.arange(H // 2, device=device)[None, :] + (s % 2) * (H // 2)
-    return s - s % 2 + head % 2
-
-
 def shift_key_half(k: Tensor) -> Tensor:
     """Partial key offset (#49, T3.11): the stationary half of each key takes the previous token's."""
     half = k.size(-1) // 2
@@ -484,8 +529,8 @@ def fa4_small_forward_backend() -> str:
 
 
 def resolve_attention_backend(requested: str, device_type: str) -> str:
-    """auto on CUDA: FlashAttention-4 where it runs (an H100 run measured 0.95x varlen's train time at
-    the same loss), else FA3 where importable, else torch's varlen attention; SDPA on the CPU."""
+    """auto on CUDA: FlashAttention-4 where it runs (docs/TECHNIQUES.md T3.8), else FA3 where
+    importable, else torch's varlen attention; SDPA on the CPU."""
     if requested not in ATTENTION_BACKENDS:
         raise SetupError(f"ATTENTION_BACKEND={requested}: use one of {', '.join(ATTENTION_BACKENDS)}")
     if requested == "fa3" and flash_attn_varlen_func is None:
@@ -623,30 +668,33 @@ class ForwardContext:
     """What the layers of one forward share besides the residual stream x."""
     x_input: Tensor  # the residual entering layer 0
     x0: Tensor  # the normalized embedding, re-injected after every attention (T3.4)
-    bigram: Tensor | None  # the bigram embedding, re-injected likewise
-    value_embeds: tuple[Tensor, ...] | None  # one (T, d) block per value-embedding layer
-    gates: dict  # MUDD gate outputs {(kind, layer): (T, width)}
+    bigram: Tensor | None  # the bigram embedding, re-injected likewise (LayerPlan.bigram)
+    value_embeds: tuple[Tensor, ...]  # one (T, d) block per value-embedding layer (none when off)
+    gates: dict  # MUDD gate outputs {(kind, layer): (T, width)}; the post gate's added at its layer
     scalars: dict[str, Tensor]
-    attn: AttnArgs
-    attn_paired: AttnArgs | None
     shape: ForwardShape
-    outputs: dict[int, Tensor]  # residual after each layer so far
+    execution: ExecutionPlan
+    attn: AttnArgs
+    attn_paired: AttnArgs | None  # the doubled sequence of paired-head layers
+    rope: tuple[Tensor, Tensor]  # cos, sin (T, 1, hd/4) at positions 0..T-1
+    rope_paired: tuple[Tensor, Tensor] | None  # cos, sin (T, 2, 1, hd/4): the paired-head positions
     # The banks unbound once per forward into per-layer views: their backward is one stack per bank,
     # where indexing the bank in each layer would zero-fill a bank-sized gradient per layer (#56, #74).
-    rope: tuple[Tensor, Tensor]  # cos, sin (T, 1, hd/4) at positions 0..T-1
-    rope_paired: tuple[Tensor, Tensor] | None  # cos, sin (T, 2, H/2 or 1, hd/4): the paired-head positions
     qk: tuple[Tensor, ...]  # per attention slot: (2·H·hd, d), Q then K rows
     vo: tuple[Tensor, ...]  # per attention slot: (2, d, d), V then O
     mlp_fc: tuple[Tensor, ...]  # per layer: (hidden, d)
     mlp_proj: tuple[Tensor, ...]  # per layer: (hidden, d), stored (in, out)
-    qkv8: "QKVBankFP8 | None"  # the training forward's e4m3 Q/K/V weights (T6.3), else None
+    qkv8: "QKVBankFP8 | None"  # with execution.qkv_e4m3: the e4m3 Q/K/V weights (T6.3)
+    mlp8: "MLPBankFP8 | None"  # with execution.mlp_e4m3: the e4m3 MLP weights (T6.2)
+    outputs: dict[int, Tensor]  # residual after each layer so far
 
 
 class GPT(nn.Module):
     """GPT with banked weights: Q/K, V/O and MLP matrices of all layers live in 3-D parameters
-    (#61, T3.1) that the optimizer orthogonalizes batch-wise. Activations are bf16."""
+    (#61, T3.1) that the optimizer orthogonalizes batch-wise. Activations are bf16. `max_tokens`:
+    the longest forward on one rank (sizes the rotary tables)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, max_tokens: int):
         super().__init__()
         if cfg.num_heads * cfg.head_dim != cfg.model_dim or cfg.num_heads % 2:
             raise SetupError(f"need NUM_HEADS * HEAD_DIM == MODEL_DIM and an even NUM_HEADS, got "
@@ -658,9 +706,9 @@ class GPT(nn.Module):
         self._init_scalars(cfg)
         self.mudd = MuddBlock(cfg.model_dim, mudd_connection_outputs(cfg), MUDD_SCALE, learned_scale=False)
         self.gates = MuddBlock(cfg.model_dim, mudd_gate_outputs(cfg), MUDD_GATE_SCALE_INIT, learned_scale=True)
-        if cfg.prefix_loss:  # prefix token of every token, filled by the trainer (#88); -1: none
-            self.register_buffer("prefix_ids", torch.full((cfg.vocab_size,), -1, dtype=torch.long), persistent=False)
-        hd, positions = cfg.head_dim, 2 * cfg.max_tokens  # paired layers double the sequence
+        # prefix token of every token, filled by the trainer when the prefix-token loss runs (#88); -1: none
+        self.register_buffer("prefix_ids", torch.full((cfg.vocab_size,), -1, dtype=torch.long), persistent=False)
+        hd, positions = cfg.head_dim, 2 * max_tokens  # paired layers double the sequence
         self.register_buffer("rope_base", rope_frequencies(hd), persistent=False)
         self.register_buffer("rope_cos", torch.empty(positions, hd // 4, dtype=torch.bfloat16), persistent=False)
         self.register_buffer("rope_sin", torch.empty(positions, hd // 4, dtype=torch.bfloat16), persistent=False)
@@ -703,9 +751,8 @@ class GPT(nn.Module):
         else:
             self.register_buffer("resid_lambdas", torch.ones(NUM_LAYERS, 2), persistent=False)
             self.register_buffer("post_lambdas", torch.ones(NUM_LAYERS, 2), persistent=False)
-        if cfg.fp8_mlp:  # each layer's delayed scale of post, one allocation each (T6.2)
-            for i in range(NUM_LAYERS):
-                self.register_buffer(f"fp8_post_scale{i}", torch.ones((), dtype=torch.float32))
+        for i in range(NUM_LAYERS):  # each layer's delayed scale of post for the e4m3 MLP, one allocation each (T6.2)
+            self.register_buffer(f"fp8_post_scale{i}", torch.ones((), dtype=torch.float32))
         layout = scalar_layout(cfg)
         learned = [value.flatten() for value, is_learned in layout.values() if is_learned]
         if learned:  # attention lambdas, smear, skip
@@ -727,53 +774,21 @@ class GPT(nn.Module):
         self.rope_sin.copy_(angles.sin())
         self.attn_scale.fill_(scale)
 
-    def param_specs(self) -> dict[str, "ParamSpec"]:
-        """Optimizer table (T2.1). Within its group (replicated, bank, sharded table) a parameter's
-        place here is its place in the optimizer's communication and work order: the big MLP bank sits
-        between the two small banks, so the first wait and the last gather are short."""
-        cfg = self.config
-        table = {
-            "qk_bank": ParamSpec("normuon", "sharded", matrix_shape=(2 * cfg.head_dim, cfg.model_dim), wd_mul=1.0),
-            "mlp_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.mlp_hidden, cfg.model_dim), wd_mul=1.0,
-                                  matrix_lr_muls=(1.0, 2.0)),  # projections (odd index) x2
-            "vo_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.model_dim, cfg.model_dim), wd_mul=1.0),
-            "scalars": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.99)),
-            "smear_gate": ParamSpec("adam", "replicated", lr_mul=0.01, betas=(0.9, 0.99)),
-            "ve_gate_bank": ParamSpec("adam", "replicated", wd_mul=1.0, betas=(0.9, 0.99)),
-            "lm_head": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
-            "bigram_embed": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
-            "post_lambdas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
-            "resid_lambdas": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.95)),
-            "value_embeds": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
-            "embed": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
-            "mudd.w1": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
-            "mudd.w2": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
-            "mudd.b2": ParamSpec("adam", "replicated", lr_mul=0.25, betas=(0.9, 0.99)),
-            "gates.w1": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
-            "gates.w2": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
-            "gates.b2": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
-            "gates.scale": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
-        }
-        names = dict(self.named_parameters())
-        missing = set(names) - set(table)
-        if missing:
-            raise ValueError(f"parameters without an optimizer spec: {sorted(missing)}")
-        return {label: spec for label, spec in table.items() if label in names}
-
     # --- losses -------------------------------------------------------------------------------------
     def training_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
-                      target_weights: Tensor, grad_scale: float = 1.0) -> tuple[Tensor, Tensor]:
+                      execution: ExecutionPlan, target_weights: Tensor,
+                      grad_scale: float = 1.0) -> tuple[Tensor, Tensor]:
         """(loss to backpropagate, mean next-token CE). target_weights weighs the target columns
         (t+1 ... t+n_predict, then the prefix target); the fused lm_head + soft-capped cross-entropy
-        (FP8 on CUDA, T4.4) scores every column at once."""
-        x = self.hidden_states(input_ids, cu_seqlens, shape, fp8=True)
+        (FP8 where the plan says, T4.4) scores every column at once."""
+        x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
         targets = self.target_columns(target_ids.long(), shape)
-        return lm_head_softcap_ce(x, self.lm_head, targets, target_weights, grad_scale, self.config.fp8_lm_head)
+        return lm_head_softcap_ce(x, self.lm_head, targets, target_weights, grad_scale, execution.lm_head_fp8)
 
     def evaluation_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
-                        chunk: int) -> Tensor:
+                        execution: ExecutionPlan, chunk: int) -> Tensor:
         """The summed next-token cross-entropy, the lm_head applied `chunk` tokens at a time."""
-        x = self.hidden_states(input_ids, cu_seqlens, shape)
+        x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
         targets = target_ids.long()
         total = x.new_zeros((), dtype=torch.float32)
         for i in range(0, x.size(0), chunk):
@@ -796,35 +811,50 @@ class GPT(nn.Module):
         return torch.stack(columns, 1)
 
     # --- forward ------------------------------------------------------------------------------------
-    def hidden_states(self, input_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape, fp8: bool = False) -> Tensor:
-        """The final normalized hidden states (T, d) of a batch of packed documents; fp8: the e4m3
-        forward products the config enables (fused MLP layers, Q/K/V projections), for training
-        only: evaluation stays bf16."""
-        cfg = self.config
-        fp8_qkv = fp8 and cfg.fp8_qkv and input_ids.size(0) >= cfg.fp8_qkv_min_tokens
-        ctx = self.context(input_ids.long(), cu_seqlens, shape, fp8_qkv)
-        fused_mlp = cfg.fused_mlp and input_ids.size(0) >= cfg.fused_mlp_min_tokens
-        bank8 = MLPBankFP8.quantize(self.mlp_bank) if fp8 and cfg.fp8_mlp and fused_mlp else None
+    def hidden_states(self, input_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
+                      execution: ExecutionPlan) -> Tensor:
+        """The final normalized hidden states (T, d) of a batch of packed documents."""
+        ctx = self.context(input_ids.long(), cu_seqlens, shape, execution)
         x = ctx.x_input
         for layer in self.layers:
-            if layer.index == POST_GATE_LAYER:
-                ctx.gates.update(self.gates(1, x))
-            mix = self.mudd(0, x) if layer.mudd else None  # the MUDD layer's coefficients (T3.14)
-            if layer.attn_slot is not None:
-                x = self.attention_block(layer, x, ctx, mix)
-            elif layer.skip_target:  # U-net remnant 3 -> 6 with a per-token gate (#45, #55; T3.7)
-                gate = ctx.gates["skip", layer.index]
-                x = x + torch.sigmoid(ctx.scalars["skip_lambda"]) * gate * ctx.outputs[SKIP_SOURCE_LAYER]
-            x = self.mlp_block(layer, x, ctx, mix, fused_mlp, bank8)
-            ctx.outputs[layer.index] = x
+            x = ctx.outputs[layer.index] = self.layer(layer, x, ctx)
         return norm(self.final_mix(x, ctx))
 
-    def context(self, ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape, fp8_qkv: bool) -> ForwardContext:
-        """Embeddings, the pre MUDD gate, the attention layout and the per-layer weights (with
-        fp8_qkv, the Q/K/V weights also in e4m3): what the layers share."""
+    def layer(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext) -> Tensor:
+        """One layer: attention input -> attention -> residual update -> MLP -> residual update. The
+        residual updates re-inject x0 and the bigram embedding with their gates (T3.4), or at the
+        MUDD layer mix earlier residuals densely (T3.14)."""
+        i = layer.index
+        if layer.gates_post:
+            ctx.gates.update(self.gates(1, x))
+        mix = self.mudd(0, x) if layer.mudd else {}  # the MUDD layer's coefficients
+        if layer.attn_slot is not None:
+            a_in = norm(ctx.outputs[CACHED_LAYER] if layer.reads_layer7 else x)
+            v_extra = self.value_input(layer, a_in, x, ctx, mix) if layer.value_input else None
+            y = self.attention(layer, a_in, v_extra, ctx)
+            if layer.mudd:
+                layer7 = ctx.outputs[CACHED_LAYER]
+                x = (1 + mix["mix_residual"]) * x + mix["mix_input"] * ctx.x_input + mix["mix_layer7"] * layer7
+                x = mix["attn_residual"] * x + mix["attn_out"] * y + mix["attn_input"] * ctx.x_input
+                if layer.bigram:
+                    x = x + mix["attn_bigram"] * ctx.bigram
+            else:
+                x = self.resid_lambdas[i, 0] * x + self.post_lambdas[i, 0] * y + ctx.gates["x0", i] * ctx.x0
+                if layer.bigram:
+                    x = x + ctx.gates["bigram", i] * ctx.bigram
+        if layer.skip_target:  # U-net remnant 3 -> 6 with a per-token gate (#45, #55; T3.7)
+            gate = ctx.gates["skip", i]
+            x = x + torch.sigmoid(ctx.scalars["skip_lambda"]) * gate * ctx.outputs[SKIP_SOURCE_LAYER]
+        out = self.mlp(layer, norm(x), ctx)
+        if layer.mudd:
+            return mix["mlp_residual"] * x + mix["mlp_out"] * out
+        return self.resid_lambdas[i, 1] * x + self.post_lambdas[i, 1] * out
+
+    def context(self, ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape, execution: ExecutionPlan) -> ForwardContext:
+        """Embeddings, the pre MUDD gate, the attention layout and the per-layer weights (in e4m3
+        too where the plan says): what the layers share."""
         cfg, scalars = self.config, self.named_scalars()
-        lookup = functools.partial(embedding_lookup, fp32_grad=cfg.embed_grad_fp32)
-        x = lookup(self.embed, ids)
+        x = self.embed[ids]
         if cfg.smear_gate:  # (#34, T3.6)
             gate = torch.sigmoid(x[1:, :GATE_INPUTS] @ self.smear_gate.t())
             x = torch.cat([x[:1], x[1:] + scalars["smear_lambda"] * gate * x[:-1]])
@@ -832,135 +862,102 @@ class GPT(nn.Module):
         gates = self.gates(0, x0)
         x_input, bigram = x0, None
         if cfg.bigram_embed:  # (#62, T3.4)
-            signs = self.bigram_signs[bigram_sign_ids(ids)]
-            bigram = lookup(self.bigram_embed, bigram_ids(ids, cfg.bigram_rows)) * signs
+            bigram = self.bigram_embed[bigram_ids(ids, cfg.bigram_rows)] * self.bigram_signs[bigram_sign_ids(ids)]
             x_input = x0 + gates["bigram", 0] * bigram
-        value_embeds = lookup(self.value_embeds, ids).split(cfg.model_dim, -1) if cfg.value_embeds else None
-        return ForwardContext(x_input=x_input, x0=x0, bigram=bigram, value_embeds=value_embeds, gates=gates,
-                              scalars=scalars, shape=shape, outputs={},
-                              **self.attention_layout(ids.size(0), cu_seqlens, shape), **self.bank_views(),
-                              qkv8=QKVBankFP8.quantize(self.qk_bank, self.vo_bank) if fp8_qkv else None)
+        value_embeds = self.value_embeds[ids].split(cfg.model_dim, -1) if cfg.value_embeds else ()
+        attn, rope, attn_paired, rope_paired = self.attention_layout(ids.size(0), cu_seqlens, shape, execution)
+        n_attn, d = len(ATTENTION_LAYERS), cfg.model_dim
+        mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
+        return ForwardContext(
+            x_input=x_input, x0=x0, bigram=bigram, value_embeds=value_embeds, gates=gates, scalars=scalars,
+            shape=shape, execution=execution, attn=attn, attn_paired=attn_paired, rope=rope, rope_paired=rope_paired,
+            qk=self.qk_bank.view(n_attn, -1, d).unbind(0), vo=self.vo_bank.view(n_attn, 2, d, d).unbind(0),
+            mlp_fc=mlp_fc, mlp_proj=mlp_proj,
+            qkv8=QKVBankFP8.quantize(self.qk_bank, self.vo_bank) if execution.qkv_e4m3 else None,
+            mlp8=MLPBankFP8.quantize(self.mlp_bank) if execution.mlp_e4m3 else None, outputs={})
 
-    def attention_layout(self, T: int, cu_seqlens: Tensor, shape: ForwardShape) -> dict:
-        """AttnArgs and rotary tables of the plain and, with paired heads, the doubled sequence."""
+    def attention_layout(self, T: int, cu_seqlens: Tensor, shape: ForwardShape, execution: ExecutionPlan) -> tuple:
+        """(AttnArgs, rotary tables) of the plain sequence, then of the doubled one (paired heads) or Nones."""
         positions = torch.arange(T, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
         doc_ids = torch.searchsorted(cu_seqlens, positions, right=True)
-        backend = self.config.attention_backend
-        if backend == "fa4" and T < self.config.fa4_min_tokens:  # FA4's per-call host cost outweighs its kernels
-            backend = fa4_small_forward_backend()
-        attn = AttnArgs(cu_seqlens, doc_ids, shape.max_seq_len, backend, {})
-        layout = dict(attn=attn, rope=(self.rope_cos[:T, None], self.rope_sin[:T, None]),
-                      attn_paired=None, rope_paired=None)
-        if self.config.paired_heads:  # the doubled sequence's tables, as (token, half of the heads)
-            H, quarter = self.config.num_heads, self.config.head_dim // 4
-            paired = (self.rope_cos[: 2 * T, None], self.rope_sin[: 2 * T, None])
-            if self.config.paired_rope_by_head:
-                index = paired_rope_positions(T, H, True, cu_seqlens.device)
-                paired = (self.rope_cos[index], self.rope_sin[index])
-            layout.update(attn_paired=attn.doubled(),
-                          rope_paired=tuple(t.view(T, 2, -1, quarter) for t in paired))
-        return layout
+        attn = AttnArgs(cu_seqlens, doc_ids, shape.max_seq_len, execution.attention, {})
+        rope = (self.rope_cos[:T, None], self.rope_sin[:T, None])
+        if not self.config.paired_heads:
+            return attn, rope, None, None
+        quarter = self.config.head_dim // 4  # the doubled sequence's tables, as (token, half of the heads)
+        rope_paired = tuple(t[: 2 * T].view(T, 2, 1, quarter) for t in (self.rope_cos, self.rope_sin))
+        return attn, rope, attn.doubled(), rope_paired
 
-    def bank_views(self) -> dict:
-        """The banks unbound into per-layer matrices (see ForwardContext.qk)."""
-        n_attn, d = len(ATTENTION_LAYERS), self.config.model_dim
-        mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
-        return dict(qk=self.qk_bank.view(n_attn, -1, d).unbind(0), vo=self.vo_bank.view(n_attn, 2, d, d).unbind(0),
-                    mlp_fc=mlp_fc, mlp_proj=mlp_proj)
-
-    def attention_block(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext, mix: dict | None) -> Tensor:
-        """The attention sublayer and the residual update after it: x0 and the bigram embedding
-        re-injected with their gates (T3.4), or at the MUDD layer its dense mix."""
-        a_in, v_extra, x = self.attention_inputs(layer, x, ctx, mix)
-        y = self.attention(layer, a_in, v_extra, ctx)
-        if mix is not None:
-            x = mix["attn_residual"] * x + mix["attn_out"] * y + mix["attn_input"] * ctx.x_input
-            return x if ctx.bigram is None else x + mix["attn_bigram"] * ctx.bigram
-        i = layer.index
-        x = self.resid_lambdas[i, 0] * x + self.post_lambdas[i, 0] * y + ctx.gates["x0", i] * ctx.x0
-        if ctx.bigram is not None and i > 0:  # layer 0's bigram entered with x0
-            x = x + ctx.gates["bigram", i] * ctx.bigram
-        return x
-
-    def attention_inputs(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext,
-                         mix: dict | None) -> tuple[Tensor, Tensor | None, Tensor]:
-        """(normalized attention input, extra value input (T, H, hd) or None, residual): the value
-        embedding with its gate (T3.3) and, at the MUDD layer, the dense value input and the residual
-        pre-mix (T3.14)."""
+    def value_input(self, layer: LayerPlan, a_in: Tensor, x: Tensor, ctx: ForwardContext, mix: dict) -> Tensor:
+        """The extra value input (T, H, hd) of an attention: the value embedding with its gate
+        (#55, #70; T3.3), at the MUDD layer one MUDD gate per half of the heads, plus the dense
+        value mix of earlier residuals (T3.14)."""
         T, H, hd = x.size(0), self.config.num_heads, self.config.head_dim
-        a_in = norm(ctx.outputs[CACHED_LAYER] if layer.reads_layer7 else x)
-        v_extra = None
+        v_extra = 0
         if layer.value_embed is not None:
             ve = ctx.value_embeds[layer.value_embed]
-            if mix is not None:  # one MUDD gate for each half of the heads
+            if layer.mudd:
                 gate = torch.cat([mix["ve_gate_first_heads"].expand(T, H // 2),
                                   mix["ve_gate_last_heads"].expand(T, H - H // 2)], -1)
-            else:  # gated value embedding (#55, #70)
+            else:
                 half = GATE_INPUTS // 2
                 gate = 2 * torch.sigmoid(torch.cat([a_in[:, :half], ve[:, :half]], -1)
                                          @ self.ve_gate_bank[layer.value_gate].t())
             v_extra = gate[..., None] * ve.view(T, H, hd)
-        if mix is not None:
+        if layer.mudd:
             layer7 = ctx.outputs[CACHED_LAYER]
-            v_mudd = (mix["v_input"] * ctx.x_input + mix["v_layer7"] * layer7 + mix["v_residual"] * x).view(T, H, hd)
-            v_extra = v_mudd if v_extra is None else v_extra + v_mudd
-            x = (1 + mix["mix_residual"]) * x + mix["mix_input"] * ctx.x_input + mix["mix_layer7"] * layer7
-        return a_in, v_extra, x
+            v_extra = v_extra + (mix["v_input"] * ctx.x_input + mix["v_layer7"] * layer7
+                                 + mix["v_residual"] * x).view(T, H, hd)
+        return v_extra
 
     def attention(self, layer: LayerPlan, x: Tensor, v_extra: Tensor | None, ctx: ForwardContext) -> Tensor:
         """One attention sublayer on the normalized input x (T3.8-T3.13, T3.16, T3.17)."""
         cfg, i, slot = self.config, layer.index, layer.attn_slot
         T, H, hd = x.size(0), cfg.num_heads, cfg.head_dim
         w_v, w_o = ctx.vo[slot][0], ctx.vo[slot][1]
-        w_qkv = torch.cat([ctx.qk[slot], w_v])
         lambdas = ctx.scalars["attn_lambdas"][i]  # pre-multiplied into the weights (#47, #48)
-        w_qkv, w_o = lambdas[0] * w_qkv, lambdas[1] * w_o
-        if ctx.qkv8 is not None:  # e4m3 forward (T6.3): the bank's scale times the lambda
+        w_qkv, w_o = lambdas[0] * torch.cat([ctx.qk[slot], w_v]), lambdas[1] * w_o
+        if ctx.execution.qkv_e4m3:  # e4m3 forward (T6.3): the bank's scale times the lambda
             qkv = fp8_normed_linear(x, w_qkv, ctx.qkv8.weights[slot], ctx.qkv8.scales[slot] * lambdas[0])
         else:
             qkv = x @ w_qkv.t()
         q, k, v = qkv.view(T, 3 * H, hd).split(H, dim=1)
         q, k = norm(q), norm(k)  # QK-norm
-        if v_extra is not None:
+        if layer.value_input:
             v = v + v_extra
         if layer.paired_heads:  # heads h and h+H/2 become one head: 2t is head h, 2t+1 head h+H/2 (#58);
             # rotated as (T, 2, H/2, hd) views of the projection (plain strides), then interleaved
             q, k = (apply_rope(t.view(T, 2, H // 2, hd), *ctx.rope_paired) for t in (q, k))
             q, k, v = (t.reshape(2 * T, H // 2, hd) for t in (q, k, v))
-            args = ctx.attn_paired
         else:
             q, k = apply_rope(q, *ctx.rope), apply_rope(k, *ctx.rope)
-            args = ctx.attn
         if layer.key_offset:
             k = shift_key_half(k)
         q = (q * self.attn_scale).to(v.dtype)
         window = ctx.shape.long_window if layer.long_window else ctx.shape.short_window
-        y = attend(q, k, v, args, window).reshape(T, H, hd)
-        gates = ctx.gates
-        if ("dc_w1", i) in gates:  # cross-head composition on a local window (#85, T3.17); w1 RMS-normalized
-            w1 = F.rms_norm(gates["dc_w1", i].float(), (H,), eps=1e-6)
-            y = y + dc_mha(q, k, v, ctx.attn.doc_ids, w1, gates["dc_w2", i])
-        if ("xsa", i) in gates:  # (T3.13)
-            y = exclusive_self_attention(y, v, gates["xsa", i])
-        if ("out_gate", i) in gates:  # (#28, #85; T3.16)
-            y = y * gates["out_gate", i][..., None]
+        y = attend(q, k, v, ctx.attn_paired if layer.paired_heads else ctx.attn, window).reshape(T, H, hd)
+        if layer.dc_mha:  # cross-head composition on a local window (#85, T3.17); w1 RMS-normalized
+            w1 = F.rms_norm(ctx.gates["dc_w1", i].float(), (H,), eps=1e-6)
+            y = y + dc_mha(q, k, v, ctx.attn.doc_ids, w1, ctx.gates["dc_w2", i], DC_WINDOW,
+                           ctx.execution.dc_mha_kernel)
+        if layer.xsa:  # (T3.13)
+            y = exclusive_self_attention(y, v, ctx.gates["xsa", i])
+        if layer.out_gate:  # (#28, #85; T3.16)
+            y = y * ctx.gates["out_gate", i][..., None]
         return y.reshape(T, H * hd) @ w_o.t()
 
-    def mlp_block(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext, mix: dict | None, fused: bool,
-                  bank8: "MLPBankFP8 | None") -> Tensor:
-        """The ReLU² MLP (#5) and the residual update after it. Small forwards (stage 1) are
-        launch-bound: there the plain expression beats the fused kernels (T6.1). With bank8 the
-        forward runs in e4m3 and refreshes the layer's delayed scale of post (T6.2)."""
-        fc, proj = ctx.mlp_fc[layer.index], ctx.mlp_proj[layer.index]
-        if bank8 is not None:
+    def mlp(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext) -> Tensor:
+        """The ReLU² MLP (#5) on the normalized input x: plain, fused (T6.1) or its e4m3 forward,
+        which refreshes the layer's delayed scale of post (T6.2), as the plan says."""
+        fc, proj, execution = ctx.mlp_fc[layer.index], ctx.mlp_proj[layer.index], ctx.execution
+        if execution.mlp_e4m3:
             post_scale = getattr(self, f"fp8_post_scale{layer.index}")
-            out, post_amax = fp8_relu_square_mlp(norm(x), fc, proj, bank8, layer.index, post_scale)
+            out, post_amax = fp8_relu_square_mlp(x, fc, proj, ctx.mlp8, layer.index, post_scale)
             post_scale.copy_(post_amax.clamp_min(1e-12).view(()) * (FP8_POST_MARGIN / E4M3_MAX))
-        else:
-            out = (relu_square_mlp if fused else relu_square_mlp_reference)(norm(x), fc, proj)
-        if mix is not None:
-            return mix["mlp_residual"] * x + mix["mlp_out"] * out
-        return self.resid_lambdas[layer.index, 1] * x + self.post_lambdas[layer.index, 1] * out
+            return out
+        if execution.mlp_fused:
+            return relu_square_mlp(x, fc, proj, execution.mlp_kernel)
+        return relu_square_mlp_reference(x, fc, proj)
 
     def final_mix(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         """MUDD's dense mix of earlier residuals before the head (#81, T3.14); at init its layer-7
@@ -968,7 +965,7 @@ class GPT(nn.Module):
         f, out = self.mudd(1, x), ctx.outputs
         x = (x + f["input"] * ctx.x_input + f["layer7"] * out[CACHED_LAYER] + f["layer9"] * out[MUDD_LAYER - 1]
              + f["layer3"] * out[SKIP_SOURCE_LAYER])
-        if ctx.value_embeds is not None:
+        if self.config.value_embeds:
             x = x + f["value_embed"] * ctx.value_embeds[0]
         return x
 
@@ -1012,6 +1009,44 @@ class ParamSpec:
         matrix_lr_muls times √(rows/cols) for tall matrices (#42, T2.4)."""
         rows, cols = self.matrix_shape
         return torch.tensor(self.matrix_lr_muls)[index % len(self.matrix_lr_muls)] * max(1.0, rows / cols) ** 0.5
+def param_table(cfg: ModelConfig) -> dict[str, ParamSpec]:
+    """The optimizer's table (T2.1): how each parameter of GPT(cfg) is optimized. Within its group
+    (replicated, bank, sharded table) a parameter's place here is its place in the optimizer's
+    communication and work order: the big MLP bank sits between the two small banks, so the first
+    wait and the last gather are short. Parameters a switch removes are simply absent from the model."""
+    return {
+        "qk_bank": ParamSpec("normuon", "sharded", matrix_shape=(2 * cfg.head_dim, cfg.model_dim), wd_mul=1.0),
+        "mlp_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.mlp_hidden, cfg.model_dim), wd_mul=1.0,
+                              matrix_lr_muls=(1.0, 2.0)),  # projections (odd index) x2
+        "vo_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.model_dim, cfg.model_dim), wd_mul=1.0),
+        "scalars": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.99)),
+        "smear_gate": ParamSpec("adam", "replicated", lr_mul=0.01, betas=(0.9, 0.99)),
+        "ve_gate_bank": ParamSpec("adam", "replicated", wd_mul=1.0, betas=(0.9, 0.99)),
+        "lm_head": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
+        "bigram_embed": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
+        "post_lambdas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
+        "resid_lambdas": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.95)),
+        "value_embeds": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
+        "embed": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
+        "mudd.w1": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
+        "mudd.w2": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
+        "mudd.b2": ParamSpec("adam", "replicated", lr_mul=0.25, betas=(0.9, 0.99)),
+        "gates.w1": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
+        "gates.w2": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
+        "gates.b2": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
+        "gates.scale": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
+    }
+
+
+def param_specs(model: nn.Module) -> dict[str, ParamSpec]:
+    """The table's rows of the model's parameters, in table order; every parameter must have one."""
+    table, names = param_table(model.config), dict(model.named_parameters())
+    missing = set(names) - set(table)
+    if missing:
+        raise ValueError(f"parameters without an optimizer spec: {sorted(missing)}")
+    return {label: spec for label, spec in table.items() if label in names}
+
+
 def _fp32_from_bf16_and_mantissa(hi: Tensor, mantissa: Tensor) -> Tensor:
     """The exact fp32 master weight whose top 16 bits are the bf16 weight (T2.6)."""
     bits = (hi.view(torch.int16).to(torch.int32) << 16) | (mantissa.to(torch.int32) & 0xFFFF)
@@ -1118,14 +1153,14 @@ class NorMuonAdam:
     Adam every other step (T2.7): on a step without Adam, each Adam parameter's gradient is moved out
     of .grad into `kept` (its reduction launched at once, so it overlaps the next step), and the next
     step's update adds it to the new one inside the Adam kernel. Autograd would otherwise add the
-    two in a separate full pass over every table (0.55 ms per step on the H100 at 1 rank).
+    two in a separate full pass over every table.
 
     Tied embedding (#51, #53; T3.15): while tied, embed's gradient is added to lm_head's, only lm_head
     is reduced and updated and embed is overwritten with it; untie() hands lm_head's Adam state to
     embed. Both are stored (vocab, dim), so tying needs no transpose."""
 
     def __init__(self, params: dict[str, nn.Parameter], specs: dict[str, ParamSpec], config: OptimConfig,
-                 rank: int = 0, world_size: int = 1, tied: tuple[str, str] | None = None):
+                 rank: int = 0, world_size: int = 1, tied: tuple[str, str] | None = None, compile: bool = False):
         self.params, self.specs, self.config = params, specs, config
         self.rank, self.world = rank, world_size
         self.tied = self.initial_tie = tied  # (follower, leader) = ("embed", "lm_head") while tied
@@ -1138,7 +1173,7 @@ class NorMuonAdam:
         self.lr_muls: dict[str, Tensor] = {}  # NorMuon: per-matrix lr multipliers of the local rows
         on_cuda = next(iter(params.values())).is_cuda
         self.use_triton = triton_applies(next(iter(params.values())))  # symmetric kernels on every bank
-        if on_cuda and config.compile:  # one graph per bank and table shape
+        if on_cuda and compile:  # one graph per bank and table shape
             self._normuon_fn = torch.compile(normuon_bank_step, dynamic=False, fullgraph=True)
             self._adam_fn = torch.compile(adam_update, dynamic=False, fullgraph=True)
         else:
@@ -1332,7 +1367,12 @@ class ShardError(SetupError):
 
 def read_shard_header(path: str) -> int:
     """Check a shard's magic, version and size; return its token count. The format's one reader:
-    data/shards.py (the data scripts' writer) imports it from here."""
+    data/shards.py (the data scripts' writer) imports it from here. A folder is an error here, not
+    at its first read: its size would pass the size check."""
+    if not os.path.isfile(path):
+        kind = "a folder" if os.path.isdir(path) else "not a regular file"
+        raise ShardError(path, f"{kind}, not a token shard: give a pattern of .bin files, e.g. "
+                               f"{os.path.join(path, '*_train_*.bin')!r}")
     size = os.path.getsize(path)
     if size < SHARD_HEADER_BYTES:
         raise ShardError(path, f"{size} bytes, shorter than the {SHARD_HEADER_BYTES}-byte header (truncated download?)")
@@ -1349,6 +1389,7 @@ def read_shard_header(path: str) -> int:
 
 
 def find_shards(pattern: str) -> list[str]:
+    """The shard files a pattern names, in order, each header checked."""
     files = sorted(glob.glob(pattern))
     if not files:
         raise FileNotFoundError(f"no token shards match {pattern!r}: {DOWNLOAD_HINT}")
@@ -1643,6 +1684,41 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
+# The log's lines, defined once: the trainer writes them with these functions and records/tool.py
+# parses them with these patterns (the field's format: step:250/1270 val_loss:3.9812 train_time:...).
+LOG_SEPARATOR = "=" * 100  # after the source, and after the environment report
+LOG_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf"
+STEP_LINE_RE = re.compile(rf"^step:(?P<step>\d+)/(?P<total>\d+)(?: val_loss:(?P<val_loss>{LOG_NUMBER}))?"
+                          rf"(?: train_loss:(?P<train_loss>{LOG_NUMBER}))? train_time:(?P<train_time>\d+(?:\.\d+)?)ms"
+                          rf" step_avg:(?P<step_avg>{LOG_NUMBER})ms$")
+PEAK_MEMORY_RE = re.compile(r"^peak memory allocated: (?P<allocated>\d+) MiB reserved: (?P<reserved>\d+) MiB"
+                            r"(?: \(cpu: [^)]*\))?$")
+FINAL_WINDOWS_RE = re.compile(rf"^final_windows (?P<setting>.+) val_loss:(?P<val_loss>{LOG_NUMBER})$")
+DESCRIPTION_RE = re.compile(r"^(?P<key>[a-z_]+): (?P<value>.*)$")  # run_id: ..., hyperparameters: {...}
+
+
+def step_line(step: int, total: int, train_ms: float, val_loss: float | None = None,
+              train_loss: float | None = None) -> str:
+    """A step line: after a validation (val_loss) or a training step (train_loss when logged)."""
+    parts = [f"step:{step}/{total}"]
+    if val_loss is not None:
+        parts.append(f"val_loss:{val_loss:.4f}")
+    if train_loss is not None:
+        parts.append(f"train_loss:{train_loss:.4f}")
+    return " ".join(parts + [f"train_time:{train_ms:.0f}ms", f"step_avg:{train_ms / max(step, 1):.2f}ms"])
+
+
+def peak_memory_line(allocated_mib: int, reserved_mib: int, cpu: bool = False) -> str:
+    """The run's last line; on the CPU both numbers are the process's peak resident memory."""
+    return (f"peak memory allocated: {allocated_mib} MiB reserved: {reserved_mib} MiB"
+            + (" (cpu: peak resident set size)" if cpu else ""))
+
+
+def final_windows_line(setting: str, val_loss: float) -> str:
+    """bench/eval_windows.py's score of the final model under another final-validation setting."""
+    return f"final_windows {setting} val_loss:{val_loss:.4f}"
+
+
 class RunLog:
     """Rank 0 writes logs/<run_id>.txt and echoes chosen lines to the console."""
 
@@ -1686,35 +1762,29 @@ def environment_report() -> str:
     return "\n".join(lines)
 
 
-def hyperparameter_variables() -> list[str]:
-    """The environment variables Hyperparameters.from_env reads."""
-    names = [f.name.upper() for f in dataclasses.fields(Hyperparameters) if f.name != "stages"]
-    return names + [f"STAGE_{column.upper()}" for column in STAGE_COLUMNS]
-
-
 def environment_overrides(environ=os.environ) -> str:
     """The hyperparameter variables set for this run, as shell assignments (RUN_ID excluded)."""
     names = [name for name in hyperparameter_variables() if name != "RUN_ID"]
     return " ".join(f"{name}={shlex.quote(environ[name])}" for name in names if name in environ)
 
 
-def data_label(hp: Hyperparameters) -> str:
-    name = os.path.basename(hp.train_files).lower()
+def data_label(data: DataConfig) -> str:
+    name = os.path.basename(data.train_files).lower()
     kind = "proxy" if "proxy" in name else "FineWeb" if name.startswith("fineweb_") else "custom"
-    return f"{kind} (train {hp.train_files}; val {hp.val_files}, {hp.val_tokens} tokens)"
+    return f"{kind} (train {data.train_files}; val {data.val_files}, {data.val_tokens} tokens)"
 
 
 def check_hyperparameters(hp: Hyperparameters):
-    stages = hp.stages
+    stages, run = hp.schedule.stages, hp.run
     if len(stages) < 2 or stages[-1].fraction is not None or any(s.fraction is None for s in stages[:-1]):
         raise SetupError("the stage table needs stages with a fraction of the scheduled steps, then the extension")
     if abs(sum(s.fraction for s in stages[:-1]) - 1) > 1e-9:
         raise SetupError("the stages' fractions of the scheduled steps must add up to 1")
-    if len(set(hp.seeds)) < len(hp.seeds):
-        raise SetupError(f"SEEDS={','.join(map(str, hp.seeds))} repeats a seed: each run's log is named by its seed")
-    total_steps = Schedule(ScheduleConfig.from_hyperparameters(hp)).total_steps
-    if not 0 <= hp.stop_after <= total_steps:
-        raise SetupError(f"STOP_AFTER={hp.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
+    if len(set(run.seeds)) < len(run.seeds):
+        raise SetupError(f"SEEDS={','.join(map(str, run.seeds))} repeats a seed: each run's log is named by its seed")
+    total_steps = Schedule(hp.schedule).total_steps
+    if not 0 <= run.stop_after <= total_steps:
+        raise SetupError(f"STOP_AFTER={run.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
     for stage in stages:
         if stage.batch_tokens % RANKS_PER_STEP:
             raise SetupError(f"STAGE_BATCH_TOKENS entry {stage.batch_tokens} is not divisible by {RANKS_PER_STEP}")
@@ -1727,37 +1797,51 @@ class Trainer:
         self.hp, self.rank, self.world_size, self.device, self.log = hp, rank, world_size, device, log
         self.grad_accum = grad_accum_steps(hp, world_size)
         self.grad_scale = 1.0 / self.grad_accum
-        self.schedule = Schedule(ScheduleConfig.from_hyperparameters(hp))
-        self.last_step = hp.stop_after or self.schedule.total_steps  # the run's final validation
+        self.schedule = Schedule(hp.schedule)
+        self.last_step = hp.run.stop_after or self.schedule.total_steps  # the run's final validation
         # inputs first: a missing or damaged file stops the run before the model takes the GPU
-        find_shards(hp.train_files)
-        self.val_set = ValidationSet(hp.val_files, hp.val_tokens, hp.val_seq_len, rank, world_size, device)
-        self.token_bytes = gpt2_token_bytes(hp.tokenizer_dir) if hp.prefix_loss else None
-        torch.manual_seed(hp.seed)
-        self.model = GPT(ModelConfig.from_hyperparameters(hp)).to(device)
-        backend = self.model.config.attention_backend  # auto's choice
-        if backend == "fa4":
-            backend += f" ({fa4_small_forward_backend()} below {hp.fa4_min_tokens} tokens per forward)"
-        log(f"attention backend: {backend}")
+        data = hp.data
+        find_shards(data.train_files)
+        self.val_set = ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, rank, world_size, device)
+        self.token_bytes = gpt2_token_bytes(data.tokenizer_dir) if hp.schedule.prefix_loss else None
+        self.stage_execution, self.validation_execution = self.resolve_executions()
+        torch.manual_seed(hp.run.seed)
+        self.model = GPT(hp.model, longest_forward(hp)).to(device)
         self._share_initialization()
-        self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), self.model.param_specs(),
-                                     OptimConfig.from_hyperparameters(hp), rank, world_size, tied=("embed", "lm_head"))
-        compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.compile else (lambda f: f)
+        self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), param_specs(self.model), hp.optim, rank,
+                                     world_size, tied=("embed", "lm_head"), compile=hp.execution.compile)
+        compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.execution.compile else (lambda f: f)
         self.training_loss = compiled(self.model.training_loss)
         self.evaluation_loss = compiled(self.model.evaluation_loss)
         self.long_windows = None  # those the model's rotary tables are set for
         self.losses = torch.zeros(self.schedule.total_steps, device=device)
         self.checked_steps = 0
         self.pending_check = None  # (first step, CUDA event of its flag's copy) of the check in flight
+        self.position = "before the warm-up"  # where the run is, for an interruption's line
         self.nonfinite_flag = torch.zeros((), dtype=torch.bool, pin_memory=device.type == "cuda")
         # Every step's target-column weights on the device, made once: a per-step copy from host
         # memory would block the CPU until the GPU drained its queue, exposing launch gaps.
         self.target_weights = [torch.tensor(self.schedule.plan(step).target_weights, device=device)
                                for step in range(self.schedule.total_steps)]
 
+    def resolve_executions(self) -> tuple[tuple[ExecutionPlan, ...], ExecutionPlan]:
+        """The execution plan of each stage's training forward and of the validation forward, decided
+        once here; the log gets one line per distinct plan."""
+        hp, tokens = self.hp, [stage.batch_tokens // RANKS_PER_STEP for stage in self.hp.schedule.stages]
+        stages = tuple(resolve_execution(hp.execution, hp.model, self.device, n, training=True) for n in tokens)
+        validation = resolve_execution(hp.execution, hp.model, self.device, hp.data.val_seq_len, training=False)
+        users = {}
+        for i, plan in enumerate(stages):
+            users.setdefault(plan, []).append("extension" if i == len(stages) - 1 else f"stage {i + 1}")
+        users.setdefault(validation, []).append("validation")
+        for plan, names in users.items():
+            fields = " ".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in dataclasses.asdict(plan).items())
+            self.log(f"execution plan ({', '.join(names)}): {fields}")
+        return stages, validation
+
     def _share_initialization(self):
         if self.world_size > 1:  # the same initialization on every rank
-            random_buffers = [self.model.bigram_signs] if self.hp.bigram_embed else []
+            random_buffers = [self.model.bigram_signs] if self.hp.model.bigram_embed else []
             for tensor in [*self.model.parameters(), *random_buffers]:
                 dist.broadcast(tensor.data, 0)
 
@@ -1765,8 +1849,8 @@ class Trainer:
         """The initial state of another run with hp's seed (SEEDS), as a new process would draw it:
         the parameters and buffers of a fresh model, a fresh optimizer's state; the compiled graphs stay."""
         self.hp, self.log = hp, log
-        torch.manual_seed(hp.seed)
-        fresh = GPT(self.model.config)
+        torch.manual_seed(hp.run.seed)
+        fresh = GPT(self.model.config, longest_forward(hp))
         own = {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
         with torch.no_grad():  # every tensor, the non-persistent random ones too (bigram signs)
             for name, tensor in [*fresh.named_parameters(), *fresh.named_buffers()]:
@@ -1797,7 +1881,8 @@ class Trainer:
         mean_ce = torch.zeros((), device=self.device)
         for _ in range(self.grad_accum):
             inputs, targets, cu_seqlens = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)
-            loss, ce = self.training_loss(inputs, targets, cu_seqlens, plan.shape, target_weights, self.grad_scale)
+            loss, ce = self.training_loss(inputs, targets, cu_seqlens, plan.shape, self.stage_execution[plan.stage],
+                                          target_weights, self.grad_scale)
             loss.backward()
             mean_ce += ce / self.grad_accum
         self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step)
@@ -1809,7 +1894,7 @@ class Trainer:
     def validation_shape(self, step: int, final: bool = False) -> tuple[ForwardShape, tuple[int, ...]]:
         """(forward shape, long windows) of the validation before `step`."""
         plan = self.schedule.plan(step, final)
-        shape = dataclasses.replace(plan.shape, max_seq_len=self.hp.val_seq_len, n_predict=1, prefix_target=False)
+        shape = dataclasses.replace(plan.shape, max_seq_len=self.hp.data.val_seq_len, n_predict=1, prefix_target=False)
         return shape, plan.long_windows
 
     def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> float:
@@ -1826,7 +1911,8 @@ class Trainer:
         for i, (inputs, targets, cu_seqlens) in enumerate(self.val_set):
             if max_batches is not None and i >= max_batches:
                 break
-            total += self.evaluation_loss(inputs, targets, cu_seqlens, shape, min(32768, self.hp.val_seq_len))
+            total += self.evaluation_loss(inputs, targets, cu_seqlens, shape, self.validation_execution,
+                                          min(32768, self.hp.data.val_seq_len))
             count += inputs.numel()
         stats = torch.stack([total, torch.tensor(float(count), device=self.device)])
         if self.world_size > 1:
@@ -1872,8 +1958,8 @@ class Trainer:
 
     def raise_nonfinite(self, start: int, end: int, detected_at: int):
         recent = self.recent_losses(start, end)  # every rank is here: the flag was reduced over ranks
-        first = int((~torch.isfinite(recent)).nonzero()[0])
-        raise NonFiniteLoss(f"non-finite training loss {recent[first].item()} at step {start + first} "
+        first = int((~torch.isfinite(recent)).nonzero()[0])  # losses[s] is the loss of the step line step:s+1
+        raise NonFiniteLoss(f"non-finite training loss {recent[first].item()} at step {start + first + 1} "
                             f"(detected at step {detected_at}); lower the learning rates or check the data")
 
     def warmup(self):
@@ -1884,9 +1970,10 @@ class Trainer:
         for step in self.validation_steps():
             validations.setdefault(self.validation_shape(step, final=step == self.schedule.total_steps), step)
         self.log(f"Compiling model and warming up kernels on steps {steps}")
+        self.position = "during the warm-up"
         initial_model = copy.deepcopy(self.model.state_dict())
         initial_optimizer = self.optimizer.state_dict()
-        loader = TrainLoader(self.hp.train_files, self.rank, self.world_size, self.device, log=lambda _: None,
+        loader = TrainLoader(self.hp.data.train_files, self.rank, self.world_size, self.device, log=lambda _: None,
                              grad_accum=self.grad_accum)
         start = time.perf_counter()
         for step in steps:
@@ -1896,7 +1983,7 @@ class Trainer:
         for step in validations.values():
             self.evaluate(step, final=step == self.schedule.total_steps, max_batches=1)
         self.log(f"Compile and warm-up took {time.perf_counter() - start:.0f}s. Resetting model")
-        if self.hp.compile and self.hp.skip_guard_checks:  # host time in the launch-bound stages (T5.2)
+        if self.hp.execution.compile and self.hp.execution.skip_guard_checks:  # host time in the launch-bound stages (T5.2)
             torch.compiler.set_stance(skip_guard_eval_unsafe=True)
         self.model.load_state_dict(initial_model)
         self.optimizer.load_state_dict(initial_optimizer)
@@ -1904,13 +1991,13 @@ class Trainer:
 
     def validation_steps(self) -> list[int]:
         """The steps before which the run validates: the first, every VAL_LOSS_EVERY-th, the last."""
-        every = self.hp.val_loss_every
+        every = self.hp.run.val_loss_every
         return sorted({0, self.last_step, *(range(every, self.last_step, every) if every > 0 else ())})
 
     def run_each(self, runs: list[Hyperparameters]):
         """Warm up once (WARMUP), then train each of `runs` (SEEDS: the compiled graphs serve every run,
         each after the first starts over under its own log); yields (run, final val loss) after each."""
-        if self.hp.warmup:
+        if self.hp.run.warmup:
             self.warmup()
         for i, run in enumerate(runs):
             if i > 0:
@@ -1918,16 +2005,17 @@ class Trainer:
             yield run, self.run()
 
     def run(self) -> float:
-        hp, total = self.hp, self.schedule.total_steps
-        loader = TrainLoader(hp.train_files, self.rank, self.world_size, self.device, log=self.log,
+        run, total = self.hp.run, self.schedule.total_steps
+        loader = TrainLoader(self.hp.data.train_files, self.rank, self.world_size, self.device, log=self.log,
                              grad_accum=self.grad_accum)
         gc.collect()
         self._sync()
         training_ms, t0 = 0.0, time.perf_counter()
         if self.token_bytes is not None:  # built on the clock, like the reference's
-            self.model.prefix_ids.copy_(prefix_token_ids(self.token_bytes, hp.vocab_size))
+            self.model.prefix_ids.copy_(prefix_token_ids(self.token_bytes, self.hp.model.vocab_size))
         val_loss = float("nan")
         validation_steps = set(self.validation_steps())
+        self.position = "at step 0"
         for step in range(self.last_step + 1):
             last = step == self.last_step
             if step in validation_steps:
@@ -1935,41 +2023,42 @@ class Trainer:
                 training_ms += 1000 * (time.perf_counter() - t0)
                 self.check_finite(step)
                 val_loss = self.evaluate(step, final=step == total)
-                self.log(f"step:{step}/{total} val_loss:{val_loss:.4f} train_time:{training_ms:.0f}ms "
-                         f"step_avg:{training_ms / max(step, 1):.2f}ms")
+                self.log(step_line(step, total, training_ms, val_loss=val_loss))
                 self._sync()
                 t0 = time.perf_counter()
             if last:
                 break
             ce = self.train_step(self.schedule.plan(step), loader)
-            if hp.nonfinite_check_every and (step + 1) % hp.nonfinite_check_every == 0:
+            if run.nonfinite_check_every and (step + 1) % run.nonfinite_check_every == 0:
                 self.check_finite(step + 1, wait=False)
             self.log_step(step + 1, training_ms + 1000 * (time.perf_counter() - t0), ce)
+            self.position = f"at step {step + 1}"
         self.log_memory()
-        if hp.save_checkpoint:
+        if run.save_checkpoint:
             self.save_checkpoint()
         return val_loss
 
     def log_step(self, steps_done: int, elapsed_ms: float, ce: Tensor):
-        extra = ""
-        if self.hp.train_loss_every and steps_done % self.hp.train_loss_every == 0:
-            extra = f" train_loss:{self.global_mean(ce):.4f}"
-        self.log(f"step:{steps_done}/{self.schedule.total_steps}{extra} train_time:{elapsed_ms:.0f}ms "
-                 f"step_avg:{elapsed_ms / steps_done:.2f}ms", console=steps_done % 25 == 0 or steps_done <= 10)
+        train_loss = None
+        every = self.hp.run.train_loss_every
+        if every and steps_done % every == 0:
+            train_loss = self.global_mean(ce)
+        self.log(step_line(steps_done, self.schedule.total_steps, elapsed_ms, train_loss=train_loss),
+                 console=steps_done % 25 == 0 or steps_done <= 10)
 
     def log_memory(self):
         if self.device.type == "cuda":
-            self.log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
-                     f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
+            self.log(peak_memory_line(torch.cuda.max_memory_allocated() // 2**20,
+                                      torch.cuda.max_memory_reserved() // 2**20))
         else:  # the same line with the process's peak resident memory
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # KiB on Linux
-            self.log(f"peak memory allocated: {rss} MiB reserved: {rss} MiB (cpu: peak resident set size)")
+            self.log(peak_memory_line(rss, rss, cpu=True))
 
     def save_checkpoint(self):
-        folder = os.path.join("checkpoints", self.hp.run_id)
+        folder = os.path.join("checkpoints", self.hp.run.run_id)
         os.makedirs(folder, exist_ok=True)
         if self.rank == 0:
-            torch.save({"hyperparameters": dataclasses.asdict(self.hp), "model": self.model.state_dict()},
+            torch.save({"hyperparameters": self.hp.flat(), "model": self.model.state_dict()},
                        os.path.join(folder, "model.pt"))
         torch.save(self.optimizer.state_dict(), os.path.join(folder, f"optimizer_rank{self.rank}.pt"))
         self.log(f"checkpoint: {folder}/")
@@ -1983,16 +2072,17 @@ def check_world_size(hp: Hyperparameters, world_size: int):
     if world_size not in (1, 2, 4, 8):
         raise SetupError(f"world size {world_size} is not supported: run on 1, 2, 4 or 8 GPUs "
                          f"(gradient accumulation 8 // world_size keeps the 8-GPU math)")
-    if hp.rank_slice and world_size != 1:
+    if hp.run.rank_slice and world_size != 1:
         raise SetupError("RANK_SLICE=1 runs one rank's share on a single GPU: use --nproc_per_node=1 (NGPU=1)")
 
 
 def check_inputs(hp: Hyperparameters):
     """What a run reads before its first step, checked on the CPU: the shards and the vocabulary."""
-    find_shards(hp.train_files)
-    ValidationSet(hp.val_files, hp.val_tokens, hp.val_seq_len, 0, 1, torch.device("cpu"))
-    if hp.prefix_loss:
-        prefix_token_ids(gpt2_token_bytes(hp.tokenizer_dir), hp.vocab_size)
+    data = hp.data
+    find_shards(data.train_files)
+    ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, 0, 1, torch.device("cpu"))
+    if hp.schedule.prefix_loss:
+        prefix_token_ids(gpt2_token_bytes(data.tokenizer_dir), hp.model.vocab_size)
 
 
 def allow_graph_per_shape():
@@ -2002,19 +2092,31 @@ def allow_graph_per_shape():
             setattr(torch._dynamo.config, name, 64)
 
 
+def check_gpus(hp: Hyperparameters, world_size: int):
+    """Enough CUDA GPUs visible for world_size processes (run.sh's --check gets WORLD_SIZE=NGPU)."""
+    if hp.run.device != "cuda":
+        return
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible == 0:
+        raise SetupError("no CUDA GPU visible. train_gpt.py trains on NVIDIA GPUs (H100-class); `SMOKE=1 "
+                         "./run.sh` trains a tiny model on the CPU, DEVICE=cpu runs this one there (slowly)")
+    if visible < world_size:
+        fits = max(n for n in (1, 2, 4, 8) if n <= visible)
+        raise SetupError(f"{world_size} processes (NGPU) but {visible} CUDA GPU(s) visible: use NGPU={fits} "
+                         f"(fewer GPUs accumulate gradients: the same training)")
+
+
 def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
     """(rank, world size, device) of this process; the process group when several run."""
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     check_world_size(hp, world_size)
-    if hp.device == "cuda":
-        if not torch.cuda.is_available():
-            raise SetupError("no CUDA GPU visible. train_gpt.py trains on NVIDIA GPUs (H100-class); `SMOKE=1 "
-                             "./run.sh` trains a tiny model on the CPU, DEVICE=cpu runs this one there (slowly)")
+    if hp.run.device == "cuda":
+        check_gpus(hp, world_size)
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
-        device = torch.device(hp.device)
+        device = torch.device(hp.run.device)
     if world_size > 1:
         cuda = device.type == "cuda"
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
@@ -2024,28 +2126,27 @@ def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
 def planned_runs(hp: Hyperparameters, world_size: int) -> list[Hyperparameters]:
     """The runs this process makes: hp, or (SEEDS) one per seed, logged as RUN_ID_s<seed>. A missing
     RUN_ID becomes rank 0's uuid4 on every rank."""
-    run_id = hp.run_id or str(uuid.uuid4())
+    run_id = hp.run.run_id or str(uuid.uuid4())
     if world_size > 1:  # every rank logs under rank 0's id
         shared = [run_id]
         dist.broadcast_object_list(shared, 0)
         run_id = shared[0]
-    if not hp.seeds:
-        return [dataclasses.replace(hp, run_id=run_id)]
-    return [dataclasses.replace(hp, seed=seed, run_id=f"{run_id}_s{seed}") for seed in hp.seeds]
+    if not hp.run.seeds:
+        return [hp.replace(run_id=run_id)]
+    return [hp.replace(seed=seed, run_id=f"{run_id}_s{seed}") for seed in hp.run.seeds]
 
 
 def open_run_log(hp: Hyperparameters, rank: int, world_size: int, device: torch.device) -> RunLog:
     """The run's log (rank 0 writes it): this source, the environment, the run's description."""
-    log = RunLog(os.path.join(hp.log_dir, f"{hp.run_id}.txt") if rank == 0 else None)
+    log = RunLog(os.path.join(hp.run.log_dir, f"{hp.run.run_id}.txt") if rank == 0 else None)
     with open(__file__) as f:
-        log(f.read().rstrip("\n") + "\n" + "=" * 100, console=False)
-    log(environment_report() + "\n" + "=" * 100, console=False)
+        log(f.read().rstrip("\n") + "\n" + LOG_SEPARATOR, console=False)
+    log(environment_report() + "\n" + LOG_SEPARATOR, console=False)
     hardware = f"{world_size}x {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"
-    log("\n".join([f"run_id: {hp.run_id}", f"hardware: {hardware}",
-                   f"mode: {'rank-slice' if hp.rank_slice else 'full-batch'}", f"world_size: {world_size}",
-                   f"grad_accum_steps: {grad_accum_steps(hp, world_size)}", f"data: {data_label(hp)}",
-                   f"overrides: {environment_overrides()}",
-                   f"hyperparameters: {json.dumps(dataclasses.asdict(hp))}"]))
+    log("\n".join([f"run_id: {hp.run.run_id}", f"hardware: {hardware}",
+                   f"mode: {'rank-slice' if hp.run.rank_slice else 'full-batch'}", f"world_size: {world_size}",
+                   f"grad_accum_steps: {grad_accum_steps(hp, world_size)}", f"data: {data_label(hp.data)}",
+                   f"overrides: {environment_overrides()}", f"hyperparameters: {json.dumps(hp.flat())}"]))
     return log
 
 
@@ -2062,19 +2163,34 @@ def report_setup_error(error: Exception, rank: int, log: RunLog | None):
     raise SystemExit(1)
 
 
+def report_interrupt(where: str, rank: int, log: RunLog | None):
+    """Ctrl-C: one `interrupted ...` line (console and log, which keeps everything before it), exit 130."""
+    if log is not None:
+        log(f"interrupted {where}", console=False)
+    if rank == 0:
+        print(f"interrupted {where}", file=sys.stderr, flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    raise SystemExit(130)
+
+
 def main():
     """Train; `python train_gpt.py --check` only checks the settings and inputs (run.sh does so
     before it starts torchrun, so a bad setting is one line, not one traceback per process)."""
     rank, log = int(os.environ.get("RANK", 0)), None
+    if sys.argv[1:] in (["--help"], ["-h"]):
+        return print(__doc__.strip())
     try:
         if sys.argv[1:] not in ([], ["--check"]):
             raise SetupError(f"unknown arguments {sys.argv[1:]}: settings are environment variables (README)")
         hp = Hyperparameters.from_env()
         check_hyperparameters(hp)
         if sys.argv[1:] == ["--check"]:
-            check_world_size(hp, int(os.environ.get("WORLD_SIZE", 1)))
+            world_size = int(os.environ.get("WORLD_SIZE", 1))
+            check_world_size(hp, world_size)
+            check_gpus(hp, world_size)
             check_inputs(hp)
-            return print(f"settings and inputs ok ({data_label(hp)})")
+            return print(f"settings and inputs ok ({data_label(hp.data)})")
         rank, world_size, device = init_process(hp)
         allow_graph_per_shape()
         runs = planned_runs(hp, world_size)
@@ -2082,12 +2198,16 @@ def main():
         trainer = Trainer(runs[0], rank, world_size, device, log)
     except (SetupError, FileNotFoundError) as error:
         report_setup_error(error, rank, log)
+    except KeyboardInterrupt:
+        report_interrupt("during set-up", rank, log)
     try:
         for _ in trainer.run_each(runs):  # each run logs its own results
             pass
     except NonFiniteLoss as error:
         trainer.log(f"error: {error}")
         raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        report_interrupt(trainer.position, rank, trainer.log)
     except torch.OutOfMemoryError:
         trainer.log("error: out of GPU memory. Free the GPU (other processes?), keep PYTORCH_ALLOC_CONF="
             "expandable_segments:True, or lower STAGE_BATCH_TOKENS / VAL_SEQ_LEN for smaller GPUs.")
@@ -2322,8 +2442,7 @@ def xtx(A: Tensor, config: tuple | None = None) -> Tensor:
 def polar_iterations(X: Tensor, method: str = "polar_express", use_triton: bool | None = None) -> Tensor:
     """polar_iterations_reference's function; with the symmetric Triton kernels, a·X + X·B is one
     product X·(B + a·I), a·I added in the kernel's fp32 epilogue: baddbmm with beta != 0 first copies
-    X into its output, a device-to-device copy of the whole bank per iteration (20-40% of the torch
-    path's time on an H100, bench_orthogonalize.py --profile)."""
+    X into its output, a device-to-device copy of the whole bank per iteration."""
     if not (triton_applies(X) if use_triton is None else use_triton):
         return polar_iterations_reference(X, method)
     coeffs, _, _ = ORTHOGONALIZERS[method]
@@ -2515,9 +2634,7 @@ def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float
                fast_tanh: bool | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """softcap_ce_reference's function; the fused Triton kernel where use_triton (default: on CUDA).
     programs: persistent programs (default one per SM: a 50,304-logit row takes all of an SM's
-    registers at 16 warps, 128 per thread; larger vocabularies spill). H100, T = 49,152, e5m2
-    gradient: 3.40 ms against 3.79 for the earlier kernel that read each row twice (bytes floor
-    2.47 ms; bench/bench_cross_entropy.py).
+    registers at 16 warps, 128 per thread; larger vocabularies spill; T4.4).
     fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter)."""
     if not (triton_applies(logits) if use_triton is None else use_triton):
         return softcap_ce_reference(logits, targets, weights, grad_mul, grad_dtype)
@@ -2570,7 +2687,7 @@ def vocab_matmul(a: Tensor, b: Tensor) -> Tensor:
 
 def _scale_tensor(value: float, device: torch.device) -> Tensor:
     """A 0-d float32 scale in its own allocation: cuBLASLt (CUDA 13) rejects scale pointers that
-    are not 16-byte aligned, e.g. views into a shared buffer (BENCH.md)."""
+    are not 16-byte aligned, e.g. views into a shared buffer."""
     return torch.full((), value, dtype=torch.float32, device=device)
 
 
@@ -2830,8 +2947,8 @@ def tma_gemm_applies(t: Tensor) -> bool:
 
 
 # The two GEMMs. torch.compile traces the Triton launches (TMA descriptors included) into its graph
-# and inductor launches the kernels itself: no custom op, whose Python path cost ~0.25 ms of host time
-# per call (records/experiments/2026-11-25_HostBoundProfileH100). use_triton=False: the same products in torch.
+# and inductor launches the kernels itself: no custom op, whose Python path costs host time per call
+# (T6.1). use_triton=False: the same products in torch.
 def relu_square_matmul(x: Tensor, w: Tensor, use_triton: bool) -> Tensor:
     """post = relu(x·wᵀ)², x (M, K), w (N, K)."""
     if use_triton:
@@ -2869,9 +2986,10 @@ def relu_square_mlp_backward(grad: Tensor, x: Tensor, fc: Tensor, proj: Tensor, 
     return dpre @ fc, dpre.t() @ x, post.t() @ grad
 
 
-def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool | None = None) -> Tensor:
-    """The fused MLP: relu_square_mlp_reference's function with the ReLU² in the GEMM epilogues."""
-    return ReluSquareMLP.apply(x, fc, proj, tma_gemm_applies(x) if use_triton is None else use_triton)
+def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool) -> Tensor:
+    """The fused MLP: relu_square_mlp_reference's function with the ReLU² in the GEMM epilogues
+    where use_triton (tma_gemm_applies says where they run), else the same products in torch."""
+    return ReluSquareMLP.apply(x, fc, proj, use_triton)
 
 
 # --- FP8 MLP forward (the reference's #84, #89; T6.2) -------------------------------------------------
@@ -3014,55 +3132,6 @@ def fp8_normed_linear(x: Tensor, w: Tensor, w8: Tensor, w_scale: Tensor) -> Tens
     """x @ wᵀ (bf16) for an RMS-normalized x (T, d), with the forward in e4m3: w8 ≈ w / w_scale
     (0-d fp32); the gradients are those of x @ wᵀ in bf16."""
     return FP8NormedLinear.apply(x, w, w8, w_scale)
-
-
-# --- Embedding lookups with fp32-accumulated gradients (T3.3, T3.4; issue #25) ----------------------
-# The backward of table[ids] adds each token's gradient row into the table's gradient with atomic
-# adds in the table's dtype: in bf16 every add rounds, and the most frequent tokens are hit thousands
-# of times a step. Here the rows are summed per id in fp32 and rounded to bf16 once. The fast path
-# sorts the ids so that the fp32 sums need a (tokens, d) buffer, not a table-sized one: static shapes,
-# one stable sort, one fp32 index_add and one scatter of the rounded sums.
-
-
-def embedding_grad_reference(grad: Tensor, ids: Tensor, rows: int) -> Tensor:
-    """The table gradient (rows, d) of table[ids]: grad's rows summed per id in fp32, rounded once."""
-    total = torch.zeros(rows, grad.size(-1), dtype=torch.float32, device=grad.device)
-    return total.index_add_(0, ids, grad.float()).to(grad.dtype)
-
-
-def embedding_grad_sorted(grad: Tensor, ids: Tensor, rows: int) -> Tensor:
-    """embedding_grad_reference's function with fp32 sums over the T tokens only: ids sorted, each
-    run of equal ids summed into its first position, the rounded sum scattered to the table row."""
-    order = torch.argsort(ids, stable=True)
-    sorted_ids = ids[order]
-    positions = torch.arange(ids.numel(), device=ids.device)
-    first = torch.ones_like(sorted_ids, dtype=torch.bool)
-    first[1:] = sorted_ids[1:] != sorted_ids[:-1]
-    run_start = torch.cummax(torch.where(first, positions, 0), 0).values  # first position of each id's run
-    sums = torch.zeros(grad.shape, dtype=torch.float32, device=grad.device)
-    sums.index_add_(0, run_start, grad[order].float())
-    table = grad.new_zeros((rows, grad.size(-1)))
-    return table.index_put_((sorted_ids,), sums[run_start].to(grad.dtype))  # a run's rows all write its sum
-
-
-class EmbeddingLookup(torch.autograd.Function):
-    """table[ids] whose backward sums the gradient rows per id in fp32 (embedding_grad_sorted)."""
-
-    @staticmethod
-    def forward(ctx, table: Tensor, ids: Tensor):
-        ctx.save_for_backward(ids)
-        ctx.rows = table.size(0)
-        return table[ids]
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        ids, = ctx.saved_tensors
-        return embedding_grad_sorted(grad.contiguous(), ids, ctx.rows), None
-
-
-def embedding_lookup(table: Tensor, ids: Tensor, fp32_grad: bool) -> Tensor:
-    """table[ids] (ids 1-D); with fp32_grad its gradient rows are summed per id in fp32."""
-    return EmbeddingLookup.apply(table, ids) if fp32_grad else table[ids]
 
 
 # --- Lightweight DC-MHA (T3.17) -----------------------------------------------------------------------
@@ -3247,9 +3316,7 @@ if triton is not None:
 DC_BLOCK = 64  # queries per program and keys per tile: windows up to 129 keys
 # Launch options per kernel. No software pipelining of the head loops: Triton would multi-buffer
 # every tile load they issue, 344-515 KB of shared memory against Hopper's 227 KB per block (tests
-# compile them for sm_90). Warps: the faster of 4 and 8 per kernel on an H100 at 49,152 tokens
-# (bench/bench_arch.py --dc-warps 4,8: forward 0.41 vs 0.48 ms at 8, backward-query 0.57 vs 0.77 ms
-# and backward-key 0.22 vs 0.30 ms at 4).
+# compile them for sm_90). Warps: the faster of 4 and 8 per kernel (bench/bench_arch.py --dc-warps; T3.17).
 DC_LAUNCH = {"forward": dict(num_warps=8, num_stages=1), "backward_query": dict(num_warps=4, num_stages=1),
              "backward_key": dict(num_warps=4, num_stages=1)}
 
@@ -3330,23 +3397,20 @@ class DCMHAKernel(torch.autograd.Function):
         return dq, dk, dv, None, dw1.to(ctx.w1_dtype), None, None
 
 
-def dc_mha_kernel_supports(q: Tensor, window: int, block: int = DC_BLOCK) -> bool:
-    """Whether the Triton DC-MHA kernels take these inputs: Triton, head_dim a power of two ≥ 16,
-    windows up to 2·block + 1 keys, tensors they can index with int32."""
-    T, H, D = q.shape
+def dc_mha_kernel_supports(T: int, H: int, D: int, window: int, block: int = DC_BLOCK) -> bool:
+    """Whether the Triton DC-MHA kernels take q (T, H, D) and this window: Triton, head_dim a power
+    of two ≥ 16, windows up to 2·block + 1 keys, tensors they can index with int32."""
     return (triton is not None and D >= 16 and D & (D - 1) == 0 and 1 <= window <= 2 * block + 1
             and _dc_fits_int32(T, H, D, block))
 
 
-def dc_mha(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor, window: int = DC_WINDOW,
-           use_triton: bool | None = None) -> Tensor:
+def dc_mha(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor, window: int,
+           use_triton: bool) -> Tensor:
     """Lightweight DC-MHA (#85, T3.17): the heads' softmax patterns over the last `window` keys
     of the query's document, mixed across heads by w1 (T, H) and applied to every head's values,
     scaled by w2 (T, H): out_h(t) = w2[t,h]·Σ_s (Σ_g w1[t,g]·p_g(t,s))·v_h(s). q (T, H, D) carries
-    the softmax scale. The Triton kernels where use_triton (default: on CUDA, where they apply),
-    else dc_mha_torch."""
-    if use_triton is None:
-        use_triton = triton_applies(q) and dc_mha_kernel_supports(q, window)
+    the softmax scale. The Triton kernels where use_triton (dc_mha_kernel_supports says where they
+    apply), else dc_mha_torch."""
     if use_triton:
         return DCMHAKernel.apply(q, k, v, doc_ids, w1, window, DC_BLOCK) * w2[..., None]
     return dc_mha_torch(q, k, v, doc_ids, w1, w2, window)

@@ -13,7 +13,6 @@ Correctness of each piece against its definition is checked first (tests/test_ar
 holds the full checks). Prints a table last.
 """
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -58,7 +57,7 @@ def piece_rows(tokens, dc_warps):
     cu = torch.tensor(T.cu_seqlens_for([tokens // 3, tokens // 3, tokens - 2 * (tokens // 3)], tokens, 16), device="cuda")
     doc_ids = torch.searchsorted(cu, torch.arange(tokens, device="cuda", dtype=cu.dtype), right=True)
     xsa = torch.compile(T.exclusive_self_attention, dynamic=False, fullgraph=True)
-    dcs = {name: torch.compile(lambda *a, use_triton=use_triton: T.dc_mha(*a, use_triton=use_triton),
+    dcs = {name: torch.compile(lambda *a, use_triton=use_triton: T.dc_mha(*a, T.DC_WINDOW, use_triton),
                                dynamic=False, fullgraph=True)
            for name, use_triton in (("triton", True), ("torch", False))}
     # correctness on the first 4096 tokens against the float64 definition
@@ -85,8 +84,8 @@ def piece_rows(tokens, dc_warps):
 
 
 def model_rows(tokens):
-    base = T.Hyperparameters(fp8_lm_head=False)
-    schedule = T.Schedule(T.ScheduleConfig.from_hyperparameters(base))
+    base = T.Hyperparameters.of(fp8_lm_head=False)
+    schedule = T.Schedule(base.schedule)
     shape = schedule.plan(schedule.stage_starts[2]).shape
     rows = []
     variants = [("defaults (DC_MHA=1, Triton kernels)", {}), ("DC_MHA=0", dict(dc_mha=False)),
@@ -96,11 +95,13 @@ def model_rows(tokens):
     lengths = np.full(tokens // 512, 512)  # documents within every stage's max_seq_len
     cu = torch.tensor(T.cu_seqlens_for(list(lengths), tokens, T.max_docs_per_batch(tokens)), device="cuda")
     for name, switches in variants:
-        hp = dataclasses.replace(base, **switches)
+        hp = base.replace(**switches)
+        # bf16 throughout, as the model rows always ran: the training forward's e4m3 products off
+        execution = T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), tokens, training=False)
         torch.manual_seed(0)
-        model = T.GPT(T.ModelConfig.from_hyperparameters(hp)).cuda()
+        model = T.GPT(hp.model, T.longest_forward(hp)).cuda()
         hidden = torch.compile(model.hidden_states, dynamic=False, fullgraph=True)
-        rows.append((f"model: {name}", tokens, bench(hidden, (ids, cu, shape))))
+        rows.append((f"model: {name}", tokens, bench(hidden, (ids, cu, shape, execution))))
         print(*rows[-1], flush=True)
         del model, hidden
         torch.cuda.empty_cache()

@@ -118,7 +118,7 @@ def main():
     rng = np.random.default_rng(cli.seed)
     for index in stages:
         row = T.STAGES[index - 1]
-        tokens, block = row.batch_tokens // T.RANKS_PER_STEP, T.Hyperparameters.window_block_size
+        tokens, block = row.batch_tokens // T.RANKS_PER_STEP, T.ScheduleConfig().window_block_size
         lengths, max_docs = document_lengths(tokens, row.max_seq_len, cli.mean_doc, rng)
         cu = torch.tensor(T.cu_seqlens_for(lengths, tokens, max_docs), device="cuda")
         windows = {False: row.short_window * block, True: row.long_window * block}

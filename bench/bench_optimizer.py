@@ -6,6 +6,7 @@ reports communication time and how much of it is exposed (no compute kernel runn
 
 Hyperparameters (shapes, optimizer switches) come from the environment like train_gpt.py's.
 """
+import argparse
 import json
 import os
 import statistics
@@ -53,10 +54,12 @@ def trace_summary(path, steps):
 
 
 def main():
-    out_dir = sys.argv[1] if len(sys.argv) > 1 else "."
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", nargs="?", default=".", help="where rank 0 writes its profiler trace")
+    out_dir = parser.parse_args().out_dir
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     hp = T.Hyperparameters.from_env()
-    cuda = hp.device == "cuda"
+    cuda = hp.run.device == "cuda"
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -64,10 +67,10 @@ def main():
         dist.init_process_group("nccl" if cuda else "gloo")
     T.allow_graph_per_shape()  # as main(): one graph per table shape
     torch.manual_seed(0)
-    model = T.GPT(T.ModelConfig.from_hyperparameters(hp)).to(device)
+    model = T.GPT(hp.model, T.longest_forward(hp)).to(device)
     params = dict(model.named_parameters())
-    opt = T.NorMuonAdam(params, model.param_specs(), T.OptimConfig.from_hyperparameters(hp), rank, world,
-                        tied=("embed", "lm_head"))
+    opt = T.NorMuonAdam(params, T.param_specs(model), hp.optim, rank, world, tied=("embed", "lm_head"),
+                        compile=hp.execution.compile)
     steps_taken = [0]
     grads = {k: torch.randn_like(p) * 1e-3 for k, p in params.items()}
 

@@ -21,7 +21,6 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train_gpt as T  # noqa: E402
-from tests.helpers import float64_orthogonalize  # noqa: E402
 
 # (batch, rows, cols): the reference's benchmark shapes, then the banks of one GPU in rank-slice mode (qk, vo, mlp)
 SHAPES = [(24, 768, 768), (24, 3072, 768), (12, 3072, 768), (64, 256, 768),
@@ -33,6 +32,20 @@ SWEEP = [  # (kernel, batch, rows, cols) of the operand
     ("xxt", 20, 768, 768), ("ba_plus_caa", 20, 768, 768),
     ("xtx", 22, 3072, 768), ("ba_plus_caa", 22, 768, 768),
 ]
+
+
+def float64_orthogonalize(G, method: str = "polar_express"):
+    """The optimizer's polynomial iteration (train_gpt.ORTHOGONALIZERS) in float64: the function every
+    variant approximates. Bench scripts import no tests, so this is the bench's own copy of the tests'."""
+    coeffs, safety, eps = T.ORTHOGONALIZERS[method]
+    X = G.double()
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * safety + eps)
+    tall = X.size(-2) > X.size(-1)
+    for a, b, c in coeffs:
+        A = X.mT @ X if tall else X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + (X @ B if tall else B @ X)
+    return X
 
 
 def rotating(fn, inputs):

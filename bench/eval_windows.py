@@ -68,7 +68,7 @@ def parse_settings(text: str) -> list[WindowSetting]:
 
 def setting_shape(trainer: "train_gpt.Trainer", setting: WindowSetting):
     """(forward shape, long windows for the rotary tables) of the final validation under `setting`."""
-    block = trainer.hp.window_block_size
+    block = trainer.hp.schedule.window_block_size
     shape, long_windows = trainer.validation_shape(trainer.schedule.total_steps, final=True)
     shape = dataclasses.replace(shape, short_window=setting.short_blocks * block,
                                 long_window=setting.long_blocks * block)
@@ -89,7 +89,7 @@ def evaluate_settings(trainer: "train_gpt.Trainer", settings: list[WindowSetting
             losses[label] = trainer.validation_loss(shape, long_windows)
         finally:
             scale.fill_(schedule_scale)
-        trainer.log(f"final_windows {label} val_loss:{losses[label]:.4f}")
+        trainer.log(train_gpt.final_windows_line(label, losses[label]))
     return losses
 
 
@@ -101,8 +101,8 @@ def main():
     parser.add_argument("--out", default="", help="JSON of every run's losses per setting (rank 0)")
     args = parser.parse_args()
     settings = parse_settings(args.windows)
-    hp = dataclasses.replace(train_gpt.Hyperparameters.from_env(), skip_guard_checks=False)
-    if not hp.sliding_windows:
+    hp = train_gpt.Hyperparameters.from_env().replace(skip_guard_checks=False)
+    if not hp.schedule.sliding_windows:
         raise SystemExit("error: SLIDING_WINDOWS=0 attends over whole documents: there are no windows to try")
     train_gpt.check_hyperparameters(hp)
     rank, world_size, device = train_gpt.init_process(hp)
@@ -112,8 +112,8 @@ def main():
                                 train_gpt.open_run_log(runs[0], rank, world_size, device))
     results = {}
     for run, val_loss in trainer.run_each(runs):
-        results[run.run_id] = {"seed": run.seed, "run_val_loss": val_loss,
-                               "settings": evaluate_settings(trainer, settings)}
+        results[run.run.run_id] = {"seed": run.run.seed, "run_val_loss": val_loss,
+                                   "settings": evaluate_settings(trainer, settings)}
     if rank == 0 and args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -178,30 +178,33 @@ def main():
                 shared = [write_synthetic_shards(tmp)]
             if world > 1:
                 dist.broadcast_object_list(shared, 0)
-            hp = dataclasses.replace(hp, train_files=shared[0][0], val_files=shared[0][1],
-                                     val_tokens=4 * hp.val_seq_len)
+            hp = hp.replace(train_files=shared[0][0], val_files=shared[0][1], val_tokens=4 * hp.data.val_seq_len)
         T.check_hyperparameters(hp)
         T.allow_graph_per_shape()
         trainer = T.Trainer(hp, rank, world, device, T.RunLog(None))
         if args.share:
             trainer.grad_accum, trainer.grad_scale = 1, 1.0
         trainer.warmup()  # every graph of the run compiled, guards skipped after it as in main()
-        loader = T.TrainLoader(hp.train_files, rank, world, device, log=lambda _: None, grad_accum=trainer.grad_accum)
+        loader = T.TrainLoader(hp.data.train_files, rank, world, device, log=lambda _: None, grad_accum=trainer.grad_accum)
         schedule, optimizer = trainer.schedule, trainer.optimizer
         stages = [int(s) for s in args.stages.split(",")]
         mode = f"{args.share}-rank share per GPU" if args.share else f"full batch (accumulation {trainer.grad_accum})"
         lines = [f"device: {torch.cuda.get_device_name(device)} x{world}, torch {torch.__version__}, "
                  f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}; {mode}; "
-                 f"data: {'synthetic' if args.synthetic else hp.train_files}", "",
+                 f"data: {'synthetic' if args.synthetic else hp.data.train_files}", "",
                  "| stage | step | wall ms/step | NCCL ms/step (with waits) | of it, no compute running | "
                  "compute ms/step | by kind (ms/step) | 8 ranks: NCCL | 8 ranks: no compute running |",
                  "|---|---|---|---|---|---|---|---|---|"]
         hashed_batches = []
 
         def run(step, n):
+            """n steps at `step`, Adam on every other one, non-Adam first: as in the run, each Adam step
+            adds the gradient kept from the step before. The warm-up compiles no Adam step without one,
+            and after it the guards are skipped (SKIP_GUARD_CHECKS), so starting on an Adam step (the
+            middle of stage 1 is odd) stopped with "Recompilation triggered"."""
             for i in range(n):
-                plan = dataclasses.replace(schedule.plan(step), adam_step=schedule.plan(step + i).adam_step)
-                trainer.train_step(plan, loader)
+                adam = i % 2 == 1 or not schedule.config.adam_every_other_step
+                trainer.train_step(dataclasses.replace(schedule.plan(step), adam_step=adam), loader)
 
         for stage in stages:
             step = stage_step(schedule, stage)

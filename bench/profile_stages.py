@@ -29,7 +29,9 @@ here, so --merge applies refined rules to old runs); the parent writes DIR/kerne
 DIR/table.md and prints the markdown table last.
 
 Environment: that of a rank-slice run (README), e.g. RANK_SLICE=1 TRAIN_FILES=... VAL_FILES=...
-VAL_TOKENS=3932160. A source needs this repository's interfaces: Hyperparameters.from_env,
+VAL_TOKENS=3932160. A source needs this repository's interfaces: Hyperparameters.from_env (settings
+grouped in parts with hp.flat(), or flat as before the config restructure: device, train_files and
+rank_slice are read either way),
 Trainer(hp, rank, world_size, device, log) with its schedule, optimizer and train_step, RunLog,
 TrainLoader; both the current one (Schedule.plan(step) -> StepPlan, train_step(plan, loader)) and
 the one before the restructure (train_step(step, loader), the optimizer's step_count) are driven;
@@ -285,25 +287,33 @@ def load_source(path: str):
     return module
 
 
+def setting(hp, name: str):
+    """A setting by its flat name (that of its environment variable, in lower case): sources since the
+    config restructure group them in parts (hp.run.device; hp.flat() lists them all by flat name),
+    earlier ones keep them flat (hp.device)."""
+    return hp.flat()[name] if hasattr(hp, "flat") else getattr(hp, name)
+
+
 def run_child(args):
     module = load_source(args.child)  # first: it sets PYTORCH_ALLOC_CONF before CUDA starts
     import torch
 
     hp = module.Hyperparameters.from_env()
     module.check_hyperparameters(hp)
-    if hp.device == "cuda":
+    device_name = setting(hp, "device")
+    if device_name == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("error: no CUDA GPU visible (DEVICE=cpu COMPILE=0 profiles the CPU path, without kernels)")
         torch.cuda.set_device(0)
         device = torch.device("cuda", 0)
     else:
-        device = torch.device(hp.device)
+        device = torch.device(device_name)
     cuda = device.type == "cuda"
     for name in ("recompile_limit", "cache_size_limit"):  # as main(): one graph per stage shape
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 64)
     trainer = module.Trainer(hp, 0, 1, device, module.RunLog(None))
-    loader = module.TrainLoader(hp.train_files, 0, 1, device, log=lambda _: None, grad_accum=trainer.grad_accum)
+    loader = module.TrainLoader(setting(hp, "train_files"), 0, 1, device, log=lambda _: None, grad_accum=trainer.grad_accum)
     optimizer, schedule = trainer.optimizer, trainer.schedule
     if hasattr(schedule, "plan"):
         tokens_per_rank = lambda step: schedule.plan(step).tokens_per_rank  # noqa: E731
@@ -340,7 +350,7 @@ def run_child(args):
 
     result = dict(label=args.label, source=args.describe or args.child, steps=args.steps,
                   device=torch.cuda.get_device_name(device) if cuda else str(device),
-                  torch=torch.__version__, rank_slice=hp.rank_slice, stages=[])
+                  torch=torch.__version__, rank_slice=setting(hp, "rank_slice"), stages=[])
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with tempfile.TemporaryDirectory() as tmp:
         for stage in args.stages:

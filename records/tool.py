@@ -9,11 +9,18 @@ Run from the repository root:
     python records/tool.py table [--write | --check]
     python records/tool.py ablation LOGS...
     python records/tool.py compare BASE_LOG LOGS... [--noise LOG_A LOG_B] [--tolerance T] [--only train|val]
+    python records/tool.py stages LOGS...
 
 Logs are parsed exactly as specified by the log format that train_gpt.py writes: the source
 text, a line of 100 '=', the environment header, a line of 100 '=', the run description
-(`key: value` lines), then progress lines, step lines and the final peak memory line.
-scipy and matplotlib (the tool extras, requirements-tools.txt) are imported lazily.
+(`key: value` lines), then progress lines, step lines and the final peak memory line. The
+patterns of those lines are train_gpt.py's own (LOG_SEPARATOR, STEP_LINE_RE, ...; the repository
+root's train_gpt.py is imported, so torch must be installed), so the writer and this reader cannot
+drift apart. scipy and matplotlib (the tool extras, requirements-tools.txt) are imported lazily.
+
+Records are ordered by date, then by the sequence in their record.json ({"sequence": N}, written
+by `new`: one more than the largest of that date), then by name; a folder without record.json
+counts as sequence 0 (made before the file existed, ordered by name).
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ import datetime
 import difflib
 import json
 import math
+import os
 import re
 import shlex
 import shutil
@@ -32,16 +40,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SEP = "=" * 100
-SEP_RE = re.compile(rb"(?m)^={100}\r?$")
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+# The log format is defined once, in train_gpt.py: its writers make the lines, its patterns read them.
+import train_gpt  # noqa: E402  (imports torch; tests/test_records.py writes its fake logs with its writers)
+from train_gpt import (DESCRIPTION_RE, FINAL_WINDOWS_RE, LOG_SEPARATOR, PEAK_MEMORY_RE,  # noqa: E402
+                       STEP_LINE_RE)
+
+# where the embedded source ends: the first separator line, found in the raw bytes so the source
+# stays byte-exact (CRLF endings included)
+SOURCE_END_RE = re.compile(rb"(?m)^" + re.escape(LOG_SEPARATOR.encode()) + rb"\r?$")
 RECORD_RE = re.compile(r"^(\d{4}-\d{2}-\d{2})_([A-Za-z0-9]+)$")
+RECORD_JSON = "record.json"  # {"sequence": N}: the record's place among the records of its date
 NAME_RE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
-DESC_RE = re.compile(r"^([a-z_]+): (.*)$")
-NUM = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)"
-VAL_RE = re.compile(rf"^step:(\d+)/(\d+) val_loss:{NUM} train_time:(\d+(?:\.\d+)?)ms step_avg:{NUM}ms$")
-TRAIN_RE = re.compile(rf"^step:(\d+)/(\d+) (?:train_loss:{NUM} )?train_time:(\d+(?:\.\d+)?)ms step_avg:{NUM}ms$")
-FINAL_WINDOWS_RE = re.compile(rf"^final_windows (.+) val_loss:{NUM}$")  # bench/eval_windows.py
-PEAK_RE = re.compile(r"^peak memory allocated: (\d+) MiB reserved: (\d+) MiB(?: \(cpu: [^)]*\))?$")
 TORCH_RE = re.compile(r"^Running PyTorch (\S+) compiled for CUDA (\S+)$")
 REQUIRED_KEYS = ("run_id", "hardware", "mode", "world_size", "data", "hyperparameters")
 TABLE_START, TABLE_END = "<!-- records-table:start -->", "<!-- records-table:end -->"
@@ -101,7 +112,7 @@ def parse_log(path, complete: bool = True) -> Run:
         raw = path.read_bytes()
     except OSError as e:
         raise RecordsError(f"{path}: cannot read log: {e.strerror}") from None
-    m = SEP_RE.search(raw)
+    m = SOURCE_END_RE.search(raw)
     if not m:
         raise RecordsError(f"{path}: no source separator (a line of 100 '='): not a train_gpt.py log")
     run = Run(path=path, source=raw[:m.start()])
@@ -113,7 +124,7 @@ def parse_log(path, complete: bool = True) -> Run:
         return RecordsError(f"{path}:{idx + 1}: {msg}")
 
     try:
-        j = lines.index(SEP, i + 1)
+        j = lines.index(LOG_SEPARATOR, i + 1)
     except ValueError:
         raise err(i, "no second separator line after the environment header") from None
     for idx in range(i + 1, j):
@@ -135,9 +146,9 @@ def parse_log(path, complete: bool = True) -> Run:
         if not val:
             raise err(i, f"environment header has no '{what} ...' line")
 
-    desc, k = {}, j + 1
-    while k < len(lines) and (dm := DESC_RE.match(lines[k])):
-        desc.setdefault(dm.group(1), (dm.group(2).strip(), k))
+    desc, k = {}, j + 1  # an `error:` line right after the description is a start-up failure, not a key
+    while k < len(lines) and not lines[k].startswith("error:") and (dm := DESCRIPTION_RE.match(lines[k])):
+        desc.setdefault(dm["key"], (dm["value"].strip(), k))
         k += 1
     for key in REQUIRED_KEYS:
         if key not in desc:
@@ -158,33 +169,34 @@ def parse_log(path, complete: bool = True) -> Run:
     for idx in range(k, len(lines)):
         ln = lines[idx].rstrip()
         if ln.startswith("step:"):
-            sm = VAL_RE.match(ln)
-            tm = None if sm else TRAIN_RE.match(ln)
-            if not (sm or tm):
+            sm = STEP_LINE_RE.match(ln)  # a validation's line (val_loss) or a training step's
+            if not sm:
                 raise err(idx, f"cannot parse step line: {ln!r}")
-            step, total = int((sm or tm).group(1)), int((sm or tm).group(2))
+            step, total, ms = int(sm["step"]), int(sm["total"]), float(sm["train_time"])
             if run.total and total != run.total:
                 raise err(idx, f"step line has total {total}, earlier lines have {run.total}")
-            run.total, run.last_step, run.step_avg_ms = total, step, float((sm or tm).group(5))
-            run.train_ms[step] = float((sm or tm).group(4))
-            if tm and tm.group(3) is not None:
-                run.train_losses[step] = float(tm.group(3))
-            if sm:
-                loss, ms = float(sm.group(3)), float(sm.group(4))
+            run.total, run.last_step, run.step_avg_ms = total, step, float(sm["step_avg"])
+            run.train_ms[step] = ms
+            if sm["train_loss"] is not None:
+                run.train_losses[step] = float(sm["train_loss"])
+            if sm["val_loss"] is not None:
+                loss = float(sm["val_loss"])
                 run.val.append((step, ms / 1000.0, loss))
                 if step == total and final_idx is None:
                     if not math.isfinite(loss):
                         raise err(idx, f"final validation loss is not finite: {ln!r}")
                     run.final_loss, run.train_time, final_idx = loss, ms / 1000.0, idx
         elif ln.startswith("peak memory allocated:") and final_idx is not None:
-            pm = PEAK_RE.match(ln)
+            pm = PEAK_MEMORY_RE.match(ln)
             if not pm:
                 raise err(idx, f"cannot parse peak memory line: {ln!r}")
-            run.peak_allocated, run.peak_reserved = int(pm.group(1)), int(pm.group(2))
+            run.peak_allocated, run.peak_reserved = int(pm["allocated"]), int(pm["reserved"])
             for later in lines[idx + 1:]:  # bench/eval_windows.py scores the final model after the run
                 if fm := FINAL_WINDOWS_RE.match(later.rstrip()):
-                    run.final_windows[fm.group(1)] = float(fm.group(2))
+                    run.final_windows[fm["setting"]] = float(fm["val_loss"])
             return run
+        elif ln.startswith("error:") and not run.total:  # before any step line: setup, data, warm-up
+            raise RecordsError(f"{path}: the run failed at start-up: {ln.removeprefix('error:').strip()}")
         elif ln.startswith("error:"):
             raise err(idx, f"run stopped with an error: {ln.removeprefix('error:').strip()}")
     if not complete:
@@ -456,7 +468,9 @@ def setup_lines(runs: list[Run]) -> list[str]:
             f"- data: {r.data}", f"- software: {joined(runs, 'software')}"]
 
 
-def plot_runs(runs: list[Run], out: Path, target: float, title: str) -> None:
+def val_loss_figure(runs: list[Run], target: float, title: str):
+    """The matplotlib figure of val_loss.png: val loss against training time and against step, one
+    line per run labelled by its full run id (runs of one SEEDS= process differ only at the end)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -464,8 +478,8 @@ def plot_runs(runs: list[Run], out: Path, target: float, title: str) -> None:
     tail = [loss for r in runs for step, _, loss in r.val if step > 0 and math.isfinite(loss)]
     for r in runs:
         steps, secs, losses = zip(*r.val)
-        axes[0].plot(secs, losses, marker=".", label=r.run_id[:8])
-        axes[1].plot(steps, losses, marker=".", label=r.run_id[:8])
+        axes[0].plot(secs, losses, marker=".", label=r.run_id)
+        axes[1].plot(steps, losses, marker=".", label=r.run_id)
     for ax, xlabel in zip(axes, ("training time (s)", "step")):
         ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target}")
         ax.set_xlabel(xlabel)
@@ -477,6 +491,12 @@ def plot_runs(runs: list[Run], out: Path, target: float, title: str) -> None:
     axes[1].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+def plot_runs(runs: list[Run], out: Path, target: float, title: str) -> None:
+    fig = val_loss_figure(runs, target, title)  # selects the Agg backend before pyplot is imported here
+    import matplotlib.pyplot as plt
     fig.savefig(out, dpi=100, metadata={"Software": None})
     plt.close(fig)
 
@@ -514,16 +534,46 @@ def write_stats(folder: Path, runs: list[Run], target: float, baseline_dir: Path
 
 # ---------------------------------------------------------------- record folders
 
+def record_sequence(folder: Path) -> int:
+    """The record's sequence among the records of its date: record.json's {"sequence": N} (N >= 1),
+    which `new` writes; 0 for a folder without the file (made before it existed)."""
+    f = folder / RECORD_JSON
+    if not f.is_file():
+        return 0
+    try:
+        sequence = json.loads(f.read_text(encoding="utf-8"))["sequence"]
+    except (OSError, ValueError, KeyError, TypeError):
+        sequence = None
+    if type(sequence) is not int or sequence < 1:
+        raise RecordsError(f'{f}: expected {{"sequence": N}} with a whole number N >= 1 (the record\'s place '
+                           "among the records of its date)")
+    return sequence
+
+
+def record_key(folder: Path) -> tuple[str, int, str]:
+    """The order of records: date, then sequence within the date (record.json, written by `new`, so
+    a record made later on a day comes later whatever its name), then name (ties, and folders
+    without record.json: sequence 0, before the numbered ones of their date)."""
+    date, name = RECORD_RE.match(folder.name).groups()
+    return date, record_sequence(folder), name
+
+
 def list_records(records_dir: Path) -> list[Path]:
-    """Record folders (YYYY-MM-DD_Name) sorted by date, then name."""
+    """Record folders (YYYY-MM-DD_Name) in record order (record_key)."""
     if not records_dir.is_dir():
         return []
     found = [p for p in records_dir.iterdir() if p.is_dir() and RECORD_RE.match(p.name)]
-    return sorted(found, key=lambda p: RECORD_RE.match(p.name).groups())
+    return sorted(found, key=record_key)
 
 
-def predecessor(records_dir: Path, key: tuple[str, str]) -> Path | None:
-    before = [p for p in list_records(records_dir) if RECORD_RE.match(p.name).groups() < key]
+def next_sequence(records_dir: Path, date: str) -> int:
+    """The sequence of a new record of `date`: one more than the largest among that date's records."""
+    return 1 + max((record_sequence(p) for p in list_records(records_dir) if record_key(p)[0] == date), default=0)
+
+
+def predecessor(records_dir: Path, key: tuple[str, int, str]) -> Path | None:
+    """The last record before `key` (a record_key) in record order."""
+    before = [p for p in list_records(records_dir) if record_key(p) < key]
     return before[-1] if before else None
 
 
@@ -688,7 +738,8 @@ def cmd_new(args) -> int:
         print(f"warning: {mixed}", file=sys.stderr)
     import matplotlib  # noqa: F401  (tool extras: fail before creating anything)
     import scipy  # noqa: F401
-    prev = predecessor(records_dir, (date, args.name))
+    sequence = next_sequence(records_dir, date)
+    prev = predecessor(records_dir, (date, sequence, args.name))
     baseline = None
     if prev is not None:
         try:
@@ -702,13 +753,15 @@ def cmd_new(args) -> int:
         for p in logs:
             shutil.copyfile(p, folder / p.name)
         (folder / "train_gpt.py").write_bytes(runs[0].source)
+        (folder / RECORD_JSON).write_text(json.dumps({"sequence": sequence}) + "\n", encoding="utf-8")
         runs = load_runs(folder)
         s = write_stats(folder, runs, args.target, baseline, root=args.root)
         (folder / "README.md").write_text(new_readme(folder, runs, s, prev, baseline), encoding="utf-8")
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    print(f"created {folder}: {len(runs)} log(s), train_gpt.py, statistics.md, val_loss.png, README.md")
+    print(f"created {folder}: {len(runs)} log(s), train_gpt.py, {RECORD_JSON} (sequence {sequence} of {date}), "
+          "statistics.md, val_loss.png, README.md")
     print("\n".join(summary_lines(s)))
     print(f"next: edit {folder / 'README.md'} (describe the change), then `python records/tool.py table --write`")
     return 0
@@ -769,7 +822,7 @@ def cmd_diff(args) -> int:
         a, b = read_source(cur), work.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
         fa, fb = f"records/{cur.name}/train_gpt.py", "train_gpt.py"
     else:
-        prev = predecessor(cur.parent, RECORD_RE.match(cur.name).groups())
+        prev = predecessor(cur.parent, record_key(cur))
         if prev is None:
             raise RecordsError(f"{cur.name} is the first record: no previous record to diff against")
         a, b = read_source(prev), read_source(cur)
@@ -952,17 +1005,76 @@ def comparison(runs: list[Run], noise: list[tuple[Run, Run]], kinds: list[str],
     return "\n".join(out + ["", f"Over the steps every log has ({counted}):", *verdicts]) + "\n", ok
 
 
+def planned_last_step(run: Run) -> int:
+    """The step of the run's last validation as planned: STOP_AFTER's (hyperparameters' stop_after)
+    when it is set, else the schedule's last (the step lines' total)."""
+    stop_after = run.hyperparameters.get("stop_after")
+    return stop_after if type(stop_after) is int and stop_after > 0 else run.total
+
+
+def parse_finished_log(path) -> Run:
+    """A log that reached its planned last step: a complete run, or one stopped early on purpose
+    (STOP_AFTER, which validates there); an interrupted run is refused in one line."""
+    run = parse_log(path, complete=False)
+    if not run.total:
+        raise RecordsError(f"{run.path}: incomplete run: no step lines (it stopped before its first step)")
+    planned = planned_last_step(run)
+    if not any(step == planned for step, _, _ in run.val):
+        where = (f"it stopped at step {run.last_step}/{planned}, before its planned last step (interrupted?)"
+                 if run.last_step < planned else f"no validation at its last step {planned} (interrupted in it?)")
+        raise RecordsError(f"{run.path}: incomplete run: {where}; compare reads complete runs and runs stopped "
+                           "early with STOP_AFTER")
+    return run
+
+
 def cmd_compare(args) -> int:
     if len(args.logs) < 2:
         raise RecordsError("give at least two logs: the base and one to compare with it")
-    runs = [parse_log(p, complete=False) for p in args.logs]
-    noise = [(parse_log(a, complete=False), parse_log(b, complete=False)) for a, b in args.noise or []]
+    runs = [parse_finished_log(p) for p in args.logs]
+    noise = [(parse_finished_log(a), parse_finished_log(b)) for a, b in args.noise or []]
     kinds = [args.only] if args.only else list(LOSS_KINDS)
     report, ok = comparison(runs, noise, kinds, args.tolerance)
     sys.stdout.write(report)
     print("all within " + ("noise" if noise else "tolerance") if ok else
           "a difference lies beyond " + ("noise" if noise else "tolerance") + " (exit code 1)")
     return 0 if ok else 1
+
+
+def stage_report(run: Run) -> list[str]:
+    """Lines for `stages`: each stage's ms/step over the step indices it covers (from the logged stage
+    table, stage_bounds; cut at the last step of a run that stopped early), then the train time."""
+    out = [f"{run.path} (run_id {run.run_id})"]
+    bounds = stage_bounds(run)
+    if not run.total:
+        return out + ["  no step lines"]
+    if not bounds:
+        out.append("  no stage table in the logged hyperparameters (num_scheduled_iterations and stages)")
+    for label, first, end in bounds:
+        reached = min(end, run.last_step)
+        if reached <= first:
+            out.append(f"  {label} (steps {first}-{end - 1}): not reached")
+            continue
+        part = "" if reached == end else f" of {first}-{end - 1}, stopped at step {reached}"
+        ta, tb = run.train_ms.get(first), run.train_ms.get(reached)
+        ms = "n/a (a step line at its ends is missing)" if ta is None or tb is None else \
+            f"{(tb - ta) / (reached - first):.2f} ms/step"
+        out.append(f"  {label} (steps {first}-{reached - 1}{part}): {ms}")
+    if math.isfinite(run.train_time):
+        out.append(f"  total train_time {run.train_time:.3f} s ({run.total} steps)")
+    else:
+        planned = planned_last_step(run)
+        how = (f"stopped early with STOP_AFTER={planned}" if planned < run.total and run.last_step == planned
+               else "interrupted")
+        out.append(f"  train_time {run.train_ms[run.last_step] / 1000:.3f} s at step {run.last_step} of {run.total} "
+                   f"({how})")
+    return out
+
+
+def cmd_stages(args) -> int:
+    runs = [parse_log(p, complete=False) for p in args.logs]
+    for run in runs:
+        print("\n".join(stage_report(run)))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1012,7 +1124,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", parents=[common],
                        help="per-step loss differences and ms/step of runs that should match (1 vs 2, 4, 8 GPUs), "
                             "judged against the spread of repeated runs")
-    c.add_argument("logs", nargs="+", help="TRAIN_LOSS_EVERY=1 logs, complete or stopped early; the first is the base")
+    c.add_argument("logs", nargs="+", help="TRAIN_LOSS_EVERY=1 logs, complete or stopped early with STOP_AFTER "
+                                           "(not interrupted ones); the first is the base")
     c.add_argument("--noise", nargs=2, action="append", metavar=("LOG_A", "LOG_B"),
                    help="two runs of one configuration (same seed): their largest difference is the noise floor "
                         "the others are judged against; repeat for more pairs (the largest counts)")
@@ -1021,16 +1134,36 @@ def build_parser() -> argparse.ArgumentParser:
                         "--noise, differences beyond the noise floor but within it pass")
     c.add_argument("--only", choices=list(LOSS_KINDS), help="compare only train or only val losses")
     c.set_defaults(func=cmd_compare)
+    g = sub.add_parser("stages", parents=[common],
+                       help="ms/step of each stage of the logged stage table, and the train time, per log")
+    g.add_argument("logs", nargs="+", help="run logs (*.txt), complete or stopped early (STOP_AFTER, interrupted)")
+    g.set_defaults(func=cmd_stages)
     return p
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
-    except RecordsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        args = build_parser().parse_args(argv)
+        try:
+            code = args.func(args)
+        except RecordsError as e:
+            print(f"error: {e}", file=sys.stderr)
+            code = 2
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return code
+    except BrokenPipeError:  # the reader left early (`tool.py diff | head`): stop quietly, as `cat` does
+        quiet_stdout()
+        return 128 + 13  # a shell's status for a process ended by SIGPIPE
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the output still buffered for the closed pipe is dropped at exit
+    instead of raising there (Python's documented way to handle SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (captured)
+        pass
 
 
 if __name__ == "__main__":

@@ -65,3 +65,13 @@ def write_tiny_corpus(folder, write_shard):
     vocabulary = {spelling(i): i for i in range(1000)} | {GPT2_SPECIAL_TOKEN: BOS_ID}
     (folder / "encoder.json").write_text(json.dumps(vocabulary))
     return folder
+
+
+def cpu_execution(hp=None, tokens: int = 256, training: bool = True):
+    """The execution plan train_gpt resolves for a forward of `tokens` tokens on the CPU (hp: the
+    defaults on the CPU if not given): torch paths only, and the fused MLP from its token threshold."""
+    import torch
+
+    import train_gpt as T
+    hp = hp or T.Hyperparameters.of(device="cpu")
+    return T.resolve_execution(hp.execution, hp.model, torch.device("cpu"), tokens, training)

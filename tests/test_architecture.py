@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import train_gpt as T
-from helpers import rel_err, run_in_triton_interpreter
+from helpers import cpu_execution, rel_err, run_in_triton_interpreter
 
 # A tiny model with a small vocabulary (the CPU is slow with 50304-row tables).
 SMALL = dict(device="cpu", compile=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, vocab_size=1024,
@@ -32,7 +32,11 @@ def small_batch(tokens=256, seed=0):
 
 def make_model(seed=0, **switches):
     torch.manual_seed(seed)
-    return T.GPT(T.ModelConfig.from_hyperparameters(T.Hyperparameters(**dict(SMALL, **switches))))
+    hp = T.Hyperparameters.of(**dict(SMALL, **switches))
+    return T.GPT(hp.model, T.longest_forward(hp))
+
+
+PLAN = cpu_execution()  # torch paths: what a 256-token forward takes on the CPU
 
 
 # --- XSA ------------------------------------------------------------------------------------------
@@ -75,7 +79,7 @@ def test_dc_mha_matches_the_dense_definition(tokens, window):
     q, k, v = (torch.randn(tokens, H, D, requires_grad=True) for _ in range(3))
     w1, w2 = torch.randn(tokens, H, requires_grad=True), torch.randn(tokens, H, requires_grad=True)
     doc_ids = torch.bucketize(torch.arange(tokens), torch.tensor([7, 8, tokens // 2]), right=True)
-    out = T.dc_mha(q, k, v, doc_ids, w1, w2, window)
+    out = T.dc_mha(q, k, v, doc_ids, w1, w2, window, use_triton=False)
     ref = dc_mha_dense(q, k, v, doc_ids, w1, w2, window)
     assert out.shape == (tokens, H, D) and rel_err(out, ref) < 1e-5
     grad = torch.randn_like(out)
@@ -83,7 +87,8 @@ def test_dc_mha_matches_the_dense_definition(tokens, window):
     want = torch.autograd.grad(ref, (q, k, v, w1, w2), grad.double())
     for name, a, b in zip("q k v w1 w2".split(), got, want):
         assert rel_err(a, b) < 1e-5, name
-    assert torch.equal(T.dc_mha(q, k, v, doc_ids, w1, torch.zeros_like(w2), window), torch.zeros(tokens, H, D))
+    assert torch.equal(T.dc_mha(q, k, v, doc_ids, w1, torch.zeros_like(w2), window, use_triton=False),
+                       torch.zeros(tokens, H, D))
 
 
 # The Triton kernels in the CPU interpreter against the float64 definition: with fp32 storage they
@@ -95,7 +100,7 @@ DC_INTERPRETER_CHECK = textwrap.dedent("""
     import torch, train_gpt as T
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
-    from helpers import rel_err, run_in_triton_interpreter
+    from helpers import cpu_execution, rel_err, run_in_triton_interpreter
     from test_architecture import dc_mha_dense
 
     def inputs(tokens, H, D, dtype):
@@ -179,18 +184,21 @@ def test_dc_mha_kernels_fit_hopper_shared_memory():
 
 
 def test_dc_mha_dispatch():
-    """The torch path off CUDA; the kernels only where their tiling applies."""
+    """The torch path off CUDA (the execution plan's choice); the kernels only where their tiling applies."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(40, 2, 16) for _ in range(3))
     w1, w2 = torch.randn(40, 2), torch.randn(40, 2)
     doc_ids = torch.zeros(40, dtype=torch.int32)
-    assert torch.equal(T.dc_mha(q, k, v, doc_ids, w1, w2, 16), T.dc_mha_torch(q, k, v, doc_ids, w1, w2, 16))
+    assert not cpu_execution().dc_mha_kernel
+    assert torch.equal(T.dc_mha(q, k, v, doc_ids, w1, w2, 16, use_triton=False),
+                       T.dc_mha_torch(q, k, v, doc_ids, w1, w2, 16))
     if T.triton is not None:
-        assert T.dc_mha_kernel_supports(q, T.DC_WINDOW) and T.dc_mha_kernel_supports(q, 2 * T.DC_BLOCK + 1)
-        assert not T.dc_mha_kernel_supports(q, 2 * T.DC_BLOCK + 2)
-        assert not T.dc_mha_kernel_supports(torch.randn(4, 2, 24), 16)  # head_dim not a power of two
+        assert T.dc_mha_kernel_supports(40, 2, 16, T.DC_WINDOW) and T.dc_mha_kernel_supports(40, 2, 16, 2 * T.DC_BLOCK + 1)
+        assert not T.dc_mha_kernel_supports(40, 2, 16, 2 * T.DC_BLOCK + 2)
+        assert not T.dc_mha_kernel_supports(4, 2, 24, 16)  # head_dim not a power of two
         huge = torch.empty(3_000_000, 6, 128, device="meta")  # 2.3e9 elements: past int32 indexing
-        assert T.dc_mha_kernel_supports(huge[:1_500_000], T.DC_WINDOW) and not T.dc_mha_kernel_supports(huge, T.DC_WINDOW)
+        assert T.dc_mha_kernel_supports(1_500_000, 6, 128, T.DC_WINDOW)
+        assert not T.dc_mha_kernel_supports(3_000_000, 6, 128, T.DC_WINDOW)
         with pytest.raises(ValueError, match="int32"):
             T._dc_launch(huge, T.DC_BLOCK)
 
@@ -222,11 +230,11 @@ def test_dc_mha_kernels_on_gpu(tokens):
         float_args = [a for a in args if a.is_floating_point()]
         return (out, *torch.autograd.grad(out, float_args, grad[:n].to(out.dtype)))
 
-    kernel = lambda *a: T.dc_mha(*a, use_triton=True)
+    kernel = lambda *a: T.dc_mha(*a, T.DC_WINDOW, use_triton=True)
     n = 4096
     for got, want in zip(run(kernel, n), run(lambda *a: dc_mha_dense(*a, T.DC_WINDOW), n)):
         assert rel_err(got, want) < 2e-2
-    for got, want in zip(run(kernel, tokens), run(lambda *a: T.dc_mha(*a, use_triton=False), tokens)):
+    for got, want in zip(run(kernel, tokens), run(lambda *a: T.dc_mha(*a, T.DC_WINDOW, use_triton=False), tokens)):
         assert rel_err(got, want) < 2e-2
 
 
@@ -234,7 +242,7 @@ def test_dc_mha_kernels_on_gpu(tokens):
 
 def test_mudd_layouts_match_the_reference():
     """The MUDD gates' and connections' output layouts and initial biases, as the reference lays them out."""
-    cfg = T.ModelConfig.from_hyperparameters(T.Hyperparameters(device="cpu"))  # every feature on
+    cfg = T.Hyperparameters.of(device="cpu").model  # every feature on
     pre, post = T.mudd_gate_outputs(cfg)
     assert all(layer < T.POST_GATE_LAYER for (_, layer), *_ in pre) and all(layer >= T.POST_GATE_LAYER for (_, layer), *_ in post)
     assert sum(width for _, width, _ in pre) == 26 and sum(width for _, width, _ in post) == 41
@@ -256,7 +264,7 @@ def test_mudd_layouts_match_the_reference():
 def hidden(model, seed=0):
     inputs, _, cu = small_batch(seed=seed)
     with torch.no_grad():
-        return model.hidden_states(inputs, cu, SHAPE).float()
+        return model.hidden_states(inputs, cu, SHAPE, PLAN).float()
 
 
 def make_live(*models):
@@ -281,7 +289,7 @@ def test_value_embeddings_are_token_major_rows():
     d, layers = SMALL["model_dim"], len(T.VALUE_EMBED_LAYERS)
     assert model.value_embeds.shape == (SMALL["vocab_size"], layers * d)
     inputs, _, cu = small_batch()
-    model.hidden_states(inputs, cu, SHAPE).float().square().sum().backward()
+    model.hidden_states(inputs, cu, SHAPE, PLAN).float().square().sum().backward()
     grad = model.value_embeds.grad.float()
     used = torch.zeros(SMALL["vocab_size"], dtype=torch.bool)
     used[inputs.long()] = True
@@ -375,10 +383,10 @@ def test_prefix_loss_adds_the_weighted_prefix_term():
     model.prefix_ids.copy_(prefix)
     inputs, targets, cu = small_batch()
     with torch.no_grad():
-        x = model.hidden_states(inputs, cu, SHAPE)
-        plain, ce = model.training_loss(inputs, targets, cu, SHAPE, torch.tensor([1.0]))
+        x = model.hidden_states(inputs, cu, SHAPE, PLAN)
+        plain, ce = model.training_loss(inputs, targets, cu, SHAPE, PLAN, torch.tensor([1.0]))
         with_prefix, ce_p = model.training_loss(inputs, targets, cu, T.ForwardShape(32, 96, 256, 1, True),
-                                                torch.tensor([1.0, 0.25]))
+                                                PLAN, torch.tensor([1.0, 0.25]))
     z = T.softcap(x @ model.lm_head.t()).double()
     p = prefix[targets.long()]
     valid = p >= 0
@@ -389,14 +397,14 @@ def test_prefix_loss_adds_the_weighted_prefix_term():
 
 def test_prefix_weight_schedule():
     """0.25 in stage 1, 0.25 -> 0 over stage 2, then no prefix column (the plan's last target weight);
-    at RECIPE's 1270 scheduled steps, where stage 2 is steps 423-846."""
-    plan = T.Schedule(T.ScheduleConfig.from_hyperparameters(T.Hyperparameters(num_scheduled_iterations=1270))).plan
+    at the reference's 1270 scheduled steps, where stage 2 is steps 423-846."""
+    plan = T.Schedule(T.Hyperparameters.of(num_scheduled_iterations=1270).schedule).plan
     prefix = lambda step: plan(step).target_weights[-1] if plan(step).shape.prefix_target else None  # noqa: E731
     assert prefix(0) == 0.25 and prefix(422) == 0.25 and prefix(423) == 0.25
     assert abs(prefix(635) - 0.125) < 1e-12 and 0 < prefix(846) < 1e-3
     assert prefix(847) is None and prefix(1284) is None
     assert plan(0).target_weights == (1.0, 0.5, 0.25, 0.25) and plan(900).target_weights == (1.0,)
-    off = T.Schedule(T.ScheduleConfig.from_hyperparameters(T.Hyperparameters(prefix_loss=False))).plan
+    off = T.Schedule(T.Hyperparameters.of(prefix_loss=False).schedule).plan
     assert off(0).target_weights == (1.0, 0.5, 0.25) and not off(0).shape.prefix_target
 
 
@@ -418,7 +426,7 @@ REFERENCE_TABLE = {  # label: (optimizer, comm, betas, lr_mul, wd_mul), as the r
 
 
 def test_param_specs_match_the_reference_table():
-    specs = make_model().param_specs()
+    specs = T.param_specs(make_model())
     assert set(specs) == set(REFERENCE_TABLE)
     for label, spec in specs.items():
         optimizer, comm, betas, lr_mul, wd_mul = REFERENCE_TABLE[label]
@@ -434,12 +442,12 @@ def test_model_with_every_feature_traces_whole_with_torch_compile():
     inputs, targets, cu = small_batch()
     shape = T.ForwardShape(32, 96, 256, 3, True)
     weights = torch.tensor([1.0, 0.5, 0.25, 0.25])
-    eager, _ = model.training_loss(inputs, targets, cu, shape, weights)
+    eager, _ = model.training_loss(inputs, targets, cu, shape, PLAN, weights)
     eager.backward()
     eager_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     compiled = torch.compile(model.training_loss, backend="aot_eager", fullgraph=True)
-    loss, _ = compiled(inputs, targets, cu, shape, weights)
+    loss, _ = compiled(inputs, targets, cu, shape, PLAN, weights)
     loss.backward()
     assert abs(loss.item() - eager.item()) < 1e-3 * eager.item()
     for name, p in model.named_parameters():
@@ -453,11 +461,12 @@ def test_compiled_model_with_every_feature_matches_eager_on_cuda():
     every feature on: loss to 1e-2; gradients to 1e-1 (bf16 rounding in different places, amplified
     through 11 layers; a wrong formula or a dropped term is off by O(1))."""
     tokens = 4096  # per forward: one eighth of the step's batch (sizes the rotary tables)
-    hp = T.Hyperparameters(**dict(SMALL, device="cuda", model_dim=768, num_heads=6, head_dim=128, mlp_hidden=3072,
+    hp = T.Hyperparameters.of(**dict(SMALL, device="cuda", model_dim=768, num_heads=6, head_dim=128, mlp_hidden=3072,
                                   vocab_size=50304, bigram_rows=377280, dc_mha=True, fp8_lm_head=False,
                                   stages=T.replace_stage_columns(T.STAGES, batch_tokens=(8 * tokens,) * 4)))
     torch.manual_seed(0)
-    model = T.GPT(T.ModelConfig.from_hyperparameters(hp)).cuda()
+    model = T.GPT(hp.model, T.longest_forward(hp)).cuda()
+    plan = T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), tokens, training=True)
     model.prefix_ids.copy_(torch.arange(50304, device="cuda") // 2 - 1)
     with torch.no_grad():
         # live dynamic coefficients; at std 0.5 the untrained net is chaotic (loss ~21/token, eager vs
@@ -474,7 +483,7 @@ def test_compiled_model_with_every_feature_matches_eager_on_cuda():
     results = []
     for forward in (model.training_loss, torch.compile(model.training_loss, dynamic=False, fullgraph=True)):
         model.zero_grad(set_to_none=True)
-        loss, _ = forward(inputs, targets, cu, shape, weights)
+        loss, _ = forward(inputs, targets, cu, shape, plan, weights)
         loss.backward()
         results.append((loss.item(), {n: p.grad.float().clone() for n, p in model.named_parameters()}))
     (eager, eager_grads), (compiled, compiled_grads) = results
@@ -484,101 +493,20 @@ def test_compiled_model_with_every_feature_matches_eager_on_cuda():
         assert grad.norm() == 0 or rel_err(compiled_grads[name], grad) < 1e-1, name
 
 
-# --- paired-head rotary positions (issue #25) -------------------------------------------------------
+# --- paired-head rotary positions -------------------------------------------------------------------
 
-def test_paired_rope_positions_by_head_follow_the_reference_layout():
-    """Token t's head h sits at doubled position 2t + (h >= H/2) in slot h mod H/2; by head, its
-    rotary position is 2t + (h mod 2) (the reference rotates the (T, H/2, 2·hd) view), otherwise the
-    doubled position itself."""
-    tokens, H = 5, 6
-    by_head = T.paired_rope_positions(tokens, H, True, torch.device("cpu"))
-    plain = T.paired_rope_positions(tokens, H, False, torch.device("cpu"))
-    for t in range(tokens):
-        for h in range(H):
-            s, slot = 2 * t + (h >= H // 2), h % (H // 2)
-            assert plain[s, slot] == s and by_head[s, slot] == 2 * t + h % 2, (t, h)
-    assert (by_head != plain).float().mean() == 1 / 3  # slot 1 of every position: heads 1 and 4
-
-
-@pytest.mark.parametrize("by_head", [False, True])
-def test_paired_rope_tables_rotate_each_head_at_its_doubled_position(by_head):
+def test_paired_rope_tables_rotate_each_head_at_its_doubled_position():
     """The model rotates a paired layer's q and k as (T, 2, H/2, hd) views of the projection with
-    attention_layout's (T, 2, ·, hd/4) tables, then interleaves them into the doubled sequence: the
-    same as rotating the doubled sequence (2T, H/2, hd) at paired_rope_positions, bit for bit."""
-    model = make_model(num_heads=6, head_dim=32, model_dim=192, paired_rope_by_head=by_head)
+    attention_layout's (T, 2, 1, hd/4) tables, then interleaves them into the doubled sequence: the
+    same as rotating the doubled sequence (2T, H/2, hd) at its own positions, bit for bit."""
+    model = make_model(num_heads=6, head_dim=32, model_dim=192)
     tokens, H, hd = 40, 6, 32
     _, _, cu = small_batch(tokens)
-    layout = model.attention_layout(tokens, cu, T.ForwardShape(max_seq_len=tokens, short_window=1,
-                                                              long_window=1, n_predict=1, prefix_target=False))
+    _, _, _, rope_paired = model.attention_layout(tokens, cu, T.ForwardShape(max_seq_len=tokens, short_window=1,
+                                                  long_window=1, n_predict=1, prefix_target=False), PLAN)
     q = torch.randn(tokens, 3 * H, hd).bfloat16().split(H, dim=1)[0]  # a strided view, as in the model
-    rotated = T.apply_rope(q.view(tokens, 2, H // 2, hd), *layout["rope_paired"]).reshape(2 * tokens, H // 2, hd)
-    positions = T.paired_rope_positions(tokens, H, by_head, torch.device("cpu"))
+    rotated = T.apply_rope(q.view(tokens, 2, H // 2, hd), *rope_paired).reshape(2 * tokens, H // 2, hd)
+    positions = torch.arange(2 * tokens)[:, None].expand(2 * tokens, H // 2)
     cos, sin = model.rope_cos[positions], model.rope_sin[positions]  # (2T, H/2, hd/4)
     expected = T.apply_rope(q.reshape(2 * tokens, H // 2, hd), cos, sin)
     assert torch.equal(rotated, expected)
-
-
-def test_paired_rope_by_head_changes_only_models_with_six_heads():
-    """With two heads (one slot, heads 0 and 1 at 2t and 2t + 1) both rotary layouts agree bit for bit;
-    with six heads slot 1 (heads 1 and 4) swaps its positions and the outputs differ."""
-    inputs, _, cu = small_batch()
-    for heads, head_dim, equal in ((2, 64, True), (6, 32, False)):
-        outputs = []
-        for by_head in (False, True):
-            model = make_model(num_heads=heads, head_dim=head_dim, model_dim=heads * head_dim, paired_rope_by_head=by_head)
-            make_live(model)
-            with torch.no_grad():
-                outputs.append(model.hidden_states(inputs, cu, SHAPE))
-        assert torch.equal(*outputs) == equal, heads
-
-
-# --- fp32-accumulated embedding gradients (issue #25) --------------------------------------------------
-
-def zipf_ids(tokens: int, vocab: int, seed: int = 0) -> torch.Tensor:
-    """Token ids with a Zipf-like frequency (rank r drawn ∝ 1/r): the hottest rows are hit thousands of times."""
-    g = torch.Generator().manual_seed(seed)
-    weights = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64)
-    return torch.multinomial(weights, tokens, replacement=True, generator=g)
-
-
-def test_embedding_gradients_summed_in_fp32_match_float64_where_bf16_sums_drift():
-    tokens, vocab, d = 20_000, 500, 64
-    ids = zipf_ids(tokens, vocab)
-    grad = (torch.randn(tokens, d) + 0.3).bfloat16()  # a common direction, as real gradients have
-    exact = torch.zeros(vocab, d, dtype=torch.float64).index_add_(0, ids, grad.double())
-    hot = torch.bincount(ids, minlength=vocab).argmax()
-    assert torch.bincount(ids)[hot] > 2000
-
-    def row_err(got, row):
-        return ((got[row].double() - exact[row]).norm() / exact[row].norm()).item()
-
-    for fn in (T.embedding_grad_reference, T.embedding_grad_sorted):
-        got = fn(grad, ids, vocab)
-        assert got.dtype == torch.bfloat16 and got.shape == (vocab, d)
-        assert rel_err(got, exact) < 4e-3 and row_err(got, hot) < 4e-3  # one bf16 rounding
-        assert not got[torch.bincount(ids, minlength=vocab) == 0].any()
-    table = torch.zeros(vocab, d, dtype=torch.bfloat16, requires_grad=True)
-    table[ids].backward(grad)  # the plain lookup: every add rounded to bf16
-    assert row_err(table.grad, hot) > 1e-2
-    fused = table.detach().clone().requires_grad_()
-    T.embedding_lookup(fused, ids, fp32_grad=True).backward(grad)
-    assert torch.equal(fused.grad, T.embedding_grad_sorted(grad, ids, vocab))
-
-
-def test_embed_grad_fp32_switch_keeps_the_forward_and_traces_whole():
-    inputs, targets, cu = small_batch()
-    shape = T.ForwardShape(32, 96, 256, 2)
-    weights = torch.tensor([1.0, 0.5])
-    results = []
-    for fp32_grad in (False, True):
-        model = make_model(embed_grad_fp32=fp32_grad)
-        make_live(model)
-        loss, _ = model.training_loss(inputs, targets, cu, shape, weights)
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
-    (plain_loss, plain), (fp32_loss, fp32) = results
-    assert torch.equal(plain_loss, fp32_loss)  # the same forward
-    for name in ("embed", "bigram_embed", "value_embeds"):
-        assert rel_err(fp32[name], plain[name]) < 2e-2, name  # the same gradient up to bf16 sums
-    compiled = torch.compile(make_model(embed_grad_fp32=True).training_loss, backend="aot_eager", fullgraph=True)
-    assert torch.isfinite(compiled(inputs, targets, cu, shape, weights)[0])

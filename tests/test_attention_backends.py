@@ -50,13 +50,14 @@ def test_auto_on_cuda_is_fa4_where_it_runs_else_fa3_else_varlen(machine, fa3, fa
 def test_fa4_hands_small_forwards_to_fa3_else_varlen(machine, tokens, fa3, expected):
     """FA4_MIN_TOKENS: forwards of fewer tokens (stage 1's, host-bound) take FA3 where installed, else
     varlen; the paired-head layers' doubled layout follows the plain one."""
-    machine(fa3=fa3)
-    hp = T.Hyperparameters(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=101)
-    config = dataclasses.replace(T.ModelConfig.from_hyperparameters(hp), attention_backend="fa4", fa4_min_tokens=512)
-    model = T.GPT(config)
+    machine(fa3=fa3, fa4=True)
+    hp = T.Hyperparameters.of(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=101)
+    hp = hp.replace(attention_backend="fa4", fa4_min_tokens=512)
+    plan = T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), tokens, training=True)
+    model = T.GPT(hp.model, T.longest_forward(hp))
     cu_seqlens = torch.tensor([0, tokens // 2, tokens], dtype=torch.int32)
-    layout = model.attention_layout(tokens, cu_seqlens, T.ForwardShape(128, 256, tokens // 2))
-    assert layout["attn"].backend == expected and layout["attn_paired"].backend == expected
+    attn, _, attn_paired, _ = model.attention_layout(tokens, cu_seqlens, T.ForwardShape(128, 256, tokens // 2), plan)
+    assert plan.attention == attn.backend == attn_paired.backend == expected
 
 
 def test_auto_on_the_cpu_is_sdpa_even_with_fa4_installed(machine):

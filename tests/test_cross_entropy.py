@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import train_gpt as T
-from helpers import rel_err, run_in_triton_interpreter
+from helpers import cpu_execution, rel_err, run_in_triton_interpreter
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -140,7 +140,7 @@ def test_op_gradients_match_autograd_in_float64(N):
 def test_model_loss_and_gradients_match_the_previous_formulation():
     from test_training import TINY, model_of, random_batch
     torch.manual_seed(0)
-    model = model_of(T.Hyperparameters(**TINY))
+    model = model_of(T.Hyperparameters.of(**TINY))
     with torch.no_grad():  # away from the zero initializations, so that every gradient is non-zero
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
@@ -148,11 +148,12 @@ def test_model_loss_and_gradients_match_the_previous_formulation():
     inputs, targets, cu = random_batch()
     shape = T.ForwardShape(32, 96, 128, n_predict=3)
     mtp = torch.tensor([1.0, 0.5, 0.125])
-    loss, ce = model.training_loss(inputs, targets, cu, shape, mtp, grad_scale=0.5)
+    plan = cpu_execution(tokens=inputs.numel())
+    loss, ce = model.training_loss(inputs, targets, cu, shape, plan, mtp, grad_scale=0.5)
     loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
-    x = model.hidden_states(inputs, cu, shape)  # the previous forward's tail, with the model's GEMM rounding
+    x = model.hidden_states(inputs, cu, shape, plan)  # the previous forward's tail, with the model's GEMM rounding
     z = T.softcap(T.vocab_matmul(x, model.lm_head.t()))  # (CPU bf16 `@` rounds ~1 ulp differently)
     lse = torch.logsumexp(z, -1)
     Tn = z.size(0)
@@ -303,7 +304,9 @@ def test_lm_head_op_under_inductor(fp8):
 def test_compiled_tiny_model_trains_on_gpu():
     from test_training import TINY, model_of, random_batch
     torch.manual_seed(0)
-    model = model_of(T.Hyperparameters(**dict(TINY, device="cuda"))).cuda()
+    hp = T.Hyperparameters.of(**dict(TINY, device="cuda"))
+    model = model_of(hp).cuda()
+    plan = T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), 256, training=True)
     compiled = torch.compile(model.training_loss, dynamic=False, fullgraph=True)
     inputs, targets, cu = (t.cuda() for t in random_batch())
     shape = T.ForwardShape(32, 96, 256, n_predict=3)  # max_seq_len: the longest document is 159 tokens
@@ -311,7 +314,7 @@ def test_compiled_tiny_model_trains_on_gpu():
     losses = []
     for fn in (model.training_loss, compiled):
         model.zero_grad()
-        loss, ce = fn(inputs, targets, cu, shape, mtp, 0.5)
+        loss, ce = fn(inputs, targets, cu, shape, plan, mtp, 0.5)
         loss.backward()
         losses.append((loss.item(), ce.item(), model.lm_head.grad.clone()))
     assert 9 < losses[1][1] < 12 and abs(losses[0][0] - losses[1][0]) < 1e-2 * losses[0][0]

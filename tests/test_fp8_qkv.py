@@ -66,18 +66,17 @@ def test_fp8_normed_linear_backward_is_the_bf16_products():
         assert torch.equal(g, r)
 
 
-def model_pair(device="cpu", min_tokens=0):
-    """A small GPT with the FP8 Q/K/V forward forced on (the config would turn it off on a CPU) and
-    an identical one with it off."""
-    hp = T.Hyperparameters(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=101,
-                           val_seq_len=1024, device=device, fp8_mlp=False, fused_mlp=device == "cuda",
-                           fused_mlp_min_tokens=0, fp8_qkv_min_tokens=min_tokens)
-    config = T.ModelConfig.from_hyperparameters(hp)
-    models = []
-    for fp8 in (True, False):
-        torch.manual_seed(0)
-        models.append(T.GPT(dataclasses.replace(config, fp8_qkv=fp8)).to(device))
-    return models
+def model_and_plans(device="cpu", tokens=512):
+    """A small GPT and the execution plans of its 512-token training forward with the FP8 Q/K/V
+    projection forced on (resolve_execution turns it off off Hopper) and off, and of its evaluation."""
+    hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=101,
+                              val_seq_len=1024, device=device, fp8_mlp=False, fused_mlp=device == "cuda",
+                              fused_mlp_min_tokens=0, fp8_qkv_min_tokens=0)
+    torch.manual_seed(0)
+    model = T.GPT(hp.model, T.longest_forward(hp)).to(device)
+    plan = T.resolve_execution(hp.execution, hp.model, torch.device(device), tokens, training=True)
+    evaluation = T.resolve_execution(hp.execution, hp.model, torch.device(device), tokens, training=False)
+    return model, dataclasses.replace(plan, qkv_e4m3=True), dataclasses.replace(plan, qkv_e4m3=False), evaluation
 
 
 def document_batch(tokens=512, device="cpu"):
@@ -89,47 +88,36 @@ def document_batch(tokens=512, device="cpu"):
     return ids[:-1].int().to(device), ids[1:].int().to(device), cu, shape
 
 
-def losses_and_grads(model, batch, compile_fn=lambda f: f):
+def losses_and_grads(model, plan, evaluation, batch, compile_fn=lambda f: f):
     inputs, targets, cu, shape = batch
     model.zero_grad()
-    loss, _ = compile_fn(model.training_loss)(inputs, targets, cu, shape, torch.tensor([1.0, 0.5], device=cu.device))
+    loss, _ = compile_fn(model.training_loss)(inputs, targets, cu, shape, plan,
+                                              torch.tensor([1.0, 0.5], device=cu.device))
     loss.backward()
     with torch.no_grad():
-        total = compile_fn(model.evaluation_loss)(inputs, targets, cu, shape, 256)
+        total = compile_fn(model.evaluation_loss)(inputs, targets, cu, shape, evaluation, 256)
     return loss.detach(), total, model.qk_bank.grad.clone(), model.vo_bank.grad.clone(), model.scalars.grad.clone()
 
 
 def test_training_forward_takes_the_fp8_projections_and_evaluation_stays_bf16(monkeypatch):
-    fp8_model, bf16_model = model_pair()
+    model, fp8, bf16, evaluation = model_and_plans()
+    assert not evaluation.qkv_e4m3
     batch = document_batch()
     calls = []
     original = T.fp8_normed_linear
     monkeypatch.setattr(T, "fp8_normed_linear", lambda *a: calls.append(1) or original(*a))
-    loss, total, *grads = losses_and_grads(fp8_model, batch)
+    loss, total, *grads = losses_and_grads(model, fp8, evaluation, batch)
     assert len(calls) == len(T.ATTENTION_LAYERS)  # the training forward only
-    ref_loss, ref_total, *ref_grads = losses_and_grads(bf16_model, batch)
+    ref_loss, ref_total, *ref_grads = losses_and_grads(model, bf16, evaluation, batch)
     assert torch.equal(total, ref_total)
     assert rel_err(loss, ref_loss) < 1e-2
     for name, g, r in zip(("qk_bank", "vo_bank", "scalars"), grads, ref_grads):
         assert rel_err(g, r) < 0.1, name  # the attention lambdas' gradients reach through the bf16 weight
 
 
-def test_fp8_qkv_applies_from_its_token_threshold(monkeypatch):
-    """FP8_QKV_MIN_TOKENS: smaller forwards (stage 1) keep the bf16 projection."""
-    batch = document_batch()
-    calls = []
-    original = T.fp8_normed_linear
-    monkeypatch.setattr(T, "fp8_normed_linear", lambda *a: calls.append(1) or original(*a))
-    for min_tokens, expected in ((512, len(T.ATTENTION_LAYERS)), (513, 0)):
-        calls.clear()
-        losses_and_grads(model_pair(min_tokens=min_tokens)[0], batch)
-        assert len(calls) == expected, min_tokens
-
-
 def test_fp8_qkv_is_off_without_a_hopper_gpu():
-    hp = T.Hyperparameters(device="cpu", fp8_qkv=True, model_dim=64, num_heads=2, head_dim=32, mlp_hidden=128,
-                           vocab_size=1024, bigram_rows=101)
-    assert not T.ModelConfig.from_hyperparameters(hp).fp8_qkv
+    hp = T.Hyperparameters.of(device="cpu", fp8_qkv=True, fp8_qkv_min_tokens=0)
+    assert not T.resolve_execution(hp.execution, hp.model, torch.device("cpu"), 4096, training=True).qkv_e4m3
 
 
 # ---- GPU --------------------------------------------------------------------------------------
@@ -160,12 +148,16 @@ def test_fp8_normed_linear_matches_its_reference_on_gpu():
 @pytest.mark.gpu
 def test_compiled_model_with_fp8_qkv_trains_like_bf16():
     torch._dynamo.reset()
-    fp8_model, bf16_model = model_pair("cuda")
+    model, fp8, bf16, evaluation = model_and_plans("cuda")
     batch = document_batch(device="cuda")
     compile_fn = lambda f: torch.compile(f, dynamic=False, fullgraph=True)  # noqa: E731
-    loss, total, *grads = losses_and_grads(fp8_model, batch, compile_fn)
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    loss, total, *grads = losses_and_grads(model, fp8, evaluation, batch, compile_fn)
     torch._dynamo.reset()
-    ref_loss, ref_total, *ref_grads = losses_and_grads(bf16_model, batch, compile_fn)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(initial[n])
+    ref_loss, ref_total, *ref_grads = losses_and_grads(model, bf16, evaluation, batch, compile_fn)
     assert torch.equal(total, ref_total) and rel_err(loss, ref_loss) < 1e-2
     for name, g, r in zip(("qk_bank", "vo_bank", "scalars"), grads, ref_grads):
         assert rel_err(g, r) < 0.1, name

@@ -16,10 +16,10 @@ TINY = dict(device="cuda", compile=False, warmup=False, model_dim=128, num_heads
 
 
 def test_training_steps_never_synchronize_with_the_host(corpus):
-    hp = T.Hyperparameters(**TINY, train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
+    hp = T.Hyperparameters.of(**TINY, train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
                            tokenizer_dir=str(corpus))
     trainer = T.Trainer(hp, 0, 1, torch.device("cuda"), T.RunLog(None))
-    loader = T.TrainLoader(hp.train_files, 0, 1, torch.device("cuda"))
+    loader = T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cuda"))
     for step in range(2):  # first calls allocate, initialize handles and load kernels
         trainer.train_step(trainer.schedule.plan(step), loader)
     torch.cuda.synchronize()

@@ -242,6 +242,19 @@ def test_find_shards_sorted_and_missing(shards, tmp_path):
         tg.TrainLoader(pattern, 0, 1, CPU)
 
 
+def test_a_folder_matching_the_pattern_is_named_not_read(shards, tmp_path):
+    """A folder as TRAIN_FILES (or among a pattern's matches) is a one-line ShardError: its size
+    (4096 bytes on most file systems) would otherwise pass the header's size check."""
+    shards.write_shard(tmp_path / "d_000000.bin", np.array([BOS, 1], dtype=np.uint16))
+    (tmp_path / "d_000001.bin").mkdir()
+    for pattern in (str(tmp_path / "d_*.bin"), str(tmp_path)):
+        with pytest.raises(tg.ShardError, match="a folder, not a token shard") as info:
+            tg.find_shards(pattern)
+        assert "*_train_*.bin" in str(info.value)
+    with pytest.raises(tg.ShardError, match="a folder"):
+        tg.ValidationSet(str(tmp_path / "d_*.bin"), 64, 64, 0, 1, CPU)
+
+
 def test_corrupt_file_among_good_fails_fast(shards, damaged_shard, tmp_path):
     for i in range(3):
         shards.write_shard(tmp_path / f"d_{i:06d}.bin", np.array([BOS, 1, 2, 3] * 200, dtype=np.uint16))

@@ -42,6 +42,15 @@ INTERPRETER_CHECK = textwrap.dedent("""
 """)
 
 
+
+TMA_GPU = torch.cuda.is_available() and T.triton is not None and torch.cuda.get_device_capability()[0] >= 9
+
+
+def fused_mlp(x, fc, proj):
+    """The fused MLP as the model's execution plan runs it: the TMA kernels for CUDA tensors on
+    Hopper or newer, else the same custom backward with torch products."""
+    return T.relu_square_mlp(x, fc, proj, use_triton=TMA_GPU and x.is_cuda)
+
 def mlp_inputs(M, d=64, hidden=96, device="cpu"):
     """Realistic scales: normed activations, fc like the init (U(±d^-0.5/2·√3)), a trained-like proj."""
     torch.manual_seed(M)
@@ -163,17 +172,14 @@ def test_normed_activations_take_a_static_e4m3_scale():
 
 
 def test_fp8_mlp_is_off_without_a_hopper_gpu():
-    hp = T.Hyperparameters(device="cpu", fp8_mlp=True, model_dim=64, num_heads=2, head_dim=32, mlp_hidden=128,
-                           vocab_size=1024, bigram_rows=101)
-    config = T.ModelConfig.from_hyperparameters(hp)
-    assert not config.fp8_mlp
-    assert not any(name.startswith("fp8_post_scale") for name, _ in T.GPT(config).named_buffers())
+    hp = T.Hyperparameters.of(device="cpu", fp8_mlp=True, fused_mlp_min_tokens=0)
+    assert not T.resolve_execution(hp.execution, hp.model, torch.device("cpu"), 4096, training=True).mlp_e4m3
 
 
 def test_relu_square_mlp_reference_path_matches_autograd():
     x, fc, proj, grad = mlp_inputs(37)
     reference = float_reference(x, fc, proj, grad)
-    fused = output_and_grads(T.relu_square_mlp, x, fc, proj, grad)
+    fused = output_and_grads(fused_mlp, x, fc, proj, grad)
     for name, got, want in zip(("out", "x", "fc", "proj"), fused, reference):
         assert got.dtype == torch.bfloat16 and rel_err(got, want) < 1e-2, name
     plain = output_and_grads(T.relu_square_mlp_reference, x, fc, proj, grad)
@@ -187,9 +193,9 @@ def test_relu_square_mlp_traces_whole_into_compiled_graphs():
     with its ReLU² and the down-projection, the backward graph the four products from the saved post
     (the gradient's ReLU² from √post: no ReLU, no recomputed up-projection)."""
     x, fc, proj, grad = mlp_inputs(29)
-    eager = output_and_grads(T.relu_square_mlp, x, fc, proj, grad)
+    eager = output_and_grads(fused_mlp, x, fc, proj, grad)
     torch._dynamo.reset()
-    compiled = output_and_grads(torch.compile(T.relu_square_mlp, backend="aot_eager", fullgraph=True),
+    compiled = output_and_grads(torch.compile(fused_mlp, backend="aot_eager", fullgraph=True),
                                       x, fc, proj, grad)
     for got, want in zip(compiled, eager):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -200,7 +206,7 @@ def test_relu_square_mlp_traces_whole_into_compiled_graphs():
         return make_boxed_func(gm.forward)
 
     torch._dynamo.reset()
-    output_and_grads(torch.compile(T.relu_square_mlp, backend=aot_autograd(fw_compiler=record, bw_compiler=record),
+    output_and_grads(torch.compile(fused_mlp, backend=aot_autograd(fw_compiler=record, bw_compiler=record),
                                          fullgraph=True), x, fc, proj, grad)
     forward, backward = graphs
     assert forward.count("aten.mm.default(") == 2 and "aten.relu.default(" in forward
@@ -213,8 +219,8 @@ def test_gradients_reach_the_mlp_bank_through_views():
     bank = torch.nn.Parameter(torch.randn(3, 2, *fc.shape).bfloat16())
     with torch.no_grad():
         bank[1, 0], bank[1, 1] = fc, proj
-    mlp_fc, mlp_proj = bank[1]  # as GPT.mlp_block takes them
-    (T.relu_square_mlp(x, mlp_fc, mlp_proj) * grad).sum().backward()
+    mlp_fc, mlp_proj = bank[1]  # as GPT.mlp takes them
+    (T.relu_square_mlp(x, mlp_fc, mlp_proj, use_triton=False) * grad).sum().backward()
     _, _, grad_fc, grad_proj = float_reference(x, fc, proj, grad)
     assert rel_err(bank.grad[1, 0], grad_fc) < 1e-2 and rel_err(bank.grad[1, 1], grad_proj) < 1e-2
     assert not bank.grad[0].any() and not bank.grad[2].any()
@@ -250,9 +256,9 @@ def test_relu_square_gemm_on_gpu(M, N, K, config):
 def test_fused_mlp_matches_the_reference_on_gpu(M):
     x, fc, proj, grad = mlp_inputs(M, d=768, hidden=3072, device="cuda")
     reference = float_reference(x, fc, proj, grad)
-    eager = output_and_grads(T.relu_square_mlp, x, fc, proj, grad)
+    eager = output_and_grads(fused_mlp, x, fc, proj, grad)
     torch._dynamo.reset()
-    compiled = output_and_grads(torch.compile(T.relu_square_mlp, dynamic=False, fullgraph=True),
+    compiled = output_and_grads(torch.compile(fused_mlp, dynamic=False, fullgraph=True),
                                       x, fc, proj, grad)
     for name, e, c, want in zip(("out", "x", "fc", "proj"), eager, compiled, reference):
         assert rel_err(e, want) < 1e-2, name
@@ -269,7 +275,7 @@ def test_compiled_fused_mlp_launches_the_gemm_kernels_from_inductor():
     from torch._inductor.utils import run_and_get_code
     x, fc, proj, grad = mlp_inputs(4096, d=768, hidden=3072, device="cuda")
     torch._dynamo.reset()
-    compiled = torch.compile(T.relu_square_mlp, dynamic=False, fullgraph=True)
+    compiled = torch.compile(fused_mlp, dynamic=False, fullgraph=True)
     _, codes = run_and_get_code(lambda: output_and_grads(compiled, x, fc, proj, grad))
     code = "\n".join(codes)
     assert code.count("_relu_square_gemm_kernel") >= 2 and "torch.ops.speedrun" not in code
@@ -292,18 +298,22 @@ def test_compiled_model_with_the_fused_mlp_matches_the_plain_mlp():
     inputs, targets, cu, shape = four_document_batch()
     results = []
     for fused in (True, False):
-        hp = T.Hyperparameters(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001,
+        hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001,
                                val_seq_len=1024, fused_mlp=fused, fused_mlp_min_tokens=0, fp8_mlp=False)
         torch.manual_seed(0)
-        model = T.GPT(T.ModelConfig.from_hyperparameters(hp)).cuda()
+        model = T.GPT(hp.model, T.longest_forward(hp)).cuda()
+        plans = [T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), inputs.numel(), training)
+                 for training in (True, False)]
+        assert plans[0].mlp_fused == fused
         with torch.no_grad():
             model.mlp_bank[:, 1].normal_(0, 0.05)  # non-zero projections: every MLP gradient is live
         torch._dynamo.reset()
         compile = lambda f: torch.compile(f, dynamic=False, fullgraph=True)  # noqa: E731
-        loss, _ = compile(model.training_loss)(inputs, targets, cu, shape, torch.tensor([1.0, 0.5], device="cuda"))
+        loss, _ = compile(model.training_loss)(inputs, targets, cu, shape, plans[0],
+                                               torch.tensor([1.0, 0.5], device="cuda"))
         loss.backward()
         with torch.no_grad():
-            total = compile(model.evaluation_loss)(inputs, targets, cu, shape, 512)
+            total = compile(model.evaluation_loss)(inputs, targets, cu, shape, plans[1], 512)
         results.append((loss, total, model.mlp_bank.grad, model.qk_bank.grad))
     (loss, total, grad_mlp, grad_qk), (ref_loss, ref_total, ref_mlp, ref_qk) = results
     assert rel_err(loss, ref_loss) < 1e-2 and rel_err(total, ref_total) < 1e-2
@@ -379,11 +389,13 @@ def test_compiled_model_with_the_fp8_mlp_trains_like_the_bf16_mlp():
     inputs, targets, cu, shape = four_document_batch()
     results = []
     for fp8 in (True, False):
-        hp = T.Hyperparameters(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001,
+        hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001,
                                val_seq_len=1024, fused_mlp_min_tokens=0, fp8_mlp=fp8)
         torch.manual_seed(0)
-        model = T.GPT(T.ModelConfig.from_hyperparameters(hp)).cuda()
-        assert model.config.fp8_mlp == fp8
+        model = T.GPT(hp.model, T.longest_forward(hp)).cuda()
+        plan, evaluation = (T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), inputs.numel(), training)
+                            for training in (True, False))
+        assert plan.mlp_e4m3 == fp8 and not evaluation.mlp_e4m3
         with torch.no_grad():
             model.mlp_bank[:, 1].normal_(0, 0.05)
         torch._dynamo.reset()
@@ -392,11 +404,12 @@ def test_compiled_model_with_the_fp8_mlp_trains_like_the_bf16_mlp():
         weights = torch.tensor([1.0, 0.5], device="cuda")
         for _ in range(2):  # the second forward uses the first one's delayed scales
             model.zero_grad()
-            loss, _ = train(inputs, targets, cu, shape, weights)
+            loss, _ = train(inputs, targets, cu, shape, plan, weights)
             loss.backward()
         with torch.no_grad():
-            total = compile(model.evaluation_loss)(inputs, targets, cu, shape, 512)
+            total = compile(model.evaluation_loss)(inputs, targets, cu, shape, evaluation, 512)
         scales = [b.item() for n, b in model.named_buffers() if n.startswith("fp8_post_scale")]
+        scales = scales if fp8 else [s for s in scales if s != 1.0]  # untouched without the e4m3 forward
         results.append((loss, total, model.mlp_bank.grad, scales))
     (loss, total, grad, scales), (ref_loss, ref_total, ref_grad, ref_scales) = results
     assert len(scales) == T.NUM_LAYERS and all(0 < s < 1 for s in scales) and ref_scales == []
@@ -408,14 +421,15 @@ def test_fused_mlp_runs_from_its_token_threshold(monkeypatch):
     """FUSED_MLP_MIN_TOKENS: forwards of fewer tokens per rank take the plain MLP (launch-bound there)."""
     calls = []
     for name, fused in (("relu_square_mlp", True), ("relu_square_mlp_reference", False)):
-        monkeypatch.setattr(T, name, lambda x, fc, proj, fused=fused: calls.append(fused) or (x @ fc.t()) @ proj)
+        monkeypatch.setattr(T, name, lambda x, fc, proj, *_, fused=fused: calls.append(fused) or (x @ fc.t()) @ proj)
     tokens = 128
     inputs = torch.randint(0, 1000, (tokens,), dtype=torch.int32)
     cu = torch.from_numpy(T.cu_seqlens_for([tokens], tokens, 16))
     shape = T.ForwardShape(short_window=128, long_window=128, max_seq_len=tokens)
     for threshold, fused in [(tokens, True), (tokens + 1, False)]:
-        hp = T.Hyperparameters(model_dim=64, num_heads=2, head_dim=32, mlp_hidden=128, vocab_size=1024,
+        hp = T.Hyperparameters.of(model_dim=64, num_heads=2, head_dim=32, mlp_hidden=128, vocab_size=1024,
                                bigram_rows=101, device="cpu", fused_mlp_min_tokens=threshold)
         calls.clear()
-        T.GPT(T.ModelConfig.from_hyperparameters(hp)).hidden_states(inputs, cu, shape)
+        plan = T.resolve_execution(hp.execution, hp.model, torch.device("cpu"), tokens, training=True)
+        T.GPT(hp.model, T.longest_forward(hp)).hidden_states(inputs, cu, shape, plan)
         assert calls == [fused] * T.NUM_LAYERS

@@ -146,7 +146,7 @@ def micro_grads(params: dict, step: int, micro: int) -> dict:
     return {k: (torch.randint(-8, 9, p.shape, generator=g) / 8).to(p.dtype) for k, p in params.items()}
 
 
-CONFIG = T.OptimConfig.from_hyperparameters(T.Hyperparameters(compile=False))
+CONFIG = T.Hyperparameters.of(compile=False).optim
 
 
 def run_steps(rank: int, world: int, dtype=torch.bfloat16, steps: int = 4, untie_after: int = 2) -> dict:
@@ -208,9 +208,9 @@ def test_communication_order_small_then_banks_then_tables():
     sharded Adam tables, each group in table order (NCCL runs collectives in launch order)."""
     order = T.NorMuonAdam(make_params(), SPECS, CONFIG).comm_order
     assert order == ["scalars", "mudd_gate_scale", "qk_bank", "mlp_bank", "lm_head", "embed"]
-    hp = T.Hyperparameters(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001)
-    model = T.GPT(T.ModelConfig.from_hyperparameters(hp))
-    specs = model.param_specs()
+    hp = T.Hyperparameters.of(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001)
+    model = T.GPT(hp.model, T.longest_forward(hp))
+    specs = T.param_specs(model)
     order = T.NorMuonAdam(dict(model.named_parameters()), specs, CONFIG).comm_order
     groups = [(specs[label].comm, specs[label].optimizer) for label in order]
     assert groups == sorted(groups, key=lambda g: (g[0] != "replicated", g[1] != "normuon"))

@@ -2,6 +2,8 @@
 import importlib.util
 import json
 import math
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -16,6 +18,7 @@ SPEC = importlib.util.spec_from_file_location("records_tool", REPO / "records" /
 tool = importlib.util.module_from_spec(SPEC)
 sys.modules[SPEC.name] = tool  # dataclasses look their module up in sys.modules
 SPEC.loader.exec_module(tool)
+T = tool.train_gpt  # the log format's writers (step_line, ...): the fake logs change when the format does
 
 SOURCE = 'import os\nprint("fake train_gpt.py")\n# a line of "=" * 100 is built, never written literally\n'
 NVSMI = """Sat Nov 22 03:13:00 2025
@@ -27,27 +30,39 @@ NVSMI = """Sat Nov 22 03:13:00 2025
 def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None, source=SOURCE,
              hardware="8x NVIDIA H100 80GB HBM3", mode="rank-slice", data=None, truncate_after_step=None,
              bad_line_at_step=None, error_at_step=None, overrides=None, world_size=8, grad_accum=1, train_loss=None,
-             seed=None, schedule=None, step_ms=None, host_cpu=None):
-    """Write a complete log (or a broken one) with a known final val loss and train time (ms).
-    schedule: (scheduled steps, stage fractions) logged as the hyperparameters' stage table;
-    step_ms: train_time (ms) after a given number of steps (default: linear up to final_ms)."""
+             seed=None, schedule=None, step_ms=None, host_cpu=None, stop_after=None, startup_error=None):
+    """Write a complete log (or a broken one) with a known final val loss and train time (ms), its
+    lines made by train_gpt.py's writers. schedule: (scheduled steps, stage fractions) logged as the
+    hyperparameters' stage table; step_ms: train_time (ms) after a given number of steps (default:
+    linear up to final_ms); stop_after: STOP_AFTER (logged, and the run validates and ends there);
+    startup_error: the run fails before its first step with this `error:` line."""
     path = Path(path)
     data = data or "FineWeb (train data/fineweb10B/fineweb_train_*.bin; val data/fineweb10B/fineweb_val_*.bin, 10485760 tokens)"
-    lines = [source.rstrip("\n"), "=" * 100,
+    lines = [source.rstrip("\n"), T.LOG_SEPARATOR,
              "Running Python 3.12.3 (main, Apr 10 2024, 05:33:47) [GCC 13.2.0]",
              "Running PyTorch 2.11.0+cu128 compiled for CUDA 12.8", "Running Triton version 3.6.0",
-             *([f"Running on host CPU {host_cpu}"] if host_cpu else []), NVSMI, "=" * 100,
+             *([f"Running on host CPU {host_cpu}"] if host_cpu else []), NVSMI, T.LOG_SEPARATOR,
              f"run_id: {run_id or path.stem}", f"hardware: {hardware}", f"mode: {mode}", f"world_size: {world_size}",
              f"grad_accum_steps: {grad_accum}", f"data: {data}", *([f"overrides: {overrides}"] if overrides is not None else []),
              "hyperparameters: " + json.dumps({"num_iterations": total, "val_loss_every": val_every,
                                                **({} if seed is None else {"seed": seed}),
+                                               **({} if stop_after is None else {"stop_after": stop_after}),
                                                **({} if schedule is None else {
                                                    "num_scheduled_iterations": schedule[0],
-                                                   "stages": [{"fraction": f} for f in schedule[1]] + [{"fraction": None}]})}),
-             "Compiling model and warming up kernels", "Warm-up steps [0, 1, 2]", "Resetting model"]
-    for step in range(total + 1):
-        ms = step_ms(step) if step_ms else round(final_ms * step / total)
-        avg = ms / max(step, 1)
+                                                   "stages": [{"fraction": f} for f in schedule[1]] + [{"fraction": None}]})})]
+    if startup_error is not None:  # train_gpt.py's report_setup_error: the line, and nothing after it
+        lines.append(f"error: {startup_error}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n")
+        return path
+    lines += ["Compiling model and warming up kernels", "Warm-up steps [0, 1, 2]", "Resetting model"]
+    last = stop_after or total
+
+    def ms_at(step):
+        return step_ms(step) if step_ms else round(final_ms * step / total)
+
+    for step in range(last + 1):
+        ms = ms_at(step)
         if step == truncate_after_step:
             break
         if step == error_at_step:
@@ -55,17 +70,16 @@ def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None
             break
         if step == bad_line_at_step:
             lines.append(f"step:{step}/{total} train_time:{ms}ms step_avg:garbage")
-        if step % val_every == 0 or step == total:
+        if step % val_every == 0 or step == last:
             loss = final_loss if step == total else final_loss + 5.0 * (1 - step / total)
-            lines.append(f"step:{step}/{total} val_loss:{loss:.4f} train_time:{ms:.0f}ms step_avg:{avg:.2f}ms")
-        if step < total:  # train_loss(step): the loss logged after step + 1 (TRAIN_LOSS_EVERY=1)
-            loss_field = f"train_loss:{train_loss(step + 1):.4f} " if train_loss else ""
-            after = step_ms(step + 1) if step_ms else ms
-            lines.append(f"step:{step + 1}/{total} {loss_field}train_time:{after:.0f}ms step_avg:{avg:.2f}ms")
+            lines.append(T.step_line(step, total, ms, val_loss=loss))
+        if step < last:  # train_loss(step): the loss logged after step + 1 (TRAIN_LOSS_EVERY=1)
+            lines.append(T.step_line(step + 1, total, ms_at(step + 1),
+                                     train_loss=train_loss(step + 1) if train_loss else None))
         if step == total // 2:
             lines.append("data: pass 2 over 3 train files")
     else:
-        lines.append("peak memory allocated: 40345 MiB reserved: 52942 MiB")
+        lines.append(T.peak_memory_line(40345, 52942))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -131,7 +145,7 @@ def test_truncated_log_names_file_line_and_last_step(tmp_path):
 
 def test_missing_peak_memory_and_error_line(tmp_path):
     p = make_log(tmp_path / "x.txt", 3.27, 100000)
-    p.write_text(p.read_text().replace("peak memory allocated: 40345 MiB reserved: 52942 MiB\n", ""))
+    p.write_text(p.read_text().replace(T.peak_memory_line(40345, 52942) + "\n", ""))
     with pytest.raises(tool.RecordsError, match=r"x\.txt:\d+: truncated run: no 'peak memory"):
         tool.parse_log(p)
     q = make_log(tmp_path / "y.txt", 3.27, 100000, error_at_step=40)
@@ -141,7 +155,7 @@ def test_missing_peak_memory_and_error_line(tmp_path):
 
 def test_log_without_separator(tmp_path):
     p = tmp_path / "x.txt"
-    p.write_text("step:1/10 train_time:1ms step_avg:1.00ms\n")
+    p.write_text(T.step_line(1, 10, 1.0) + "\n")
     with pytest.raises(tool.RecordsError, match=r"x\.txt: no source separator"):
         tool.parse_log(p)
 
@@ -157,6 +171,36 @@ def test_cli_error_exit_code_without_traceback(tmp_path):
 def test_help_works():
     res = subprocess.run([sys.executable, str(REPO / "records" / "tool.py"), "--help"], capture_output=True, text=True)
     assert res.returncode == 0 and "stats" in res.stdout and "table" in res.stdout
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    """`tool.py diff | head`: the reader leaves early; the tool stops without a BrokenPipeError
+    traceback (exit status 141, as for SIGPIPE), whether the pipe closed before or while it writes."""
+    for name, letter in (("2025-01-01_A", "a"), ("2025-01-02_B", "b")):  # a diff of ~0.5 MB, beyond a pipe's buffer
+        (tmp_path / "records" / name).mkdir(parents=True)
+        (tmp_path / "records" / name / "train_gpt.py").write_text("".join(f"{letter} = {i}\n" for i in range(20000)))
+    command = [sys.executable, str(REPO / "records" / "tool.py"), "--root", str(tmp_path), "diff"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the tool has written anything (it takes seconds to import torch)
+    stderr = proc.stderr.read().decode()
+    code = proc.wait()
+    assert "Traceback" not in stderr and stderr == ""
+    assert code == 141
+    res = subprocess.run(f"{' '.join(map(shlex.quote, command))} | head -1", shell=True, capture_output=True, text=True)
+    assert res.stdout == "--- records/2025-01-01_A/train_gpt.py\n"
+    assert res.stderr == "" and res.returncode == 0  # head's status
+
+
+def test_the_log_format_is_train_gpts():
+    """The tool parses with train_gpt.py's patterns (no copies of its own); the step pattern reads
+    each field of what step_line writes, a line with both losses included."""
+    for name in ("LOG_SEPARATOR", "STEP_LINE_RE", "PEAK_MEMORY_RE", "FINAL_WINDOWS_RE", "DESCRIPTION_RE"):
+        assert getattr(tool, name) is getattr(T, name)
+    for stale in ("SEP", "SEP_RE", "VAL_RE", "TRAIN_RE", "PEAK_RE", "DESC_RE", "NUM"):
+        assert not hasattr(tool, stale)
+    m = tool.STEP_LINE_RE.match(T.step_line(12, 20, 1234.4, val_loss=3.25, train_loss=3.5))
+    assert (m["step"], m["total"], m["val_loss"], m["train_loss"], m["train_time"], m["step_avg"]) == (
+        "12", "20", "3.2500", "3.5000", "1234", "102.87")
 
 
 # ------------------------------------------------------------------ statistics
@@ -209,6 +253,21 @@ def test_stats_single_run_says_needs_two(tmp_path, capsys):
     assert "needs >= 2 runs" in capsys.readouterr().out
     assert "needs >= 2 runs" in (tmp_path / "statistics.md").read_text()
     assert not (tmp_path / "val_loss.png").exists()
+
+
+def test_plot_legend_labels_runs_by_their_full_run_ids(tmp_path):
+    """Issue #50: labels were cut to 8 characters, so the runs of one SEEDS= process
+    (smoke_20a_s1, smoke_20a_s2) shared the label "smoke_20"."""
+    import matplotlib.pyplot as plt
+    for seed in (1, 2):
+        make_log(tmp_path / f"smoke_20a_s{seed}.txt", 3.27 + 0.001 * seed, 180000, seed=seed)
+    fig = tool.val_loss_figure(tool.load_runs(tmp_path), 3.28, "smoke")
+    try:
+        labels = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+        assert labels == ["smoke_20a_s1", "smoke_20a_s2", "target 3.28"]
+        assert [line.get_label() for line in fig.axes[0].get_lines()][:2] == ["smoke_20a_s1", "smoke_20a_s2"]
+    finally:
+        plt.close(fig)
 
 
 @pytest.mark.parametrize("seeds,caution,shown", [((0, 0, 1), True, "0, 0, 1"), ((1, 2, 3), False, "1, 2, 3 (one per run)"),
@@ -349,6 +408,67 @@ def test_diff_same_date_ties_by_name(tmp_path, capsys):
     assert "-a\n+b" in capsys.readouterr().out
 
 
+def test_a_record_made_later_on_a_day_follows_that_days_records_whatever_its_name(tmp_path, capsys):
+    """Issue #50: records of one day were ordered by name, so a new record named before "V6" became
+    V6's and V7's predecessor and `new` diffed it against V5. Records of one date are ordered by
+    their record.json sequence, which `new` sets to one more than the day's largest."""
+    make_record(tmp_path, "2025-01-04_V5", [3.28], [210], source="v = 5\n")
+    make_record(tmp_path, "2025-01-05_V6", [3.28], [200], source="v = 6\n")
+    make_record(tmp_path, "2025-01-05_V7", [3.28], [190], source="v = 7\n")
+    for name, sequence in (("V6", 1), ("V7", 2)):
+        (tmp_path / "records" / f"2025-01-05_{name}" / "record.json").write_text(json.dumps({"sequence": sequence}))
+    logs = make_logs(tmp_path / "logs", [3.28], [180], source="v = 8\n")
+    assert run_tool("--root", tmp_path, "new", "Alpha", *logs, "--date", "2025-01-05") == 0
+    new = tmp_path / "records" / "2025-01-05_Alpha"
+    readme = (new / "README.md").read_text()
+    assert "Previous record: [2025-01-05_V7](../2025-01-05_V7/)." in readme and "+1 −1 lines" in readme
+    assert "--baseline records/2025-01-05_V7" in (new / "statistics.md").read_text()
+    assert json.loads((new / "record.json").read_text()) == {"sequence": 3}
+    assert "record.json (sequence 3 of 2025-01-05)" in capsys.readouterr().out
+    assert [p.name for p in tool.list_records(tmp_path / "records")] == [
+        "2025-01-04_V5", "2025-01-05_V6", "2025-01-05_V7", "2025-01-05_Alpha"]
+    assert tool.predecessor(tmp_path / "records", tool.record_key(tmp_path / "records" / "2025-01-05_V7")).name == "2025-01-05_V6"
+    assert run_tool("--root", tmp_path, "diff") == 0  # the latest record: Alpha, against V7
+    out = capsys.readouterr().out
+    assert out.startswith("--- records/2025-01-05_V7/train_gpt.py\n+++ records/2025-01-05_Alpha/train_gpt.py\n")
+    assert "-v = 7\n+v = 8" in out
+    assert run_tool("--root", tmp_path, "diff", "2025-01-05_V7") == 0
+    assert "-v = 6\n+v = 7" in capsys.readouterr().out
+    (tmp_path / "README.md").write_text(README)
+    assert run_tool("--root", tmp_path, "table", "--write") == 0
+    text = (tmp_path / "README.md").read_text()
+    assert text.index("[V5]") < text.index("[V6]") < text.index("[V7]") < text.index("[Alpha]")
+
+
+def test_records_without_record_json_keep_name_order_before_numbered_ones(tmp_path, capsys):
+    """Folders made before record.json have sequence 0: by name among themselves, before the day's
+    numbered records; a new record after them gets sequence 1. A broken record.json is named."""
+    make_record(tmp_path, "2025-01-05_Beta", [3.28], [200], source="b\n")
+    make_record(tmp_path, "2025-01-05_Alpha", [3.28], [200], source="a\n")
+    assert tool.next_sequence(tmp_path / "records", "2025-01-05") == 1
+    assert tool.next_sequence(tmp_path / "records", "2025-01-06") == 1
+    logs = make_logs(tmp_path / "logs", [3.28], [180], source="c\n")
+    assert run_tool("--root", tmp_path, "new", "Aardvark", *logs, "--date", "2025-01-05") == 0
+    assert [p.name for p in tool.list_records(tmp_path / "records")] == [
+        "2025-01-05_Alpha", "2025-01-05_Beta", "2025-01-05_Aardvark"]
+    assert tool.next_sequence(tmp_path / "records", "2025-01-05") == 2
+    capsys.readouterr()
+    for bad in ('{"sequence": 0}', '{"sequence": "2"}', '{"order": 2}', "[2]", "not json"):
+        (tmp_path / "records" / "2025-01-05_Beta" / "record.json").write_text(bad)
+        assert run_tool("--root", tmp_path, "diff") == 2
+        assert capsys.readouterr().err == (f"error: {tmp_path / 'records' / '2025-01-05_Beta' / 'record.json'}: expected "
+                                           '{"sequence": N} with a whole number N >= 1 (the record\'s place among the '
+                                           "records of its date)\n")
+
+
+def test_committed_records_are_in_version_order():
+    """V1-V7 carry record.json sequences (V2-V4 share a date, as do V6-V7) that keep their order."""
+    folders = tool.list_records(REPO / "records")
+    numbered = [(int(m.group(1)), p) for p in folders if (m := re.match(r"^\d{4}-\d{2}-\d{2}_V(\d+)[A-Z]", p.name))]
+    assert len(numbered) >= 7 and [v for v, _ in numbered] == sorted(v for v, _ in numbered)
+    assert all(tool.record_sequence(p) >= 1 for _, p in numbered)
+
+
 # ------------------------------------------------------------------ table
 
 README = "# speedrun\n\nintro\n\n<!-- records-table:start -->\n<!-- records-table:end -->\n\nmore text\n"
@@ -442,6 +562,46 @@ def test_stage_times_come_from_the_logged_schedule(tmp_path, capsys):
     assert "| defaults | 10.00 | 25.00 | 35.00 | 45.00 |" in out and "| FAST=1 | 10.00 | 22.00 | 30.00 | 40.00 |" in out
 
 
+def test_stages_reads_the_logged_stage_table_of_complete_stopped_and_interrupted_runs(tmp_path, capsys):
+    """`stages` (which replaced bench/stage_times.py and its three equal stages): boundaries from a
+    stage table of unequal fractions (0.5, 0.3, 0.2 of 100 scheduled steps, then a 10-step
+    extension), ms/step from the step lines at them; a stopped run up to its last step."""
+    per_step, starts = [10, 20, 30, 40], [0, 50, 80, 100, 110]
+    ms = lambda n: sum(per_step[k] * max(0, min(n, starts[k + 1]) - starts[k]) for k in range(4))  # noqa: E731
+    kw = dict(total=110, val_every=25, schedule=(100, [0.5, 0.3, 0.2]), step_ms=ms)
+    full = make_log(tmp_path / "full.txt", 3.6, 0, **kw)
+    stopped = make_log(tmp_path / "stop.txt", 3.6, 0, stop_after=90, **kw)
+    cut = make_log(tmp_path / "cut.txt", 3.6, 0, truncate_after_step=65, **kw)
+    assert tool.stage_bounds(tool.parse_log(full)) == [("stage 1", 0, 50), ("stage 2", 50, 80), ("stage 3", 80, 100),
+                                                       ("extension", 100, 110)]
+    assert run_tool("stages", full, stopped, cut) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{full} (run_id full)",
+        "  stage 1 (steps 0-49): 10.00 ms/step",
+        "  stage 2 (steps 50-79): 20.00 ms/step",
+        "  stage 3 (steps 80-99): 30.00 ms/step",
+        "  extension (steps 100-109): 40.00 ms/step",
+        "  total train_time 2.100 s (110 steps)",
+        f"{stopped} (run_id stop)",
+        "  stage 1 (steps 0-49): 10.00 ms/step",
+        "  stage 2 (steps 50-79): 20.00 ms/step",
+        "  stage 3 (steps 80-89 of 80-99, stopped at step 90): 30.00 ms/step",
+        "  extension (steps 100-109): not reached",
+        "  train_time 1.400 s at step 90 of 110 (stopped early with STOP_AFTER=90)",
+        f"{cut} (run_id cut)",
+        "  stage 1 (steps 0-49): 10.00 ms/step",
+        "  stage 2 (steps 50-64 of 50-79, stopped at step 65): 20.00 ms/step",
+        "  stage 3 (steps 80-99): not reached",
+        "  extension (steps 100-109): not reached",
+        "  train_time 0.800 s at step 65 of 110 (interrupted)"]
+    old = make_log(tmp_path / "old.txt", 3.6, 1000)  # no stage table logged
+    assert run_tool("stages", old) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "  no stage table in the logged hyperparameters (num_scheduled_iterations and stages)",
+        "  total train_time 1.000 s (100 steps)"]
+    assert not (REPO / "bench" / "stage_times.py").exists()
+
+
 def test_ablation_names_a_run_that_stopped_with_an_error_in_one_line(tmp_path):
     d = make_log(tmp_path / "d.txt", 3.60, 80_000, overrides="")
     x = make_log(tmp_path / "x.txt", 3.65, 81_000, overrides="XSA=0", error_at_step=40)
@@ -521,7 +681,7 @@ def test_paired_by_seed_needs_two_seeds_each_side_ran_once(tmp_path, new_seeds, 
 def with_final_windows(path, losses):
     """Append bench/eval_windows.py's lines (setting label -> loss) after the run's peak-memory line."""
     path = Path(path)
-    path.write_text(path.read_text() + "".join(f"final_windows {k} val_loss:{v:.4f}\n" for k, v in losses.items()))
+    path.write_text(path.read_text() + "".join(T.final_windows_line(k, v) + "\n" for k, v in losses.items()))
     return path
 
 
@@ -618,14 +778,54 @@ def test_compare_refuses_a_noise_pair_of_two_configurations(tmp_path, capsys):
 def test_compare_accepts_stopped_runs_and_names_missing_train_loss(tmp_path, capsys):
     base = make_log(tmp_path / "one.txt", 3.6, 8_000, total=8, val_every=4, train_loss=lambda s: 10.0 - s)
     stopped = make_log(tmp_path / "stop.txt", 3.6, 8_000, total=8, val_every=4, train_loss=lambda s: 10.0 - s,
-                       truncate_after_step=4)
+                       stop_after=4)
     assert run_tool("compare", base, stopped) == 0
     out = capsys.readouterr().out
-    assert "| 4 | 1000.00 | 0.0000 (1) | 0.0000 (0) |" in out and "(4 train loss steps, 1 val loss steps)" in out
+    assert "| 4 | 1000.00 | 0.0000 (1) | 0.0000 (0) |" in out and "(4 train loss steps, 2 val loss steps)" in out
     plain = make_log(tmp_path / "plain.txt", 3.6, 8_000, total=8, val_every=4)
     assert run_tool("compare", base, plain) == 2
     assert "no train_loss in its step lines; rerun with TRAIN_LOSS_EVERY=1" in capsys.readouterr().err
     assert run_tool("compare", base, plain, "--only", "val") == 0
+
+
+def test_compare_refuses_an_interrupted_run_in_one_line_naming_its_last_step(tmp_path, capsys):
+    """Issue #50: a run interrupted at 7 of 22 steps (no final validation, no STOP_AFTER) is no
+    equivalence evidence; compare accepted it (exit 0). stats refuses it too."""
+    kw = dict(total=22, val_every=4, train_loss=lambda s: 10.0 - s)
+    base = make_log(tmp_path / "base.txt", 3.6, 22_000, **kw)
+    cut = make_log(tmp_path / "cut" / "cut.txt", 3.6, 22_000, truncate_after_step=7, **kw)
+    assert tool.parse_log(cut, complete=False).last_step == 7
+    for logs in ((base, cut), (cut, base), (base, base, "--noise", base, cut)):
+        assert run_tool("compare", *logs) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == (f"error: {cut}: incomplete run: it stopped at step 7/22, before its planned last "
+                                     "step (interrupted?); compare reads complete runs and runs stopped early with "
+                                     "STOP_AFTER\n")
+    # interrupted during the final validation: every step line, no validation at the last step
+    text = base.read_text()
+    late = tmp_path / "late.txt"
+    late.write_text(text[:text.index(T.step_line(22, 22, 22_000, val_loss=3.6))])
+    assert run_tool("compare", base, late) == 2
+    assert "late.txt: incomplete run: no validation at its last step 22" in capsys.readouterr().err
+    # stopped on purpose with STOP_AFTER=7: its last validation is the planned one
+    stopped = make_log(tmp_path / "stop.txt", 3.6, 22_000, stop_after=7, **kw)
+    assert run_tool("compare", base, stopped) == 0
+    assert capsys.readouterr().out.endswith("all within tolerance\n")
+    assert run_tool("stats", tmp_path / "cut", "--no-plot") == 2  # as stats did already
+    assert "cut.txt:" in (err := capsys.readouterr().err) and "truncated run: no final validation line (last step 7/22)" in err
+
+
+def test_compare_and_stats_name_a_run_that_failed_at_start_up(tmp_path, capsys):
+    """Issue #50: a run that failed at start-up (an `error:` line after the description, no step
+    lines) got "rerun with TRAIN_LOSS_EVERY=1" from compare; both commands now quote its error."""
+    base = make_log(tmp_path / "base.txt", 3.6, 8_000, total=8, val_every=4, train_loss=lambda s: 10.0 - s)
+    failed = make_log(tmp_path / "failed" / "failed.txt", 3.6, 8_000, total=8, val_every=4,
+                      startup_error="no files match TRAIN_FILES=data/proxy/p_*.bin")
+    expected = f"error: {failed}: the run failed at start-up: no files match TRAIN_FILES=data/proxy/p_*.bin\n"
+    for argv in (("compare", base, failed), ("compare", base, failed, "--only", "val"),
+                 ("stats", tmp_path / "failed", "--no-plot"), ("ablation", failed)):
+        assert run_tool(*argv) == 2
+        assert capsys.readouterr().err == expected
 
 
 def test_shipped_equivalence_experiment_passes_with_its_readme_command(capsys, monkeypatch):

@@ -36,7 +36,7 @@ RUNS = {"rank_slice": dict(rank_slice=True, val_loss_every=7),
 
 
 def tiny_hyperparameters(corpus: pathlib.Path, **run) -> T.Hyperparameters:
-    return T.Hyperparameters(**TINY, **run, train_files=str(corpus / "tiny_train_*.bin"),
+    return T.Hyperparameters.of(**TINY, **run, train_files=str(corpus / "tiny_train_*.bin"),
                              val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus))
 
 
@@ -72,7 +72,7 @@ def run_tiny(hp: T.Hyperparameters) -> dict:
         trainer.run()
     finally:
         torch.set_num_threads(threads)
-    steps = hp.stop_after or trainer.schedule.total_steps
+    steps = hp.run.stop_after or trainer.schedule.total_steps
     sums = sorted((p.numel(), p.double().sum().item(), p.double().abs().sum().item())
                   for p in trainer.model.parameters())
     return {"train_loss": [x.hex() for x in trainer.losses[:steps].tolist()],

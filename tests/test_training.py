@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import train_gpt as T
+from helpers import cpu_execution
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,13 +22,14 @@ TINY_STAGES = dict(batch_tokens=(2048, 4096, 4096, 4096), max_seq_len=(128, 256,
 TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
             bigram_rows=1001, stages=T.replace_stage_columns(T.STAGES, **TINY_STAGES), window_block_size=16,
             val_tokens=2048, val_seq_len=1024, muon_momentum_warmup_steps=5, muon_momentum_cooldown_steps=2)
-SWITCHES = [f.name for f in dataclasses.fields(T.Hyperparameters)
-            if f.type in (bool, "bool") and f.name not in ("rank_slice", "compile", "warmup", "skip_guard_checks", "save_checkpoint")]
-DEFAULTS = T.Hyperparameters()
+DEFAULTS = T.Hyperparameters().flat()
+SWITCHES = [name for name, part in T.Hyperparameters.part_of_field().items()  # the technique switches
+            if part in ("model", "schedule", "execution") and isinstance(DEFAULTS[name], bool)
+            and name not in ("compile", "skip_guard_checks")]
 
 
 def model_of(hp: T.Hyperparameters) -> T.GPT:
-    return T.GPT(T.ModelConfig.from_hyperparameters(hp))
+    return T.GPT(hp.model, T.longest_forward(hp))
 
 
 def tiny_env(tmp_path, corpus, **overrides) -> dict:
@@ -59,48 +61,50 @@ def test_forward_backward_with_each_switch(switch):
     if switch in ("all on", "all off"):
         base.update({name: switch == "all on" for name in SWITCHES}, untie_embed_at=2 / 3 if switch == "all on" else 0.0)
     elif switch != "defaults":
-        base[switch] = not getattr(DEFAULTS, switch)
-    hp = T.Hyperparameters(**base)
+        base[switch] = not DEFAULTS[switch]
+    hp = T.Hyperparameters.of(**base)
     torch.manual_seed(0)
     model = model_of(hp)
-    if hp.prefix_loss:
+    on = hp.flat()
+    if on["prefix_loss"]:
         model.prefix_ids.copy_(torch.arange(1024) // 3 - 1)
-    for name, spec in model.param_specs().items():
+    for name, spec in T.param_specs(model).items():
         assert dict(model.named_parameters())[name] is not None and spec.optimizer in ("normuon", "adam")
     inputs, targets, cu = random_batch(vocab=1024)
-    shape = T.ForwardShape(short_window=32, long_window=96, max_seq_len=128, n_predict=3, prefix_target=hp.prefix_loss)
-    weights = torch.tensor([1.0, 0.5, 0.25] + [0.25] * hp.prefix_loss)
-    loss, ce = model.training_loss(inputs, targets, cu, shape, weights, grad_scale=0.5)
+    shape = T.ForwardShape(short_window=32, long_window=96, max_seq_len=128, n_predict=3, prefix_target=on["prefix_loss"])
+    weights = torch.tensor([1.0, 0.5, 0.25] + [0.25] * on["prefix_loss"])
+    plan = cpu_execution(hp, tokens=inputs.numel())
+    loss, ce = model.training_loss(inputs, targets, cu, shape, plan, weights, grad_scale=0.5)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(ce) and 6 < ce.item() < 8  # ~ln(1024) at init
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
     params = dict(model.named_parameters())
-    learned_scalars = hp.attn_lambdas or hp.smear_gate or hp.skip_connection
-    for present, param in [(hp.value_embeds, "value_embeds"), (hp.bigram_embed, "bigram_embed"),
-                           (hp.smear_gate, "smear_gate"), (hp.residual_lambdas, "resid_lambdas"),
+    learned_scalars = on["attn_lambdas"] or on["smear_gate"] or on["skip_connection"]
+    for present, param in [(on["value_embeds"], "value_embeds"), (on["bigram_embed"], "bigram_embed"),
+                           (on["smear_gate"], "smear_gate"), (on["residual_lambdas"], "resid_lambdas"),
                            (learned_scalars, "scalars"), (True, "mudd.w1"), (True, "gates.w1")]:
         assert (param in params) == present, param
     gate_kinds = {kind for part in model.gates.outputs for (kind, _), _, _ in part}
     for switch, kind in [("xsa", "xsa"), ("attn_output_gates", "out_gate"), ("dc_mha", "dc_w1"),
                          ("skip_connection", "skip"), ("bigram_embed", "bigram")]:
-        assert (kind in gate_kinds) == getattr(hp, switch), kind
+        assert (kind in gate_kinds) == on[switch], kind
     with torch.no_grad():
-        total = model.evaluation_loss(inputs, targets, cu, shape, chunk=100)
+        total = model.evaluation_loss(inputs, targets, cu, shape, cpu_execution(hp, training=False), chunk=100)
     assert torch.isfinite(total) and total.ndim == 0
 
 
 def test_multi_token_prediction_weights_the_later_targets():
-    hp = T.Hyperparameters(**TINY)
+    hp = T.Hyperparameters.of(**TINY)
     torch.manual_seed(0)
     model = model_of(hp)
     inputs, targets, cu = random_batch()
     one = T.ForwardShape(32, 96, 128, n_predict=1)
     two = T.ForwardShape(32, 96, 128, n_predict=2)
     with torch.no_grad():
-        l1, ce1 = model.training_loss(inputs, targets, cu, one, torch.tensor([1.0]))
-        l2, ce2 = model.training_loss(inputs, targets, cu, two, torch.tensor([1.0, 0.0]))
-        l3, _ = model.training_loss(inputs, targets, cu, two, torch.tensor([1.0, 0.5]))
+        l1, ce1 = model.training_loss(inputs, targets, cu, one, cpu_execution(hp), torch.tensor([1.0]))
+        l2, ce2 = model.training_loss(inputs, targets, cu, two, cpu_execution(hp), torch.tensor([1.0, 0.0]))
+        l3, _ = model.training_loss(inputs, targets, cu, two, cpu_execution(hp), torch.tensor([1.0, 0.5]))
     assert torch.allclose(l1, l2) and torch.allclose(ce1, ce2)
     assert l3 > l1 * 1.3  # the t+2 term adds about half as much again
 
@@ -108,7 +112,7 @@ def test_multi_token_prediction_weights_the_later_targets():
 def test_attention_is_causal_and_document_masked():
     # The key offset, smear gate and bigram hash look one token back across a BOS by design
     # (docs/TECHNIQUES.md T3.4, T3.6, T3.11); without them nothing may cross a document boundary.
-    hp = T.Hyperparameters(**dict(TINY, key_offset=False, smear_gate=False, bigram_embed=False))
+    hp = T.Hyperparameters.of(**dict(TINY, key_offset=False, smear_gate=False, bigram_embed=False))
     torch.manual_seed(0)
     model = model_of(hp)
     with torch.no_grad():
@@ -119,8 +123,8 @@ def test_attention_is_causal_and_document_masked():
     changed = inputs.clone()
     changed[100] = (changed[100] + 1) % 50000  # inside the third document [41, 200)
     with torch.no_grad():
-        a = model.hidden_states(inputs, cu, shape)
-        b = model.hidden_states(changed, cu, shape)
+        a = model.hidden_states(inputs, cu, shape, cpu_execution(hp))
+        b = model.hidden_states(changed, cu, shape, cpu_execution(hp))
     differs = (a - b).abs().amax(-1) > 0
     # positions before 100 are untouched (causal); the next document (from 200) never sees it
     assert not differs[:100].any()
@@ -128,13 +132,13 @@ def test_attention_is_causal_and_document_masked():
 
 
 def schedule_of(hp: T.Hyperparameters) -> T.Schedule:
-    return T.Schedule(T.ScheduleConfig.from_hyperparameters(hp))
+    return T.Schedule(hp.schedule)
 
 
 def test_schedule_matches_the_recipe():
-    """RECIPE's schedule (its LR examples with its 1270 scheduled steps and cooldown 0.60), and ours:
+    """The reference's schedule (its LR examples with its 1270 scheduled steps and cooldown 0.60), and ours:
     1255 scheduled steps, cooldown 0.55, final window 32."""
-    reference = schedule_of(T.Hyperparameters(num_scheduled_iterations=1270, cooldown_frac=0.60, final_long_window=20))
+    reference = schedule_of(T.Hyperparameters.of(num_scheduled_iterations=1270, cooldown_frac=0.60, final_long_window=20))
     for step, expected in [(0, 1.0), (423, 1.52), (600, 1.355), (846, 0.912), (847, 1.027), (1000, 0.710),
                            (1269, 0.152), (1280, 0.15)]:
         assert abs(reference.plan(step).lr_multiplier - expected) < 2e-3, step
@@ -158,7 +162,7 @@ def test_schedule_matches_the_recipe():
     assert plan(0).tokens_per_rank == 16384 and plan(1000).tokens_per_rank == 49152
     assert plan(0).shape.max_seq_len == 896 and plan(1000).shape.max_seq_len == 2048
     assert s.warmup_steps() == [0, 1, 416, 417, 418, 419, 835, 836, 837, 838, 1253, 1254, 1255, 1256]
-    off = schedule_of(T.Hyperparameters(sliding_windows=False, multi_token_prediction=False, adam_every_other_step=False))
+    off = schedule_of(T.Hyperparameters.of(sliding_windows=False, multi_token_prediction=False, adam_every_other_step=False))
     assert off.plan(0).shape.short_window == T.NO_WINDOW and off.plan(0).target_weights == (1.0, 0.25)
     assert all(off.plan(step).adam_step for step in range(4))
 
@@ -166,14 +170,15 @@ def test_schedule_matches_the_recipe():
 def test_stage_table_fractions_and_columns():
     """Stage boundaries follow the table's fractions; STAGE_* variables replace whole columns."""
     stages = tuple(T.dataclasses.replace(stage, fraction=f) for stage, f in zip(T.STAGES, (0.5, 0.25, 0.25, None)))
-    assert schedule_of(T.Hyperparameters(stages=stages, num_scheduled_iterations=100)).stage_starts == [0, 50, 75, 100]
+    assert schedule_of(T.Hyperparameters.of(stages=stages, num_scheduled_iterations=100)).stage_starts == [0, 50, 75, 100]
     hp = T.Hyperparameters.from_env({"STAGE_BATCH_TOKENS": "8,16,24,32", "STAGE_LR_MUL": "1,2,3,4"})
-    assert [s.batch_tokens for s in hp.stages] == [8, 16, 24, 32] and hp.stages[3].lr_mul == 4.0
-    assert [s.max_seq_len for s in hp.stages] == [s.max_seq_len for s in T.STAGES]
+    stages_env = hp.schedule.stages
+    assert [s.batch_tokens for s in stages_env] == [8, 16, 24, 32] and stages_env[3].lr_mul == 4.0
+    assert [s.max_seq_len for s in stages_env] == [s.max_seq_len for s in T.STAGES]
     with pytest.raises(ValueError, match="add up to 1"):
-        T.check_hyperparameters(T.Hyperparameters(stages=stages[:1] + stages[2:]))
+        T.check_hyperparameters(T.Hyperparameters.of(stages=stages[:1] + stages[2:]))
     with pytest.raises(ValueError, match="not divisible by 8"):
-        T.check_hyperparameters(T.Hyperparameters(stages=T.replace_stage_columns(T.STAGES, batch_tokens=(8, 12, 16, 16))))
+        T.check_hyperparameters(T.Hyperparameters.of(stages=T.replace_stage_columns(T.STAGES, batch_tokens=(8, 12, 16, 16))))
 
 
 def test_yarn_scales_match_the_recipe():
@@ -187,8 +192,8 @@ def test_yarn_scales_match_the_recipe():
 def test_env_overrides():
     hp = T.Hyperparameters.from_env({"NUM_SCHEDULED_ITERATIONS": "1_000", "MUON_LR": "0.05", "YARN": "false",
                                      "STAGE_LR_MUL": "1,2,3,4", "ATTENTION_BACKEND": "flex", "UNRELATED": "x"})
-    assert hp.num_scheduled_iterations == 1000 and hp.muon_lr == 0.05 and hp.yarn is False
-    assert [s.lr_mul for s in hp.stages] == [1.0, 2.0, 3.0, 4.0] and hp.attention_backend == "flex"
+    assert hp.schedule.num_scheduled_iterations == 1000 and hp.optim.muon_lr == 0.05 and hp.model.yarn is False
+    assert [s.lr_mul for s in hp.schedule.stages] == [1.0, 2.0, 3.0, 4.0] and hp.execution.attention_backend == "flex"
     assert T.Hyperparameters.from_env({}) == T.Hyperparameters()
     with pytest.raises(ValueError, match="VAL_LOSS_EVERY"):
         T.Hyperparameters.from_env({"VAL_LOSS_EVERY": "often"})
@@ -309,13 +314,16 @@ def test_non_finite_loss_stops_and_names_the_step(tmp_path, corpus, every, detec
     """every=1: the periodic check without a host sync, queued after step 2 and read after step 3;
     every=0: only the blocking check before the validation at step 6."""
     env = tiny_env(tmp_path, corpus, rank_slice=True, muon_lr=float("inf"), nonfinite_check_every=every,
-                   val_loss_every=6, run_id="nan")
+                   val_loss_every=6, train_loss_every=1, run_id="nan")
     proc = run_main(env)
     assert proc.returncode == 1
     log = (tmp_path / "logs" / "nan.txt").read_text()
-    # step 0 runs on the initial weights; the infinite update poisons step 1's loss
-    assert re.search(rf"^error: non-finite training loss nan at step 1 \(detected at step {detected}\)", log,
-                     re.M), log[-500:]
+    # the first step runs on the initial weights; the infinite update poisons the second one's loss,
+    # and the error names the step as its step line does
+    first_nan = re.search(r"^step:(\d+)/7 train_loss:nan", log, re.M).group(1)
+    assert first_nan == "2"
+    assert re.search(rf"^error: non-finite training loss nan at step {first_nan} \(detected at step {detected}\)",
+                     log, re.M), log[-500:]
     assert "step:6/7 val_loss" not in log
 
 
@@ -343,7 +351,7 @@ def test_stop_after_ends_the_run_early_with_the_schedule_unchanged(tmp_path, cor
     with pytest.raises(tool.RecordsError, match=r"truncated run: no final validation line \(last step 4/7\)"):
         tool.parse_log(str(tmp_path / "logs" / "stop.txt"))  # a stopped run never becomes a record
     with pytest.raises(ValueError, match="STOP_AFTER=8: must lie in 0..7"):
-        T.check_hyperparameters(T.Hyperparameters(num_scheduled_iterations=6, num_extension_iterations=1, stop_after=8))
+        T.check_hyperparameters(T.Hyperparameters.of(num_scheduled_iterations=6, num_extension_iterations=1, stop_after=8))
 
 
 def test_seeds_run_once_per_seed_after_one_warm_up_each_as_that_seed_alone(tmp_path, corpus):
@@ -365,12 +373,12 @@ def test_seeds_run_once_per_seed_after_one_warm_up_each_as_that_seed_alone(tmp_p
     warmed_up = [bool(re.search(r"^Compile and warm-up took \d+s", log, re.M)) for log in (first, second)]
     assert warmed_up == [True, False]
     with pytest.raises(ValueError, match="SEEDS=1,2,1 repeats a seed"):
-        T.check_hyperparameters(T.Hyperparameters(seeds=(1, 2, 1)))
+        T.check_hyperparameters(T.Hyperparameters.of(seeds=(1, 2, 1)))
 
 
 def test_readme_documents_every_hyperparameter_and_the_ci_test_command():
     readme = open(os.path.join(ROOT, "README.md")).read()
-    missing = [f.name.upper() for f in dataclasses.fields(T.Hyperparameters) if f.name.upper() not in readme]
+    missing = [name for name in T.hyperparameter_variables() if name not in readme]
     assert not missing, f"README.md does not document {missing}"
     test_command = re.search(r"^(.*?)\s+# tests", readme, re.M).group(1).strip()
     assert test_command in open(os.path.join(ROOT, ".ci", "run")).read()
@@ -384,7 +392,7 @@ def test_skipped_guard_checks_after_the_warmup_pick_the_same_graphs(corpus, monk
     puts a validation at step 12, the extension's first step (its windows, not the final's)."""
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda f, **kw: real_compile(f, backend="eager", **kw))
-    hp = T.Hyperparameters(**{**TINY, "compile": True, "warmup": True}, rank_slice=True, num_scheduled_iterations=12,
+    hp = T.Hyperparameters.of(**{**TINY, "compile": True, "warmup": True}, rank_slice=True, num_scheduled_iterations=12,
                            num_extension_iterations=2, val_loss_every=val_loss_every, train_files=str(corpus / "tiny_train_*.bin"),
                            val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus))
     results = {}
@@ -392,7 +400,7 @@ def test_skipped_guard_checks_after_the_warmup_pick_the_same_graphs(corpus, monk
         for skip in (False, True):
             torch._dynamo.reset()
             torch.compiler.set_stance("default")
-            trainer = T.Trainer(dataclasses.replace(hp, skip_guard_checks=skip), 0, 1, torch.device("cpu"), T.RunLog(None))
+            trainer = T.Trainer(hp.replace(skip_guard_checks=skip), 0, 1, torch.device("cpu"), T.RunLog(None))
             trainer.warmup()
             assert torch._dynamo.eval_frame._is_skip_guard_eval_unsafe_stance() == skip
             compiled = dict(torch._dynamo.utils.counters["stats"])
@@ -403,3 +411,58 @@ def test_skipped_guard_checks_after_the_warmup_pick_the_same_graphs(corpus, monk
         torch.compiler.set_stance("default")
         torch._dynamo.reset()
     assert results[True] == results[False]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
+def test_check_without_a_gpu_is_one_line_before_torchrun(tmp_path, corpus):
+    """run.sh's --check fails on a machine without CUDA GPUs (DEVICE is cuda by default): one line,
+    exit 1, and torchrun never starts (it would print the error inside dozens of lines)."""
+    env = tiny_env(tmp_path, corpus)
+    env.pop("DEVICE")
+    proc = subprocess.run(["bash", os.path.join(ROOT, "run.sh")], env=dict(env, NGPU="1"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "no CUDA GPU visible" in proc.stderr
+
+
+def test_check_needs_as_many_gpus_as_processes(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    hp = T.Hyperparameters()
+    T.check_gpus(hp, 2)
+    with pytest.raises(T.SetupError, match=r"8 processes \(NGPU\) but 2 CUDA GPU\(s\) visible: use NGPU=2"):
+        T.check_gpus(hp, 8)
+    T.check_gpus(hp.replace(device="cpu"), 8)  # DEVICE=cpu needs none
+
+
+def test_help_prints_usage_without_starting_anything():
+    for command in (["bash", os.path.join(ROOT, "run.sh"), "--help"],
+                    [sys.executable, os.path.join(ROOT, "train_gpt.py"), "--help"]):
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
+        assert "torchrun --standalone --nproc_per_node=8 train_gpt.py" in proc.stdout
+        assert len(proc.stdout.splitlines()) < 25
+
+
+def test_ctrl_c_ends_with_one_interrupted_line_and_keeps_the_log(tmp_path, corpus):
+    """SIGINT while training: exit 130, `interrupted at step N` (N: the last step line) on stderr and
+    at the end of the log, which keeps everything before it, and no traceback."""
+    import signal
+    import time
+    env = tiny_env(tmp_path, corpus, rank_slice=True, num_scheduled_iterations=3000, run_id="ctrlc")
+    log_path = tmp_path / "logs" / "ctrlc.txt"
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train_gpt.py")], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not (log_path.exists() and "step:5/" in log_path.read_text()):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    log = log_path.read_text().splitlines()
+    last_step = re.findall(r"^step:(\d+)/", "\n".join(log), re.M)[-1]
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == log[-1] == f"interrupted at step {last_step}"
+    assert int(last_step) >= 5

@@ -1,0 +1,113 @@
+"""The execution plan: every fast-path choice resolved once per stage from the settings, the device and
+the forward's size (resolve_execution), on a CPU with a Hopper GPU and the kernels' packages patched in;
+and the settings tree it is resolved from (flat names, typos, removed settings)."""
+
+import dataclasses
+import types
+
+import pytest
+import torch
+
+import train_gpt as T
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    """resolve_execution sees an sm90 GPU with Triton, FA3 and FA4 installed."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(T, "triton", T.triton or types.SimpleNamespace())
+    monkeypatch.setattr(T, "fa4_interface", types.SimpleNamespace())
+    monkeypatch.setattr(T, "flash_attn_varlen_func", types.SimpleNamespace())
+    return torch.device("cuda", 0)
+
+
+def plan(device, tokens, training=True, **settings):
+    hp = T.Hyperparameters.of(**settings)
+    return T.resolve_execution(hp.execution, hp.model, device, tokens, training)
+
+
+def test_each_stage_gets_the_fast_paths_from_its_token_thresholds(hopper):
+    """The defaults' stages: 16,384 tokens per rank (stage 1) keep FA3, the plain MLP and bf16 Q/K/V
+    (host-bound there); 32,768 (stage 2) take FA4 and the fused e4m3 MLP; 49,152 (stage 3) also
+    the e4m3 Q/K/V projection. Evaluation stays bf16 at any size."""
+    stage1, stage2, stage3 = (plan(hopper, n) for n in (16384, 32768, 49152))
+    assert (stage1.attention, stage1.mlp_fused, stage1.mlp_e4m3, stage1.qkv_e4m3) == ("fa3", False, False, False)
+    assert (stage2.attention, stage2.mlp_fused, stage2.mlp_kernel, stage2.mlp_e4m3, stage2.qkv_e4m3) == (
+        "fa4", True, True, True, False)
+    assert stage3.qkv_e4m3 and stage3.mlp_e4m3 and stage3.lm_head_fp8 and stage3.dc_mha_kernel
+    evaluation = plan(hopper, 262144, training=False)
+    assert evaluation.attention == "fa4" and evaluation.mlp_fused
+    assert not (evaluation.mlp_e4m3 or evaluation.qkv_e4m3 or evaluation.lm_head_fp8)
+
+
+@pytest.mark.parametrize("setting, field", [("fp8_mlp", "mlp_e4m3"), ("fp8_qkv", "qkv_e4m3"),
+                                            ("fp8_lm_head", "lm_head_fp8"), ("fused_mlp", "mlp_fused")])
+def test_a_switched_off_setting_turns_its_path_off_at_every_size(hopper, setting, field):
+    assert getattr(plan(hopper, 49152), field)
+    assert not getattr(plan(hopper, 49152, **{setting: False}), field)
+
+
+def test_thresholds_are_settings(hopper):
+    assert not plan(hopper, 49152, fp8_qkv_min_tokens=49153).qkv_e4m3
+    assert plan(hopper, 1024, fused_mlp_min_tokens=1024, fa4_min_tokens=1024).attention == "fa4"
+    assert not plan(hopper, 1024, fused_mlp_min_tokens=1025).mlp_fused
+
+
+def test_cpu_takes_the_torch_paths():
+    cpu = plan(torch.device("cpu"), 49152)
+    assert cpu.attention == "sdpa" and cpu.mlp_fused  # the fused MLP's custom backward runs in torch
+    assert not (cpu.mlp_kernel or cpu.mlp_e4m3 or cpu.qkv_e4m3 or cpu.lm_head_fp8 or cpu.dc_mha_kernel)
+
+
+def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
+    lines = []
+    hp = T.Hyperparameters.of(device="cpu", compile=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
+                              bigram_rows=1001, train_files=str(corpus / "tiny_train_*.bin"), val_tokens=2048,
+                              val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus), val_seq_len=1024,
+                              stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096),
+                                                             max_seq_len=(128, 256, 256, 256)),
+                              fused_mlp_min_tokens=512)
+    trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), lines.append)
+    plans = [line for line in lines if line.startswith("execution plan")]
+    assert plans == ["execution plan (stage 1): attention=sdpa mlp_fused=0 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 "
+                     "lm_head_fp8=0 dc_mha_kernel=0",  # 256 tokens per forward: below the fused MLP's 512
+                     "execution plan (stage 2, stage 3, extension, validation): attention=sdpa mlp_fused=1 "
+                     "mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0 dc_mha_kernel=0"]
+    assert trainer.stage_execution[1] == trainer.validation_execution != trainer.stage_execution[0]
+
+
+# --- the settings tree ------------------------------------------------------------------------------
+
+def test_every_setting_lives_in_exactly_one_part_and_flat_names_round_trip():
+    owners = {}
+    for part in dataclasses.fields(T.Hyperparameters):
+        for field in dataclasses.fields(part.default_factory):
+            owners.setdefault(field.name, []).append(part.name)
+    assert all(len(parts) == 1 for parts in owners.values()), owners
+    hp = T.Hyperparameters.of(muon_lr=0.02, seed=7, fp8_mlp=False)
+    assert (hp.optim.muon_lr, hp.run.seed, hp.execution.fp8_mlp) == (0.02, 7, False)
+    assert hp.flat()["muon_lr"] == 0.02 and set(hp.flat()) == set(owners)
+    assert hp.replace(seed=8).run.seed == 8 and hp.run.seed == 7  # frozen: replace makes a new tree
+    with pytest.raises(T.SetupError, match="unknown setting 'muon_lrr'; did you mean muon_lr"):
+        T.Hyperparameters.of(muon_lrr=0.1)
+
+
+@pytest.mark.parametrize("name, nearest", [("MUON_LRR", "MUON_LR"), ("SEEED", "SEED"), ("VAL_TOKEN", "VAL_TOKENS"),
+                                           ("STAGE_BATCH", "STAGE_BATCH_TOKENS"), ("FP8_MLPP", "FP8_MLP")])
+def test_a_mistyped_setting_stops_with_the_nearest_name(name, nearest):
+    with pytest.raises(T.SetupError, match=f"unknown setting {name}='0.01'; did you mean {nearest}\\?"):
+        T.Hyperparameters.from_env({name: "0.01"})
+
+
+def test_other_programs_variables_pass():
+    environ = {name: "1" for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                      "MASTER_PORT", "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+                                      "NCCL_DEBUG", "TRITON_INTERPRET", "PYTORCH_ALLOC_CONF", "HF_HUB_OFFLINE",
+                                      "SMOKE", "NGPU", "PATH", "HOME", "GROUP_RANK", "ROLE_WORLD_SIZE")}
+    assert T.Hyperparameters.from_env(environ) == T.Hyperparameters()
+
+
+def test_a_removed_setting_says_so():
+    with pytest.raises(T.SetupError, match="PAIRED_ROPE_BY_HEAD was removed"):
+        T.Hyperparameters.from_env({"PAIRED_ROPE_BY_HEAD": "1"})
