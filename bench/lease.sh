@@ -1,0 +1,319 @@
+#!/usr/bin/env bash
+# One device lease's chores, in place of the preamble every queue.sh used to paste: stage the data and
+# the GPU wheels, run a queue script detached, poll it, bring its logs back.
+#
+#   bench/lease.sh setup [DATA_SRC]           on the GPU machine, from the repository root: shards
+#                                              into $DATA_DIR, wheels into $SITE, a frozen copy of
+#                                              the tree in $REPO_COPY, then the versions
+#   bench/lease.sh start QUEUE_FILE [DIR]      run QUEUE_FILE detached (bash, in $REPO_COPY), its
+#                                              output to DIR/queue.log (DIR: $LEASE_DIR); returns at once
+#   bench/lease.sh poll [SECONDS]              wait up to SECONDS (540) while the queue runs; print
+#                                              its status, log tail and each run log's last step line;
+#                                              exit 0 finished, 3 still running, 2 no queue here
+#   bench/lease.sh collect DEST                copy the run logs (*.txt), queue.log and status into
+#                                              DEST, flat; more than 7 files: one DEST/lease_logs.tar.xz
+#
+# A lease: setup and start in the first call, `poll` in each later call until it exits 0, then
+# `collect "$OUT"`. The queue outlives the call that started it, so its logs live in $LEASE_DIR, not
+# in $OUT (the device empties $OUT before every call); `collect` brings them back (at most 8 files,
+# each under 16 MiB, return from a call).
+#
+# The queue runs with these defaults exported (each only where the caller has not set it): the proxy
+# rank-slice environment of every record (TRAIN_FILES, VAL_FILES, VAL_TOKENS=3932160, TOKENIZER_DIR,
+# RANK_SLICE=1; a full-batch torchrun queue sets RANK_SLICE=0), PYTHONPATH with $SITE and the CuTe
+# DSL's dsl_packages (its .pth files are not read from a --target folder), PYTHONUNBUFFERED=1,
+# FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1, NVLink multicast off (NCCL_NVLS_ENABLE=0,
+# TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), L=LEASE_DIR=the log folder and a
+# function `note TEXT` that appends "HH:MM:SS TEXT" to $L/status. Stop a queue and everything it
+# started: kill -- -$(cat $LEASE_DIR/queue.pid).
+#
+# Variables (environment, default in brackets):
+#   DATA_SRC       folder of the proxy shards as *.bin.xz [shared/data/proxy, else .bench, else $STAGE]
+#   SHARDS         file patterns taken from it [proxy_train_00000[123].bin.xz proxy_val_000000.bin.xz]:
+#                  train shards 1-3 and the validation shard, what every record trained and scored on
+#   DATA_DIR       where the shards are decompressed, skipping those already there [/tmp/d]
+#   TOKENIZER_SRC  GPT-2's encoder.json and vocab.bpe, copied to $DATA_DIR/gpt2 [data/gpt2]
+#   STAGE          carried files kept across the calls of one lease [/tmp/stage]
+#   WHEEL_DIR      the small wheels (flash-attn-4, quack-kernels, ...) [.whl, else $STAGE/whl]
+#   CU13_PARTS     the nvidia-cutlass-dsl cu13 libraries as a split tar.xz, unpacked into $SITE after
+#                  pip [$WHEEL_DIR/cu13.tar.xz.part*, else $STAGE/cu13.tar.xz.part*]
+#   SITE           pip --target of the wheels [/tmp/site]; setup skips a $SITE it filled before
+#                  unless FORCE=1
+#   REPO_COPY      the tree the queue runs in, copied by setup without .git, shared, .whl, .bench, so
+#                  that later calls (which re-send the working tree) cannot change a running queue's
+#                  code; empty: run in place [/tmp/repo]
+#   LEASE_DIR      the queue's folder: queue.sh (its copy), queue.log, queue.pid, queue.rc, status
+#                  and whatever the queue writes there [/tmp/q]
+#   POLL_EVERY     seconds between poll's checks [10]
+set -euo pipefail
+
+SHARDS=${SHARDS:-"proxy_train_00000[123].bin.xz proxy_val_000000.bin.xz"}
+DATA_DIR=${DATA_DIR:-/tmp/d}
+TOKENIZER_SRC=${TOKENIZER_SRC:-data/gpt2}
+STAGE=${STAGE:-/tmp/stage}
+SITE=${SITE:-/tmp/site}
+REPO_COPY=${REPO_COPY-/tmp/repo}
+LEASE_DIR=${LEASE_DIR:-/tmp/q}
+POLL_EVERY=${POLL_EVERY:-10}
+FORCE=${FORCE:-0}
+
+usage() {
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+}
+
+die() { echo "lease.sh: $*" >&2; exit 1; }
+
+# first existing folder among the arguments that holds a file matching one of the patterns in $1
+first_dir_with() {
+    local patterns d p f
+    read -r -a patterns <<< "$1"; shift
+    for d in "$@"; do
+        [ -d "$d" ] || continue
+        for p in "${patterns[@]}"; do
+            for f in "$d"/$p; do
+                [ -e "$f" ] && { echo "$d"; return 0; }
+            done
+        done
+    done
+    return 1
+}
+
+queue_pid() { [ -s "$1/queue.pid" ] && cat "$1/queue.pid"; }
+
+queue_running() {  # the queue of folder $1 is alive
+    local pid
+    pid=$(queue_pid "$1") || return 1
+    [ ! -e "$1/queue.rc" ] && kill -0 "$pid" 2>/dev/null
+}
+
+stage_data() {
+    local src=$1 p f out patterns pids=() failed=0
+    read -r -a patterns <<< "$SHARDS"
+    mkdir -p "$DATA_DIR"
+    for p in "${patterns[@]}"; do
+        for f in "$src"/$p; do
+            [ -e "$f" ] || { echo "data: no $src/$p"; continue; }
+            out=$DATA_DIR/$(basename "$f" .xz)
+            if [ -s "$out" ]; then echo "data: $out already there"; continue; fi
+            ( xz -dc "$f" > "$out.part" && mv "$out.part" "$out" ) &
+            pids+=("$!")
+        done
+    done
+    for p in "${pids[@]+"${pids[@]}"}"; do wait "$p" || failed=1; done
+    [ "$failed" = 0 ] || die "data: a shard failed to decompress (see above)"
+    mkdir -p "$DATA_DIR/gpt2"
+    for f in encoder.json vocab.bpe; do
+        if [ ! -s "$DATA_DIR/gpt2/$f" ]; then
+            [ -s "$TOKENIZER_SRC/$f" ] || die "tokenizer: no $TOKENIZER_SRC/$f"
+            cp "$TOKENIZER_SRC/$f" "$DATA_DIR/gpt2/$f"
+        fi
+    done
+    ls -l "$DATA_DIR"
+}
+
+install_wheels() {
+    local wheels parts tarball=$STAGE/cu13.tar.xz
+    if [ -e "$SITE/.lease_installed" ] && [ "$FORCE" != 1 ]; then
+        echo "wheels: $SITE already filled by an earlier setup (FORCE=1 redoes it)"
+        return 0
+    fi
+    wheels=${WHEEL_DIR:-$(first_dir_with "*.whl" .whl "$STAGE/whl" || true)}
+    if [ -z "$wheels" ] || ! compgen -G "$wheels/*.whl" > /dev/null; then
+        echo "wheels: none found (.whl, $STAGE/whl): no FA4, ATTENTION_BACKEND=auto falls back"
+        return 0
+    fi
+    mkdir -p "$SITE" "$STAGE"
+    # pip first: --upgrade --target replaces folders it installs, so the cu13 libraries go in after it
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" "$wheels"/*.whl
+    echo "wheels: installed $(ls "$wheels"/*.whl | wc -l) from $wheels into $SITE"
+    parts=${CU13_PARTS:-}
+    if [ -z "$parts" ]; then
+        if compgen -G "$wheels/cu13.tar.xz.part*" > /dev/null; then parts="$wheels/cu13.tar.xz.part*"
+        elif compgen -G "$STAGE/cu13.tar.xz.part*" > /dev/null; then parts="$STAGE/cu13.tar.xz.part*"
+        fi
+    fi
+    if [ -n "$parts" ] && compgen -G "$parts" > /dev/null; then
+        # the glob sorts the parts (part00, part01, ...) in the order they were split
+        # shellcheck disable=SC2086
+        cat $parts > "$tarball"
+        tar -xJf "$tarball" -C "$SITE"
+        rm -f "$tarball"
+        echo "wheels: unpacked the cu13 libraries ($parts) into $SITE"
+    else
+        echo "wheels: no cu13.tar.xz.part* beside them: the CuTe DSL's cu13 libraries are missing"
+    fi
+    date > "$SITE/.lease_installed"
+}
+
+copy_tree() {
+    [ -n "$REPO_COPY" ] || { echo "tree: REPO_COPY empty, the queue runs in place"; return 0; }
+    if queue_running "$LEASE_DIR"; then
+        echo "tree: a queue is running from $REPO_COPY; not replaced"
+        return 0
+    fi
+    rm -rf "$REPO_COPY"
+    mkdir -p "$REPO_COPY"
+    tar -C "$PWD" --exclude=./.git --exclude=./shared --exclude=./.whl --exclude=./.bench \
+        --exclude=./.dev -cf - . | tar -C "$REPO_COPY" -xf -
+    echo "tree: $PWD copied to $REPO_COPY"
+}
+
+print_versions() {
+    PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}" python3 - <<'EOF' || true
+import sys
+from importlib import metadata
+print("python", sys.version.split()[0])
+try:
+    import torch
+    print("torch", torch.__version__, "cuda", torch.version.cuda)
+except Exception as e:  # a CPU machine without torch still gets the rest
+    print("torch: not importable:", e)
+for dist in ("triton", "flash-attn-4", "nvidia-cutlass-dsl", "quack-kernels"):
+    try:
+        print(dist, metadata.version(dist))
+    except metadata.PackageNotFoundError:
+        print(dist, "not installed")
+try:
+    import flash_attn.cute  # noqa: F401
+    print("flash_attn.cute imports")
+except Exception as e:
+    print("flash_attn.cute does not import:", type(e).__name__, e)
+EOF
+    if command -v nvidia-smi > /dev/null; then nvidia-smi -L; else echo "nvidia-smi: not on this machine"; fi
+}
+
+cmd_setup() {
+    local src=${1:-${DATA_SRC:-}}
+    if [ -z "$src" ]; then
+        src=$(first_dir_with "$SHARDS" shared/data/proxy .bench "$STAGE") \
+            || die "data: no shards ($SHARDS) in shared/data/proxy, .bench or $STAGE; give DATA_SRC"
+    fi
+    [ -d "$src" ] || die "data: no folder $src"
+    echo "data: $src -> $DATA_DIR"
+    stage_data "$src"
+    install_wheels
+    copy_tree
+    print_versions
+}
+
+cmd_start() {
+    [ $# -ge 1 ] || die "start needs QUEUE_FILE (bench/lease.sh -h)"
+    local queue=$1 dir=${2:-$LEASE_DIR} workdir pid i
+    [ -f "$queue" ] || die "no queue file $queue"
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    if queue_running "$dir"; then die "a queue is already running (pid $(queue_pid "$dir")); poll it"; fi
+    rm -f "$dir/queue.pid" "$dir/queue.rc"
+    # bash reads a script as it runs: a copy keeps later edits of the working tree out of it
+    [ "$(cd "$(dirname "$queue")" && pwd)/$(basename "$queue")" = "$dir/queue.sh" ] || cp "$queue" "$dir/queue.sh"
+    workdir=$PWD
+    if [ -n "$REPO_COPY" ] && [ -d "$REPO_COPY" ]; then workdir=$REPO_COPY; fi
+    export L=$dir LEASE_DIR=$dir
+    export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONUNBUFFERED=${PYTHONUNBUFFERED:-1}
+    export TRAIN_FILES=${TRAIN_FILES:-"$DATA_DIR/proxy_train_*.bin"}
+    export VAL_FILES=${VAL_FILES:-"$DATA_DIR/proxy_val_*.bin"}
+    export VAL_TOKENS=${VAL_TOKENS:-3932160}
+    export TOKENIZER_DIR=${TOKENIZER_DIR:-$DATA_DIR/gpt2}
+    export RANK_SLICE=${RANK_SLICE:-1}
+    export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=${FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED:-1}
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    note() { echo "$(date +%H:%M:%S) $*" >> "$L/status"; }
+    export -f note
+    local runner='echo $$ > "$1/queue.pid"; cd "$2" || exit 1
+note "lease: queue start ($2)"; bash "$1/queue.sh"; rc=$?
+note "lease: queue end rc=$rc"; echo "$rc" > "$1/queue.rc.part"; mv "$1/queue.rc.part" "$1/queue.rc"; exit "$rc"'
+    if command -v setsid > /dev/null; then
+        setsid nohup bash -c "$runner" lease-queue "$dir" "$workdir" > "$dir/queue.log" 2>&1 < /dev/null &
+    else
+        nohup bash -c "$runner" lease-queue "$dir" "$workdir" > "$dir/queue.log" 2>&1 < /dev/null &
+    fi
+    for i in $(seq 50); do [ -s "$dir/queue.pid" ] && break; sleep 0.1; done
+    pid=$(queue_pid "$dir") || die "the queue did not start (see $dir/queue.log)"
+    echo "started $queue as pid $pid in $workdir; log $dir/queue.log; poll with: bench/lease.sh poll"
+}
+
+last_step_lines() {
+    local dir=$1 f line
+    while IFS= read -r f; do
+        line=$(grep -E '^step:[0-9]+' "$f" | tail -n 1 || true)
+        if [ -z "$line" ]; then line=$(grep -v '^[[:space:]]*$' "$f" | tail -n 1 | cut -c1-200 || true); fi
+        echo "${f#"$dir"/}: $line"
+        grep -E 'error|Error|Traceback' "$f" | tail -n 1 | sed 's/^/    /' | cut -c1-200 || true
+    done < <(find "$dir" -type f \( -name '*.txt' -o -name '*.out' \) | sort)
+}
+
+cmd_poll() {
+    local limit=${1:-540} dir=$LEASE_DIR start now left rc
+    [[ "$limit" =~ ^[0-9]+$ ]] || die "poll takes whole SECONDS, not $limit"
+    if [ ! -e "$dir/queue.pid" ]; then
+        echo "no queue on this machine ($dir/queue.pid missing): a fresh machine? setup and start again"
+        exit 2
+    fi
+    start=$(date +%s)
+    while queue_running "$dir"; do
+        now=$(date +%s); left=$(( limit - (now - start) ))
+        [ "$left" -gt 0 ] || break
+        sleep "$(( left < POLL_EVERY ? left : POLL_EVERY ))"
+    done
+    echo "=== $dir/status"; tail -n 20 "$dir/status" 2>/dev/null || true
+    echo "=== $dir/queue.log (last 10 lines)"; tail -n 10 "$dir/queue.log" 2>/dev/null || true
+    echo "=== run logs: last step line"; last_step_lines "$dir"
+    if command -v nvidia-smi > /dev/null; then
+        nvidia-smi --query-gpu=index,utilization.gpu,memory.used,clocks.sm,power.draw,temperature.gpu \
+            --format=csv,noheader || true
+    fi
+    if queue_running "$dir"; then
+        echo "QUEUE_RUNNING pid $(queue_pid "$dir") after $(( $(date +%s) - start )) s of polling"
+        exit 3
+    fi
+    if [ -s "$dir/queue.rc" ]; then rc=$(cat "$dir/queue.rc"); else rc="unknown (the queue was killed)"; fi
+    echo "QUEUE_DONE rc=$rc"
+}
+
+cmd_collect() {
+    [ $# -ge 1 ] || die "collect needs DEST (bench/lease.sh -h)"
+    local dest=$1 dir=$LEASE_DIR rel name f files=()
+    local -A seen=()
+    [ -d "$dir" ] || die "no $dir: nothing to collect"
+    mkdir -p "$dest"
+    dest=$(cd "$dest" && pwd)
+    while IFS= read -r f; do
+        case "$f" in "$dest"/*) continue ;; esac
+        files+=("${f#"$dir"/}")
+    done < <(find "$dir" -type f -name '*.txt' | sort)
+    [ -f "$dir/queue.log" ] && files+=(queue.log)
+    [ -f "$dir/status" ] && files+=(status)
+    [ "${#files[@]}" -gt 0 ] || die "no logs in $dir"
+    if [ "${#files[@]}" -le 7 ]; then
+        for rel in "${files[@]}"; do
+            name=$(basename "$rel")
+            seen[$name]=$(( ${seen[$name]:-0} + 1 ))
+        done
+        for rel in "${files[@]}"; do
+            name=$(basename "$rel")
+            # two logs of one name in different folders: the folder joins the name
+            [ "${seen[$name]}" -gt 1 ] && name=${rel//\//_}
+            [ "$rel" = status ] && name=status.txt
+            name=$(printf '%s' "$name" | tr -c 'A-Za-z0-9._-' '_')
+            cp "$dir/$rel" "$dest/$name"
+            echo "collected $dest/$name"
+        done
+    else
+        # a log still being written makes tar exit 1 ("file changed as we read it"): the archive
+        # holds it up to that point
+        tar -C "$dir" -cJf "$dest/lease_logs.tar.xz" "${files[@]}" || [ $? -eq 1 ] \
+            || die "tar failed"
+        echo "collected ${#files[@]} files into $dest/lease_logs.tar.xz (tar -xJf to unpack)"
+    fi
+}
+
+case "${1:-}" in
+    setup) shift; cmd_setup "$@" ;;
+    start) shift; cmd_start "$@" ;;
+    poll) shift; cmd_poll "$@" ;;
+    collect) shift; cmd_collect "$@" ;;
+    -h|--help|help) usage ;;
+    *) usage >&2; [ -n "${1:-}" ] && echo "lease.sh: unknown subcommand '$1'" >&2; exit 1 ;;
+esac
