@@ -240,7 +240,7 @@ last_step_lines() {
         line=$(grep -E '^step:[0-9]+' "$f" | tail -n 1 || true)
         if [ -z "$line" ]; then line=$(grep -v '^[[:space:]]*$' "$f" | tail -n 1 | cut -c1-200 || true); fi
         echo "${f#"$dir"/}: $line"
-        grep -E 'error|Error|Traceback' "$f" | tail -n 1 | sed 's/^/    /' | cut -c1-200 || true
+        grep -E '^(error:|Traceback|[A-Za-z_.]*(Error|Exception)\b)' "$f" | tail -n 1 | sed 's/^/    /' | cut -c1-200 || true
     done < <(find "$dir" -type f \( -name '*.txt' -o -name '*.out' \) | sort)
 }
 
