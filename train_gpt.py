@@ -1009,6 +1009,8 @@ class ParamSpec:
         matrix_lr_muls times √(rows/cols) for tall matrices (#42, T2.4)."""
         rows, cols = self.matrix_shape
         return torch.tensor(self.matrix_lr_muls)[index % len(self.matrix_lr_muls)] * max(1.0, rows / cols) ** 0.5
+
+
 def param_table(cfg: ModelConfig) -> dict[str, ParamSpec]:
     """The optimizer's table (T2.1): how each parameter of GPT(cfg) is optimized. Within its group
     (replicated, bank, sharded table) a parameter's place here is its place in the optimizer's
@@ -1964,7 +1966,9 @@ class Trainer:
 
     def warmup(self):
         """Compile every graph the run will use (each stage's shapes, Adam and non-Adam steps, the
-        untie step, every validation shape) on real steps, then restore the initial state (#47, T5.2)."""
+        untie step, every validation shape) on real steps, then restore the initial state (#47, T5.2).
+        Every Adam step it compiles follows a non-Adam one (T2.7's kept gradient is an input): a
+        caller that starts a stage on an Adam step after it (SKIP_GUARD_CHECKS) needs a graph it lacks."""
         steps = [step for step in self.schedule.warmup_steps() if step < self.last_step]
         validations = {}  # one validation per distinct shape the run validates with
         for step in self.validation_steps():
