@@ -9,8 +9,8 @@ backward median time, compiled like training, at the three stages' tokens per ra
 
     python bench/bench_arch.py [--tokens 16384,32768,49152] [--model-tokens 49152 | 0] [--dc-warps 4,8]
 
-Correctness of each piece against its definition is checked first (tests/test_architecture.py
-holds the full checks). Prints a table last.
+Correctness of each piece against its definition is checked first (tests/model/test_architecture.py
+and tests/kernels/test_dc_mha_kernels.py hold the full checks). Prints a table last.
 """
 import argparse
 import os

@@ -1,10 +1,69 @@
-"""Helpers shared by the test files (`from helpers import ...`; pytest puts tests/ on the path)."""
+"""Helpers shared by the test files in tests/'s capability folders (model/, kernels/, optimizer/, data/,
+training/, tools/): `from helpers import ...` (pytest.ini's `pythonpath = . tests` puts tests/ on the
+path). No test file imports another test file; what two of them share lives here."""
 import os
+import socket
 import subprocess
 import sys
 
+import numpy as np
+import torch
+
+import train_gpt as T
+
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
+
+# The tiny CPU configuration of the training tests (and of the tools run on it).
+TINY_STAGES = dict(batch_tokens=(2048, 4096, 4096, 4096), max_seq_len=(128, 256, 256, 256))
+TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
+            bigram_rows=1001, stages=T.replace_stage_columns(T.STAGES, **TINY_STAGES), window_block_size=16,
+            val_tokens=2048, val_seq_len=1024, muon_momentum_warmup_steps=5, muon_momentum_cooldown_steps=2)
+
+
+def model_of(hp: T.Hyperparameters) -> T.GPT:
+    return T.GPT(hp.model, T.longest_forward(hp))
+
+
+def tiny_env(tmp_path, corpus, **overrides) -> dict:
+    """Environment variables for a tiny main() run on the corpus."""
+    values = {k: v for k, v in TINY.items() if k != "stages"}
+    values.update({f"stage_{column}": value for column, value in TINY_STAGES.items()})
+    values.update(train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
+                  tokenizer_dir=str(corpus), log_dir=str(tmp_path / "logs"), num_scheduled_iterations=6,
+                  num_extension_iterations=1, val_loss_every=3)
+    values.update(overrides)
+    names = set(T.hyperparameter_variables())
+    env = {k: v for k, v in os.environ.items() if k.upper() not in names}
+    for key, value in values.items():
+        env[key.upper()] = ",".join(map(str, value)) if isinstance(value, tuple) else str(int(value) if isinstance(value, bool) else value)
+    return env
+
+
+def random_batch(T_tokens=256, docs=(0, 40, 41, 200), vocab=50000):
+    ids = torch.randint(0, vocab, (T_tokens + 1,))
+    ids[list(docs)] = min(T.BOS_ID, vocab - 1)
+    cu = T.cu_seqlens_for(list(np.diff(list(docs) + [T_tokens + 1])), T_tokens, 16)
+    return ids[:-1].int(), ids[1:].int(), torch.from_numpy(cu)
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface, for a gloo process group's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def dc_mha_dense(q, k, v, doc_ids, w1, w2, window):
+    """DC-MHA's definition over a T x T mask, in float64."""
+    q, k, v, w1, w2 = (t.double() for t in (q, k, v, w1, w2))
+    T_, H, _ = q.shape
+    pos = torch.arange(T_, device=q.device)
+    visible = ((pos[:, None] - pos[None, :]) >= 0) & ((pos[:, None] - pos[None, :]) < window) \
+        & (doc_ids[:, None] == doc_ids[None, :])
+    p = torch.einsum("thd,shd->hts", q, k).masked_fill(~visible, float("-inf")).softmax(-1)
+    mix = (p * w1.T[:, :, None]).sum(0)  # (t, s)
+    return torch.einsum("ts,shd->thd", mix, v) * w2[..., None]
 
 
 def rel_err(a, b) -> float:
@@ -14,7 +73,6 @@ def rel_err(a, b) -> float:
 
 def float64_orthogonalize(G, method: str = "polar_express"):
     """The optimizer's polynomial iteration in float64: the function the bf16 paths approximate."""
-    import train_gpt as T
     coeffs, safety, eps = T.ORTHOGONALIZERS[method]
     X = G.double()
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * safety + eps)
@@ -42,8 +100,6 @@ def write_tiny_corpus(folder, write_shard):
     The tiny training configurations of the tests train on it."""
     import json
 
-    import numpy as np
-
     from train_gpt import BOS_ID, GPT2_SPECIAL_TOKEN
 
     rng = np.random.default_rng(0)
@@ -70,8 +126,5 @@ def write_tiny_corpus(folder, write_shard):
 def cpu_execution(hp=None, tokens: int = 256, training: bool = True):
     """The execution plan train_gpt resolves for a forward of `tokens` tokens on the CPU (hp: the
     defaults on the CPU if not given): torch paths only, and the fused MLP from its token threshold."""
-    import torch
-
-    import train_gpt as T
     hp = hp or T.Hyperparameters.of(device="cpu")
     return T.resolve_execution(hp.execution, hp.model, torch.device("cpu"), tokens, training)

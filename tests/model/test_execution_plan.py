@@ -54,7 +54,8 @@ def test_thresholds_are_settings(hopper):
     assert not plan(hopper, 1024, fused_mlp_min_tokens=1025).mlp_fused
 
 
-def test_cpu_takes_the_torch_paths():
+def test_cpu_takes_the_torch_paths(hopper):
+    """On the CPU device: SDPA and the torch paths, even with FA4, FA3, Triton and a Hopper GPU present."""
     cpu = plan(torch.device("cpu"), 49152)
     assert cpu.attention == "sdpa" and cpu.mlp_fused  # the fused MLP's custom backward runs in torch
     assert not (cpu.mlp_kernel or cpu.mlp_e4m3 or cpu.qkv_e4m3 or cpu.lm_head_fp8 or cpu.dc_mha_kernel)

@@ -1,7 +1,7 @@
 """The attention backends' choice (resolve_attention_backend, on the CPU with the FA4 module and the
-GPU's compute capability patched in) and the FlashAttention-4 custom ops: their wiring on the CPU,
-with a torch stand-in for FA4's functions, and FA4 itself against torch's varlen attention on a
-GPU it targets (gpu-marked; skipped where FA4 is not installed)."""
+GPU's compute capability patched in), the FlashAttention-4 custom ops: their wiring on the CPU,
+with a torch stand-in for FA4's functions, and on a GPU (gpu-marked) flex and varlen against SDPA
+and FA4 against varlen (skipped where FA4 is not installed)."""
 
 import dataclasses
 import types
@@ -15,6 +15,7 @@ from helpers import rel_err
 FA4_HERE = (T.fa4_interface is not None and torch.cuda.is_available()
             and torch.cuda.get_device_capability()[0] in T.FA4_GPU_MAJORS)
 fa4_gpu = pytest.mark.skipif(not FA4_HERE, reason="needs FlashAttention-4 (requirements-gpu.txt) on sm90/sm100")
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 INSTALLED = types.SimpleNamespace()  # stands in for an importable FA4 or FA3 where only its presence matters
 
@@ -58,11 +59,6 @@ def test_fa4_hands_small_forwards_to_fa3_else_varlen(machine, tokens, fa3, expec
     cu_seqlens = torch.tensor([0, tokens // 2, tokens], dtype=torch.int32)
     attn, _, attn_paired, _ = model.attention_layout(tokens, cu_seqlens, T.ForwardShape(128, 256, tokens // 2), plan)
     assert plan.attention == attn.backend == attn_paired.backend == expected
-
-
-def test_auto_on_the_cpu_is_sdpa_even_with_fa4_installed(machine):
-    machine(fa4=True)
-    assert T.resolve_attention_backend("auto", "cpu") == "sdpa"
 
 
 def test_fa4_requested_where_it_runs(machine):
@@ -182,7 +178,22 @@ def test_fa4_fake_gives_the_shapes_of_the_outputs():
     assert dq.shape == dk.shape == dv.shape == (40, 3, 128)
 
 
-# --- FA4 on the GPU ---------------------------------------------------------------------------------
+# --- on the GPU -------------------------------------------------------------------------------------
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["flex", "varlen"])
+@pytest.mark.parametrize("window", [T.NO_WINDOW, 96])
+def test_attention_backends_match_sdpa(backend, window):
+    torch.manual_seed(0)
+    S, H, D = 1024, 3, 128
+    cu = torch.tensor([0, 100, 130, 600, 1024, 1024, 1024], device="cuda", dtype=torch.int32)
+    doc_ids = torch.searchsorted(cu, torch.arange(S, device="cuda", dtype=torch.int32), right=True)
+    q, k, v = (torch.randn(S, H, D, device="cuda", dtype=torch.bfloat16) * 0.3 for _ in range(3))
+    out = T.attend(q, k, v, T.AttnArgs(cu, doc_ids, 600, backend, {}), window)
+    ref = T.attend(q, k, v, T.AttnArgs(cu, doc_ids, 600, "sdpa", {}), window)
+    assert rel_err(out, ref) < 1e-2
+
 
 def gpu_problem(doubled: bool, seed=0):
     """The model's layouts at bf16: 6 heads over S tokens, or (paired-head layers) 3 heads over the

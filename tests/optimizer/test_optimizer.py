@@ -1,7 +1,6 @@
 """Optimizer: orthogonalization against float64, NorMuon/Adam math, sharding over gloo ranks."""
 
 import os
-import socket
 
 import pytest
 import torch
@@ -9,7 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import train_gpt as T
-from helpers import float64_orthogonalize
+from helpers import float64_orthogonalize, free_port
 
 
 def conditioned(batch: int, rows: int, cols: int, smallest: float = 0.1) -> torch.Tensor:
@@ -180,12 +179,6 @@ def _worker(rank: int, world: int, port: int, dtype, out_path: str):
             torch.save(result, out_path)
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.multiproc

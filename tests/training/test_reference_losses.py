@@ -4,7 +4,7 @@ and a checksum of the final weights, compared with tests/reference_losses.json b
 A change that must not alter the math (a restructure, a kernel moved, a rename) keeps this test
 passing unchanged. A change that alters it on purpose re-records the file,
 
-    python tests/test_reference_losses.py --record
+    python tests/training/test_reference_losses.py --record
 
 and says so in its commit message. Exactness holds on the machine kind the file was recorded on
 (same torch version, CPU model and instruction set, one thread); elsewhere the test compares to 1e-3.
@@ -20,10 +20,10 @@ import pytest
 import torch
 
 if __name__ == "__main__":  # run as a script: the repository root and tests/ importable, as under pytest
-    sys.path[:0] = [str(pathlib.Path(__file__).parents[1]), os.path.dirname(os.path.abspath(__file__))]
+    sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[i]) for i in (2, 1)]
 import train_gpt as T  # noqa: E402
 
-REFERENCE = pathlib.Path(__file__).with_name("reference_losses.json")
+REFERENCE = pathlib.Path(__file__).resolve().parents[1] / "reference_losses.json"  # tests/, beside helpers.py
 TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
             bigram_rows=1001, stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096),
                                                              max_seq_len=(128, 256, 256, 256)),
@@ -82,7 +82,7 @@ def run_tiny(hp: T.Hyperparameters) -> dict:
 
 def record():
     from helpers import write_tiny_corpus
-    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "data"))
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "data"))
     import shards
     with tempfile.TemporaryDirectory() as folder:
         corpus = write_tiny_corpus(pathlib.Path(folder), shards.write_shard)
@@ -111,5 +111,5 @@ def test_tiny_run_reproduces_the_reference_losses(name, corpus):
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--record"]:
-        raise SystemExit("usage: python tests/test_reference_losses.py --record")
+        raise SystemExit("usage: python tests/training/test_reference_losses.py --record")
     record()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import train_gpt as T
-from helpers import cpu_execution, rel_err, run_in_triton_interpreter
+from helpers import TINY, cpu_execution, model_of, random_batch, rel_err, run_in_triton_interpreter
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -138,7 +138,6 @@ def test_op_gradients_match_autograd_in_float64(N):
 
 
 def test_model_loss_and_gradients_match_the_previous_formulation():
-    from test_training import TINY, model_of, random_batch
     torch.manual_seed(0)
     model = model_of(T.Hyperparameters.of(**TINY))
     with torch.no_grad():  # away from the zero initializations, so that every gradient is non-zero
@@ -302,7 +301,6 @@ def test_lm_head_op_under_inductor(fp8):
 @cuda
 @pytest.mark.gpu
 def test_compiled_tiny_model_trains_on_gpu():
-    from test_training import TINY, model_of, random_batch
     torch.manual_seed(0)
     hp = T.Hyperparameters.of(**dict(TINY, device="cuda"))
     model = model_of(hp).cuda()

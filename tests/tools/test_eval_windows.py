@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from test_training import ROOT, tiny_env
+from helpers import ROOT, tiny_env
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import eval_windows as E  # noqa: E402

@@ -9,9 +9,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from helpers import ROOT, free_port
+
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 import profile_comm as C  # noqa: E402
-from test_optimizer import free_port  # noqa: E402
 
 ROWS, DIM = 1001, 8
 

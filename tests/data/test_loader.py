@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # the repository (pytest.ini puts it on the path too)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -12,9 +12,8 @@ import sys
 import pytest
 import torch
 
-from test_training import tiny_env
+from helpers import ROOT, tiny_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "bench", "profile_stages.py")
 SPEC = importlib.util.spec_from_file_location("profile_stages", SCRIPT)
 P = importlib.util.module_from_spec(SPEC)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SPEC = importlib.util.spec_from_file_location("records_tool", REPO / "records" / "tool.py")
 tool = importlib.util.module_from_spec(SPEC)
 sys.modules[SPEC.name] = tool  # dataclasses look their module up in sys.modules

@@ -1,134 +1,19 @@
-"""The model and the training loop on a tiny configuration (CPU): every feature switch, learning,
-the log format, environment overrides, the schedule, start-up errors and the non-finite stop
-(several gloo processes against one: tests/test_world_sizes.py)."""
+"""The training loop on a tiny configuration (CPU): learning, the log format, environment overrides,
+the schedule, start-up errors, the non-finite stop, STOP_AFTER, SEEDS, guards, run.sh and --check
+(several gloo processes against one: tests/training/test_world_sizes.py; the tiny model's forward
+and backward with each switch: tests/model/test_tiny_model.py)."""
 
-import dataclasses
 import importlib.util
 import os
 import re
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
 import train_gpt as T
-from helpers import cpu_execution
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-TINY_STAGES = dict(batch_tokens=(2048, 4096, 4096, 4096), max_seq_len=(128, 256, 256, 256))
-TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
-            bigram_rows=1001, stages=T.replace_stage_columns(T.STAGES, **TINY_STAGES), window_block_size=16,
-            val_tokens=2048, val_seq_len=1024, muon_momentum_warmup_steps=5, muon_momentum_cooldown_steps=2)
-DEFAULTS = T.Hyperparameters().flat()
-SWITCHES = [name for name, part in T.Hyperparameters.part_of_field().items()  # the technique switches
-            if part in ("model", "schedule", "execution") and isinstance(DEFAULTS[name], bool)
-            and name not in ("compile", "skip_guard_checks")]
-
-
-def model_of(hp: T.Hyperparameters) -> T.GPT:
-    return T.GPT(hp.model, T.longest_forward(hp))
-
-
-def tiny_env(tmp_path, corpus, **overrides) -> dict:
-    """Environment variables for a tiny main() run on the corpus."""
-    values = {k: v for k, v in TINY.items() if k != "stages"}
-    values.update({f"stage_{column}": value for column, value in TINY_STAGES.items()})
-    values.update(train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
-                  tokenizer_dir=str(corpus), log_dir=str(tmp_path / "logs"), num_scheduled_iterations=6,
-                  num_extension_iterations=1, val_loss_every=3)
-    values.update(overrides)
-    names = set(T.hyperparameter_variables())
-    env = {k: v for k, v in os.environ.items() if k.upper() not in names}
-    for key, value in values.items():
-        env[key.upper()] = ",".join(map(str, value)) if isinstance(value, tuple) else str(int(value) if isinstance(value, bool) else value)
-    return env
-
-
-def random_batch(T_tokens=256, docs=(0, 40, 41, 200), vocab=50000):
-    ids = torch.randint(0, vocab, (T_tokens + 1,))
-    ids[list(docs)] = min(T.BOS_ID, vocab - 1)
-    cu = T.cu_seqlens_for(list(np.diff(list(docs) + [T_tokens + 1])), T_tokens, 16)
-    return ids[:-1].int(), ids[1:].int(), torch.from_numpy(cu)
-
-
-@pytest.mark.parametrize("switch", ["defaults", "all on", "all off"] + SWITCHES)
-def test_forward_backward_with_each_switch(switch):
-    """Each switch flipped from its default (and all on, all off); a small vocabulary for speed."""
-    base = dict(TINY, vocab_size=1024)
-    if switch in ("all on", "all off"):
-        base.update({name: switch == "all on" for name in SWITCHES}, untie_embed_at=2 / 3 if switch == "all on" else 0.0)
-    elif switch != "defaults":
-        base[switch] = not DEFAULTS[switch]
-    hp = T.Hyperparameters.of(**base)
-    torch.manual_seed(0)
-    model = model_of(hp)
-    on = hp.flat()
-    if on["prefix_loss"]:
-        model.prefix_ids.copy_(torch.arange(1024) // 3 - 1)
-    for name, spec in T.param_specs(model).items():
-        assert dict(model.named_parameters())[name] is not None and spec.optimizer in ("normuon", "adam")
-    inputs, targets, cu = random_batch(vocab=1024)
-    shape = T.ForwardShape(short_window=32, long_window=96, max_seq_len=128, n_predict=3, prefix_target=on["prefix_loss"])
-    weights = torch.tensor([1.0, 0.5, 0.25] + [0.25] * on["prefix_loss"])
-    plan = cpu_execution(hp, tokens=inputs.numel())
-    loss, ce = model.training_loss(inputs, targets, cu, shape, plan, weights, grad_scale=0.5)
-    loss.backward()
-    assert torch.isfinite(loss) and torch.isfinite(ce) and 6 < ce.item() < 8  # ~ln(1024) at init
-    for name, p in model.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), name
-    params = dict(model.named_parameters())
-    learned_scalars = on["attn_lambdas"] or on["smear_gate"] or on["skip_connection"]
-    for present, param in [(on["value_embeds"], "value_embeds"), (on["bigram_embed"], "bigram_embed"),
-                           (on["smear_gate"], "smear_gate"), (on["residual_lambdas"], "resid_lambdas"),
-                           (learned_scalars, "scalars"), (True, "mudd.w1"), (True, "gates.w1")]:
-        assert (param in params) == present, param
-    gate_kinds = {kind for part in model.gates.outputs for (kind, _), _, _ in part}
-    for switch, kind in [("xsa", "xsa"), ("attn_output_gates", "out_gate"), ("dc_mha", "dc_w1"),
-                         ("skip_connection", "skip"), ("bigram_embed", "bigram")]:
-        assert (kind in gate_kinds) == on[switch], kind
-    with torch.no_grad():
-        total = model.evaluation_loss(inputs, targets, cu, shape, cpu_execution(hp, training=False), chunk=100)
-    assert torch.isfinite(total) and total.ndim == 0
-
-
-def test_multi_token_prediction_weights_the_later_targets():
-    hp = T.Hyperparameters.of(**TINY)
-    torch.manual_seed(0)
-    model = model_of(hp)
-    inputs, targets, cu = random_batch()
-    one = T.ForwardShape(32, 96, 128, n_predict=1)
-    two = T.ForwardShape(32, 96, 128, n_predict=2)
-    with torch.no_grad():
-        l1, ce1 = model.training_loss(inputs, targets, cu, one, cpu_execution(hp), torch.tensor([1.0]))
-        l2, ce2 = model.training_loss(inputs, targets, cu, two, cpu_execution(hp), torch.tensor([1.0, 0.0]))
-        l3, _ = model.training_loss(inputs, targets, cu, two, cpu_execution(hp), torch.tensor([1.0, 0.5]))
-    assert torch.allclose(l1, l2) and torch.allclose(ce1, ce2)
-    assert l3 > l1 * 1.3  # the t+2 term adds about half as much again
-
-
-def test_attention_is_causal_and_document_masked():
-    # The key offset, smear gate and bigram hash look one token back across a BOS by design
-    # (docs/TECHNIQUES.md T3.4, T3.6, T3.11); without them nothing may cross a document boundary.
-    hp = T.Hyperparameters.of(**dict(TINY, key_offset=False, smear_gate=False, bigram_embed=False))
-    torch.manual_seed(0)
-    model = model_of(hp)
-    with torch.no_grad():
-        model.lm_head.normal_(0, 0.5)
-        model.mlp_bank[:, 1].normal_(0, 0.05)  # non-zero MLP outputs so every path is live
-    inputs, targets, cu = random_batch()
-    shape = T.ForwardShape(NO := T.NO_WINDOW, NO, 256)
-    changed = inputs.clone()
-    changed[100] = (changed[100] + 1) % 50000  # inside the third document [41, 200)
-    with torch.no_grad():
-        a = model.hidden_states(inputs, cu, shape, cpu_execution(hp))
-        b = model.hidden_states(changed, cu, shape, cpu_execution(hp))
-    differs = (a - b).abs().amax(-1) > 0
-    # positions before 100 are untouched (causal); the next document (from 200) never sees it
-    assert not differs[:100].any()
-    assert differs[100:200].any() and not differs[200:].any()
+from helpers import ROOT, TINY, tiny_env
 
 
 def schedule_of(hp: T.Hyperparameters) -> T.Schedule:
@@ -179,14 +64,6 @@ def test_stage_table_fractions_and_columns():
         T.check_hyperparameters(T.Hyperparameters.of(stages=stages[:1] + stages[2:]))
     with pytest.raises(ValueError, match="not divisible by 8"):
         T.check_hyperparameters(T.Hyperparameters.of(stages=T.replace_stage_columns(T.STAGES, batch_tokens=(8, 12, 16, 16))))
-
-
-def test_yarn_scales_match_the_recipe():
-    freqs, scale = T.yarn(T.rope_frequencies(128), [384, 896, 1408, 1664])
-    assert abs(scale - 0.13178) < 2e-4
-    base = T.rope_frequencies(128)
-    assert torch.equal(freqs[:3], base[:3])  # fast rotations are kept
-    assert (freqs[-5:] < base[-5:]).all()  # slow ones are interpolated
 
 
 def test_env_overrides():
@@ -284,6 +161,7 @@ def test_missing_vocabulary_names_the_fix(tmp_path, corpus):
     env = tiny_env(tmp_path, corpus, tokenizer_dir=str(tmp_path / "no_vocabulary"), run_id="novocab")
     error = one_line_error(run_main(env))
     assert "no_vocabulary/encoder.json" in error and "data/gpt2" in error and "PREFIX_LOSS=0" in error
+    assert "cached_fineweb10B.py" in error and "TOKENIZER_DIR" in error
 
 
 def test_short_validation_files_name_the_fix(tmp_path, corpus):

@@ -1,6 +1,8 @@
-"""Fast paths against their references: the symmetric Triton kernels (through Triton's CPU
-interpreter here, compiled on a GPU in the gpu-marked tests) and attention backends. The fused
-cross-entropy and the FP8 lm_head: test_cross_entropy.py."""
+"""The symmetric Triton kernels against their references (through Triton's CPU interpreter here,
+compiled on a GPU in the gpu-marked tests): the products, the orthogonalization built on them
+against float64 and the torch path, and the optimizer's compiled bank step. The fused
+cross-entropy and the FP8 lm_head: test_cross_entropy.py; the attention backends against SDPA:
+tests/model/test_attention_backends.py."""
 
 import textwrap
 
@@ -76,21 +78,6 @@ def test_triton_orthogonalize_is_as_accurate_as_the_torch_path(shape):
     assert rel_err(T.ba_plus_caa(S, 2.0, -3.0), -3.0 * S.float() + 2.0 * S.float() @ S.float()) < 1e-2
     eye = torch.eye(shape[1], device="cuda")
     assert rel_err(T.ba_plus_caa(S, 2.0, -3.0, identity=4.0), -3.0 * S.float() + 2.0 * S.float() @ S.float() + 4.0 * eye) < 1e-2
-
-
-@cuda
-@pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["flex", "varlen"])
-@pytest.mark.parametrize("window", [T.NO_WINDOW, 96])
-def test_attention_backends_match_sdpa(backend, window):
-    torch.manual_seed(0)
-    S, H, D = 1024, 3, 128
-    cu = torch.tensor([0, 100, 130, 600, 1024, 1024, 1024], device="cuda", dtype=torch.int32)
-    doc_ids = torch.searchsorted(cu, torch.arange(S, device="cuda", dtype=torch.int32), right=True)
-    q, k, v = (torch.randn(S, H, D, device="cuda", dtype=torch.bfloat16) * 0.3 for _ in range(3))
-    out = T.attend(q, k, v, T.AttnArgs(cu, doc_ids, 600, backend, {}), window)
-    ref = T.attend(q, k, v, T.AttnArgs(cu, doc_ids, 600, "sdpa", {}), window)
-    assert rel_err(out, ref) < 1e-2
 
 
 @cuda

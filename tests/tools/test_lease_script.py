@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "bench" / "lease.sh"
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "lease.sh"
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bash") is None or shutil.which("tar") is None or shutil.which("xz") is None,
