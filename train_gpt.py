@@ -2228,7 +2228,8 @@ def main():
 # be traced), the autograd function, and the dispatcher the model or optimizer calls. One rule picks the path:
 # a dispatcher's `use_triton=None` means triton_applies(input) (a CUDA tensor with Triton installed,
 # and the shapes the kernels take); True forces the kernels (tests run them in Triton's CPU
-# interpreter), False the reference. Features (FP8, the fused MLP in stage 1) are model choices.
+# interpreter), False the reference. What the model runs (FP8, the fused MLP, DC-MHA's kernels) the
+# execution plan decides once per stage (resolve_execution) and passes as explicit flags.
 TRITON_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
 
 
@@ -2265,6 +2266,20 @@ def polar_normalize(G: Tensor, method: str = "polar_express") -> Tensor:
     _, safety, eps = ORTHOGONALIZERS[method]
     norm = torch.linalg.vector_norm(G.float(), dim=(-2, -1), keepdim=True)
     return (G / (norm * safety + eps)).bfloat16()
+
+
+def orthogonalize_float64(G: Tensor, method: str = "polar_express") -> Tensor:
+    """The same iteration (normalization, then the method's odd polynomials) in float64: the function
+    every bf16 path approximates, for tests and benchmarks."""
+    coeffs, safety, eps = ORTHOGONALIZERS[method]
+    X = G.double()
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * safety + eps)
+    tall = X.size(-2) > X.size(-1)
+    for a, b, c in coeffs:
+        A = X.mT @ X if tall else X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + (X @ B if tall else B @ X)
+    return X
 
 
 def _gemm_dtype(X: Tensor) -> torch.dtype:
@@ -2946,7 +2961,7 @@ def _launch_relu_square_gemm(a, b, out, aux, out8, scale, act_scale, amax, epilo
 
 
 def tma_gemm_applies(t: Tensor) -> bool:
-    """Where relu_square_gemm runs by default: triton_applies and a GPU with TMA (Hopper or newer)."""
+    """Where relu_square_gemm can run: triton_applies and a GPU with TMA (Hopper or newer)."""
     return triton_applies(t) and torch.cuda.get_device_capability(t.device)[0] >= 9
 
 

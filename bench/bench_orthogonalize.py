@@ -34,20 +34,6 @@ SWEEP = [  # (kernel, batch, rows, cols) of the operand
 ]
 
 
-def float64_orthogonalize(G, method: str = "polar_express"):
-    """The optimizer's polynomial iteration (train_gpt.ORTHOGONALIZERS) in float64: the function every
-    variant approximates. Bench scripts import no tests, so this is the bench's own copy of the tests'."""
-    coeffs, safety, eps = T.ORTHOGONALIZERS[method]
-    X = G.double()
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) * safety + eps)
-    tall = X.size(-2) > X.size(-1)
-    for a, b, c in coeffs:
-        A = X.mT @ X if tall else X @ X.mT
-        B = b * A + c * A @ A
-        X = a * X + (X @ B if tall else B @ X)
-    return X
-
-
 def rotating(fn, inputs):
     """fn over a rotation of input sets, so repeated calls do not just hit the L2 cache."""
     state = {"i": 0}
@@ -93,7 +79,7 @@ def compare_variants(dtype=torch.float32):
     rows = []
     for shape in SHAPES:
         G = torch.randn(shape, device="cuda", dtype=dtype)
-        ref = float64_orthogonalize(G)
+        ref = T.orthogonalize_float64(G)
         inputs = [torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4)]
         row = {"shape": shape}
         for name, fn in variants().items():

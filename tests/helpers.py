@@ -71,19 +71,6 @@ def rel_err(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def float64_orthogonalize(G, method: str = "polar_express"):
-    """The optimizer's polynomial iteration in float64: the function the bf16 paths approximate."""
-    coeffs, safety, eps = T.ORTHOGONALIZERS[method]
-    X = G.double()
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) * safety + eps)
-    tall = X.size(-2) > X.size(-1)
-    for a, b, c in coeffs:
-        A = X.mT @ X if tall else X @ X.mT
-        B = b * A + c * A @ A
-        X = a * X + (X @ B if tall else B @ X)
-    return X
-
-
 def run_in_triton_interpreter(code: str, timeout: int = 900):
     """Run a check script in a fresh interpreter with TRITON_INTERPRET=1 (the flag must be set
     before Triton is imported), from the repository root with tests/ importable; fail with its output."""

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import train_gpt as T
-from helpers import float64_orthogonalize, rel_err, run_in_triton_interpreter
+from helpers import rel_err, run_in_triton_interpreter
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -36,10 +36,9 @@ INTERPRETER_CHECK = textwrap.dedent("""
     # held to the torch path's accuracy as on the GPU (the kernels round their bf16 stores to nearest
     # here too): a wrong coefficient, transpose or missing a·I errs by order 1, a worse rounding
     # placement by more than the 1.3x.
-    from helpers import float64_orthogonalize
     for shape in ((2, 96, 64), (2, 64, 96), (2, 64, 64), (3, 100, 300)):
         G = torch.randn(shape)
-        ref = float64_orthogonalize(G)
+        ref = T.orthogonalize_float64(G)
         torch_err = rel(T.orthogonalize(G, "polar_express", use_triton=False), ref)
         triton_err = rel(T.orthogonalize(G, "polar_express", use_triton=True), ref)
         results.append(("orthogonalize", shape, None, triton_err, min(2e-2, 1.3 * torch_err)))
@@ -65,7 +64,7 @@ def test_triton_orthogonalize_is_as_accurate_as_the_torch_path(shape):
     kernel; torch: B, then a·X + X·B), so they differ from each other by about as much (1.3-1.4e-2)
     as from float64: each is held to float64, the Triton path to the torch path's accuracy."""
     G = torch.randn(shape, device="cuda")
-    ref = float64_orthogonalize(G)
+    ref = T.orthogonalize_float64(G)
     fast = T.orthogonalize(G, "polar_express", use_triton=True)
     assert torch.isfinite(fast).all()
     fast_err, torch_err = rel_err(fast, ref), rel_err(T.orthogonalize(G, "polar_express", use_triton=False), ref)

@@ -50,20 +50,11 @@ def test_bare_markdown_file_names_exist(repo_root):
     assert not missing, "names of files that do not exist:\n" + "\n".join(sorted(missing))
 
 
-def script_exists(repo_root, path: str) -> bool:
-    """path is in the repository; a test file named at its path before tests/ had capability folders
-    (tests/test_mlp.py) counts where one capability folder holds it (tests/kernels/test_mlp.py)."""
-    if (repo_root / path).exists():
-        return True
-    folder, _, name = path.rpartition("/")
-    return folder == "tests" and len(list((repo_root / "tests").glob(f"*/{name}"))) == 1
-
-
 def test_scripts_named_by_path_exist(repo_root):
     """A script named by its repository path (e.g. `python bench/profile_stages.py`) is in the repository."""
     missing = sorted(f"{readme.relative_to(repo_root)}: {path}" for readme in readmes(repo_root)
                      for path in set(SCRIPT.findall(readme.read_text(encoding="utf-8")))
-                     if not script_exists(repo_root, path))
+                     if not (repo_root / path).exists())
     assert not missing, "scripts that do not exist:\n" + "\n".join(missing)
 
 
