@@ -15,6 +15,7 @@ os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
 # FlashAttention-4 keeps its JIT-compiled kernels on disk, so later runs skip the compile (read at import)
 os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
 
+import atexit
 import copy
 import dataclasses
 import difflib
@@ -197,6 +198,7 @@ class ExecutionConfig:
     fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
     fp8_qkv_min_tokens: int = 49152  # per-rank tokens per forward below which it stays bf16 (host-bound there)
     compile: bool = True
+    cuda_graphs: bool = True  # each training step's forward and backward replayed from a CUDA graph (CUDA only)
     skip_guard_checks: bool = True  # after the warm-up, dynamo checks only the guards that tell its graphs apart
 
 
@@ -441,6 +443,7 @@ class ExecutionPlan:
     qkv_e4m3: bool  # the Q/K/V projection in e4m3 (T6.3)
     lm_head_fp8: bool  # the lm_head and its gradients in FP8 (T4.4)
     dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
+    cuda_graph: bool  # the training step's forward and backward replayed from a CUDA graph (T5.3)
 
 
 def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.device, tokens: int,
@@ -460,7 +463,8 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         mlp_e4m3=training and cfg.fp8_mlp and fused_mlp and hopper,
         qkv_e4m3=training and cfg.fp8_qkv and hopper and tokens >= cfg.fp8_qkv_min_tokens,
         lm_head_fp8=training and cfg.fp8_lm_head and cuda,
-        dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW))
+        dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
+        cuda_graph=training and cfg.cuda_graphs and cuda)
 
 
 def norm(x: Tensor) -> Tensor:
@@ -1722,20 +1726,24 @@ def final_windows_line(setting: str, val_loss: float) -> str:
 
 
 class RunLog:
-    """Rank 0 writes logs/<run_id>.txt and echoes chosen lines to the console."""
+    """Rank 0 writes logs/<run_id>.txt through one buffered handle and echoes chosen lines to the
+    console. The file is flushed with each console line and at exit, so the step lines between
+    cost the timed loop no system call (T5.3)."""
 
     def __init__(self, path: str | None):
-        self.path = path
+        self.path, self.file = path, None
         if path:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            self.file = open(path, "a", buffering=1 << 20)
+            atexit.register(self.file.close)
 
     def __call__(self, text: str, console: bool = True):
-        if self.path is None:
+        if self.file is None:
             return
+        self.file.write(text + "\n")
         if console:
             print(text, flush=True)
-        with open(self.path, "a") as f:
-            f.write(text + "\n")
+            self.file.flush()
 
 
 def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
@@ -1792,6 +1800,147 @@ def check_hyperparameters(hp: Hyperparameters):
             raise SetupError(f"STAGE_BATCH_TOKENS entry {stage.batch_tokens} is not divisible by {RANKS_PER_STEP}")
 
 
+# --- CUDA graphs of the training step (#92, T5.3) ------------------------------------------------
+
+
+class CudaGraph:
+    """One CUDA graph: capture(fn) runs fn once eagerly on the capture stream (lazy set-up such as
+    cuBLAS workspaces and any autotuning happens there, outside the capture), then records fn's
+    kernels; replay() launches them again on the addresses they were captured with. The graphs of
+    one StepGraphs share a memory pool, which is safe because they run one at a time."""
+
+    def __init__(self, pool, stream: "torch.cuda.Stream"):
+        self.graph, self.pool, self.stream = torch.cuda.CUDAGraph(), pool, stream
+
+    def capture(self, fn):
+        """(fn's eager result, its result in the graph's memory, written by each replay)."""
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            eager = fn()
+        torch.cuda.current_stream().wait_stream(self.stream)
+        torch.cuda.empty_cache()  # the eager run's cached activations, free for the graph's pool
+        with torch.cuda.graph(self.graph, pool=self.pool, stream=self.stream):
+            captured = fn()
+        return eager, captured
+
+    def replay(self):
+        self.graph.replay()
+
+
+@dataclass
+class CapturedStep:
+    """One key's graphs and static memory: the buffers each micro-batch is copied into, the summed
+    CE and the gradients the graphs leave."""
+    inputs: Tensor
+    targets: Tensor
+    cu_seqlens: Tensor
+    target_weights: Tensor
+    first: CudaGraph  # the first micro-batch: writes ce and grads
+    accumulate: CudaGraph | None  # each further micro-batch (gradient accumulation): adds into them
+    ce: Tensor
+    grads: dict[str, Tensor]
+
+
+class GraphMismatch(RuntimeError):
+    pass
+
+
+class StepGraphs:
+    """The training step's forward and backward as CUDA graphs (#92, T5.3), captured in the warm-up
+    and replayed in the timed loop, one per key: (stage, Adam step). A stage fixes the shapes and
+    the execution plan; Adam and non-Adam steps get their own outputs, so the gradient a non-Adam
+    step keeps for the next Adam step (T2.7) survives that step's replay. Each capture is checked
+    against eager execution on the same batch (CE and every gradient's norm); every parameter and
+    buffer must stay where the graphs read it (check_addresses). The optimizer and its collectives
+    run outside the graphs, so any world size works."""
+
+    def __init__(self, loss_fn, model: nn.Module, grad_accum: int, grad_scale: float, new_graph=None,
+                 rtol: float = 1e-2):
+        self.loss_fn, self.model, self.grad_accum, self.grad_scale, self.rtol = loss_fn, model, grad_accum, grad_scale, rtol
+        self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        if new_graph is None:
+            pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+            new_graph = lambda: CudaGraph(pool, stream)  # noqa: E731
+        self.new_graph = new_graph
+        self.steps: dict[tuple[int, bool], CapturedStep] = {}
+        self.addresses: dict[str, int] = {}
+
+    @staticmethod
+    def key(plan: StepPlan) -> tuple[int, bool]:
+        return plan.stage, plan.adam_step
+
+    def capture(self, plan: StepPlan, execution: ExecutionPlan, batch: tuple[Tensor, Tensor, Tensor],
+                target_weights: Tensor):
+        """Capture the graphs of plan's key on `batch` (one micro-batch), replay them, and stop with
+        GraphMismatch unless they give eager execution's results."""
+        inputs, targets, cu_seqlens = (t.clone() for t in batch)
+        weights, names = target_weights.clone(), list(self.params)
+
+        def forward_backward() -> tuple[Tensor, dict[str, Tensor]]:
+            loss, ce = self.loss_fn(inputs, targets, cu_seqlens, plan.shape, execution, weights, self.grad_scale)
+            grads = torch.autograd.grad(loss, [self.params[name] for name in names], allow_unused=True)
+            return ce.float(), {name: g for name, g in zip(names, grads) if g is not None}
+
+        first = self.new_graph()
+        (eager_ce, eager_grads), (ce, grads) = first.capture(forward_backward)
+        reference = self.summary(eager_ce, eager_grads)
+        del eager_ce, eager_grads
+        step = CapturedStep(inputs, targets, cu_seqlens, weights, first, None, ce, grads)
+        first.replay()
+        self.compare(plan, "", self.summary(ce, grads), reference, grads)
+        if self.grad_accum > 1:
+            def accumulate():
+                more_ce, more = forward_backward()
+                ce.add_(more_ce)
+                torch._foreach_add_(list(grads.values()), [more[name] for name in grads])
+
+            step.accumulate = self.new_graph()
+            step.accumulate.capture(accumulate)
+            first.replay()
+            step.accumulate.replay()  # the same micro-batch twice: twice the reference
+            self.compare(plan, " with an accumulated micro-batch", self.summary(ce, grads), 2 * reference, grads)
+        self.steps[self.key(plan)] = step
+        tensors = [*self.model.named_parameters(), *self.model.named_buffers()]
+        self.addresses = {name: t.data_ptr() for name, t in tensors}
+
+    @staticmethod
+    def summary(ce: Tensor, grads: dict[str, Tensor]) -> Tensor:
+        return torch.stack([ce.float(), *(g.float().norm() for g in grads.values())])
+
+    def compare(self, plan: StepPlan, what: str, got: Tensor, expected: Tensor, grads: dict[str, Tensor]):
+        bad = ((got - expected).abs() > self.rtol * expected.abs() + 1e-6) | ~torch.isfinite(got)
+        if bad.any():
+            i = int(bad.nonzero()[0])
+            name = ["CE", *(f"{name}'s gradient norm" for name in grads)][i]
+            raise GraphMismatch(
+                f"the CUDA graph of stage {plan.stage + 1} ({'Adam' if plan.adam_step else 'non-Adam'} step"
+                f"{what}) gives {name} {got[i].item():.6g} where eager execution gives {expected[i].item():.6g}; "
+                f"run with CUDA_GRAPHS=0 and report it")
+
+    def check_addresses(self):
+        """Stop unless every parameter and buffer is where the graphs read it (state is restored
+        with copy_, never by assigning new tensors)."""
+        for name, t in [*self.model.named_parameters(), *self.model.named_buffers()]:
+            if self.addresses.get(name) != t.data_ptr():
+                raise GraphMismatch(f"{name} is no longer at the address the CUDA graphs read: restore state "
+                                    f"in place (copy_), or run with CUDA_GRAPHS=0")
+
+    def run(self, plan: StepPlan, loader: "TrainLoader", target_weights: Tensor) -> Tensor:
+        """The step's micro-batches from `loader` through its key's graphs; sets each parameter's .grad
+        to its static gradient and returns the mean CE."""
+        step = self.steps[self.key(plan)]
+        step.target_weights.copy_(target_weights)
+        for k in range(self.grad_accum):
+            inputs, targets, cu_seqlens = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)
+            step.inputs.copy_(inputs)
+            step.targets.copy_(targets)
+            step.cu_seqlens.copy_(cu_seqlens)
+            (step.first if k == 0 else step.accumulate).replay()
+        for name, grad in step.grads.items():
+            self.params[name].grad = grad
+        return step.ce / self.grad_accum
+
+
 class Trainer:
     """Owns the model, optimizer, schedule and data of one run, and performs its steps."""
 
@@ -1815,6 +1964,10 @@ class Trainer:
         compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.execution.compile else (lambda f: f)
         self.training_loss = compiled(self.model.training_loss)
         self.evaluation_loss = compiled(self.model.evaluation_loss)
+        # the graphs are captured by the warm-up, before the clock (T5.3)
+        graphs = hp.run.warmup and all(plan.cuda_graph for plan in self.stage_execution)
+        self.step_graphs = StepGraphs(self.training_loss, self.model, self.grad_accum, self.grad_scale) if graphs else None
+        self.forward_backward = self.eager_forward_backward  # StepGraphs.run once they are captured
         self.long_windows = None  # those the model's rotary tables are set for
         self.losses = torch.zeros(self.schedule.total_steps, device=device)
         self.checked_steps = 0
@@ -1860,6 +2013,8 @@ class Trainer:
         self._share_initialization()
         self.optimizer.reset()
         self._clear_run_state()
+        if self.step_graphs is not None:
+            self.step_graphs.check_addresses()
 
     def _clear_run_state(self):
         """What a run leaves outside the weights and the optimizer's state (the gradients kept for
@@ -1879,7 +2034,15 @@ class Trainer:
 
     def train_step(self, plan: StepPlan, loader: "TrainLoader") -> Tensor:
         self.set_long_windows(plan.long_windows)
-        target_weights = self.target_weights[plan.step]
+        mean_ce = self.forward_backward(plan, loader, self.target_weights[plan.step])
+        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step)
+        if plan.untie and self.optimizer.tied:
+            self.optimizer.untie()
+        self.losses[plan.step] = mean_ce
+        return mean_ce
+
+    def eager_forward_backward(self, plan: StepPlan, loader: "TrainLoader", target_weights: Tensor) -> Tensor:
+        """The step's micro-batches forward and backward, their gradients summed in .grad; the mean CE."""
         mean_ce = torch.zeros((), device=self.device)
         for _ in range(self.grad_accum):
             inputs, targets, cu_seqlens = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)
@@ -1887,11 +2050,23 @@ class Trainer:
                                           target_weights, self.grad_scale)
             loss.backward()
             mean_ce += ce / self.grad_accum
-        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step)
-        if plan.untie and self.optimizer.tied:
-            self.optimizer.untie()
-        self.losses[plan.step] = mean_ce
         return mean_ce
+
+    def capture_graphs(self, loader: "TrainLoader"):
+        """One CUDA graph per (stage, Adam step) key the run uses, captured on a batch of its first
+        step and checked against eager execution there (T5.3)."""
+        plans = {}
+        for step in range(self.last_step):
+            plan = self.schedule.plan(step)
+            plans.setdefault(StepGraphs.key(plan), plan)
+        start = time.perf_counter()
+        for plan in plans.values():
+            self.set_long_windows(plan.long_windows)
+            batches = [loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len) for _ in range(self.grad_accum)]
+            self.step_graphs.capture(plan, self.stage_execution[plan.stage], batches[0], self.target_weights[plan.step])
+        self._sync()
+        self.log(f"CUDA graphs: {len(plans)} captured (one per stage and Adam/non-Adam step) in "
+                 f"{time.perf_counter() - start:.1f}s, each equal to eager execution on its batch")
 
     def validation_shape(self, step: int, final: bool = False) -> tuple[ForwardShape, tuple[int, ...]]:
         """(forward shape, long windows) of the validation before `step`."""
@@ -1986,12 +2161,17 @@ class Trainer:
             self.log(f"warm-up step {step} done at {time.perf_counter() - start:.0f}s")
         for step in validations.values():
             self.evaluate(step, final=step == self.schedule.total_steps, max_batches=1)
+        if self.step_graphs is not None:
+            self.capture_graphs(loader)
         self.log(f"Compile and warm-up took {time.perf_counter() - start:.0f}s. Resetting model")
         if self.hp.execution.compile and self.hp.execution.skip_guard_checks:  # host time in the launch-bound stages (T5.2)
             torch.compiler.set_stance(skip_guard_eval_unsafe=True)
         self.model.load_state_dict(initial_model)
         self.optimizer.load_state_dict(initial_optimizer)
         self._clear_run_state()
+        if self.step_graphs is not None:
+            self.step_graphs.check_addresses()
+            self.forward_backward = self.step_graphs.run
 
     def validation_steps(self) -> list[int]:
         """The steps before which the run validates: the first, every VAL_LOSS_EVERY-th, the last."""
@@ -2009,10 +2189,25 @@ class Trainer:
             yield run, self.run()
 
     def run(self) -> float:
-        run, total = self.hp.run, self.schedule.total_steps
         loader = TrainLoader(self.hp.data.train_files, self.rank, self.world_size, self.device, log=self.log,
                              grad_accum=self.grad_accum)
         gc.collect()
+        gc.freeze()  # on the clock the collector neither pauses the host nor scans the model's objects (T5.3)
+        gc.disable()
+        try:
+            val_loss = self.timed_steps(loader)
+        finally:
+            gc.enable()
+            gc.unfreeze()
+            gc.collect()
+        self.log_memory()
+        if self.hp.run.save_checkpoint:
+            self.save_checkpoint()
+        return val_loss
+
+    def timed_steps(self, loader: "TrainLoader") -> float:
+        """The timed loop: train steps, with the validations (off the clock) where they fall."""
+        run, total = self.hp.run, self.schedule.total_steps
         self._sync()
         training_ms, t0 = 0.0, time.perf_counter()
         if self.token_bytes is not None:  # built on the clock, like the reference's
@@ -2037,9 +2232,6 @@ class Trainer:
                 self.check_finite(step + 1, wait=False)
             self.log_step(step + 1, training_ms + 1000 * (time.perf_counter() - t0), ce)
             self.position = f"at step {step + 1}"
-        self.log_memory()
-        if run.save_checkpoint:
-            self.save_checkpoint()
         return val_loss
 
     def log_step(self, steps_done: int, elapsed_ms: float, ce: Tensor):

@@ -1,0 +1,173 @@
+"""CUDA graphs of the training step (T5.3): the bookkeeping on the CPU, with a stand-in for
+torch.cuda.CUDAGraph that re-runs the captured function and copies its results into the outputs
+the capture returned (what a replay does on the GPU: the same kernels on the same addresses);
+the capture itself on a GPU (marked gpu). Also the timed loop's host hygiene."""
+import gc
+
+import pytest
+import torch
+
+import train_gpt as T
+from helpers import TINY
+
+
+class EagerGraph:
+    """CudaGraph's contract on the CPU: capture(fn) returns (fn(), fn()) and keeps the second
+    result as the static outputs; replay() runs fn again and copies its result into them (the
+    accumulating graph returns nothing: it adds into the first graph's outputs itself)."""
+
+    def capture(self, fn):
+        self.fn = fn
+        eager, self.outputs = fn(), fn()
+        return eager, self.outputs
+
+    def replay(self):
+        fresh = self.fn()
+        if fresh is not None:
+            (ce, grads), (static_ce, static_grads) = fresh, self.outputs
+            static_ce.copy_(ce)
+            for name, grad in grads.items():
+                static_grads[name].copy_(grad)
+
+
+class DriftingGraph(EagerGraph):
+    """A graph whose replay disagrees with eager execution by 5 %."""
+
+    def replay(self):
+        super().replay()
+        self.outputs[0].mul_(1.05)
+
+
+def tiny_hp(corpus, **overrides) -> T.Hyperparameters:
+    return T.Hyperparameters.of(**{**TINY, **overrides}, train_files=str(corpus / "tiny_train_*.bin"),
+                                val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus),
+                                num_scheduled_iterations=6, num_extension_iterations=1)
+
+
+def graphed_trainer(hp, graph=EagerGraph) -> T.Trainer:
+    """A CPU trainer whose steps replay graphs captured as the warm-up captures them."""
+    trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
+    trainer.step_graphs = T.StepGraphs(trainer.training_loss, trainer.model, trainer.grad_accum,
+                                       trainer.grad_scale, new_graph=graph)
+    trainer.capture_graphs(T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None,
+                                         grad_accum=trainer.grad_accum))
+    trainer.forward_backward = trainer.step_graphs.run
+    return trainer
+
+
+def test_graphed_steps_train_exactly_as_eager_ones(corpus):
+    """Every stage, Adam and non-Adam steps (the kept gradient of T2.7 must survive the next
+    replay), the untie step: the same losses and weights as the eager steps. Then the address
+    check: a reset in place passes, a replaced tensor stops the run."""
+    hp = tiny_hp(corpus, rank_slice=True)
+    eager = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
+    graphed = graphed_trainer(hp)
+    assert sorted(graphed.step_graphs.steps) == [(s, adam) for s in range(4) for adam in (False, True)][:7]
+    assert all(p.grad is None for p in graphed.model.parameters())  # the capture left no gradients
+    loaders = [T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None) for _ in range(2)]
+    for step in range(eager.schedule.total_steps):
+        plan = eager.schedule.plan(step)
+        eager.train_step(plan, loaders[0])
+        graphed.train_step(plan, loaders[1])
+    torch.testing.assert_close(graphed.losses, eager.losses, rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(eager.model.named_parameters(), graphed.model.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    graphed.model.load_state_dict(eager.model.state_dict())  # a reset as the warm-up's: copies in place
+    graphed.step_graphs.check_addresses()
+    graphed.model.rope_cos = graphed.model.rope_cos.clone()  # a tensor the graphs read, replaced
+    with pytest.raises(T.GraphMismatch, match="rope_cos is no longer at the address"):
+        graphed.step_graphs.check_addresses()
+
+
+def test_accumulated_micro_batches_sum_their_gradients_as_eager_backward_does(corpus):
+    """Gradient accumulation (fewer GPUs than ranks): the first graph writes a micro-batch's CE and
+    gradients, the accumulating graph adds each further one's into them."""
+    hp = tiny_hp(corpus, rank_slice=True)
+    trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
+    graphs = T.StepGraphs(trainer.training_loss, trainer.model, 2, 0.5, new_graph=EagerGraph)
+    plan = trainer.schedule.plan(0)
+    loader = lambda: T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None,  # noqa: E731
+                                   grad_accum=2)
+    weights = trainer.target_weights[0]
+    graphs.capture(plan, trainer.stage_execution[0], loader().next_batch(plan.tokens_per_rank, plan.shape.max_seq_len),
+                   weights)
+    ce = graphs.run(plan, loader(), weights)
+    got = {name: p.grad.clone() for name, p in trainer.model.named_parameters()}
+    trainer.model.zero_grad(set_to_none=True)
+    batches, expected_ce = loader(), 0.0
+    for _ in range(2):
+        loss, step_ce = trainer.training_loss(*batches.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len),
+                                              plan.shape, trainer.stage_execution[0], weights, 0.5)
+        loss.backward()
+        expected_ce += step_ce.item() / 2
+    assert ce.item() == pytest.approx(expected_ce, rel=1e-6)
+    for name, p in trainer.model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_a_graph_unlike_eager_execution_stops_the_warm_up_naming_what_differs(corpus):
+    with pytest.raises(T.GraphMismatch, match=r"stage 1 \(non-Adam step\) gives CE .* eager execution gives"):
+        graphed_trainer(tiny_hp(corpus, rank_slice=True), graph=DriftingGraph)
+
+
+def test_graphs_are_planned_only_for_cuda_training_with_a_warm_up(corpus):
+    hp = tiny_hp(corpus, rank_slice=True)
+    cpu = torch.device("cpu")
+    assert not T.resolve_execution(hp.execution, hp.model, cpu, 2048, training=True).cuda_graph
+    assert T.Trainer(hp.replace(warmup=True), 0, 1, cpu, T.RunLog(None)).step_graphs is None
+    if torch.cuda.is_available():
+        cuda = torch.device("cuda")
+        assert T.resolve_execution(hp.execution, hp.model, cuda, 2048, training=True).cuda_graph
+        assert not T.resolve_execution(hp.execution, hp.model, cuda, 2048, training=False).cuda_graph
+        off = hp.replace(cuda_graphs=False)
+        assert not T.resolve_execution(off.execution, off.model, cuda, 2048, training=True).cuda_graph
+
+
+def test_the_collector_is_off_on_the_clock_and_collects_after(corpus):
+    trainer = T.Trainer(tiny_hp(corpus, rank_slice=True, stop_after=2, val_loss_every=0), 0, 1,
+                        torch.device("cpu"), T.RunLog(None))
+    enabled, step = [], trainer.train_step
+    trainer.train_step = lambda plan, loader: (enabled.append(gc.isenabled()), step(plan, loader))[1]
+    trainer.run()
+    assert enabled and not any(enabled) and gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_the_run_log_buffers_step_lines_until_a_console_line(tmp_path):
+    path = tmp_path / "run.txt"
+    log = T.RunLog(str(path))
+    log("step:1/10 train_time:1ms step_avg:1.00ms", console=False)
+    assert path.read_text() == ""  # no write per step line
+    log("step:2/10 val_loss:3.0 train_time:2ms step_avg:1.00ms")
+    assert path.read_text().splitlines() == ["step:1/10 train_time:1ms step_avg:1.00ms",
+                                             "step:2/10 val_loss:3.0 train_time:2ms step_avg:1.00ms"]
+    log.file.close()
+
+
+
+@pytest.mark.parametrize("rank_slice", [True, False])  # one micro-batch; eight accumulated
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_captured_cuda_graphs_train_as_eager_steps_without_host_syncs(corpus, rank_slice):
+    """The warm-up captures every key's graph on the GPU (each checked against eager there); the
+    graphed steps then train as the eager ones do, within bf16 tolerance, and never wait for the GPU."""
+    hp = tiny_hp(corpus, device="cuda", rank_slice=rank_slice, warmup=True, num_scheduled_iterations=12,
+                 num_extension_iterations=2)
+    cuda = torch.device("cuda")
+    runs = {}
+    for graphs in (False, True):
+        trainer = T.Trainer(hp.replace(cuda_graphs=graphs), 0, 1, cuda, T.RunLog(None))
+        assert (trainer.step_graphs is not None) == graphs
+        trainer.warmup()
+        loader = T.TrainLoader(hp.data.train_files, 0, 1, cuda, log=lambda _: None, grad_accum=trainer.grad_accum)
+        for step in range(2):
+            trainer.train_step(trainer.schedule.plan(step), loader)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for step in range(2, trainer.schedule.total_steps):
+                trainer.train_step(trainer.schedule.plan(step), loader)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        runs[graphs] = trainer.losses.clone()
+    assert torch.isfinite(runs[True]).all()
+    torch.testing.assert_close(runs[True], runs[False], rtol=2e-2, atol=2e-2)
