@@ -14,6 +14,12 @@ import train_gpt as T
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 
+# glibc keeps freed memory instead of mapping and zeroing each step's vocabulary-sized tensors anew
+# (data/smoke/preset.py's CPU_MALLOC, which SMOKE=1 uses on the CPU): a tiny CPU run spends about half
+# its time in those page faults otherwise. Speed only: the same computation, bit for bit. tiny_env
+# sets it for main() subprocesses; conftest.py sets the same through mallopt in the pytest process.
+CPU_MALLOC = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"
+
 # The tiny CPU configuration of the training tests (and of the tools run on it).
 TINY_STAGES = dict(batch_tokens=(2048, 4096, 4096, 4096), max_seq_len=(128, 256, 256, 256))
 TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
@@ -26,7 +32,7 @@ def model_of(hp: T.Hyperparameters) -> T.GPT:
 
 
 def tiny_env(tmp_path, corpus, **overrides) -> dict:
-    """Environment variables for a tiny main() run on the corpus."""
+    """Environment variables for a tiny main() run on the corpus (one process: CPU_MALLOC)."""
     values = {k: v for k, v in TINY.items() if k != "stages"}
     values.update({f"stage_{column}": value for column, value in TINY_STAGES.items()})
     values.update(train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
@@ -35,6 +41,7 @@ def tiny_env(tmp_path, corpus, **overrides) -> dict:
     values.update(overrides)
     names = set(T.hyperparameter_variables())
     env = {k: v for k, v in os.environ.items() if k.upper() not in names}
+    env.setdefault("GLIBC_TUNABLES", CPU_MALLOC)
     for key, value in values.items():
         env[key.upper()] = ",".join(map(str, value)) if isinstance(value, tuple) else str(int(value) if isinstance(value, bool) else value)
     return env
