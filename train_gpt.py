@@ -1489,8 +1489,11 @@ class TrainLoader:
         self._next_shard = self._pool.submit(Shard, following, self.pin_memory)
         self.doc_cursor = 0
 
-    def next_batch(self, tokens: int, max_seq_len: int) -> tuple[Tensor, Tensor, Tensor]:
-        """(inputs int32 (tokens,), targets int32 (tokens,), cu_seqlens int32) on the device."""
+    def next_batch(self, tokens: int, max_seq_len: int, into: tuple[Tensor, Tensor] | None = None
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+        """(inputs int32 (tokens,), targets int32 (tokens,), cu_seqlens int32) on the device; with
+        `into` (a (tokens + 1,) token buffer and a cu_seqlens buffer on the device), written there:
+        the static inputs of a CUDA graph (T5.3)."""
         max_docs = max_docs_per_batch(tokens)
         if self._step_slices and self._step_shape != (tokens, max_seq_len):
             raise ValueError(f"batch shape changed to {(tokens, max_seq_len)} in the middle of a step "
@@ -1517,8 +1520,11 @@ class TrainLoader:
         cu = torch.from_numpy(cu_seqlens_for([e - s for s, e in segments], tokens, max_docs))
         if self.pin_memory:
             cu = cu.pin_memory()
-        buf = buf.to(self.device, non_blocking=True)
-        return buf[:-1], buf[1:], cu.to(self.device, non_blocking=True)
+        if into is None:
+            buf, cu = buf.to(self.device, non_blocking=True), cu.to(self.device, non_blocking=True)
+        else:
+            buf, cu = into[0].copy_(buf, non_blocking=True), into[1].copy_(cu, non_blocking=True)
+        return buf[:-1], buf[1:], cu
 
 
 class ValidationSet:
@@ -1829,10 +1835,9 @@ class CudaGraph:
 
 @dataclass
 class CapturedStep:
-    """One key's graphs and static memory: the buffers each micro-batch is copied into, the summed
-    CE and the gradients the graphs leave."""
-    inputs: Tensor
-    targets: Tensor
+    """One key's graphs and static memory: the buffers the loader writes each micro-batch into,
+    the mean CE and the gradients the graphs leave."""
+    tokens: Tensor  # (tokens + 1,): the inputs are tokens[:-1], the targets tokens[1:]
     cu_seqlens: Tensor
     target_weights: Tensor
     first: CudaGraph  # the first micro-batch: writes ce and grads
@@ -1855,8 +1860,9 @@ class StepGraphs:
     run outside the graphs, so any world size works."""
 
     def __init__(self, loss_fn, model: nn.Module, grad_accum: int, grad_scale: float, new_graph=None,
-                 rtol: float = 1e-2):
-        self.loss_fn, self.model, self.grad_accum, self.grad_scale, self.rtol = loss_fn, model, grad_accum, grad_scale, rtol
+                 rtol: float = 1e-2, grad_rtol: float = 5e-2):
+        self.loss_fn, self.model, self.grad_accum, self.grad_scale = loss_fn, model, grad_accum, grad_scale
+        self.rtol, self.grad_rtol = rtol, grad_rtol
         self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
         if new_graph is None:
             pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
@@ -1864,6 +1870,7 @@ class StepGraphs:
         self.new_graph = new_graph
         self.steps: dict[tuple[int, bool], CapturedStep] = {}
         self.addresses: dict[str, int] = {}
+        self.worst_share = 0.0  # of its tolerance, the largest graph-against-eager difference seen
 
     @staticmethod
     def key(plan: StepPlan) -> tuple[int, bool]:
@@ -1873,21 +1880,25 @@ class StepGraphs:
                 target_weights: Tensor):
         """Capture the graphs of plan's key on `batch` (one micro-batch), replay them, and stop with
         GraphMismatch unless they give eager execution's results."""
-        inputs, targets, cu_seqlens = (t.clone() for t in batch)
+        inputs, targets, cu_seqlens = batch
+        tokens, cu_seqlens = torch.cat([inputs, targets[-1:]]), cu_seqlens.clone()
+        inputs, targets = tokens[:-1], tokens[1:]
         weights, names = target_weights.clone(), list(self.params)
 
         def forward_backward() -> tuple[Tensor, dict[str, Tensor]]:
             loss, ce = self.loss_fn(inputs, targets, cu_seqlens, plan.shape, execution, weights, self.grad_scale)
             grads = torch.autograd.grad(loss, [self.params[name] for name in names], allow_unused=True)
-            return ce.float(), {name: g for name, g in zip(names, grads) if g is not None}
+            return ce.float() * self.grad_scale, {name: g for name, g in zip(names, grads) if g is not None}
 
         first = self.new_graph()
         (eager_ce, eager_grads), (ce, grads) = first.capture(forward_backward)
         reference = self.summary(eager_ce, eager_grads)
         del eager_ce, eager_grads
-        step = CapturedStep(inputs, targets, cu_seqlens, weights, first, None, ce, grads)
+        # eager execution's own spread on this batch (kernels that reduce with atomics differ run to run)
+        noise = (self.summary(*forward_backward()) - reference).abs()
+        step = CapturedStep(tokens, cu_seqlens, weights, first, None, ce, grads)
         first.replay()
-        self.compare(plan, "", self.summary(ce, grads), reference, grads)
+        self.compare(plan, "", self.summary(ce, grads), reference, noise, grads)
         if self.grad_accum > 1:
             def accumulate():
                 more_ce, more = forward_backward()
@@ -1898,8 +1909,12 @@ class StepGraphs:
             step.accumulate.capture(accumulate)
             first.replay()
             step.accumulate.replay()  # the same micro-batch twice: twice the reference
-            self.compare(plan, " with an accumulated micro-batch", self.summary(ce, grads), 2 * reference, grads)
+            self.compare(plan, " with an accumulated micro-batch", self.summary(ce, grads), 2 * reference, 2 * noise,
+                         grads)
         self.steps[self.key(plan)] = step
+
+    def record_addresses(self):
+        """Where every parameter and buffer is now: where the graphs read them."""
         tensors = [*self.model.named_parameters(), *self.model.named_buffers()]
         self.addresses = {name: t.data_ptr() for name, t in tensors}
 
@@ -1907,8 +1922,16 @@ class StepGraphs:
     def summary(ce: Tensor, grads: dict[str, Tensor]) -> Tensor:
         return torch.stack([ce.float(), *(g.float().norm() for g in grads.values())])
 
-    def compare(self, plan: StepPlan, what: str, got: Tensor, expected: Tensor, grads: dict[str, Tensor]):
-        bad = ((got - expected).abs() > self.rtol * expected.abs() + 1e-6) | ~torch.isfinite(got)
+    def compare(self, plan: StepPlan, what: str, got: Tensor, expected: Tensor, noise: Tensor,
+                grads: dict[str, Tensor]):
+        """The CE within rtol of `expected`, each gradient norm within grad_rtol (a norm sums roundings
+        that a graph's other memory layout may order differently), both widened by four times eager
+        execution's own spread; keeps the worst share of its tolerance any value used, for the log."""
+        rtol = torch.full_like(expected, self.grad_rtol)
+        rtol[0] = self.rtol
+        tolerance = rtol * expected.abs() + 4 * noise + 1e-6
+        bad = ((got - expected).abs() > tolerance) | ~torch.isfinite(got)
+        self.worst_share = max(self.worst_share, ((got - expected).abs() / tolerance).max().item())
         if bad.any():
             i = int(bad.nonzero()[0])
             name = ["CE", *(f"{name}'s gradient norm" for name in grads)][i]
@@ -1931,14 +1954,11 @@ class StepGraphs:
         step = self.steps[self.key(plan)]
         step.target_weights.copy_(target_weights)
         for k in range(self.grad_accum):
-            inputs, targets, cu_seqlens = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)
-            step.inputs.copy_(inputs)
-            step.targets.copy_(targets)
-            step.cu_seqlens.copy_(cu_seqlens)
+            loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len, into=(step.tokens, step.cu_seqlens))
             (step.first if k == 0 else step.accumulate).replay()
         for name, grad in step.grads.items():
             self.params[name].grad = grad
-        return step.ce / self.grad_accum
+        return step.ce
 
 
 class Trainer:
@@ -2064,9 +2084,11 @@ class Trainer:
             self.set_long_windows(plan.long_windows)
             batches = [loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len) for _ in range(self.grad_accum)]
             self.step_graphs.capture(plan, self.stage_execution[plan.stage], batches[0], self.target_weights[plan.step])
+        self.step_graphs.record_addresses()
         self._sync()
         self.log(f"CUDA graphs: {len(plans)} captured (one per stage and Adam/non-Adam step) in "
-                 f"{time.perf_counter() - start:.1f}s, each equal to eager execution on its batch")
+                 f"{time.perf_counter() - start:.1f}s, each equal to eager execution on its batch "
+                 f"(the largest difference: {self.step_graphs.worst_share:.2f} of its tolerance)")
 
     def validation_shape(self, step: int, final: bool = False) -> tuple[ForwardShape, tuple[int, ...]]:
         """(forward shape, long windows) of the validation before `step`."""
