@@ -13,8 +13,12 @@ Each source runs in its own subprocess (own module, compile state and GPU memory
 source, builds its Trainer for one GPU from the environment as main() does (no process group,
 nothing logged, no compile warm-up), then for each stage takes the step in the middle of the stage
 (Adam on every other of the repeated steps, as in the run) and runs:
---warmup-steps untimed steps (compile), --steps steps between two synchronizations (wall ms/step,
-no profiler), the same steps under torch.profiler. Every kernel, memcpy and memset is summed by name
+--warmup-steps untimed steps (compile); where the source plans CUDA graphs of the step (#47: its
+Trainer has step_graphs, on a GPU unless CUDA_GRAPHS=0), the stage's two graphs (Adam and non-Adam
+step) are captured and checked as the run's warm-up does, and the steps after replay them
+(`--graphs off`: eager steps; `--graphs both`: each source twice, the eager one labelled
+"LABEL eager"); then --steps steps between two synchronizations (wall ms/step, no profiler), the
+same steps under torch.profiler. Every kernel, memcpy and memset is summed by name
 (durations, so work overlapping on several streams counts in full);
 those launched inside optimizer.step() (a record_function range, linked CPU launch -> GPU kernel by
 the profiler's correlation ids) form the optimizer group, the others go to the first GROUPS rule
@@ -315,6 +319,7 @@ def run_child(args):
     trainer = module.Trainer(hp, 0, 1, device, module.RunLog(None))
     loader = module.TrainLoader(setting(hp, "train_files"), 0, 1, device, log=lambda _: None, grad_accum=trainer.grad_accum)
     optimizer, schedule = trainer.optimizer, trainer.schedule
+    graphs = None if args.no_graphs else getattr(trainer, "step_graphs", None)
     if hasattr(schedule, "plan"):
         tokens_per_rank = lambda step: schedule.plan(step).tokens_per_rank  # noqa: E731
         max_seq_len = lambda step: schedule.plan(step).shape.max_seq_len  # noqa: E731
@@ -348,9 +353,20 @@ def run_child(args):
                 trainer.train_step(step, loader)
         return adam_steps
 
+    def capture(step):
+        """The graphs of step's stage, Adam and non-Adam, as the warm-up captures them; the
+        following steps replay them."""
+        for adam_step in (False, True):
+            plan = dataclasses.replace(schedule.plan(step), adam_step=adam_step)
+            trainer.set_long_windows(plan.long_windows)
+            batches = [loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len) for _ in range(trainer.grad_accum)]
+            graphs.capture(plan, trainer.stage_execution[plan.stage], batches[0], trainer.target_weights[plan.step])
+        trainer.forward_backward = graphs.run
+
     result = dict(label=args.label, source=args.describe or args.child, steps=args.steps,
                   device=torch.cuda.get_device_name(device) if cuda else str(device),
-                  torch=torch.__version__, rank_slice=setting(hp, "rank_slice"), stages=[])
+                  torch=torch.__version__, rank_slice=setting(hp, "rank_slice"), cuda_graphs=graphs is not None,
+                  stages=[])
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with tempfile.TemporaryDirectory() as tmp:
         for stage in args.stages:
@@ -360,7 +376,11 @@ def run_child(args):
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             start = time.perf_counter()
+            if graphs is not None:
+                trainer.forward_backward = trainer.eager_forward_backward  # until this stage's graphs exist
             run(step, args.warmup_steps)
+            if graphs is not None:
+                capture(step)
             sync()
             print(f"[{args.label}] stage {stage}: step {step}, warm-up ({args.warmup_steps} steps) "
                   f"{time.perf_counter() - start:.0f}s", flush=True)
@@ -508,11 +528,14 @@ def parse_args(argv=None):
     p.add_argument("--verbose", action="store_true", help="also list the top unclassified kernels")
     p.add_argument("--traces", action="store_true", help="keep the profiler traces (gzipped Chrome JSON) under --out")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="print the table of earlier per-source JSON files")
+    p.add_argument("--graphs", choices=("planned", "off", "both"), default="planned",
+                   help="CUDA graphs of the step where the source plans them (default), never, or both ways")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--label", help=argparse.SUPPRESS)
     p.add_argument("--describe", help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
     p.add_argument("--trace-dir", help=argparse.SUPPRESS)
+    p.add_argument("--no-graphs", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.stages = sorted({int(s) for s in args.stages.split(",")})
     if not set(args.stages) <= {1, 2, 3} or args.steps < 1 or args.warmup_steps < 0:
@@ -538,17 +561,22 @@ def main(argv=None):
     os.makedirs(out, exist_ok=True)
     results, failures = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for source in resolve_sources(args.sources or [os.path.join(REPO_ROOT, "train_gpt.py")], REPO_ROOT, tmp):
-            json_path = os.path.join(out, f"{_slug(source.label)}.json")
-            command = [sys.executable, os.path.abspath(__file__), "--child", source.path, "--label", source.label,
+        sources = resolve_sources(args.sources or [os.path.join(REPO_ROOT, "train_gpt.py")], REPO_ROOT, tmp)
+        modes = {"planned": [False], "off": [True], "both": [False, True]}[args.graphs]  # --no-graphs per run
+        for source, no_graphs in [(source, no_graphs) for source in sources for no_graphs in modes]:
+            label = source.label + (" eager" if no_graphs and args.graphs == "both" else "")
+            json_path = os.path.join(out, f"{_slug(label)}.json")
+            command = [sys.executable, os.path.abspath(__file__), "--child", source.path, "--label", label,
                        "--describe", source.description, "--json", json_path, "--steps", str(args.steps),
                        "--warmup-steps", str(args.warmup_steps), "--stages", ",".join(map(str, args.stages))]
             if args.traces:
                 command += ["--trace-dir", out]
-            print(f"profiling {source.label} ({source.description})", flush=True)
+            if no_graphs:
+                command += ["--no-graphs"]
+            print(f"profiling {label} ({source.description})", flush=True)
             code = subprocess.run(command).returncode
             if code != 0:
-                failures.append(f"error: profiling {source.label} ({source.description}) failed with exit code {code}")
+                failures.append(f"error: profiling {label} ({source.description}) failed with exit code {code}")
                 continue
             with open(json_path) as f:
                 results.append(json.load(f))

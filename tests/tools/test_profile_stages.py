@@ -315,6 +315,7 @@ def test_child_runs_the_tiny_configuration_on_the_cpu_and_merge_reprints_its_tab
     assert printed[-1].startswith("| launches/step |")
     result = json.loads((out / "tiny.json").read_text())
     assert result["label"] == "tiny" and result["device"] == "cpu" and result["rank_slice"] is True
+    assert result["cuda_graphs"] is False  # graphs are planned on CUDA only
     # stages of 2 steps: the middle of stage 1 is step 1; that of stage 3 (step 5) is the untie step, so 4
     # and the optimizer's step count restarts there: Adam on odd counts
     assert [(s["stage"], s["step"], s["adam_steps"]) for s in result["stages"]] == [(1, 1, 1), (3, 4, 0)]
@@ -333,14 +334,17 @@ def test_child_runs_the_tiny_configuration_on_the_cpu_and_merge_reprints_its_tab
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_child_profiles_real_kernels_into_every_main_group_on_the_gpu(tmp_path, corpus):
+@pytest.mark.parametrize("label", ["working", "working eager"])  # the step's CUDA graphs replayed; eager steps
+def test_child_profiles_real_kernels_into_every_main_group_on_the_gpu(tmp_path, corpus, label):
     env = tiny_env(tmp_path, corpus, rank_slice=True, device="cuda", compile=True)
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, SCRIPT, "--steps", "2", "--warmup-steps", "2", "--stages", "1,3", "--verbose",
-                           "--out", str(out)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+                           "--graphs", "planned" if label == "working" else "off", "--out", str(out)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     print(proc.stdout[-6000:])
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "working.json").read_text())
+    assert result["cuda_graphs"] is (label == "working")
     expected = [GEMM, ATTENTION, CE, RELU2, NORM, P.OPTIMIZER]
     if torch.cuda.get_device_capability() >= (8, 9):
         expected.append(FP8)
