@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Issue #47: main with the training step's CUDA graphs (the default) against CUDA_GRAPHS=0, one H100,
 # SEEDS=1,2,3 in one process per arm; the graphed arm first (its warm-up compiles on the fresh
-# machine, then captures and checks each graph against eager execution). Then the GPU tests of the
-# graphs, if the machine is still held. Run by bench/lease.sh start (proxy shards 1-3, rank-slice).
+# machine, then captures and checks each graph against eager execution). Then the per-stage wall
+# and kernel sums both ways (profile_stages --graphs both), then the GPU tests of the graphs, if the
+# machine is still held. Run by bench/lease.sh start (proxy shards 1-3, rank-slice).
 note "graphs: start"
 RUN_ID=graphs SEEDS=1,2,3 LOG_DIR=$L python train_gpt.py > $L/graphs.out 2>&1
 note "graphs: rc=$?"
 RUN_ID=eager CUDA_GRAPHS=0 SEEDS=1,2,3 LOG_DIR=$L python train_gpt.py > $L/eager.out 2>&1
 note "eager: rc=$?"
-timeout 400 python -m pytest -q -m gpu tests/training/test_step_graphs.py tests/training/test_gpu_training.py > $L/gpu_tests.log 2>&1
+python bench/profile_stages.py --graphs both --out $L/profile > $L/profile.out 2>&1
+note "profile: rc=$?"
+cp $L/profile/table.md $L/profile_table.md 2>/dev/null
+timeout 400 python -m pytest -q -m gpu tests/training/test_step_graphs.py tests/tools/test_profile_stages.py \
+    tests/training/test_gpu_training.py > $L/gpu_tests.log 2>&1
 note "gpu tests: rc=$?"
