@@ -57,6 +57,7 @@ TORCH_RE = re.compile(r"^Running PyTorch (\S+) compiled for CUDA (\S+)$")
 REQUIRED_KEYS = ("run_id", "hardware", "mode", "world_size", "data", "hyperparameters")
 TABLE_START, TABLE_END = "<!-- records-table:start -->", "<!-- records-table:end -->"
 DEFAULT_TARGET = 3.28  # the speedrun's FineWeb target
+PASS_RE = re.compile(r"^data: starting pass \d+ over (?P<files>\d+) train files$")
 GENERATED_RE = re.compile(r"^Generated from \d+ log\(s\) by `python records/tool\.py stats (.+)`\.$", re.M)
 # Overrides that name a run, where its files go or its initialization, not the configuration it computes.
 NOT_ABLATIONS = {"RUN_ID", "LOG_DIR", "SEED", "SEEDS"}
@@ -95,6 +96,7 @@ class Run:
     last_step: int = 0
     step_avg_ms: float = math.nan  # step_avg of the last step line
     final_windows: dict = field(default_factory=dict)  # setting label -> val loss (bench/eval_windows.py lines)
+    train_file_count: int = 0  # from "data: starting pass N over K train files" (0: the run never wrapped)
 
     @property
     def software(self) -> str:
@@ -168,7 +170,9 @@ def parse_log(path, complete: bool = True) -> Run:
     final_idx = None
     for idx in range(k, len(lines)):
         ln = lines[idx].rstrip()
-        if ln.startswith("step:"):
+        if pm := PASS_RE.match(ln):
+            run.train_file_count = int(pm["files"])
+        elif ln.startswith("step:"):
             sm = STEP_LINE_RE.match(ln)  # a validation's line (val_loss) or a training step's
             if not sm:
                 raise err(idx, f"cannot parse step line: {ln!r}")
@@ -797,13 +801,52 @@ def new_readme(folder: Path, runs: list[Run], s: dict, prev: Path | None, baseli
         md += baseline_lines(s, f"[{baseline.name}](../{baseline.name}/)")
     elif prev is not None and baseline is None:
         md += ["", f"Not compared with {prev.name}: it ran on different hardware, mode or data (or has no usable logs)."]
-    overrides = r.overrides + " " if r.overrides else ""
-    md += ["", "Details: [statistics.md](statistics.md).", "", "## Reproduce", "",
-           "From the repository root, with the data prepared and this folder's `train_gpt.py` "
-           "(defaults in the file; the logs echo every hyperparameter):", "", "```bash",
-           f"{overrides}torchrun --standalone --nproc_per_node={r.world_size} train_gpt.py", "```", "",
+    md += ["", "Details: [statistics.md](statistics.md).", "", *reproduce_lines(folder, runs), "",
            "![val loss](val_loss.png)"]
     return "\n".join(md) + "\n"
+
+
+REPRODUCE_DROPS = ("RUN_ID", "LOG_DIR", "SEED", "SEEDS", "TOKENIZER_DIR")  # the seeds are listed; data/gpt2 is the default
+
+
+def reproduce_command(r: Run, seeds: list[int]) -> str:
+    """The runs' command on a user's machine: their overrides with the data at the repository's
+    paths (proxy: data/proxy/, the shards the runs read; FineWeb: the file's defaults), every seed."""
+    kind, env = r.data.split(" ", 1)[0], []
+    for token in shlex.split(r.overrides):
+        key, _, value = token.partition("=")
+        if key in REPRODUCE_DROPS or (key in ("TRAIN_FILES", "VAL_FILES") and kind == "FineWeb"):
+            continue
+        if key in ("TRAIN_FILES", "VAL_FILES") and kind == "proxy":
+            value = "data/proxy/" + os.path.basename(value)
+            if key == "TRAIN_FILES" and "*" in value and 0 < r.train_file_count <= 9:
+                value = value.replace("*", f"00000[1-{r.train_file_count}]", 1)  # the shards the run cycled over
+        env.append(f"{key}={shlex.quote(value)}")
+    env.append("SEEDS=" + ",".join(map(str, seeds)))
+    return " ".join(env) + f" torchrun --standalone --nproc_per_node={r.world_size} train_gpt.py"
+
+
+def reproduce_lines(folder: Path, runs: list[Run]) -> list[str]:
+    r = runs[0]
+    kind = r.data.split(" ", 1)[0]
+    seeds = sorted({int(x.hyperparameters.get("seed", 0)) for x in runs})
+    md = ["## Reproduce", ""]
+    prepare = {"proxy": ("The proxy corpus is not in the repository: `python data/proxy_corpus.py` rebuilds it from its "
+                         "public sources into `data/proxy/` and checks every shard against `data/proxy_manifest.json`.",
+                         "python data/proxy_corpus.py"),
+               "FineWeb": ("`python data/cached_fineweb10B.py 9` downloads the FineWeb shards into the file's default "
+                           "paths.", "python data/cached_fineweb10B.py 9")}.get(kind)
+    if prepare:
+        md += [prepare[0], ""]
+    else:
+        md += [f"The runs read their own data ({r.data}): point TRAIN_FILES / VAL_FILES at yours.", ""]
+    md += ["From the repository root, run this folder's `train_gpt.py` in place of the root's (defaults in the "
+           "file; the logs echo every hyperparameter); `git checkout train_gpt.py` puts main's back:", "", "```bash",
+           *([prepare[1]] if prepare else []), f"cp records/{folder.name}/train_gpt.py train_gpt.py",
+           reproduce_command(r, seeds), "```"]
+    if kind != "FineWeb" or r.world_size != 8 or r.mode != "full-batch":
+        md += ["", f"**Not a FineWeb 8-GPU result**: every number above is {kind} data, {r.mode}, {r.hardware}."]
+    return md
 
 
 def cmd_diff(args) -> int:

@@ -362,6 +362,27 @@ def test_new_creates_record(tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err
 
 
+def test_new_readme_reproduces_proxy_runs_at_the_repository_paths(tmp_path):
+    """The Reproduce section of proxy runs made on a device: the proxy rebuilt, this folder's script
+    copied in, the device's data paths mapped to data/proxy/ (the 3 shards the runs cycled over),
+    the seeds listed, and the scope said."""
+    data = "proxy (train /tmp/d/proxy_train_*.bin; val /tmp/d/proxy_val_*.bin, 3932160 tokens)"
+    overrides = ("TRAIN_FILES='/tmp/d/proxy_train_*.bin' VAL_FILES='/tmp/d/proxy_val_*.bin' VAL_TOKENS=3932160 "
+                 "TOKENIZER_DIR=/tmp/d/gpt2 RANK_SLICE=1 SEEDS=1,2 LOG_DIR=/tmp/q")
+    logs = [make_log(tmp_path / "logs" / f"s{seed}.txt", loss, 70000, data=data, overrides=overrides, seed=seed,
+                     world_size=1, hardware="1x NVIDIA H100 80GB HBM3") for seed, loss in ((2, 3.63), (1, 3.62))]
+    for path in logs:  # the loader's line when the runs wrapped around their train files
+        path.write_text(path.read_text().replace("Resetting model\n", "Resetting model\ndata: starting pass 2 over 3 train files\n"))
+    assert run_tool("--root", tmp_path, "new", "Proxy", *logs, "--date", "2025-02-03") == 0
+    readme = (tmp_path / "records" / "2025-02-03_Proxy" / "README.md").read_text()
+    reproduce = readme[readme.index("## Reproduce"):]
+    assert "python data/proxy_corpus.py\ncp records/2025-02-03_Proxy/train_gpt.py train_gpt.py\n" in reproduce
+    assert ("TRAIN_FILES='data/proxy/proxy_train_00000[1-3].bin' VAL_FILES='data/proxy/proxy_val_*.bin' "
+            "VAL_TOKENS=3932160 RANK_SLICE=1 SEEDS=1,2 torchrun --standalone --nproc_per_node=1 train_gpt.py") in reproduce
+    assert "/tmp/" not in reproduce
+    assert "**Not a FineWeb 8-GPU result**: every number above is proxy data, rank-slice, 1x NVIDIA H100" in reproduce
+
+
 def test_new_refuses_mixed_sources(tmp_path, capsys):
     a = make_log(tmp_path / "a.txt", 3.27, 180000, source=SOURCE)
     b = make_log(tmp_path / "b.txt", 3.27, 180000, source=SOURCE + "# changed\n")
