@@ -1001,7 +1001,7 @@ def bigram_sign_ids(ids: Tensor) -> Tensor:
 class ParamSpec:
     """How one parameter is optimized and communicated (T2.1)."""
     optimizer: str  # "normuon" | "adam"
-    comm: str  # "sharded": reduce-scatter + all-gather along dim 0 | "replicated": all-reduce
+    comm: str  # "sharded": reduce-scatter + all-gather along dim 0 | "replicated": all-reduce (flat, per dtype)
     lr_mul: float = 1.0
     wd_mul: float = 0.0
     betas: tuple[float, float] = (0.9, 0.99)
@@ -1141,25 +1141,100 @@ class RankRows:
         return t.view(self.view_shape)
 
 
+class WaitOnce:
+    """The work of one collective that several gradients share (a flat all-reduce): the first wait()
+    waits for it, later ones return at once."""
+
+    def __init__(self, work):
+        self.work = work
+
+    def wait(self):
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+
+
+class FlatReplicatedGrads:
+    """The gradients of a set of replicated parameters sent as one flat all-reduce per dtype (T2.1;
+    modded-nanogpt record #92 sends one flat all-reduce per gradient dtype for its replicated
+    parameters): one launch and one latency per dtype instead of one per parameter.
+
+    The layout is fixed at construction: per dtype, the parameters in the given (launch) order, each
+    starting on a 16-byte boundary, the alignment inductor's kernels assume of their inputs, so the
+    compiled Adam update takes a view as it took a gradient of its own. Padding stays zero. Two preallocated buffer sets
+    alternate between launches: a gradient kept on a step without Adam (T2.7) still sits in the
+    previous launch's set while the next launch fills the other. That is enough, because every launch
+    of a layout covers all its labels, and each label's earlier kept gradient is either consumed by
+    that launch's update or summed into it, so no launch but the latest holds a kept view. Every
+    launch's work is waited for before its set is filled again (by the update or the keep of the
+    next launch, or by NorMuonAdam._settle_kept before its state is replaced).
+
+    The gradients are copied in (one multi-tensor copy per dtype) rather than being views of the
+    buffer from the backward on: the CUDA graphs hand out their own static gradient outputs (T5.3),
+    eager autograd would need .grad kept alive and zeroed instead of set to None, and the kept gradient
+    would need the parameters' .grad swapped between buffer sets every step. The copy moves the small
+    parameters' bytes once (about 0.4 MB at the default size)."""
+
+    ALIGN_BYTES = 16
+
+    def __init__(self, params: dict[str, Tensor]):
+        by_dtype: dict[torch.dtype, list[str]] = {}
+        for label, p in params.items():
+            by_dtype.setdefault(p.dtype, []).append(label)
+        self.buffer_sets: tuple[list, list] = ([], [])  # per set: (flat buffer, labels, views) per dtype
+        for dtype, labels in by_dtype.items():
+            align = max(1, self.ALIGN_BYTES // params[labels[0]].element_size())
+            offsets, end = [], 0
+            for label in labels:
+                offsets.append(end)
+                end += -(-params[label].numel() // align) * align
+            for buffer_set in self.buffer_sets:
+                flat = torch.zeros(end, dtype=dtype, device=params[labels[0]].device)
+                views = [flat[o: o + params[label].numel()].view(params[label].shape)
+                         for label, o in zip(labels, offsets)]
+                buffer_set.append((flat, labels, views))
+        self.next_set = 0
+
+    def launch(self, grads: dict[str, Tensor]) -> dict[str, tuple[WaitOnce, Tensor]]:
+        """Copy `grads` (label -> gradient, the layout's labels) into the next buffer set and launch
+        one async SUM all-reduce per dtype; label -> (its dtype's work, its view of the sum)."""
+        buffer_set = self.buffer_sets[self.next_set]
+        self.next_set ^= 1
+        reductions = {}
+        for flat, labels, views in buffer_set:
+            torch._foreach_copy_(views, [grads[label] for label in labels])
+            work = WaitOnce(dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True))
+            reductions.update((label, (work, view)) for label, view in zip(labels, views))
+        return reductions
+
+
 class NorMuonAdam:
     """One optimizer for every parameter, without DDP (#61, T2.1).
 
-    step(): (1) launch the gradient reductions asynchronously, bf16 on the wire: all-reduce for
-    replicated parameters, reduce-scatter for sharded ones; (2) update in the same order: wait for
-    a reduction, update this rank's rows, launch their all-gather; (3) wait for the gathers.
-    Gradients are SUM-reduced and scaled by 1/world in the update functions.
-    The order (`comm_order`): small replicated parameters, then the NorMuon banks, then the big
-    sharded Adam tables, each group in table order. NCCL runs collectives in launch order, so
-    waiting in launch order never waits for an unrelated reduction, and bank i is orthogonalized
-    while bank i+1 and the tables are still reducing.
+    step(): (1) launch the gradient reductions asynchronously, each in its gradient's dtype: the
+    replicated parameters' gradients copied into one flat buffer per dtype (in the default model bf16
+    for the gates and MUDD weights, fp32 for the scalars, the lambdas and gates.scale) and
+    all-reduced as one collective per dtype (FlatReplicatedGrads, laid out on the first step of each set of labels),
+    then one reduce-scatter per sharded parameter (bf16); (2) update in the same order: wait for a
+    reduction, update this rank's rows from it (a replicated parameter from its view of the flat
+    sum), launch their all-gather; (3) wait for the gathers. Gradients are SUM-reduced and scaled by
+    1/world in the update functions. At world size 1 nothing is sent or copied: the updates read .grad.
+    The order (`comm_order`): small replicated parameters (their per-dtype flat all-reduces, dtypes
+    in order of first appearance), then the NorMuon banks, then the big sharded Adam tables, each
+    group in table order. NCCL runs collectives in launch order, so waiting in launch order never
+    waits for an unrelated reduction, and bank i is orthogonalized while bank i+1 and the tables are
+    still reducing. Every replicated parameter is an Adam parameter, so the flat all-reduces go
+    first on an Adam step and, on a step without Adam, first among the reductions launched after
+    the gathers for the kept gradients (below).
 
     Step sizes: a NorMuon matrix moves by muon_lr × the schedule's lr multiplier × its spec's lr_mul
     × spec.matrix_lr_mul(i); an Adam parameter by adam_lr × the lr multiplier × its spec's lr_mul.
 
     Adam every other step (T2.7): on a step without Adam, each Adam parameter's gradient is moved out
-    of .grad into `kept` (its reduction launched at once, so it overlaps the next step), and the next
-    step's update adds it to the new one inside the Adam kernel. Autograd would otherwise add the
-    two in a separate full pass over every table.
+    of .grad into `kept` (its reduction launched at once, so it overlaps the next step: the
+    replicated ones as their flat all-reduces, kept as views of that launch's buffer set), and the
+    next step's update adds it to the new one inside the Adam kernel. Autograd would otherwise add
+    the two in a separate full pass over every table.
 
     Tied embedding (#51, #53; T3.15): while tied, embed's gradient is added to lm_head's, only lm_head
     is reduced and updated and embed is overwritten with it; untie() hands lm_head's Adam state to
@@ -1175,6 +1250,7 @@ class NorMuonAdam:
         self.grad_scale = 1.0 / world_size
         self.state: dict[str, dict[str, Tensor | int]] = {}
         self.kept: dict[str, tuple] = {}  # Adam label -> (reduction work or None, this rank's gradient rows)
+        self.flat_layouts: dict[tuple[str, ...], FlatReplicatedGrads] = {}  # replicated labels sent together
         self.rows: dict[str, RankRows] = {}
         self.lr_muls: dict[str, Tensor] = {}  # NorMuon: per-matrix lr multipliers of the local rows
         on_cuda = next(iter(params.values())).is_cuda
@@ -1217,7 +1293,7 @@ class NorMuonAdam:
             params[follower].grad = None
         with_grad = [label for label in self.comm_order if params[label].grad is not None and label != follower]
         active = [label for label in with_grad if adam or self.specs[label].optimizer == "normuon"]
-        reductions = [self._launch_reduction(label) for label in active]
+        reductions = self._launch_reductions(active)
         gathers = []
         for label, (work, grad) in zip(active, reductions):
             if work is not None:
@@ -1226,17 +1302,16 @@ class NorMuonAdam:
         for gather in gathers:
             if gather is not None:
                 gather()
-        for label in with_grad:
-            if label not in active:  # after the gathers: these reductions overlap the next step
-                self._keep(label)
+        kept = [label for label in with_grad if label not in active]
+        for label, (work, grad) in zip(kept, self._launch_reductions(kept)):
+            self._keep(label, work, grad)  # after the gathers: these reductions overlap the next step
         if follower and adam:
             params[follower].copy_(params[leader])
         for label in with_grad:
             params[label].grad = None
 
-    def _keep(self, label: str):
+    def _keep(self, label: str, work, grad: Tensor):
         """Hold a step's gradient (its reduction under way) for the next Adam update of the label."""
-        work, grad = self._launch_reduction(label)
         earlier = self._kept_grad(label)
         if earlier is not None:  # two steps without Adam in a row (the warm-up's stage edges): sum them
             if work is not None:
@@ -1253,13 +1328,23 @@ class NorMuonAdam:
             work.wait()
         return grad
 
-    def _launch_reduction(self, label: str):
-        p, spec, rows = self.params[label], self.specs[label], self.rows[label]
-        grad = p.grad
+    def _launch_reductions(self, labels: list[str]) -> list[tuple]:
+        """Launch the reductions of `labels` (in comm_order) in that order: the replicated ones as one
+        flat all-reduce per dtype, laid out on the first launch of this set of labels; one
+        reduce-scatter per sharded label. (work or None, gradient rows) per label; at world size 1
+        the gradients themselves."""
         if self.world == 1:
-            return None, rows.full(grad)
-        if spec.comm == "replicated":
-            return dist.all_reduce(grad, op=dist.ReduceOp.SUM, async_op=True), rows.full(grad)
+            return [(None, self.rows[label].full(self.params[label].grad)) for label in labels]
+        replicated = tuple(label for label in labels if self.specs[label].comm == "replicated")
+        flat = {}
+        if replicated:
+            if replicated not in self.flat_layouts:
+                self.flat_layouts[replicated] = FlatReplicatedGrads({label: self.params[label] for label in replicated})
+            flat = self.flat_layouts[replicated].launch({label: self.params[label].grad for label in replicated})
+        return [flat[label] if label in flat else self._launch_reduce_scatter(label) for label in labels]
+
+    def _launch_reduce_scatter(self, label: str):
+        grad, rows = self.params[label].grad, self.rows[label]
         full = rows.full(grad)
         if rows.padded:
             padded = full.new_zeros((rows.rows * self.world, *full.shape[1:]))
@@ -1321,10 +1406,16 @@ class NorMuonAdam:
         self.state[follower]["step"] = self.state[leader]["step"]
         self.tied = None
 
-    def state_dict(self) -> dict:
-        """Moments, step counts, the tie, and the gradients kept for the next Adam step (T2.7)."""
+    def _settle_kept(self) -> dict[str, Tensor]:
+        """Wait for the kept gradients' reductions (a flat buffer set must not be filled again while
+        one is in flight); label -> kept gradient rows, left in `kept` with nothing to wait for."""
         kept = {label: self._kept_grad(label) for label in list(self.kept)}
         self.kept = {label: (None, grad) for label, grad in kept.items()}
+        return kept
+
+    def state_dict(self) -> dict:
+        """Moments, step counts, the tie, and the gradients kept for the next Adam step (T2.7)."""
+        kept = self._settle_kept()
         return {"tied": self.tied,
                 "state": {label: {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in st.items()}
                           for label, st in self.state.items()},
@@ -1333,6 +1424,7 @@ class NorMuonAdam:
     def reset(self):
         """A new optimizer's state: zero moments, buffers and step counts, the tables tied again."""
         self.tied = self.initial_tie
+        self._settle_kept()
         self.kept = {}
         for st in self.state.values():
             for key, value in st.items():
@@ -1342,6 +1434,7 @@ class NorMuonAdam:
                     st[key] = 0
 
     def load_state_dict(self, state: dict):
+        self._settle_kept()
         self.tied = state["tied"]
         self.kept = {label: (None, grad.clone()) for label, grad in state["kept"].items()}
         for label, st in state["state"].items():

@@ -321,3 +321,144 @@ def test_schedule_values_drive_the_update():
         p.grad = torch.ones_like(p)
     opt.step(lr_multiplier=1.0)
     assert not torch.equal(params["qk_bank"], before["qk_bank"])
+
+
+# --- replicated gradients as one flat all-reduce per dtype (T2.1, issue #49) ----------------------
+
+FLAT_SPECS = {
+    "qk_bank": T.ParamSpec("normuon", "sharded", matrix_shape=(8, 12), wd_mul=1.0),
+    "scalars": T.ParamSpec("adam", "replicated", lr_mul=5.0),  # fp32
+    "gate_w": T.ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0),  # bf16, 15 elements: padded
+    "mudd_gate_scale": T.ParamSpec("adam", "replicated", lr_mul=0.1),  # fp32, 0-d
+    "gate_b": T.ParamSpec("adam", "replicated", lr_mul=0.1),  # bf16
+    "lm_head": T.ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
+    "embed": T.ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
+}
+FLAT_REPLICATED = [k for k, spec in FLAT_SPECS.items() if spec.comm == "replicated"]
+# Adam on odd steps, two steps without Adam in a row (a stage edge), Adam twice in a row
+# (ADAM_EVERY_OTHER_STEP=0); untied after step 3
+FLAT_ADAM_STEPS = [False, True, False, True, False, False, True, True]
+FLAT_UNTIE_AFTER = 3
+
+
+def make_flat_params(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    lm_head = (torch.randn(10, 12, generator=g) * 0.1).to(torch.bfloat16)
+    return {
+        "qk_bank": torch.nn.Parameter((torch.randn(5, 8, 12, generator=g) * 0.1).to(torch.bfloat16)),
+        "scalars": torch.nn.Parameter(torch.randn(6, generator=g)),
+        "gate_w": torch.nn.Parameter((torch.randn(3, 5, generator=g) * 0.1).to(torch.bfloat16)),
+        "mudd_gate_scale": torch.nn.Parameter(torch.tensor(0.1)),
+        "gate_b": torch.nn.Parameter((torch.randn(7, generator=g) * 0.1).to(torch.bfloat16)),
+        "lm_head": torch.nn.Parameter(lm_head),
+        "embed": torch.nn.Parameter(lm_head.clone()),
+    }
+
+
+class OneMatrixAtATime:
+    """CPU bf16 bmm rounds differently for different batch sizes, and each rank orthogonalizes a
+    different number of matrices: orthogonalize one matrix at a time so that only the communication
+    is compared."""
+
+    def __enter__(self):
+        self.batched = batched = T.polar_iterations
+        T.polar_iterations = lambda X, *args: torch.cat([batched(x[None], *args) for x in X])
+
+    def __exit__(self, *exc):
+        T.polar_iterations = self.batched
+
+
+def flat_and_reference_steps(rank: int, world: int) -> dict:
+    """The optimizer at (rank, world) against a reference: each gradient all-reduced on its own (one
+    plain dist.all_reduce per parameter), scaled by 1/world and stepped by a one-process optimizer.
+    Every rank's gradients differ (micro-batch `rank` of each step); they are multiples of 1/8 (see
+    micro_grads), so every sum and the 1/world scaling are exact and the two must agree bit for bit.
+    Also counts the optimizer's own all-reduces per step and their buffers' (dtype, size)."""
+    flat_params, ref_params = make_flat_params(), make_flat_params()
+    tie = ("embed", "lm_head")
+    opt = T.NorMuonAdam(flat_params, FLAT_SPECS, CONFIG, rank, world, tied=tie)
+    ref_opt = T.NorMuonAdam(ref_params, FLAT_SPECS, CONFIG, tied=tie)
+    plain_all_reduce, sent = dist.all_reduce, []
+
+    def counted_all_reduce(tensor, *args, **kwargs):
+        sent[-1].append((tensor.dtype, tensor.numel()))
+        return plain_all_reduce(tensor, *args, **kwargs)
+
+    with OneMatrixAtATime():
+        for step, adam in enumerate(FLAT_ADAM_STEPS):
+            grads = micro_grads(flat_params, step, rank)
+            for k in flat_params:
+                flat_params[k].grad = grads[k].clone()
+                reduced = grads[k].clone()
+                plain_all_reduce(reduced)
+                ref_params[k].grad = reduced * (1.0 / world)  # exact: a power of two
+            sent.append([])
+            dist.all_reduce = counted_all_reduce
+            try:
+                opt.step(1.0 - 0.05 * step, 0.85 + 0.01 * step, adam=adam)
+            finally:
+                dist.all_reduce = plain_all_reduce
+            ref_opt.step(1.0 - 0.05 * step, 0.85 + 0.01 * step, adam=adam)
+            if step == FLAT_UNTIE_AFTER:
+                opt.untie()
+                ref_opt.untie()
+    return {"flat": {k: p.detach().clone() for k, p in flat_params.items()},
+            "reference": {k: p.detach().clone() for k, p in ref_params.items()},
+            "sent": sent, "layouts": list(opt.flat_layouts)}
+
+
+def _flat_worker(rank: int, world: int, port: int, out_path: str):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = flat_and_reference_steps(rank, world)
+        torch.save(result, f"{out_path}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world", [2, 4])
+def test_flat_replicated_all_reduce_equals_per_parameter_all_reduce(world, tmp_path):
+    """Adam and non-Adam steps (kept gradients, two non-Adam steps in a row), across the untie: the
+    parameters equal those of per-parameter all-reduces on every rank, and each step sends the four
+    replicated gradients as one all-reduce per dtype (fp32 and bf16), not four."""
+    out_path = str(tmp_path / "flat.pt")
+    mp.spawn(_flat_worker, args=(world, free_port(), out_path), nprocs=world, join=True)
+    for rank in range(world):
+        result = torch.load(f"{out_path}.{rank}")
+        for k, expected in result["reference"].items():
+            got = result["flat"][k]
+            assert torch.equal(got, expected), (rank, k, (got.float() - expected.float()).abs().max().item())
+        assert not any(torch.equal(result["flat"][k], make_flat_params()[k]) for k in FLAT_REPLICATED)
+        # one layout: every replicated parameter has a gradient on every step, Adam or not, tied or not
+        assert result["layouts"] == [tuple(FLAT_REPLICATED)]
+        # sizes padded to 16 bytes per parameter: fp32 6 -> 8 and 1 -> 4; bf16 15 -> 16 and 7 -> 8
+        per_step = [(torch.float32, 12), (torch.bfloat16, 24)]
+        assert result["sent"] == [per_step] * len(FLAT_ADAM_STEPS), result["sent"]
+
+
+def test_world_size_one_sends_nothing_and_copies_no_gradient(monkeypatch):
+    """At world size 1 no collective is launched (no process group exists), no flat buffer is made,
+    and Adam's update reads each parameter's .grad itself."""
+    def no_collective(*args, **kwargs):
+        raise AssertionError("a collective at world size 1")
+
+    for name in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor"):
+        monkeypatch.setattr(dist, name, no_collective)
+    params = make_flat_params()
+    opt = T.NorMuonAdam(params, FLAT_SPECS, CONFIG, tied=("embed", "lm_head"))
+    adam_update, read = opt._adam_fn, []
+    opt._adam_fn = lambda grad, *args: (read.append(grad.data_ptr()), adam_update(grad, *args))
+    for step, adam in enumerate(FLAT_ADAM_STEPS):
+        grads = micro_grads(params, step, 0)
+        for k, p in params.items():
+            p.grad = grads[k]
+        given = {p.grad.data_ptr() for k, p in params.items() if FLAT_SPECS[k].optimizer == "adam"}
+        read.clear()
+        opt.step(adam=adam)
+        updated = len(given) - (step <= FLAT_UNTIE_AFTER)  # while tied, embed is not updated
+        assert set(read) <= given and len(read) == updated * adam
+        if step == FLAT_UNTIE_AFTER:
+            opt.untie()
+    assert opt.flat_layouts == {}
