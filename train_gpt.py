@@ -125,7 +125,8 @@ class DataConfig:
     val_files: str = "data/fineweb10B/fineweb_val_*.bin"
     val_tokens: int = 10_485_760  # proxy runs use 3_932_160
     val_seq_len: int = 262_144  # tokens per validation forward on one rank
-    tokenizer_dir: str = "data/gpt2"  # GPT-2's encoder.json, for the prefix-token loss's table
+    tokenizer_dir: str = "data/gpt2"  # GPT-2's encoder.json (prefix-token loss) and vocab.bpe (validation masking)
+    val_mask: bool = False  # validation masking (T4.5): next tokens GPT-2's BPE cannot emit there get probability 0
 
 
 @dataclass(frozen=True)
@@ -801,6 +802,26 @@ class GPT(nn.Module):
             z = softcap(vocab_matmul(x[i: i + chunk], self.lm_head.t()))
             total = total + (torch.logsumexp(z, -1) - z.gather(1, targets[i: i + chunk, None])[:, 0]).sum()
         return total
+
+    def masked_evaluation_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
+                               execution: ExecutionPlan, chunk: int, banned_next_table: Tensor) -> Tensor:
+        """[summed next-token cross-entropy with validation masking, the same without] from one forward: the
+        masked one gives the next tokens banned_next_table bans after each input token probability 0 (their
+        logits -inf after the soft-cap; #91, T4.5), the lm_head applied `chunk` tokens at a time."""
+        x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
+        targets = target_ids.long()
+        totals = x.new_zeros(2, dtype=torch.float32)
+        for i in range(0, x.size(0), chunk):
+            z = softcap(vocab_matmul(x[i: i + chunk], self.lm_head.t()))
+            banned = banned_next(banned_next_table, input_ids[i: i + chunk], z.size(1))
+            columns = targets[i: i + chunk, None]
+            target_logits = z.gather(1, columns)[:, 0]
+            # the masked logits feed only the log-sum-exp, so a compiled graph need not keep a masked copy
+            masked_lse = torch.logsumexp(z.masked_fill(banned, float("-inf")), -1)
+            masked_targets = target_logits.masked_fill(banned.gather(1, columns)[:, 0], float("-inf"))
+            totals = totals + torch.stack([(masked_lse - masked_targets).sum(),
+                                           (torch.logsumexp(z, -1) - target_logits).sum()])
+        return totals
 
     def target_columns(self, targets: Tensor, shape: ForwardShape) -> Tensor:
         """Target matrix (T, N), -1 = none: multi-token prediction (#53, T4.2) scores the same logits
@@ -1849,6 +1870,25 @@ def banned_positions(table: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     return np.flatnonzero((table[previous, following >> 3] >> (following & 7)) & 1)
 
 
+def check_validation_pairs(table: np.ndarray, tokens: np.ndarray) -> str:
+    """Stop unless every adjacent pair of the validation tokens is one the table allows: a banned one would
+    make the masked loss infinite, and means the tokens are not GPT-2's encoding of text. Returns a note."""
+    banned = banned_positions(table, tokens)
+    if len(banned):
+        t = int(banned[0])
+        raise SetupError(f"VAL_MASK=1: {len(banned):,} of the {len(tokens) - 1:,} adjacent validation token pairs "
+                         f"are ones GPT-2's tokenizer never emits (the first: tokens {t} and {t + 1}, ids "
+                         f"{tokens[t]} {tokens[t + 1]}), so the masked loss would be infinite: the validation "
+                         f"files are not GPT-2's encoding of text; use VAL_MASK=0")
+    return f"none of the {len(tokens) - 1:,} adjacent validation token pairs is banned"
+
+
+def banned_next(table: Tensor, ids: Tensor, vocab_size: int) -> Tensor:
+    """(len(ids), vocab_size) bool: the next tokens a banned_next_table (on the device) bans after each id."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=table.device)
+    return ((table[ids.long()].unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :vocab_size].bool()
+
+
 # =============================================================================================
 # Schedule and training
 # =============================================================================================
@@ -1956,6 +1996,7 @@ STEP_LINE_RE = re.compile(rf"^step:(?P<step>\d+)/(?P<total>\d+)(?: val_loss:(?P<
 PEAK_MEMORY_RE = re.compile(r"^peak memory allocated: (?P<allocated>\d+) MiB reserved: (?P<reserved>\d+) MiB"
                             r"(?: \(cpu: [^)]*\))?$")
 FINAL_WINDOWS_RE = re.compile(rf"^final_windows (?P<setting>.+) val_loss:(?P<val_loss>{LOG_NUMBER})$")
+UNMASKED_VAL_RE = re.compile(rf"^unmasked step:(?P<step>\d+)/(?P<total>\d+) val_loss:(?P<val_loss>{LOG_NUMBER})$")
 DESCRIPTION_RE = re.compile(r"^(?P<key>[a-z_]+): (?P<value>.*)$")  # run_id: ..., hyperparameters: {...}
 
 
@@ -1968,6 +2009,12 @@ def step_line(step: int, total: int, train_ms: float, val_loss: float | None = N
     if train_loss is not None:
         parts.append(f"train_loss:{train_loss:.4f}")
     return " ".join(parts + [f"train_time:{train_ms:.0f}ms", f"step_avg:{train_ms / max(step, 1):.2f}ms"])
+
+
+def unmasked_val_line(step: int, total: int, val_loss: float) -> str:
+    """With VAL_MASK=1, the line after each validation's step line: the same forward's loss without the
+    mask (T4.5); the step line's val_loss is the masked one."""
+    return f"unmasked step:{step}/{total} val_loss:{val_loss:.4f}"
 
 
 def peak_memory_line(allocated_mib: int, reserved_mib: int, cpu: bool = False) -> str:
@@ -2211,6 +2258,7 @@ class Trainer:
         find_shards(data.train_files)
         self.val_set = ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, rank, world_size, device)
         self.token_bytes = gpt2_token_bytes(data.tokenizer_dir) if hp.schedule.prefix_loss else None
+        self.banned_next_table = self.load_validation_mask()
         self.stage_execution, self.validation_execution = self.resolve_executions()
         torch.manual_seed(hp.run.seed)
         self.model = GPT(hp.model, longest_forward(hp)).to(device)
@@ -2219,7 +2267,7 @@ class Trainer:
                                      world_size, tied=("embed", "lm_head"), compile=hp.execution.compile)
         compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.execution.compile else (lambda f: f)
         self.training_loss = compiled(self.model.training_loss)
-        self.evaluation_loss = compiled(self.model.evaluation_loss)
+        self.evaluation_loss = self.validation_function(compiled)
         # the graphs are captured by the warm-up, before the clock (T5.3)
         graphs = hp.run.warmup and all(plan.cuda_graph for plan in self.stage_execution)
         self.step_graphs = StepGraphs(self.training_loss, self.model, self.grad_accum, self.grad_scale) if graphs else None
@@ -2234,6 +2282,27 @@ class Trainer:
         # memory would block the CPU until the GPU drained its queue, exposing launch gaps.
         self.target_weights = [torch.tensor(self.schedule.plan(step).target_weights, device=device)
                                for step in range(self.schedule.total_steps)]
+
+    def load_validation_mask(self) -> Tensor | None:
+        """Validation masking's table on the device (VAL_MASK=1, T4.5), else None; the log says which
+        validation the run uses."""
+        data = self.hp.data
+        if not data.val_mask:
+            self.log("validation: plain next-token cross-entropy (VAL_MASK=0)")
+            return None
+        table, summary = validation_mask(data.tokenizer_dir, self.hp.model.vocab_size)
+        checked = check_validation_pairs(table, self.val_set.tokens)
+        self.log(f"validation: masked (VAL_MASK=1, T4.5), the next tokens GPT-2's tokenizer cannot emit after the "
+                 f"input token at probability 0; each step line's val_loss is the masked one, the `unmasked` line "
+                 f"after it the same forward's without; {summary}; {checked}")
+        return torch.from_numpy(table).to(self.device)
+
+    def validation_function(self, compiled):
+        """The validation's loss function, chosen here once: the summed cross-entropy, or with VAL_MASK=1 the
+        masked and the plain sum from one forward (T4.5)."""
+        if self.banned_next_table is None:
+            return compiled(self.model.evaluation_loss)
+        return functools.partial(compiled(self.model.masked_evaluation_loss), banned_next_table=self.banned_next_table)
 
     def resolve_executions(self) -> tuple[tuple[ExecutionPlan, ...], ExecutionPlan]:
         """The execution plan of each stage's training forward and of the validation forward, decided
@@ -2330,27 +2399,29 @@ class Trainer:
         shape = dataclasses.replace(plan.shape, max_seq_len=self.hp.data.val_seq_len, n_predict=1, prefix_target=False)
         return shape, plan.long_windows
 
-    def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> float:
+    def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> tuple[float, float | None]:
         return self.validation_loss(*self.validation_shape(step, final), max_batches)
 
     @torch.no_grad()
     def validation_loss(self, shape: ForwardShape, long_windows: tuple[int, ...],
-                        max_batches: int | None = None) -> float:
+                        max_batches: int | None = None) -> tuple[float, float | None]:
         """Mean next-token cross-entropy over the validation set, all ranks, with the rotary tables of
-        `long_windows` (bench/eval_windows.py tries other shapes than the schedule's)."""
+        `long_windows` (bench/eval_windows.py tries other shapes than the schedule's): (the run's loss,
+        masked with VAL_MASK=1; the same forward's without the mask then, else None) (T4.5)."""
         self.set_long_windows(long_windows)
-        total = torch.zeros((), device=self.device)
+        totals = torch.zeros(1 if self.banned_next_table is None else 2, device=self.device)
         count = 0
         for i, (inputs, targets, cu_seqlens) in enumerate(self.val_set):
             if max_batches is not None and i >= max_batches:
                 break
-            total += self.evaluation_loss(inputs, targets, cu_seqlens, shape, self.validation_execution,
-                                          min(32768, self.hp.data.val_seq_len))
+            totals += self.evaluation_loss(inputs, targets, cu_seqlens, shape, self.validation_execution,
+                                           min(32768, self.hp.data.val_seq_len))
             count += inputs.numel()
-        stats = torch.stack([total, torch.tensor(float(count), device=self.device)])
+        stats = torch.cat([totals, torch.tensor([float(count)], device=self.device)])
         if self.world_size > 1:
             dist.all_reduce(stats)
-        return (stats[0] / stats[1]).item()
+        loss, *unmasked = (stats[:-1] / stats[-1]).tolist()
+        return loss, (unmasked[0] if unmasked else None)
 
     def global_mean(self, value: Tensor) -> float:
         """Mean of a per-rank scalar over all ranks (a collective: every rank must call it)."""
@@ -2477,8 +2548,10 @@ class Trainer:
                 self._sync()
                 training_ms += 1000 * (time.perf_counter() - t0)
                 self.check_finite(step)
-                val_loss = self.evaluate(step, final=step == total)
+                val_loss, unmasked_val_loss = self.evaluate(step, final=step == total)
                 self.log(step_line(step, total, training_ms, val_loss=val_loss))
+                if unmasked_val_loss is not None:
+                    self.log(unmasked_val_line(step, total, unmasked_val_loss))
                 self._sync()
                 t0 = time.perf_counter()
             if last:
@@ -2529,12 +2602,14 @@ def check_world_size(hp: Hyperparameters, world_size: int):
 
 
 def check_inputs(hp: Hyperparameters):
-    """What a run reads before its first step, checked on the CPU: the shards and the vocabulary."""
+    """What a run reads before its first step, checked on the CPU: the shards and the tokenizer files."""
     data = hp.data
     find_shards(data.train_files)
-    ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, 0, 1, torch.device("cpu"))
+    val_set = ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, 0, 1, torch.device("cpu"))
     if hp.schedule.prefix_loss:
         prefix_token_ids(gpt2_token_bytes(data.tokenizer_dir), hp.model.vocab_size)
+    if data.val_mask:  # builds the table once and caches it for the ranks torchrun starts next
+        check_validation_pairs(validation_mask(data.tokenizer_dir, hp.model.vocab_size)[0], val_set.tokens)
 
 
 def allow_graph_per_shape():
