@@ -22,6 +22,7 @@ import difflib
 import functools
 import gc
 import glob
+import hashlib
 import json
 import math
 import re
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import time
 import typing
+import unicodedata
 import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -123,7 +125,8 @@ class DataConfig:
     val_files: str = "data/fineweb10B/fineweb_val_*.bin"
     val_tokens: int = 10_485_760  # proxy runs use 3_932_160
     val_seq_len: int = 262_144  # tokens per validation forward on one rank
-    tokenizer_dir: str = "data/gpt2"  # GPT-2's encoder.json, for the prefix-token loss's table
+    tokenizer_dir: str = "data/gpt2"  # GPT-2's encoder.json (prefix-token loss) and vocab.bpe (validation masking)
+    val_mask: bool = False  # validation masking (T4.5): next tokens GPT-2's BPE cannot emit there get probability 0
 
 
 @dataclass(frozen=True)
@@ -799,6 +802,26 @@ class GPT(nn.Module):
             z = softcap(vocab_matmul(x[i: i + chunk], self.lm_head.t()))
             total = total + (torch.logsumexp(z, -1) - z.gather(1, targets[i: i + chunk, None])[:, 0]).sum()
         return total
+
+    def masked_evaluation_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
+                               execution: ExecutionPlan, chunk: int, banned_next_table: Tensor) -> Tensor:
+        """[summed next-token cross-entropy with validation masking, the same without] from one forward: the
+        masked one gives the next tokens banned_next_table bans after each input token probability 0 (their
+        logits -inf after the soft-cap; #91, T4.5), the lm_head applied `chunk` tokens at a time."""
+        x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
+        targets = target_ids.long()
+        totals = x.new_zeros(2, dtype=torch.float32)
+        for i in range(0, x.size(0), chunk):
+            z = softcap(vocab_matmul(x[i: i + chunk], self.lm_head.t()))
+            banned = banned_next(banned_next_table, input_ids[i: i + chunk], z.size(1))
+            columns = targets[i: i + chunk, None]
+            target_logits = z.gather(1, columns)[:, 0]
+            # the masked logits feed only the log-sum-exp, so a compiled graph need not keep a masked copy
+            masked_lse = torch.logsumexp(z.masked_fill(banned, float("-inf")), -1)
+            masked_targets = target_logits.masked_fill(banned.gather(1, columns)[:, 0], float("-inf"))
+            totals = totals + torch.stack([(masked_lse - masked_targets).sum(),
+                                           (torch.logsumexp(z, -1) - target_logits).sum()])
+        return totals
 
     def target_columns(self, targets: Tensor, shape: ForwardShape) -> Tensor:
         """Target matrix (T, N), -1 = none: multi-token prediction (#53, T4.2) scores the same logits
@@ -1657,21 +1680,36 @@ class ValidationSet:
 
 
 GPT2_SPECIAL_TOKEN = "<|endoftext|>"
+# What reads GPT-2's tokenizer files, by the switch that turns it off (a missing file's error names both)
+TOKENIZER_USERS = {"PREFIX_LOSS": "the prefix-token loss", "VAL_MASK": "validation masking"}
 
 
-def gpt2_token_bytes(tokenizer_dir: str) -> dict[int, bytes]:
-    """The byte string of every GPT-2 token id (the special token excluded), read from
-    tokenizer_dir/encoder.json, whose keys spell bytes in GPT-2's byte-level alphabet: printable
-    Latin-1 characters stand for their own byte, the other bytes for chr(256 + n) in byte order."""
-    path = os.path.join(tokenizer_dir, "encoder.json")
+def gpt2_tokenizer_file(tokenizer_dir: str, name: str, switch: str) -> str:
+    """The path of GPT-2's tokenizer file `name` in tokenizer_dir; FileNotFoundError naming the fix if
+    it is missing. switch: the setting whose technique reads it (TOKENIZER_USERS)."""
+    path = os.path.join(tokenizer_dir, name)
     if not os.path.isfile(path):
         raise FileNotFoundError(
-            f"the prefix-token loss (PREFIX_LOSS=1) needs GPT-2's vocabulary file {path}: the repository keeps it "
+            f"{TOKENIZER_USERS[switch]} ({switch}=1) needs GPT-2's tokenizer file {path}: the repository keeps it "
             f"in data/gpt2/ (restore it with `git checkout -- data/gpt2`, or `python data/cached_fineweb10B.py` "
-            f"fetches it); or set TOKENIZER_DIR to a folder holding encoder.json, or PREFIX_LOSS=0")
+            f"fetches it); or set TOKENIZER_DIR to a folder holding {name}, or {switch}=0")
+    return path
+
+
+def gpt2_byte_of() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte: printable Latin-1 characters stand for their own
+    byte, the other bytes for chr(256 + n) in byte order."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     byte_of = {chr(b): b for b in printable}
     byte_of.update({chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in printable)})
+    return byte_of
+
+
+def gpt2_token_bytes(tokenizer_dir: str, switch: str = "PREFIX_LOSS") -> dict[int, bytes]:
+    """The byte string of every GPT-2 token id (the special token excluded), read from
+    tokenizer_dir/encoder.json, whose keys spell bytes in GPT-2's byte-level alphabet (gpt2_byte_of)."""
+    path = gpt2_tokenizer_file(tokenizer_dir, "encoder.json", switch)
+    byte_of = gpt2_byte_of()
     try:
         with open(path, encoding="utf-8") as f:
             encoder = json.load(f)
@@ -1690,6 +1728,264 @@ def prefix_token_ids(token_bytes: dict[int, bytes], vocab_size: int) -> Tensor:
             raise SetupError(f"token id {i} does not fit the vocabulary of {vocab_size} (VOCAB_SIZE)")
         table[i] = next((id_of[b[:n]] for n in range(len(b) - 1, 0, -1) if b[:n] in id_of), -1)
     return torch.tensor(table, dtype=torch.long)
+
+
+# --- Validation masking (#91, T4.5) ---------------------------------------------------------------
+# Next tokens that GPT-2's tokenizer cannot emit after the input token get probability 0 in the
+# validation loss. The rule, its argument and its source: data/bpe_mask.py, which also builds the table
+# offline and checks token shards against it.
+
+# The pre-tokenizer's first alternatives: a contraction is a piece of its own, even before more letters
+GPT2_CONTRACTIONS = ("'s", "'t", "'re", "'ve", "'m", "'ll", "'d")
+# Unicode's White_Space property: the regex's \\s as tiktoken applies it (Python's str.isspace differs)
+UNICODE_WHITE_SPACE = frozenset([*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028,
+                                 0x2029, 0x202F, 0x205F, 0x3000])
+# What a token starts or ends with, for the pre-tokenizer: a space (U+0020), other whitespace, a letter, a
+# number, any other character; inside a character (its UTF-8 bytes continue in the neighbouring token); or
+# unknown (bytes that are no valid UTF-8 or do not show their character, a character unassigned in this
+# Python's Unicode tables)
+EDGE_SPACE, EDGE_WHITESPACE, EDGE_LETTER, EDGE_NUMBER, EDGE_OTHER, EDGE_MID_CHAR, EDGE_UNKNOWN = range(7)
+EDGE_CONTRACTION_END = 7  # a previous token's end that may close a contraction piece (a letter)
+# (previous token's end, next token's start) that always lie in one pre-token piece: the regex's runs of
+# letters, of numbers and of other characters, each with one optional leading space; and any seam inside
+# a character
+EDGES_IN_ONE_PIECE = ((EDGE_LETTER, EDGE_LETTER), (EDGE_NUMBER, EDGE_NUMBER), (EDGE_OTHER, EDGE_OTHER),
+                      (EDGE_SPACE, EDGE_LETTER), (EDGE_SPACE, EDGE_NUMBER), (EDGE_SPACE, EDGE_OTHER))
+VAL_MASK_VERSION = 1  # part of the cached table's name: raise it when the rule changes
+BYTE_POPCOUNT = np.array([b.bit_count() for b in range(256)], dtype=np.uint8)
+
+
+def gpt2_merge_ranks(tokenizer_dir: str) -> dict[bytes, int]:
+    """bytes -> id of every GPT-2 token, where an id is the priority of the merge that makes the token
+    (the rank tiktoken merges by): checked against vocab.bpe, whose n-th merge must join two tokens into
+    token 256 + n, after ids 0-255 for the single bytes."""
+    token_bytes = gpt2_token_bytes(tokenizer_dir, "VAL_MASK")
+    path = gpt2_tokenizer_file(tokenizer_dir, "vocab.bpe", "VAL_MASK")
+    with open(path, encoding="utf-8") as f:
+        merges = [line for line in f.read().splitlines()[1:] if line]  # after the "#version" line
+    ranks, byte_of = {b: i for i, b in token_bytes.items()}, gpt2_byte_of()
+    mismatch = (f"{path} does not match {os.path.join(tokenizer_dir, 'encoder.json')}: {{}}. Use the two files of one "
+                f"GPT-2 tokenizer (`git checkout -- data/gpt2`), or VAL_MASK=0")
+    if sorted(i for i, b in token_bytes.items() if len(b) == 1) != list(range(256)):
+        raise SetupError(mismatch.format("ids 0-255 of encoder.json are not the 256 single bytes"))
+    if len(merges) != len(token_bytes) - 256:
+        raise SetupError(mismatch.format(f"{len(merges)} merges for {len(token_bytes) - 256} tokens beyond the bytes"))
+    for n, merge in enumerate(merges):
+        try:
+            left, right = (bytes(byte_of[c] for c in half) for half in merge.split(" "))
+        except (KeyError, ValueError):  # a character outside the alphabet, or not two halves
+            left = right = None
+        if left not in ranks or right not in ranks or ranks.get(left + right) != 256 + n:
+            raise SetupError(mismatch.format(f"merge {n + 1} ({merge!r}) does not join two tokens into {256 + n}"))
+    return ranks
+
+
+def bpe_merges(parts: list[bytes], ranks: dict[bytes, int]):
+    """Byte-pair encoding as tiktoken applies it to one pre-token piece, in place on its parts (at first its
+    single bytes): repeatedly join the adjacent pair whose concatenation is the lowest-ranked token, the
+    leftmost of equal ones, until no pair's is a token. Yields (rank, index of the joined part) after each join."""
+    while True:
+        joins = [(rank, i) for i, rank in enumerate(map(ranks.get, map(bytes.__add__, parts, parts[1:])))
+                 if rank is not None]
+        if not joins:
+            return
+        rank, i = min(joins)
+        parts[i: i + 2] = [parts[i] + parts[i + 1]]
+        yield rank, i
+
+
+def bpe_edge_pieces(token: bytes, ranks: dict[bytes, int]) -> tuple[list, list] | None:
+    """A token's bytes byte-pair encoded alone, its two ends followed: ([[last part, rank of the join that
+    absorbs it into a longer last part, None: none], ...], the same for the first part), in order. None when
+    the joins do not end in the token itself or their ranks ever decrease (the rule's argument needs both,
+    so such a token bans nothing; GPT-2 has none)."""
+    parts = [token[i: i + 1] for i in range(len(token))]
+    last, first, previous = [[parts[-1], None]], [[parts[0], None]], -1
+    for rank, i in bpe_merges(parts, ranks):
+        if rank < previous:
+            return None
+        previous = rank
+        if i == len(parts) - 1:  # the join made a longer last part
+            last[-1][1] = rank
+            last.append([parts[-1], None])
+        if i == 0:  # ... a longer first part
+            first[-1][1] = rank
+            first.append([parts[0], None])
+    return (last, first) if parts == [token] else None
+
+
+def _edge_class_of(char_bytes: bytes) -> int:
+    """The EDGE_* class of one character's UTF-8 bytes."""
+    try:
+        char = char_bytes.decode("utf-8")
+    except UnicodeDecodeError:
+        return EDGE_UNKNOWN
+    if char == " ":
+        return EDGE_SPACE
+    if ord(char) in UNICODE_WHITE_SPACE:
+        return EDGE_WHITESPACE
+    category = unicodedata.category(char)
+    if category == "Cn":  # unassigned in this Python's tables: the tokenizer's may know it as a letter
+        return EDGE_UNKNOWN
+    return {"L": EDGE_LETTER, "N": EDGE_NUMBER}.get(category[0], EDGE_OTHER)
+
+
+def _utf8_length(lead: int) -> int:
+    """Bytes of the UTF-8 sequence a byte starts; 0 for a continuation byte or one that starts none."""
+    for length, (low, high) in enumerate(((0x00, 0x7F), (0xC2, 0xDF), (0xE0, 0xEF), (0xF0, 0xF4)), start=1):
+        if low <= lead <= high:
+            return length
+    return 0
+
+
+def token_end_class(token: bytes) -> int:
+    """The EDGE_* class of the character a token ends with (EDGE_MID_CHAR: the next token completes it)."""
+    for size in range(1, min(4, len(token)) + 1):
+        if 0x80 <= token[-size] < 0xC0:  # a continuation byte: the character starts further back
+            continue
+        length = _utf8_length(token[-size])
+        if length > size:
+            return EDGE_MID_CHAR
+        return _edge_class_of(token[-size:]) if length == size else EDGE_UNKNOWN
+    return EDGE_UNKNOWN  # continuation bytes only: whether their character ends here is not in the token
+
+
+def token_start_class(token: bytes) -> int:
+    """The EDGE_* class of the character a token starts with (EDGE_MID_CHAR: a continuation byte)."""
+    if 0x80 <= token[0] < 0xC0:
+        return EDGE_MID_CHAR
+    length = _utf8_length(token[0])
+    return _edge_class_of(token[:length]) if 0 < length <= len(token) else EDGE_UNKNOWN
+
+
+def banned_next_table(ranks: dict[bytes, int], vocab_size: int) -> np.ndarray:
+    """Validation masking's table (#91, T4.5): (vocab_size, ceil(vocab_size / 8)) uint8 where bit x % 8 of
+    byte x // 8 of row p says that GPT-2's tokenizer never emits token x right after token p: (1) their
+    seam always lies inside one pre-token piece (EDGES_IN_ONE_PIECE; not a letter's after a token that may
+    end a contraction piece), and (2) byte-pair encoding p's bytes followed by x's does not give [p, x].
+    (2) is decided per join T = L + F (both tokens, rank c) from how each token's ends move when it is
+    encoded alone: while p's last part L (made at rank α, a byte: -1) has not been absorbed (at rank β)
+    and x's first part F (made at γ) not (at δ), the seam pair (L, F) joins first iff β > max(c, γ) and
+    δ ≥ max(c, α)."""
+    never = np.iinfo(np.int64).max
+    rows_by_last, columns_by_first = {}, {}  # part -> [(rank that absorbs it, id of a token it ends/starts)]
+    for token, i in ranks.items():
+        if i >= vocab_size:
+            raise SetupError(f"token id {i} does not fit the vocabulary of {vocab_size} (VOCAB_SIZE)")
+        ends = bpe_edge_pieces(token, ranks)
+        for by_part, parts in zip((rows_by_last, columns_by_first), ends or ()):
+            for part, absorbed in parts:
+                by_part.setdefault(part, []).append((never if absorbed is None else absorbed, i))
+    columns = {}  # first part -> (-absorption rank ascending, token ids): F's tokens for a δ threshold are a prefix
+    for part, entries in columns_by_first.items():
+        absorbed, ids = np.array(sorted(entries, reverse=True), dtype=np.int64).T
+        columns[part] = (-absorbed, ids)
+    made = {part: ranks[part] if len(part) > 1 else -1 for part in {*rows_by_last, *columns}}
+    joins_by_last = {}  # L -> [(threshold for β, threshold for δ, F)] of every join T = L + F
+    for token, rank in ranks.items():
+        for k in range(1, len(token)):
+            left, right = token[:k], token[k:]
+            if left in rows_by_last and right in columns:
+                joins_by_last.setdefault(left, []).append((max(rank, made[right]), max(rank, made[left]), right))
+    table = np.zeros((vocab_size, (vocab_size + 7) // 8), dtype=np.uint8)
+    banned = np.zeros(vocab_size, dtype=bool)
+    for left, joins in joins_by_last.items():
+        joins.sort(key=lambda join: join[0])
+        absorbed, rows = np.array(rows_by_last[left], dtype=np.int64).T
+        # row p bans the union of the columns of the joins whose β threshold lies below its own β: the
+        # rows in order of β take growing unions
+        taken = np.searchsorted([join[0] for join in joins], absorbed)
+        banned[:], done = False, 0
+        for n in np.unique(taken[taken > 0]):
+            for _, delta_threshold, right in joins[done:n]:
+                negative_absorbed, ids = columns[right]
+                banned[ids[: np.searchsorted(negative_absorbed, -delta_threshold, side="right")]] = True
+            table[rows[taken == n]] |= np.packbits(banned, bitorder="little")
+            done = n
+    # (1): clear the columns whose seam with the row's token may be a piece boundary
+    ends, starts = np.full(vocab_size, EDGE_UNKNOWN), np.full(vocab_size, EDGE_UNKNOWN)
+    for token, i in ranks.items():
+        ends[i], starts[i] = token_end_class(token), token_start_class(token)
+    for contraction in GPT2_CONTRACTIONS:  # tiktoken keeps a piece that is a token whole
+        piece = contraction.encode()
+        parts = [piece] if piece in ranks else [piece[i: i + 1] for i in range(len(piece))]
+        for _ in bpe_merges(parts, ranks):
+            pass
+        ends[ranks[parts[-1]]] = EDGE_CONTRACTION_END
+    in_one_piece = np.zeros((EDGE_CONTRACTION_END + 1, vocab_size), dtype=bool)  # by the row's end class
+    in_one_piece[EDGE_MID_CHAR] = True
+    in_one_piece[:, starts == EDGE_MID_CHAR] = True
+    for end, start in EDGES_IN_ONE_PIECE:
+        in_one_piece[end, starts == start] = True
+    in_one_piece[EDGE_CONTRACTION_END] = in_one_piece[EDGE_LETTER] & (starts != EDGE_LETTER)
+    packed = np.packbits(in_one_piece, axis=1, bitorder="little")
+    for start in range(0, vocab_size, 4096):
+        table[start: start + 4096] &= packed[ends[start: start + 4096]]
+    return table
+
+
+def banned_pair_count(table: np.ndarray) -> int:
+    """How many (previous, next) pairs a banned_next_table bans."""
+    return sum(int(BYTE_POPCOUNT[table[i: i + 4096]].sum(dtype=np.int64)) for i in range(0, len(table), 4096))
+
+
+def validation_mask(tokenizer_dir: str, vocab_size: int) -> tuple[np.ndarray, str]:
+    """banned_next_table of the GPT-2 tokenizer in tokenizer_dir, and a line for the log saying what it bans
+    and where it came from: tokenizer_dir/cache/ keeps it (vocab_size² / 8 bytes, 316 MB for 50,304) named
+    by a hash of both tokenizer files, the rule's version and this Python's Unicode tables; without it, it
+    is built (a few seconds on one CPU core) and stored there."""
+    start = time.perf_counter()
+    ranks = gpt2_merge_ranks(tokenizer_dir)
+    key = hashlib.sha256(f"{VAL_MASK_VERSION} {vocab_size} {unicodedata.unidata_version}".encode())
+    for name in ("encoder.json", "vocab.bpe"):
+        with open(os.path.join(tokenizer_dir, name), "rb") as f:
+            key.update(f.read())
+    path = os.path.join(tokenizer_dir, "cache", f"val_mask_{vocab_size}_{key.hexdigest()[:16]}.npz")
+    if os.path.isfile(path):
+        with np.load(path) as cached:
+            table, count = cached["table"], int(cached["count"])
+        origin = f"loaded from {path} in {time.perf_counter() - start:.1f}s"
+    else:
+        table = banned_next_table(ranks, vocab_size)
+        count = banned_pair_count(table)
+        origin = f"built from {tokenizer_dir} in {time.perf_counter() - start:.1f}s"
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            partial = f"{path}.{os.getpid()}.part"  # each rank its own; os.replace makes the table appear whole
+            with open(partial, "wb") as f:
+                np.savez(f, table=table, count=count)
+            os.replace(partial, path)
+            origin += f", cached as {path}"
+        except OSError as error:
+            origin += f" (not cached: {error.strerror or error})"
+    pairs = len(ranks) + 1  # the special token too
+    return table, (f"{count:,} (previous, next) token pairs banned, {count / pairs ** 2:.2%} of {pairs:,}²; "
+                   f"table {origin}")
+
+
+def banned_positions(table: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """The positions t at which a banned_next_table bans tokens[t + 1] after tokens[t]."""
+    previous, following = tokens[:-1].astype(np.int64), tokens[1:].astype(np.int64)
+    return np.flatnonzero((table[previous, following >> 3] >> (following & 7)) & 1)
+
+
+def check_validation_pairs(table: np.ndarray, tokens: np.ndarray) -> str:
+    """Stop unless every adjacent pair of the validation tokens is one the table allows: a banned one would
+    make the masked loss infinite, and means the tokens are not GPT-2's encoding of text. Returns a note."""
+    banned = banned_positions(table, tokens)
+    if len(banned):
+        t = int(banned[0])
+        raise SetupError(f"VAL_MASK=1: {len(banned):,} of the {len(tokens) - 1:,} adjacent validation token pairs "
+                         f"are ones GPT-2's tokenizer never emits (the first: tokens {t} and {t + 1}, ids "
+                         f"{tokens[t]} {tokens[t + 1]}), so the masked loss would be infinite: the validation "
+                         f"files are not GPT-2's encoding of text; use VAL_MASK=0")
+    return f"none of the {len(tokens) - 1:,} adjacent validation token pairs is banned"
+
+
+def banned_next(table: Tensor, ids: Tensor, vocab_size: int) -> Tensor:
+    """(len(ids), vocab_size) bool: the next tokens a banned_next_table (on the device) bans after each id."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=table.device)
+    return ((table[ids.long()].unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :vocab_size].bool()
 
 
 # =============================================================================================
@@ -1799,6 +2095,7 @@ STEP_LINE_RE = re.compile(rf"^step:(?P<step>\d+)/(?P<total>\d+)(?: val_loss:(?P<
 PEAK_MEMORY_RE = re.compile(r"^peak memory allocated: (?P<allocated>\d+) MiB reserved: (?P<reserved>\d+) MiB"
                             r"(?: \(cpu: [^)]*\))?$")
 FINAL_WINDOWS_RE = re.compile(rf"^final_windows (?P<setting>.+) val_loss:(?P<val_loss>{LOG_NUMBER})$")
+UNMASKED_VAL_RE = re.compile(rf"^unmasked step:(?P<step>\d+)/(?P<total>\d+) val_loss:(?P<val_loss>{LOG_NUMBER})$")
 DESCRIPTION_RE = re.compile(r"^(?P<key>[a-z_]+): (?P<value>.*)$")  # run_id: ..., hyperparameters: {...}
 
 
@@ -1811,6 +2108,12 @@ def step_line(step: int, total: int, train_ms: float, val_loss: float | None = N
     if train_loss is not None:
         parts.append(f"train_loss:{train_loss:.4f}")
     return " ".join(parts + [f"train_time:{train_ms:.0f}ms", f"step_avg:{train_ms / max(step, 1):.2f}ms"])
+
+
+def unmasked_val_line(step: int, total: int, val_loss: float) -> str:
+    """With VAL_MASK=1, the line after each validation's step line: the same forward's loss without the
+    mask (T4.5); the step line's val_loss is the masked one."""
+    return f"unmasked step:{step}/{total} val_loss:{val_loss:.4f}"
 
 
 def peak_memory_line(allocated_mib: int, reserved_mib: int, cpu: bool = False) -> str:
@@ -2068,6 +2371,7 @@ class Trainer:
         find_shards(data.train_files)
         self.val_set = ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, rank, world_size, device)
         self.token_bytes = gpt2_token_bytes(data.tokenizer_dir) if hp.schedule.prefix_loss else None
+        self.banned_next_table = self.load_validation_mask()
         self.stage_execution, self.validation_execution = self.resolve_executions()
         torch.manual_seed(hp.run.seed)
         self.model = GPT(hp.model, longest_forward(hp)).to(device)
@@ -2076,7 +2380,7 @@ class Trainer:
                                      world_size, tied=("embed", "lm_head"), compile=hp.execution.compile)
         compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.execution.compile else (lambda f: f)
         self.training_loss = compiled(self.model.training_loss)
-        self.evaluation_loss = compiled(self.model.evaluation_loss)
+        self.evaluation_loss = self.validation_function(compiled)
         # the graphs are captured by the warm-up, before the clock (T5.3)
         graphs = hp.run.warmup and all(plan.cuda_graph for plan in self.stage_execution)
         self.step_graphs = StepGraphs(self.training_loss, self.model, self.grad_accum, self.grad_scale) if graphs else None
@@ -2091,6 +2395,27 @@ class Trainer:
         # memory would block the CPU until the GPU drained its queue, exposing launch gaps.
         self.target_weights = [torch.tensor(self.schedule.plan(step).target_weights, device=device)
                                for step in range(self.schedule.total_steps)]
+
+    def load_validation_mask(self) -> Tensor | None:
+        """Validation masking's table on the device (VAL_MASK=1, T4.5), else None; the log says which
+        validation the run uses."""
+        data = self.hp.data
+        if not data.val_mask:
+            self.log("validation: plain next-token cross-entropy (VAL_MASK=0)")
+            return None
+        table, summary = validation_mask(data.tokenizer_dir, self.hp.model.vocab_size)
+        checked = check_validation_pairs(table, self.val_set.tokens)
+        self.log(f"validation: masked (VAL_MASK=1, T4.5), the next tokens GPT-2's tokenizer cannot emit after the "
+                 f"input token at probability 0; each step line's val_loss is the masked one, the `unmasked` line "
+                 f"after it the same forward's without; {summary}; {checked}")
+        return torch.from_numpy(table).to(self.device)
+
+    def validation_function(self, compiled):
+        """The validation's loss function, chosen here once: the summed cross-entropy, or with VAL_MASK=1 the
+        masked and the plain sum from one forward (T4.5)."""
+        if self.banned_next_table is None:
+            return compiled(self.model.evaluation_loss)
+        return functools.partial(compiled(self.model.masked_evaluation_loss), banned_next_table=self.banned_next_table)
 
     def resolve_executions(self) -> tuple[tuple[ExecutionPlan, ...], ExecutionPlan]:
         """The execution plan of each stage's training forward and of the validation forward, decided
@@ -2189,27 +2514,29 @@ class Trainer:
         shape = dataclasses.replace(plan.shape, max_seq_len=self.hp.data.val_seq_len, n_predict=1, prefix_target=False)
         return shape, plan.long_windows
 
-    def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> float:
+    def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> tuple[float, float | None]:
         return self.validation_loss(*self.validation_shape(step, final), max_batches)
 
     @torch.no_grad()
     def validation_loss(self, shape: ForwardShape, long_windows: tuple[int, ...],
-                        max_batches: int | None = None) -> float:
+                        max_batches: int | None = None) -> tuple[float, float | None]:
         """Mean next-token cross-entropy over the validation set, all ranks, with the rotary tables of
-        `long_windows` (bench/eval_windows.py tries other shapes than the schedule's)."""
+        `long_windows` (bench/eval_windows.py tries other shapes than the schedule's): (the run's loss,
+        masked with VAL_MASK=1; the same forward's without the mask then, else None) (T4.5)."""
         self.set_long_windows(long_windows)
-        total = torch.zeros((), device=self.device)
+        totals = torch.zeros(1 if self.banned_next_table is None else 2, device=self.device)
         count = 0
         for i, (inputs, targets, cu_seqlens) in enumerate(self.val_set):
             if max_batches is not None and i >= max_batches:
                 break
-            total += self.evaluation_loss(inputs, targets, cu_seqlens, shape, self.validation_execution,
-                                          min(32768, self.hp.data.val_seq_len))
+            totals += self.evaluation_loss(inputs, targets, cu_seqlens, shape, self.validation_execution,
+                                           min(32768, self.hp.data.val_seq_len))
             count += inputs.numel()
-        stats = torch.stack([total, torch.tensor(float(count), device=self.device)])
+        stats = torch.cat([totals, torch.tensor([float(count)], device=self.device)])
         if self.world_size > 1:
             dist.all_reduce(stats)
-        return (stats[0] / stats[1]).item()
+        loss, *unmasked = (stats[:-1] / stats[-1]).tolist()
+        return loss, (unmasked[0] if unmasked else None)
 
     def global_mean(self, value: Tensor) -> float:
         """Mean of a per-rank scalar over all ranks (a collective: every rank must call it)."""
@@ -2336,8 +2663,10 @@ class Trainer:
                 self._sync()
                 training_ms += 1000 * (time.perf_counter() - t0)
                 self.check_finite(step)
-                val_loss = self.evaluate(step, final=step == total)
+                val_loss, unmasked_val_loss = self.evaluate(step, final=step == total)
                 self.log(step_line(step, total, training_ms, val_loss=val_loss))
+                if unmasked_val_loss is not None:
+                    self.log(unmasked_val_line(step, total, unmasked_val_loss))
                 self._sync()
                 t0 = time.perf_counter()
             if last:
@@ -2388,12 +2717,14 @@ def check_world_size(hp: Hyperparameters, world_size: int):
 
 
 def check_inputs(hp: Hyperparameters):
-    """What a run reads before its first step, checked on the CPU: the shards and the vocabulary."""
+    """What a run reads before its first step, checked on the CPU: the shards and the tokenizer files."""
     data = hp.data
     find_shards(data.train_files)
-    ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, 0, 1, torch.device("cpu"))
+    val_set = ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, 0, 1, torch.device("cpu"))
     if hp.schedule.prefix_loss:
         prefix_token_ids(gpt2_token_bytes(data.tokenizer_dir), hp.model.vocab_size)
+    if data.val_mask:  # builds the table once and caches it for the ranks torchrun starts next
+        check_validation_pairs(validation_mask(data.tokenizer_dir, hp.model.vocab_size)[0], val_set.tokens)
 
 
 def allow_graph_per_shape():

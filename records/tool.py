@@ -45,7 +45,7 @@ if str(REPO_ROOT) not in sys.path:
 # The log format is defined once, in train_gpt.py: its writers make the lines, its patterns read them.
 import train_gpt  # noqa: E402  (imports torch; tests/test_records.py writes its fake logs with its writers)
 from train_gpt import (DESCRIPTION_RE, FINAL_WINDOWS_RE, LOG_SEPARATOR, PEAK_MEMORY_RE,  # noqa: E402
-                       STEP_LINE_RE)
+                       STEP_LINE_RE, UNMASKED_VAL_RE)
 
 # where the embedded source ends: the first separator line, found in the raw bytes so the source
 # stays byte-exact (CRLF endings included)
@@ -97,6 +97,7 @@ class Run:
     step_avg_ms: float = math.nan  # step_avg of the last step line
     final_windows: dict = field(default_factory=dict)  # setting label -> val loss (bench/eval_windows.py lines)
     train_file_count: int = 0  # from "data: starting pass N over K train files" (0: the run never wrapped)
+    unmasked_final_loss: float = math.nan  # VAL_MASK=1 (final_loss is masked): the final validation's without the mask
 
     @property
     def software(self) -> str:
@@ -190,6 +191,8 @@ def parse_log(path, complete: bool = True) -> Run:
                     if not math.isfinite(loss):
                         raise err(idx, f"final validation loss is not finite: {ln!r}")
                     run.final_loss, run.train_time, final_idx = loss, ms / 1000.0, idx
+        elif (um := UNMASKED_VAL_RE.match(ln)) and final_idx is not None and idx == final_idx + 1:
+            run.unmasked_final_loss = float(um["val_loss"])  # the final step line's, without validation masking
         elif ln.startswith("peak memory allocated:") and final_idx is not None:
             pm = PEAK_MEMORY_RE.match(ln)
             if not pm:
@@ -397,12 +400,28 @@ def fmt_pm(mean: float, std: float, nd: int) -> str:
 
 
 def runs_table(runs: list[Run]) -> str:
-    out = ["| run_id | log | final val loss | train time (s) | steps | peak memory allocated / reserved (MiB) |",
-           "|---|---|---:|---:|---:|---:|"]
+    masked = any(not math.isnan(r.unmasked_final_loss) for r in runs)  # VAL_MASK=1: a column for the plain loss
+    out = ["| run_id | log | final val loss |" + (" without the mask |" if masked else "")
+           + " train time (s) | steps | peak memory allocated / reserved (MiB) |",
+           "|---|---|---:|" + ("---:|" if masked else "") + "---:|---:|---:|"]
     for r in runs:
-        out.append(f"| {r.run_id} | [{r.path.name}]({r.path.name}) | {r.final_loss:.4f} | {r.train_time:.3f} "
-                   f"| {r.total} | {r.peak_allocated} / {r.peak_reserved} |")
+        unmasked = f" {r.unmasked_final_loss:.4f} |" if masked else ""
+        out.append(f"| {r.run_id} | [{r.path.name}]({r.path.name}) | {r.final_loss:.4f} |{unmasked} "
+                   f"{r.train_time:.3f} | {r.total} | {r.peak_allocated} / {r.peak_reserved} |")
     return "\n".join(out)
+
+
+def unmasked_lines(runs: list[Run]) -> list[str]:
+    """With VAL_MASK=1 (docs/TECHNIQUES.md T4.5) the final val loss is the masked one: the same forwards'
+    loss without the mask, from the logs' `unmasked` lines."""
+    losses = [r.unmasked_final_loss for r in runs if not math.isnan(r.unmasked_final_loss)]
+    if not losses:
+        return []
+    spread = f", std {_std(losses):.4f}" if len(losses) >= 2 else ""
+    share = "" if len(losses) == len(runs) else f" ({len(losses)} of the {len(runs)} runs)"
+    mean = statistics.fmean(losses)
+    return [f"- final val loss without validation masking (the loss above is masked, VAL_MASK=1): mean {mean:.4f}"
+            + spread + share]
 
 
 def summary_lines(s: dict) -> list[str]:
@@ -520,7 +539,8 @@ def write_stats(folder: Path, runs: list[Run], target: float, baseline_dir: Path
                "its run's final validation.", ""] if final_windows else [])
     md = [f"# Statistics: {folder.name}", "", f"Generated from {len(runs)} log(s) by `{cmd}`.", "", *scored,
           *setup_lines(runs), "", "## Runs", "", runs_table(runs), "", "## Summary", "", *summary_lines(s),
-          *([f"- Warning: {mixed}"] if mixed else []), *baseline_lines(s, baseline_dir.name if baseline_dir else "")]
+          *unmasked_lines(runs), *([f"- Warning: {mixed}"] if mixed else []),
+          *baseline_lines(s, baseline_dir.name if baseline_dir else "")]
     stages = stage_table({folder.name: runs, **({baseline_dir.name: baseline} if baseline else {})})
     if stages:
         md += ["", "## ms/step per stage", "", "Train-time differences between the step lines at each stage's "

@@ -117,6 +117,25 @@ def write_tiny_corpus(folder, write_shard):
     return folder
 
 
+def data_module(name: str):
+    """data/<name>.py imported by its path (data/ is a folder of scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "data", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def gutenberg_documents() -> list[str]:
+    """The texts of the repository's Project Gutenberg sample (data/smoke/, the smoke preset's): real prose."""
+    import json
+    import lzma
+
+    with lzma.open(os.path.join(ROOT, "data", "smoke", "gutenberg.jsonl.xz"), "rt", encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in f if line.strip()]
+
+
 def cpu_execution(hp=None, tokens: int = 256, training: bool = True):
     """The execution plan train_gpt resolves for a forward of `tokens` tokens on the CPU (hp: the
     defaults on the CPU if not given): torch paths only, and the fused MLP from its token threshold."""

@@ -2,6 +2,7 @@
 (and all on, all off), the multi-token prediction weights, causal and document masking, and YaRN's
 scales."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -97,3 +98,30 @@ def test_yarn_scales_match_the_recipe():
     base = T.rope_frequencies(128)
     assert torch.equal(freqs[:3], base[:3])  # fast rotations are kept
     assert (freqs[-5:] < base[-5:]).all()  # slow ones are interpolated
+
+
+def test_masked_validation_loss_matches_a_dense_reference():
+    """masked_evaluation_loss (validation masking, T4.5) against -log_softmax over the whole soft-capped
+    logits with -inf at the banned next tokens, in float64, on a random table that leaves the true next
+    tokens allowed; its second sum is evaluation_loss's. A banned true next token costs an infinite loss."""
+    hp = T.Hyperparameters.of(**dict(TINY, vocab_size=1024))
+    torch.manual_seed(0)
+    model = model_of(hp)
+    with torch.no_grad():
+        model.lm_head.normal_(0, 0.5)  # spread logits, so that the mask moves the loss
+    inputs, targets, cu = random_batch(vocab=1024)
+    banned = torch.rand(1024, 1024) < 0.3
+    banned[inputs.long(), targets.long()] = False
+    table = torch.from_numpy(np.packbits(banned.numpy(), axis=1, bitorder="little"))
+    assert torch.equal(T.banned_next(table, inputs, 1024), banned[inputs.long()])
+    shape, execution = T.ForwardShape(32, 96, 256), cpu_execution(hp, tokens=inputs.numel(), training=False)
+    with torch.no_grad():
+        masked, plain = model.masked_evaluation_loss(inputs, targets, cu, shape, execution, 100, table)
+        z = T.softcap(T.vocab_matmul(model.hidden_states(inputs, cu, shape, execution), model.lm_head.t())).double()
+        dense = -torch.log_softmax(z.masked_fill(banned[inputs.long()], float("-inf")), -1)
+        expected = dense.gather(1, targets.long()[:, None]).sum()
+        assert plain == model.evaluation_loss(inputs, targets, cu, shape, execution, 100)
+        assert abs(masked.item() - expected.item()) < 1e-5 * expected.item() and masked < plain
+        banned[inputs[7].long(), targets[7].long()] = True
+        table = torch.from_numpy(np.packbits(banned.numpy(), axis=1, bitorder="little"))
+        assert model.masked_evaluation_loss(inputs, targets, cu, shape, execution, 100, table)[0] == float("inf")

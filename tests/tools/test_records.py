@@ -30,12 +30,14 @@ NVSMI = """Sat Nov 22 03:13:00 2025
 def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None, source=SOURCE,
              hardware="8x NVIDIA H100 80GB HBM3", mode="rank-slice", data=None, truncate_after_step=None,
              bad_line_at_step=None, error_at_step=None, overrides=None, world_size=8, grad_accum=1, train_loss=None,
-             seed=None, schedule=None, step_ms=None, host_cpu=None, stop_after=None, startup_error=None):
+             seed=None, schedule=None, step_ms=None, host_cpu=None, stop_after=None, startup_error=None,
+             unmasked=None):
     """Write a complete log (or a broken one) with a known final val loss and train time (ms), its
     lines made by train_gpt.py's writers. schedule: (scheduled steps, stage fractions) logged as the
     hyperparameters' stage table; step_ms: train_time (ms) after a given number of steps (default:
     linear up to final_ms); stop_after: STOP_AFTER (logged, and the run validates and ends there);
-    startup_error: the run fails before its first step with this `error:` line."""
+    startup_error: the run fails before its first step with this `error:` line; unmasked: VAL_MASK=1's
+    `unmasked` line after each validation, this much above its val loss."""
     path = Path(path)
     data = data or "FineWeb (train data/fineweb10B/fineweb_train_*.bin; val data/fineweb10B/fineweb_val_*.bin, 10485760 tokens)"
     lines = [source.rstrip("\n"), T.LOG_SEPARATOR,
@@ -73,6 +75,8 @@ def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None
         if step % val_every == 0 or step == last:
             loss = final_loss if step == total else final_loss + 5.0 * (1 - step / total)
             lines.append(T.step_line(step, total, ms, val_loss=loss))
+            if unmasked is not None:
+                lines.append(T.unmasked_val_line(step, total, loss + unmasked))
         if step < last:  # train_loss(step): the loss logged after step + 1 (TRAIN_LOSS_EVERY=1)
             lines.append(T.step_line(step + 1, total, ms_at(step + 1),
                                      train_loss=train_loss(step + 1) if train_loss else None))
@@ -245,6 +249,24 @@ def test_stats_one_sample_and_welch(tmp_path, capsys):
     assert "PyTorch 2.11.0+cu128 (CUDA 12.8)" in md and "Triton 3.6.0" in md
     assert "Welch" in md and "run0" in md and "3.2761" in md
     assert (new / "val_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stats_report_the_loss_without_validation_masking(tmp_path, capsys):
+    """VAL_MASK=1 logs (T4.5): the step lines' masked val loss scores the runs; the `unmasked` line after
+    the final one is read, shown per run and summarized. Logs without it show neither."""
+    make_logs(tmp_path / "masked", [3.2700, 3.2720], [60.0, 61.0], unmasked=0.0017, overrides="VAL_MASK=1")
+    run = tool.parse_log(tmp_path / "masked" / "run0.txt")
+    assert run.final_loss == 3.27 and run.unmasked_final_loss == 3.2717
+    assert run_tool("stats", tmp_path / "masked", "--no-plot") == 0
+    md = (tmp_path / "masked" / "statistics.md").read_text()
+    assert "| final val loss | without the mask | train time (s) |" in md and "| 3.2700 | 3.2717 | 60.000 |" in md
+    assert "- final val loss: mean 3.2710" in md
+    assert "- final val loss without validation masking (the loss above is masked, VAL_MASK=1): mean 3.2727, " \
+           "std 0.0014\n" in md
+    make_logs(tmp_path / "plain", [3.27, 3.28], [60.0, 61.0])
+    assert math.isnan(tool.parse_log(tmp_path / "plain" / "run0.txt").unmasked_final_loss)
+    assert run_tool("stats", tmp_path / "plain", "--no-plot") == 0
+    assert "without" not in (tmp_path / "plain" / "statistics.md").read_text()
 
 
 def test_stats_single_run_says_needs_two(tmp_path, capsys):
