@@ -39,9 +39,9 @@ class DriftingGraph(EagerGraph):
 
 
 def tiny_hp(corpus, **overrides) -> T.Hyperparameters:
-    return T.Hyperparameters.of(**{**TINY, **overrides}, train_files=str(corpus / "tiny_train_*.bin"),
-                                val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus),
-                                num_scheduled_iterations=6, num_extension_iterations=1)
+    return T.Hyperparameters.of(**{**TINY, "num_scheduled_iterations": 6, "num_extension_iterations": 1, **overrides},
+                                train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
+                                tokenizer_dir=str(corpus))
 
 
 def graphed_trainer(hp, graph=EagerGraph) -> T.Trainer:
