@@ -2985,6 +2985,90 @@ def lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Ten
     return _LMHeadSoftcapCE.apply(x.contiguous(), lm_head, targets, weights, grad_scale, fp8)
 
 
+# --- Sampled (shared-negative) soft-capped cross-entropy for training (#92, T4.5) ----------------------
+# Over the stages whose budget is not 0, the training loss scores one forward's tokens against a
+# shared set of candidate columns: every target of the forward and a sweep of negatives. The set is
+# built on the device with static shapes (CUDA graphs, no host sync); the loss is lm_head_softcap_ce
+# on the candidates' lm_head rows, so the fused kernel and the FP8 path run unchanged on a
+# (tokens, budget) logit matrix. Validation always takes the full softmax.
+GOLDEN_RATIO = (1 + 5 ** 0.5) / 2
+
+
+def sweep_stride(vocab_size: int) -> tuple[int, int]:
+    """(G, G⁻¹ mod V): the step through the vocabulary from one position of the negatives' sweep to
+    the next, the integer nearest V/φ that is coprime with V (so j -> j·G mod V visits every token
+    once, and a stretch of the sweep spreads over the whole id range: frequent low ids and rare high
+    ones alike), and its inverse."""
+    stride = round(vocab_size / GOLDEN_RATIO)
+    while math.gcd(stride, vocab_size) != 1:
+        stride += 1
+    return stride, pow(stride, -1, vocab_size)
+
+
+def candidate_set(targets: Tensor, vocab_size: int, budget: int, step: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The candidate columns of one forward (T4.5): (candidates (budget,) token ids, each once; the
+    targets (T, N) as indices into candidates, −1 where none; shortfall, 0-d: how many distinct
+    targets did not fit). `step` is a 0-d integer tensor, so the set changes from step to step
+    without a host sync, a new shape or a recompile.
+
+    The distinct targets take the first slots, in token order; the other budget − n slots take the
+    non-targets in the order of this step's sweep, whose position j holds token ((s + j)·G) mod V
+    (G: sweep_stride) from s = step·⌊budget/4⌋ mod V. Every token's slot is computed directly (a
+    target: the count of targets below it; a non-target: n plus the count of non-targets before it
+    in the sweep; beyond the budget: the spare slot `budget`) and one scatter writes the tokens to
+    their slots, so each slot below the budget is written exactly once: no duplicates, no sort.
+    Each step starts the sweep a quarter of the budget further; while a step's distinct targets take
+    at most three quarters of the budget, its negatives hold every token of that quarter, so any
+    ⌈V / ⌊budget/4⌋⌉ consecutive steps cover the vocabulary. If the distinct targets exceed the
+    budget, the candidates are the lowest-numbered targets and no negatives, the other targets are
+    left out of the loss (−1), and shortfall counts them: the trainer stops at its next check."""
+    V, device = vocab_size, targets.device
+    stride, inverse = sweep_stride(V)
+    tokens = torch.arange(V, device=device)
+    is_target = torch.zeros(V + 1, dtype=torch.bool, device=device)  # row V: where the −1s land
+    is_target = is_target.index_fill_(0, torch.where(targets >= 0, targets, V).flatten(), True)[:V]
+    n_targets = is_target.sum()
+    start = (step * (budget // 4)) % V
+    swept = ((start + tokens) * stride) % V  # the token at each position of this step's sweep
+    negative_rank = torch.cumsum(~is_target[swept], 0) - 1  # among the non-targets, in sweep order
+    position = (tokens * inverse - start) % V  # each token's position in the sweep
+    slot = torch.where(is_target, torch.cumsum(is_target, 0) - 1, n_targets + negative_rank[position])
+    slot = slot.clamp_max(budget)
+    candidates = torch.empty(budget + 1, dtype=torch.long, device=device).scatter_(0, slot, tokens)[:budget]
+    target_slot = slot[targets.clamp_min(0)]
+    candidate_targets = torch.where((targets >= 0) & (target_slot < budget), target_slot, -1)
+    return candidates, candidate_targets, (n_targets - budget).clamp_min(0)
+
+
+def sampled_softcap_ce_reference(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, candidates: Tensor,
+                                 grad_scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    """The sampled cross-entropy by its definition, for autograd: logits z = softcap(x·W[c]ᵀ) of the
+    candidate rows c only, each target looked up among the candidates (one not among them counts as
+    none), then (Σ_t Σ_k w_k·(lse_t − z_t[y_tk])·grad_scale, mean ce0_t) as lm_head_softcap_ce's.
+    The gradient reaches x and, through the gather, W's candidate rows only."""
+    z = softcap(vocab_matmul(x, lm_head[candidates].t()))
+    slot_of = torch.full((lm_head.size(0),), -1, dtype=torch.long, device=x.device)
+    slot_of[candidates] = torch.arange(candidates.numel(), device=x.device)
+    slots = torch.where(targets >= 0, slot_of[targets.clamp_min(0)], -1)
+    valid = slots >= 0
+    ce = torch.logsumexp(z, -1, keepdim=True) - z.gather(1, slots.clamp_min(0))
+    loss = (ce * weights.to(z.dtype) * valid).sum() * grad_scale
+    return loss, torch.where(valid[:, 0], ce[:, 0], 0.0).mean().detach()
+
+
+def sampled_lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, budget: int,
+                               step: Tensor, grad_scale: float = 1.0, fp8: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """lm_head_softcap_ce against `budget` candidate columns (candidate_set's for `step`): the
+    candidates' rows of the lm_head gathered (with fp8, the e4m3 weight's rows: the fixed-scale
+    quantization commutes with the gather, so only the gathered rows are quantized), the fused
+    kernel on the (T, budget) logits (its exponent sums already take the soft-cap's bound, 23, in
+    place of a running maximum) with the targets remapped; the gradient reaches W's candidate rows
+    only (autograd's scatter of the gather). (loss, mean ce0 over the candidates, shortfall)."""
+    candidates, candidate_targets, shortfall = candidate_set(targets, lm_head.size(0), budget, step)
+    loss, ce0 = lm_head_softcap_ce(x, lm_head[candidates], candidate_targets, weights, grad_scale, fp8)
+    return loss, ce0, shortfall
+
+
 # --- MLP: ReLU² with the activation in the GEMM (T6.1) ------------------------------------------------
 
 
