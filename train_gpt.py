@@ -3059,8 +3059,8 @@ def candidate_set(targets: Tensor, vocab_size: int, budget: int, step: Tensor) -
     in the sweep; beyond the budget: the spare slot `budget`) and one scatter writes the tokens to
     their slots, so each slot below the budget is written exactly once: no duplicates, no sort.
     Each step starts the sweep a quarter of the budget further; while a step's distinct targets take
-    at most three quarters of the budget, its negatives hold every token of that quarter, so any
-    ⌈V / ⌊budget/4⌋⌉ consecutive steps cover the vocabulary. If the distinct targets exceed the
+    at most three quarters of the budget, every token of that quarter is among its candidates, so
+    any ⌈V / ⌊budget/4⌋⌉ consecutive steps cover the vocabulary. If the distinct targets exceed the
     budget, the candidates are the lowest-numbered targets and no negatives, the other targets are
     left out of the loss (−1), and shortfall counts them: the trainer stops at its next check."""
     V, device = vocab_size, targets.device
