@@ -93,17 +93,18 @@ class Stage:
     lr_mul: float  # learning-rate multiplier before the cooldown
     mtp_weights: tuple[tuple[float, float], ...]  # loss weight of targets t+1, t+2, ... (T4.2)
     prefix_weight: tuple[float, float] | None  # prefix-token loss weight (T4.3); None: no such target
+    ce_candidates: int  # columns of the training cross-entropy per forward (T4.6); 0: the full softmax
 
 
-#       fraction  batch    seq   short long  lr    MTP weights: t+1, t+2, t+3          prefix
+#       fraction  batch    seq   short long  lr    MTP weights: t+1, t+2, t+3          prefix        CE candidates
 STAGES = (
-    Stage(1 / 3, 131_072, 896, 1, 3, 1.00, ((1.0, 1.0), (0.5, 0.5), (0.25, 0.0)), (0.25, 0.25)),
-    Stage(1 / 3, 262_144, 2048, 3, 7, 1.52, ((1.0, 1.0), (0.5, 0.0)), (0.25, 0.0)),
-    Stage(1 / 3, 393_216, 2048, 5, 11, 1.73, ((1.0, 1.0),), None),
-    Stage(None, 393_216, 2048, 6, 13, 1.73, ((1.0, 1.0),), None),
+    Stage(1 / 3, 131_072, 896, 1, 3, 1.00, ((1.0, 1.0), (0.5, 0.5), (0.25, 0.0)), (0.25, 0.25), 0),
+    Stage(1 / 3, 262_144, 2048, 3, 7, 1.52, ((1.0, 1.0), (0.5, 0.0)), (0.25, 0.0), 0),
+    Stage(1 / 3, 393_216, 2048, 5, 11, 1.73, ((1.0, 1.0),), None, 0),
+    Stage(None, 393_216, 2048, 6, 13, 1.73, ((1.0, 1.0),), None, 0),
 )
 # The columns that environment variables STAGE_<COLUMN> override, one comma-separated entry per row
-STAGE_COLUMNS = ("batch_tokens", "max_seq_len", "short_window", "long_window", "lr_mul")
+STAGE_COLUMNS = ("batch_tokens", "max_seq_len", "short_window", "long_window", "lr_mul", "ce_candidates")
 
 
 def replace_stage_columns(stages: tuple[Stage, ...], **columns: tuple) -> tuple[Stage, ...]:
@@ -219,7 +220,7 @@ class RunConfig:
     log_dir: str = "logs"
     save_checkpoint: bool = False
     train_loss_every: int = 0  # >0: add train_loss to every N-th step line (costs a sync)
-    nonfinite_check_every: int = 25  # steps between checks of the training losses (no host sync: read a period later)
+    nonfinite_check_every: int = 25  # steps between checks of the losses and shortfall (T4.6), read a period later
 
 
 @dataclass(frozen=True)
@@ -445,15 +446,17 @@ class ExecutionPlan:
     mlp_e4m3: bool  # the fused MLP's forward in e4m3 (T6.2)
     qkv_e4m3: bool  # the Q/K/V projection in e4m3 (T6.3)
     lm_head_fp8: bool  # the lm_head and its gradients in FP8 (T4.4)
+    ce_candidates: int  # the training cross-entropy's columns (T4.6): a sampled softmax; 0: the full one
     dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
     cuda_graph: bool  # the training step's forward and backward replayed from a CUDA graph (T5.3)
 
 
 def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.device, tokens: int,
-                      training: bool) -> ExecutionPlan:
+                      training: bool, ce_candidates: int = 0) -> ExecutionPlan:
     """The plan of a forward of `tokens` tokens on one rank: the settings, what the device has, and
     the size thresholds below which the host-bound stage 1 keeps the paths that launch faster.
-    Evaluation (training=False) stays bf16."""
+    ce_candidates: the stage's candidate budget (T4.6). Evaluation (training=False) stays bf16 and
+    takes the full softmax."""
     cuda = device.type == "cuda" and torch.cuda.is_available()
     kernels = cuda and triton is not None
     hopper = kernels and torch.cuda.get_device_capability(device)[0] >= 9  # TMA, e4m3 GEMMs
@@ -465,7 +468,7 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         attention=backend, mlp_fused=fused_mlp, mlp_kernel=fused_mlp and hopper,
         mlp_e4m3=training and cfg.fp8_mlp and fused_mlp and hopper,
         qkv_e4m3=training and cfg.fp8_qkv and hopper and tokens >= cfg.fp8_qkv_min_tokens,
-        lm_head_fp8=training and cfg.fp8_lm_head and cuda,
+        lm_head_fp8=training and cfg.fp8_lm_head and cuda, ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
         cuda_graph=training and cfg.cuda_graphs and cuda)
 
@@ -715,6 +718,10 @@ class GPT(nn.Module):
         self.gates = MuddBlock(cfg.model_dim, mudd_gate_outputs(cfg), MUDD_GATE_SCALE_INIT, learned_scale=True)
         # prefix token of every token, filled by the trainer when the prefix-token loss runs (#88); -1: none
         self.register_buffer("prefix_ids", torch.full((cfg.vocab_size,), -1, dtype=torch.long), persistent=False)
+        # the sampled cross-entropy's (T4.6): the step its negatives are swept for (set by the trainer,
+        # read on the device), and the most distinct targets a forward had beyond its budget
+        self.register_buffer("candidate_step", torch.zeros((), dtype=torch.long), persistent=False)
+        self.register_buffer("candidate_shortfall", torch.zeros((), dtype=torch.long), persistent=False)
         hd, positions = cfg.head_dim, 2 * max_tokens  # paired layers double the sequence
         self.register_buffer("rope_base", rope_frequencies(hd), persistent=False)
         self.register_buffer("rope_cos", torch.empty(positions, hd // 4, dtype=torch.bfloat16), persistent=False)
@@ -787,9 +794,17 @@ class GPT(nn.Module):
                       grad_scale: float = 1.0) -> tuple[Tensor, Tensor]:
         """(loss to backpropagate, mean next-token CE). target_weights weighs the target columns
         (t+1 ... t+n_predict, then the prefix target); the fused lm_head + soft-capped cross-entropy
-        (FP8 where the plan says, T4.4) scores every column at once."""
+        (FP8 where the plan says, T4.4) scores every column at once, against the whole vocabulary or,
+        where the plan gives a candidate budget, against the step's candidates (T4.6; the mean CE
+        is then the candidates' too)."""
         x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
         targets = self.target_columns(target_ids.long(), shape)
+        if execution.ce_candidates:
+            loss, ce, shortfall = sampled_lm_head_softcap_ce(x, self.lm_head, targets, target_weights,
+                                                             execution.ce_candidates, self.candidate_step,
+                                                             grad_scale, execution.lm_head_fp8)
+            self.candidate_shortfall.copy_(torch.maximum(self.candidate_shortfall, shortfall))
+            return loss, ce
         return lm_head_softcap_ce(x, self.lm_head, targets, target_weights, grad_scale, execution.lm_head_fp8)
 
     def evaluation_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
@@ -2085,6 +2100,10 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
+class CandidateShortfall(RuntimeError):
+    """A training forward had more distinct targets than its stage's candidate budget (T4.6)."""
+
+
 # The log's lines, defined once: the trainer writes them with these functions and records/tool.py
 # parses them with these patterns (the field's format: step:250/1270 val_loss:3.9812 train_time:...).
 LOG_SEPARATOR = "=" * 100  # after the source, and after the environment report
@@ -2200,6 +2219,9 @@ def check_hyperparameters(hp: Hyperparameters):
     for stage in stages:
         if stage.batch_tokens % RANKS_PER_STEP:
             raise SetupError(f"STAGE_BATCH_TOKENS entry {stage.batch_tokens} is not divisible by {RANKS_PER_STEP}")
+        if not 0 <= stage.ce_candidates <= hp.model.vocab_size or stage.ce_candidates % 16:
+            raise SetupError(f"STAGE_CE_CANDIDATES entry {stage.ce_candidates}: use a multiple of 16 (the FP8 "
+                             f"lm_head's GEMM) up to VOCAB_SIZE={hp.model.vocab_size}, or 0 for the full softmax")
 
 
 # --- CUDA graphs of the training step (#92, T5.3) ------------------------------------------------
@@ -2390,11 +2412,15 @@ class Trainer:
         self.checked_steps = 0
         self.pending_check = None  # (first step, CUDA event of its flag's copy) of the check in flight
         self.position = "before the warm-up"  # where the run is, for an interruption's line
-        self.nonfinite_flag = torch.zeros((), dtype=torch.bool, pin_memory=device.type == "cuda")
+        # what a periodic check reads a period later: a non-finite loss (0/1), the candidate shortfall (T4.6)
+        self.check_flags = torch.zeros(2, dtype=torch.long, pin_memory=device.type == "cuda")
         # Every step's target-column weights on the device, made once: a per-step copy from host
         # memory would block the CPU until the GPU drained its queue, exposing launch gaps.
         self.target_weights = [torch.tensor(self.schedule.plan(step).target_weights, device=device)
                                for step in range(self.schedule.total_steps)]
+        # Every step's number on the device, for the model's candidate_step (the sampled CE's sweep, T4.6)
+        sampled = any(plan.ce_candidates for plan in self.stage_execution)
+        self.candidate_steps = torch.arange(self.schedule.total_steps, device=device) if sampled else None
 
     def load_validation_mask(self) -> Tensor | None:
         """Validation masking's table on the device (VAL_MASK=1, T4.5), else None; the log says which
@@ -2421,7 +2447,9 @@ class Trainer:
         """The execution plan of each stage's training forward and of the validation forward, decided
         once here; the log gets one line per distinct plan."""
         hp, tokens = self.hp, [stage.batch_tokens // RANKS_PER_STEP for stage in self.hp.schedule.stages]
-        stages = tuple(resolve_execution(hp.execution, hp.model, self.device, n, training=True) for n in tokens)
+        stages = tuple(resolve_execution(hp.execution, hp.model, self.device, n, training=True,
+                                         ce_candidates=stage.ce_candidates)
+                       for n, stage in zip(tokens, hp.schedule.stages))
         validation = resolve_execution(hp.execution, hp.model, self.device, hp.data.val_seq_len, training=False)
         users = {}
         for i, plan in enumerate(stages):
@@ -2457,10 +2485,11 @@ class Trainer:
     def _clear_run_state(self):
         """What a run leaves outside the weights and the optimizer's state (the gradients kept for
         Adam, T2.7, are the optimizer's): gradients, the losses, the YaRN tables' windows, the
-        non-finite checks."""
+        periodic checks and the candidate shortfall they read (T4.6)."""
         for p in self.model.parameters():
             p.grad = None
         self.losses.zero_()
+        self.model.candidate_shortfall.zero_()
         self.long_windows = None
         self.checked_steps, self.pending_check = 0, None
 
@@ -2472,6 +2501,8 @@ class Trainer:
 
     def train_step(self, plan: StepPlan, loader: "TrainLoader") -> Tensor:
         self.set_long_windows(plan.long_windows)
+        if self.candidate_steps is not None:
+            self.model.candidate_step.copy_(self.candidate_steps[plan.step])
         mean_ce = self.forward_backward(plan, loader, self.target_weights[plan.step])
         self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step)
         if plan.untie and self.optimizer.tied:
@@ -2546,28 +2577,38 @@ class Trainer:
         return value.item() / self.world_size
 
     def check_finite(self, upto: int, wait: bool = True):
-        """Stop at the first non-finite training loss among the steps not checked yet. wait=False
-        (the periodic check) queues the test with no host sync: its flag lands in pinned memory and
-        is read at the next check, long finished by then, so a bad step stops the run one period late."""
+        """Stop at the first non-finite training loss among the steps not checked yet, or at a
+        candidate shortfall (T4.6). wait=False (the periodic check) queues the test with no host
+        sync: its flags land in pinned memory and are read at the next check, long finished by then,
+        so a bad step stops the run one period late."""
         if self.pending_check is not None:
             (start, copied), self.pending_check = self.pending_check, None
-            self.read_nonfinite_flag(copied, start, self.checked_steps, upto)
+            self.read_check_flags(copied, start, self.checked_steps, upto)
         recent = self.recent_losses(self.checked_steps, upto)
-        self.nonfinite_flag.copy_((~torch.isfinite(recent)).any(), non_blocking=True)
+        shortfall = self.model.candidate_shortfall.clone()
+        if self.world_size > 1 and self.candidate_steps is not None:
+            dist.all_reduce(shortfall, op=dist.ReduceOp.MAX)  # every rank stops together
+        self.check_flags.copy_(torch.stack([(~torch.isfinite(recent)).any().long(), shortfall]), non_blocking=True)
         copied = torch.cuda.Event() if self.device.type == "cuda" else None  # the CPU's copy is done on return
         if copied is not None:
             copied.record()
         if wait:
-            self.read_nonfinite_flag(copied, self.checked_steps, upto, upto)
+            self.read_check_flags(copied, self.checked_steps, upto, upto)
         else:
             self.pending_check = (self.checked_steps, copied)
         self.checked_steps = upto
 
-    def read_nonfinite_flag(self, copied: "torch.cuda.Event | None", start: int, end: int, detected_at: int):
+    def read_check_flags(self, copied: "torch.cuda.Event | None", start: int, end: int, detected_at: int):
         if copied is not None:
             copied.synchronize()
-        if self.nonfinite_flag.item():
+        nonfinite, shortfall = self.check_flags.tolist()
+        if nonfinite:
             self.raise_nonfinite(start, end, detected_at)
+        if shortfall:
+            budgets = ",".join(str(stage.ce_candidates) for stage in self.hp.schedule.stages)
+            raise CandidateShortfall(f"a training forward had {shortfall} more distinct targets than its stage's "
+                                     f"cross-entropy candidates (STAGE_CE_CANDIDATES={budgets}; detected at step "
+                                     f"{detected_at}); raise that stage's entry, or 0 for the full softmax")
 
     def recent_losses(self, start: int, end: int) -> Tensor:
         recent = self.losses[start:end].clone()
@@ -2845,7 +2886,7 @@ def main():
     try:
         for _ in trainer.run_each(runs):  # each run logs its own results
             pass
-    except NonFiniteLoss as error:
+    except (NonFiniteLoss, CandidateShortfall) as error:
         trainer.log(f"error: {error}")
         raise SystemExit(1) from None
     except KeyboardInterrupt:
@@ -3429,6 +3470,90 @@ def lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Ten
     if fp8 and x.size(0) % 16:
         raise ValueError(f"the FP8 lm_head needs a multiple of 16 tokens, got {x.size(0)}")
     return _LMHeadSoftcapCE.apply(x.contiguous(), lm_head, targets, weights, grad_scale, fp8)
+
+
+# --- Sampled (shared-negative) soft-capped cross-entropy for training (#92, T4.6) ----------------------
+# Over the stages whose budget is not 0, the training loss scores one forward's tokens against a
+# shared set of candidate columns: every target of the forward and a sweep of negatives. The set is
+# built on the device with static shapes (CUDA graphs, no host sync); the loss is lm_head_softcap_ce
+# on the candidates' lm_head rows, so the fused kernel and the FP8 path run unchanged on a
+# (tokens, budget) logit matrix. Validation always takes the full softmax.
+GOLDEN_RATIO = (1 + 5 ** 0.5) / 2
+
+
+def sweep_stride(vocab_size: int) -> tuple[int, int]:
+    """(G, G⁻¹ mod V): the step through the vocabulary from one position of the negatives' sweep to
+    the next, the integer nearest V/φ that is coprime with V (so j -> j·G mod V visits every token
+    once, and a stretch of the sweep spreads over the whole id range: frequent low ids and rare high
+    ones alike), and its inverse."""
+    stride = round(vocab_size / GOLDEN_RATIO)
+    while math.gcd(stride, vocab_size) != 1:
+        stride += 1
+    return stride, pow(stride, -1, vocab_size)
+
+
+def candidate_set(targets: Tensor, vocab_size: int, budget: int, step: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The candidate columns of one forward (T4.6): (candidates (budget,) token ids, each once; the
+    targets (T, N) as indices into candidates, −1 where none; shortfall, 0-d: how many distinct
+    targets did not fit). `step` is a 0-d integer tensor, so the set changes from step to step
+    without a host sync, a new shape or a recompile.
+
+    The distinct targets take the first slots, in token order; the other budget − n slots take the
+    non-targets in the order of this step's sweep, whose position j holds token ((s + j)·G) mod V
+    (G: sweep_stride) from s = step·⌊budget/4⌋ mod V. Every token's slot is computed directly (a
+    target: the count of targets below it; a non-target: n plus the count of non-targets before it
+    in the sweep; beyond the budget: the spare slot `budget`) and one scatter writes the tokens to
+    their slots, so each slot below the budget is written exactly once: no duplicates, no sort.
+    Each step starts the sweep a quarter of the budget further; while a step's distinct targets take
+    at most three quarters of the budget, every token of that quarter is among its candidates, so
+    any ⌈V / ⌊budget/4⌋⌉ consecutive steps cover the vocabulary. If the distinct targets exceed the
+    budget, the candidates are the lowest-numbered targets and no negatives, the other targets are
+    left out of the loss (−1), and shortfall counts them: the trainer stops at its next check."""
+    V, device = vocab_size, targets.device
+    stride, inverse = sweep_stride(V)
+    tokens = torch.arange(V, device=device)
+    is_target = torch.zeros(V + 1, dtype=torch.bool, device=device)  # row V: where the −1s land
+    is_target = is_target.index_fill_(0, torch.where(targets >= 0, targets, V).flatten(), True)[:V]
+    n_targets = is_target.sum()
+    start = (step * (budget // 4)) % V
+    swept = ((start + tokens) * stride) % V  # the token at each position of this step's sweep
+    negative_rank = torch.cumsum(~is_target[swept], 0) - 1  # among the non-targets, in sweep order
+    position = (tokens * inverse - start) % V  # each token's position in the sweep
+    slot = torch.where(is_target, torch.cumsum(is_target, 0) - 1, n_targets + negative_rank[position])
+    slot = slot.clamp_max(budget)
+    candidates = torch.empty(budget + 1, dtype=torch.long, device=device).scatter_(0, slot, tokens)[:budget]
+    target_slot = slot[targets.clamp_min(0)]
+    candidate_targets = torch.where((targets >= 0) & (target_slot < budget), target_slot, -1)
+    return candidates, candidate_targets, (n_targets - budget).clamp_min(0)
+
+
+def sampled_softcap_ce_reference(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, candidates: Tensor,
+                                 grad_scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    """The sampled cross-entropy by its definition, for autograd: logits z = softcap(x·W[c]ᵀ) of the
+    candidate rows c only, each target looked up among the candidates (one not among them counts as
+    none), then (Σ_t Σ_k w_k·(lse_t − z_t[y_tk])·grad_scale, mean ce0_t) as lm_head_softcap_ce's.
+    The gradient reaches x and, through the gather, W's candidate rows only."""
+    z = softcap(vocab_matmul(x, lm_head[candidates].t()))
+    slot_of = torch.full((lm_head.size(0),), -1, dtype=torch.long, device=x.device)
+    slot_of[candidates] = torch.arange(candidates.numel(), device=x.device)
+    slots = torch.where(targets >= 0, slot_of[targets.clamp_min(0)], -1)
+    valid = slots >= 0
+    ce = torch.logsumexp(z, -1, keepdim=True) - z.gather(1, slots.clamp_min(0))
+    loss = (ce * weights.to(z.dtype) * valid).sum() * grad_scale
+    return loss, torch.where(valid[:, 0], ce[:, 0], 0.0).mean().detach()
+
+
+def sampled_lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, budget: int,
+                               step: Tensor, grad_scale: float = 1.0, fp8: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """lm_head_softcap_ce against `budget` candidate columns (candidate_set's for `step`): the
+    candidates' rows of the lm_head gathered (with fp8, the e4m3 weight's rows: the fixed-scale
+    quantization commutes with the gather, so only the gathered rows are quantized), the fused
+    kernel on the (T, budget) logits (its exponent sums already take the soft-cap's bound, 23, in
+    place of a running maximum) with the targets remapped; the gradient reaches W's candidate rows
+    only (autograd's scatter of the gather). (loss, mean ce0 over the candidates, shortfall)."""
+    candidates, candidate_targets, shortfall = candidate_set(targets, lm_head.size(0), budget, step)
+    loss, ce0 = lm_head_softcap_ce(x, lm_head[candidates], candidate_targets, weights, grad_scale, fp8)
+    return loss, ce0, shortfall
 
 
 # --- MLP: ReLU² with the activation in the GEMM (T6.1) ------------------------------------------------

@@ -4,13 +4,15 @@
     forward+backward: the closed-form reference and autograd through the previous formulation;
 (b) the whole lm_head + loss forward+backward (compiled as in training), FP8 against bf16, with a
     breakdown of the FP8 path's pieces;
-(c) the transpose copy of the e5m2 gradient.
+(c) the transpose copy of the e5m2 gradient;
+(d) the sampled lm_head + loss (T4.6) at candidate budgets against the full softmax, FP8 as in training.
 Each problem is checked against a float64 reference first. Floors: bytes / 3.0 TB/s (one read of the
 logits, one write of the gradient).
 
     python bench/bench_cross_entropy.py                         # defaults of train_gpt.py
     python bench/bench_cross_entropy.py --num-warps 8,16,32 --programs-per-sm 1,2
     python bench/bench_cross_entropy.py --tokens 49152 --fast-tanh 0,1 --transpose-blocks 64x128,128x128 --skip-lm-head
+    python bench/bench_cross_entropy.py --candidates 10240,14336,24576 --skip-kernel --skip-lm-head --skip-transpose
 """
 import argparse
 import itertools
@@ -187,6 +189,50 @@ def section_transpose(args):
         print(f"{tokens:>6} {block:>8} {warps:>5} | {ms:7.3f} | {floor:6.3f} | {ok}")
 
 
+def zipf_targets(tokens, device="cuda"):
+    """Targets as problem()'s, the ids drawn with probability ∝ 1/rank (text-like: a forward's distinct
+    targets are a fraction of its tokens, as the candidate budgets assume)."""
+    N = MTP_COLUMNS.get(tokens, 1)
+    ids = torch.multinomial(1 / torch.arange(1.0, 50258, device=device), tokens, replacement=True)
+    ahead = torch.arange(tokens, device=device)[:, None] + torch.arange(N, device=device)
+    return torch.where(ahead < tokens, ids[ahead.clamp_max(tokens - 1)], -1), torch.tensor([1.0, 0.5, 0.125][:N],
+                                                                                           device=device)
+
+
+def section_sampled(args):
+    rows = []
+    for tokens in args.tokens:
+        targets, weights = zipf_targets(tokens)
+        distinct = targets[targets >= 0].unique().numel()
+        x = T.norm(torch.randn(tokens, D, device="cuda")).bfloat16().requires_grad_()
+        w = (torch.randn(V, D, device="cuda") * 0.05).bfloat16().requires_grad_()
+        step = torch.zeros((), dtype=torch.long, device="cuda")
+        for budget in [0, *args.candidates]:
+            if budget:
+                loss_fn = torch.compile(lambda x, w, t, wt, budget=budget: T.sampled_lm_head_softcap_ce(
+                    x, w, t, wt, budget, step, 0.5, fp8=True)[:2], dynamic=False, fullgraph=True)
+            else:
+                loss_fn = torch.compile(lambda x, w, t, wt: T.lm_head_softcap_ce(x, w, t, wt, 0.5, fp8=True),
+                                        dynamic=False, fullgraph=True)
+
+            def run():
+                x.grad = w.grad = None
+                step.add_(1)  # a new sweep each call, as each training step
+                loss_fn(x, w, targets, weights)[0].backward()
+            run()
+            rows.append((tokens, distinct, budget or "full", bench(run)))
+            if budget:
+                candidate_set = torch.compile(T.candidate_set, dynamic=False, fullgraph=True)
+                rows.append((tokens, distinct, f"{budget}: candidate_set alone",
+                             bench(lambda: candidate_set(targets, V, budget, step))))
+        del x, w
+        torch.cuda.empty_cache()
+    print("\n(d) sampled lm_head + loss forward+backward (FP8, compiled; text-like targets), median ms")
+    print(f"{'T':>6} {'distinct':>8} {'candidates':>29} | {'ms':>7}")
+    for tokens, distinct, budget, ms in rows:
+        print(f"{tokens:>6} {distinct:>8} {budget:>29} | {ms:7.3f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=ints, default=[16384, 32768, 49152])
@@ -194,6 +240,7 @@ def main():
     parser.add_argument("--programs-per-sm", type=ints, default=[1])
     parser.add_argument("--fast-tanh", type=ints, default=[1])
     parser.add_argument("--transpose-blocks", type=lambda s: s.split(","), default=["64x128", "128x128", "64x256"])
+    parser.add_argument("--candidates", type=ints, default=[])  # (d): sampled budgets, e.g. 10240,14336,24576
     parser.add_argument("--skip-kernel", action="store_true")
     parser.add_argument("--skip-lm-head", action="store_true")
     parser.add_argument("--skip-transpose", action="store_true")
@@ -207,6 +254,8 @@ def main():
         section_lm_head(args)
     if not args.skip_kernel:
         section_kernel(args)
+    if args.candidates:
+        section_sampled(args)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,15 @@ def test_thresholds_are_settings(hopper):
     assert not plan(hopper, 1024, fused_mlp_min_tokens=1025).mlp_fused
 
 
+def test_the_candidate_budget_applies_to_training_only(hopper):
+    """The sampled cross-entropy's budget (T4.6) is the stage's in training; evaluation's softmax is full."""
+    hp = T.Hyperparameters()
+    for device in (hopper, torch.device("cpu")):
+        assert T.resolve_execution(hp.execution, hp.model, device, 49152, True, ce_candidates=24576).ce_candidates == 24576
+        assert T.resolve_execution(hp.execution, hp.model, device, 49152, False, ce_candidates=24576).ce_candidates == 0
+    assert plan(hopper, 49152).ce_candidates == 0
+
+
 def test_cpu_takes_the_torch_paths(hopper):
     """On the CPU device: SDPA and the torch paths, even with FA4, FA3, Triton and a Hopper GPU present."""
     cpu = plan(torch.device("cpu"), 49152)
@@ -72,9 +81,10 @@ def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), lines.append)
     plans = [line for line in lines if line.startswith("execution plan")]
     assert plans == ["execution plan (stage 1): attention=sdpa mlp_fused=0 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 "
-                     "lm_head_fp8=0 dc_mha_kernel=0 cuda_graph=0",  # 256 tokens per forward: below the fused MLP's 512
+                     "lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 cuda_graph=0",  # 256 tokens per forward: below
+                     # the fused MLP's 512
                      "execution plan (stage 2, stage 3, extension, validation): attention=sdpa mlp_fused=1 "
-                     "mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0 dc_mha_kernel=0 cuda_graph=0"]
+                     "mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 cuda_graph=0"]
     assert trainer.stage_execution[1] == trainer.validation_execution != trainer.stage_execution[0]
 
 

@@ -46,7 +46,7 @@ def drifting(factor: float, gradient: str | None = None) -> type:
 
 
 def tiny_hp(corpus, **overrides) -> T.Hyperparameters:
-    return T.Hyperparameters.of(**{"num_scheduled_iterations": 6, "num_extension_iterations": 1, **TINY, **overrides},
+    return T.Hyperparameters.of(**{**TINY, "num_scheduled_iterations": 6, "num_extension_iterations": 1, **overrides},
                                 train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
                                 tokenizer_dir=str(corpus))
 
@@ -115,6 +115,21 @@ def test_accumulated_micro_batches_sum_their_gradients_as_eager_backward_does(co
         torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
 
 
+def test_graphed_steps_with_sampled_cross_entropy_sweep_each_steps_candidates(corpus):
+    """With a candidate budget (T4.6) the trainer sets the model's candidate_step, which the graphs
+    read, before each step's micro-batches: the same losses as eager steps, step for step."""
+    budgets = T.replace_stage_columns(TINY["stages"], ce_candidates=(1024, 1024, 1024, 0))
+    hp = tiny_hp(corpus, rank_slice=True, stop_after=2, stages=budgets)
+    eager, graphed = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None)), graphed_trainer(hp)
+    loaders = [T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None) for _ in range(2)]
+    for step in range(2):
+        plan = eager.schedule.plan(step)
+        eager.train_step(plan, loaders[0])
+        graphed.train_step(plan, loaders[1])
+        assert graphed.model.candidate_step.item() == step
+    torch.testing.assert_close(graphed.losses, eager.losses, rtol=1e-5, atol=1e-6)
+
+
 def test_a_graph_unlike_eager_execution_stops_the_warm_up_naming_what_differs(corpus):
     hp = tiny_hp(corpus, rank_slice=True)
     with pytest.raises(T.GraphMismatch, match=r"stage 1 \(non-Adam step\) gives CE .* eager execution gives"):
@@ -162,13 +177,16 @@ def test_the_run_log_buffers_step_lines_until_a_console_line(tmp_path):
 
 
 @pytest.mark.parametrize("rank_slice", [True, False])  # one micro-batch; eight accumulated
+@pytest.mark.parametrize("ce_candidates", [0, 1024], ids=["full_softmax", "sampled"])  # T4.6
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_captured_cuda_graphs_train_as_eager_steps_without_host_syncs(corpus, rank_slice):
+def test_captured_cuda_graphs_train_as_eager_steps_without_host_syncs(corpus, rank_slice, ce_candidates):
     """The warm-up captures every key's graph on the GPU (each checked against eager there); the
-    graphed steps then train as the eager ones do, within bf16 tolerance, and never wait for the GPU."""
+    graphed steps then train as the eager ones do, within bf16 tolerance, and never wait for the GPU;
+    with a candidate budget in the three stages too (each step's sweep read from the device)."""
+    budgets = T.replace_stage_columns(TINY["stages"], ce_candidates=(ce_candidates,) * 3 + (0,))
     hp = tiny_hp(corpus, device="cuda", rank_slice=rank_slice, warmup=True, num_scheduled_iterations=12,
-                 num_extension_iterations=2)
+                 num_extension_iterations=2, stages=budgets)
     cuda = torch.device("cuda")
     runs = {}
     for graphs in (False, True):
