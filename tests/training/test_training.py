@@ -189,7 +189,7 @@ def test_validation_masking_logs_both_losses(tmp_path, corpus, gpt2_val_mask, te
     assert T.Hyperparameters().data.val_mask is False and T.Hyperparameters.from_env({"VAL_MASK": "1"}).data.val_mask
     folder, _ = gpt2_val_mask
     env = tiny_env(tmp_path, corpus, tokenizer_dir=str(folder), val_files=text_val_files, val_mask=True,
-                   rank_slice=True, run_id="mask")
+                   rank_slice=True, num_scheduled_iterations=3, val_loss_every=2, run_id="mask")
     proc = run_main(env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = (tmp_path / "logs" / "mask.txt").read_text().splitlines()
@@ -198,7 +198,7 @@ def test_validation_masking_logs_both_losses(tmp_path, corpus, gpt2_val_mask, te
     assert "70,890,683 (previous, next) token pairs banned" in setup
     assert setup.endswith("none of the 2,048 adjacent validation token pairs is banned")
     validations = [(i, m) for i, line in enumerate(lines) if (m := T.STEP_LINE_RE.match(line)) and m["val_loss"]]
-    assert [int(m["step"]) for _, m in validations] == [0, 3, 6, 7]
+    assert [int(m["step"]) for _, m in validations] == [0, 2, 4]
     for i, masked in validations:
         unmasked = T.UNMASKED_VAL_RE.match(lines[i + 1])
         assert unmasked and unmasked["step"] == masked["step"] and unmasked["total"] == masked["total"]
