@@ -65,8 +65,9 @@ def run_tiny(hp: T.Hyperparameters) -> dict:
         val, evaluate = {}, trainer.evaluate
 
         def recording_evaluate(step, *args, **kwargs):
-            val[step] = evaluate(step, *args, **kwargs)
-            return val[step]
+            result = evaluate(step, *args, **kwargs)  # (val loss, the unmasked one with VAL_MASK=1)
+            val[step] = result[0]
+            return result
 
         trainer.evaluate = recording_evaluate
         trainer.run()
