@@ -2275,12 +2275,13 @@ class StepGraphs:
     step keeps for the next Adam step (T2.7) survives that step's replay. Each capture is checked
     against eager execution on the same batch (CE and every gradient's norm); every parameter and
     buffer must stay where the graphs read it (check_addresses). The optimizer and its collectives
-    run outside the graphs, so any world size works."""
+    run outside the graphs, so any world size works; `max_over_ranks` makes every rank stop together
+    when one rank's check fails."""
 
     def __init__(self, loss_fn, model: nn.Module, grad_accum: int, grad_scale: float, new_graph=None,
-                 rtol: float = 1e-2, grad_rtol: float = 5e-2):
+                 rtol: float = 1e-2, grad_rtol: float = 5e-2, max_over_ranks=lambda t: t):
         self.loss_fn, self.model, self.grad_accum, self.grad_scale = loss_fn, model, grad_accum, grad_scale
-        self.rtol, self.grad_rtol = rtol, grad_rtol
+        self.rtol, self.grad_rtol, self.max_over_ranks = rtol, grad_rtol, max_over_ranks
         self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
         if new_graph is None:
             pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
@@ -2348,15 +2349,19 @@ class StepGraphs:
         rtol = torch.full_like(expected, self.grad_rtol)
         rtol[0] = self.rtol
         tolerance = rtol * expected.abs() + 4 * noise + 1e-6
-        bad = ((got - expected).abs() > tolerance) | ~torch.isfinite(got)
-        self.worst_share = max(self.worst_share, ((got - expected).abs() / tolerance).max().item())
-        if bad.any():
-            i = int(bad.nonzero()[0])
-            name = ["CE", *(f"{name}'s gradient norm" for name in grads)][i]
-            raise GraphMismatch(
-                f"the CUDA graph of stage {plan.stage + 1} ({'Adam' if plan.adam_step else 'non-Adam'} step"
-                f"{what}) gives {name} {got[i].item():.6g} where eager execution gives {expected[i].item():.6g}; "
-                f"run with CUDA_GRAPHS=0 and report it")
+        shares = torch.where(torch.isfinite(got), (got - expected).abs() / tolerance, torch.inf)
+        worst = self.max_over_ranks(shares.max())
+        self.worst_share = max(self.worst_share, worst.item())
+        if self.worst_share <= 1:
+            return
+        graph = f"the CUDA graph of stage {plan.stage + 1} ({'Adam' if plan.adam_step else 'non-Adam'} step{what})"
+        if shares.max() <= 1:
+            raise GraphMismatch(f"{graph} differs from eager execution on another rank (see its log); "
+                                f"run with CUDA_GRAPHS=0 and report it")
+        i = int(shares.argmax())
+        name = ["CE", *(f"{name}'s gradient norm" for name in grads)][i]
+        raise GraphMismatch(f"{graph} gives {name} {got[i].item():.6g} where eager execution gives "
+                            f"{expected[i].item():.6g}; run with CUDA_GRAPHS=0 and report it")
 
     def check_addresses(self):
         """Stop unless every parameter and buffer is where the graphs read it (state is restored
@@ -2405,7 +2410,8 @@ class Trainer:
         self.evaluation_loss = self.validation_function(compiled)
         # the graphs are captured by the warm-up, before the clock (T5.3)
         graphs = hp.run.warmup and all(plan.cuda_graph for plan in self.stage_execution)
-        self.step_graphs = StepGraphs(self.training_loss, self.model, self.grad_accum, self.grad_scale) if graphs else None
+        self.step_graphs = StepGraphs(self.training_loss, self.model, self.grad_accum, self.grad_scale,
+                                      max_over_ranks=self.max_over_ranks) if graphs else None
         self.forward_backward = self.eager_forward_backward  # StepGraphs.run once they are captured
         self.long_windows = None  # those the model's rotary tables are set for
         self.losses = torch.zeros(self.schedule.total_steps, device=device)
@@ -2568,6 +2574,13 @@ class Trainer:
             dist.all_reduce(stats)
         loss, *unmasked = (stats[:-1] / stats[-1]).tolist()
         return loss, (unmasked[0] if unmasked else None)
+
+    def max_over_ranks(self, value: Tensor) -> Tensor:
+        """A per-rank tensor's maximum over all ranks (a collective: every rank must call it)."""
+        value = value.detach().clone()
+        if self.world_size > 1:
+            dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return value
 
     def global_mean(self, value: Tensor) -> float:
         """Mean of a per-rank scalar over all ranks (a collective: every rank must call it)."""

@@ -182,8 +182,10 @@ def main():
         T.check_hyperparameters(hp)
         T.allow_graph_per_shape()
         trainer = T.Trainer(hp, rank, world, device, T.RunLog(None))
-        if args.share:
+        if args.share:  # before the warm-up, which captures the step's CUDA graphs with these
             trainer.grad_accum, trainer.grad_scale = 1, 1.0
+            if trainer.step_graphs is not None:
+                trainer.step_graphs.grad_accum, trainer.step_graphs.grad_scale = 1, 1.0
         trainer.warmup()  # every graph of the run compiled, guards skipped after it as in main()
         loader = T.TrainLoader(hp.data.train_files, rank, world, device, log=lambda _: None, grad_accum=trainer.grad_accum)
         schedule, optimizer = trainer.schedule, trainer.optimizer

@@ -3,12 +3,16 @@ torch.cuda.CUDAGraph that re-runs the captured function and copies its results i
 the capture returned (what a replay does on the GPU: the same kernels on the same addresses);
 the capture itself on a GPU (marked gpu). Also the timed loop's host hygiene."""
 import gc
+import os
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 import train_gpt as T
-from helpers import TINY
+from helpers import TINY, free_port
 
 
 class EagerGraph:
@@ -140,6 +144,38 @@ def test_a_graph_unlike_eager_execution_stops_the_warm_up_naming_what_differs(co
     # norm moved 1.3 % on an H100): inside the gradients' 5 %, not the CE's 1 %
     trainer = graphed_trainer(hp.replace(stop_after=1), graph=drifting(1.03, "lm_head"))  # one key
     assert 0.5 < trainer.step_graphs.worst_share < 1
+
+
+def _mismatch_worker(rank: int, world: int, port: int, corpus, out_path: str):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        hp = tiny_hp(corpus, stop_after=1)
+        trainer = T.Trainer(hp, rank, world, torch.device("cpu"), T.RunLog(None))
+        trainer.step_graphs = T.StepGraphs(trainer.training_loss, trainer.model, trainer.grad_accum, trainer.grad_scale,
+                                           new_graph=drifting(1.05) if rank == 1 else EagerGraph,
+                                           max_over_ranks=trainer.max_over_ranks)
+        try:
+            trainer.capture_graphs(T.TrainLoader(hp.data.train_files, rank, world, torch.device("cpu"),
+                                                 log=lambda _: None, grad_accum=trainer.grad_accum))
+            outcome = "captured"
+        except T.GraphMismatch as e:
+            outcome = str(e)
+        with open(f"{out_path}.{rank}", "w") as f:
+            f.write(outcome)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+def test_a_mismatch_on_one_rank_stops_every_rank_at_the_same_check(corpus, tmp_path):
+    """Rank 1's graph drifts, rank 0's matches: both stop at that capture's check (no rank goes on
+    into a collective that the other never joins), rank 1 naming the value, rank 0 pointing at it."""
+    out_path = str(tmp_path / "outcome")
+    mp.spawn(_mismatch_worker, args=(2, free_port(), corpus, out_path), nprocs=2, join=True)
+    ranks = [Path(f"{out_path}.{rank}").read_text() for rank in range(2)]
+    assert "stage 1 (non-Adam step) differs from eager execution on another rank" in ranks[0], ranks[0]
+    assert "stage 1 (non-Adam step) gives CE" in ranks[1], ranks[1]
 
 
 def test_graphs_are_planned_only_for_cuda_training_with_a_warm_up(corpus):
