@@ -2332,6 +2332,40 @@ class StepGraphs:
                          grads)
         self.steps[self.key(plan)] = step
 
+    @staticmethod
+    def capture_order(keys) -> list[tuple[int, bool]]:
+        """Non-Adam steps' graphs first, then Adam steps', each in stage order. The graphs share one
+        memory pool, so a graph captured later may hold its outputs where an earlier one keeps its
+        temporaries, and that earlier graph's replay overwrites them. A non-Adam step's gradient
+        is kept (T2.7) through the next step's replay, an Adam step or, at a stage edge, the next
+        stage's non-Adam step: captured first, the kept gradients were live during every capture
+        that can run while they are kept, so no such graph put anything there."""
+        return sorted(keys, key=lambda key: (key[1], key[0]))
+
+    def check_kept_gradients(self):
+        """Stop unless every non-Adam graph's outputs survive the replay of every graph that can run
+        while they are kept: replay the non-Adam graphs in stage order, then the Adam graphs, and
+        compare each non-Adam graph's outputs with what they were right after its own replay."""
+        def replay(step: CapturedStep):
+            step.first.replay()
+            if step.accumulate is not None:
+                step.accumulate.replay()
+
+        kept = {}
+        for key in sorted(key for key in self.steps if not key[1]):
+            step = self.steps[key]
+            replay(step)
+            kept[key] = self.summary(step.ce, step.grads)
+        for key in sorted(key for key in self.steps if key[1]):
+            replay(self.steps[key])
+        lost = [key for key, before in kept.items()
+                if not torch.equal(self.summary(self.steps[key].ce, self.steps[key].grads), before)]
+        device = next(iter(self.params.values())).device
+        if self.max_over_ranks(torch.tensor(float(bool(lost)), device=device)).item():
+            where = f"stage {lost[0][0] + 1}'s non-Adam graph" if lost else "another rank's non-Adam graph"
+            raise GraphMismatch(f"the CUDA graphs overwrite a gradient kept for the next Adam step ({where}): "
+                                f"their shared memory overlaps; run with CUDA_GRAPHS=0 and report it")
+
     def record_addresses(self):
         """Where every parameter and buffer is now: where the graphs read them."""
         tensors = [*self.model.named_parameters(), *self.model.named_buffers()]
@@ -2535,15 +2569,18 @@ class Trainer:
             plan = self.schedule.plan(step)
             plans.setdefault(StepGraphs.key(plan), plan)
         start = time.perf_counter()
-        for plan in plans.values():
+        for key in StepGraphs.capture_order(plans):
+            plan = plans[key]
             self.set_long_windows(plan.long_windows)
             batches = [loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len) for _ in range(self.grad_accum)]
             self.step_graphs.capture(plan, self.stage_execution[plan.stage], batches[0], self.target_weights[plan.step])
+        self.step_graphs.check_kept_gradients()
         self.step_graphs.record_addresses()
         self._sync()
         self.log(f"CUDA graphs: {len(plans)} captured (one per stage and Adam/non-Adam step) in "
                  f"{time.perf_counter() - start:.1f}s, each equal to eager execution on its batch "
-                 f"(the largest difference: {self.step_graphs.worst_share:.2f} of its tolerance)")
+                 f"(the largest difference: {self.step_graphs.worst_share:.2f} of its tolerance); "
+                 f"the gradients kept by non-Adam steps survive every other graph's replay")
 
     def validation_shape(self, step: int, final: bool = False) -> tuple[ForwardShape, tuple[int, ...]]:
         """(forward shape, long windows) of the validation before `step`."""

@@ -49,6 +49,26 @@ def drifting(factor: float, gradient: str | None = None) -> type:
     return type("Drifting", (DriftingGraph,), {"factor": factor, "gradient": gradient})
 
 
+def overlapping() -> type:
+    """Stand-ins whose memory overlaps as graphs sharing one pool can: the replay of any graph but
+    the first captured overwrites the first one's outputs."""
+    made = []
+
+    class Overlapping(EagerGraph):
+        def capture(self, fn):
+            made.append(self)
+            return super().capture(fn)
+
+        def replay(self):
+            super().replay()
+            if self is not made[0]:
+                ce, grads = made[0].outputs
+                for t in (ce, *grads.values()):
+                    t.mul_(1.5)
+
+    return Overlapping
+
+
 def tiny_hp(corpus, **overrides) -> T.Hyperparameters:
     return T.Hyperparameters.of(**{**TINY, "num_scheduled_iterations": 6, "num_extension_iterations": 1, **overrides},
                                 train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
@@ -144,6 +164,21 @@ def test_a_graph_unlike_eager_execution_stops_the_warm_up_naming_what_differs(co
     # norm moved 1.3 % on an H100): inside the gradients' 5 %, not the CE's 1 %
     trainer = graphed_trainer(hp.replace(stop_after=1), graph=drifting(1.03, "lm_head"))  # one key
     assert 0.5 < trainer.step_graphs.worst_share < 1
+
+
+def test_graphs_whose_replays_overwrite_a_kept_gradient_stop_the_warm_up(corpus):
+    """A non-Adam step's gradient waits for the next Adam step (T2.7) while other graphs replay:
+    the warm-up replays them all after the captures and stops if a kept gradient changed."""
+    hp = tiny_hp(corpus, rank_slice=True)
+    with pytest.raises(T.GraphMismatch, match=r"overwrite a gradient kept for the next Adam step \(stage 1's non-Adam"):
+        graphed_trainer(hp, graph=overlapping())
+
+
+def test_non_adam_graphs_are_captured_first_in_stage_order():
+    """Captured first, the kept gradients are live during every later capture, so no graph that
+    replays while they are kept can hold memory there."""
+    keys = [(0, False), (0, True), (1, True), (1, False), (2, True), (2, False)]
+    assert T.StepGraphs.capture_order(keys) == [(0, False), (1, False), (2, False), (0, True), (1, True), (2, True)]
 
 
 def _mismatch_worker(rank: int, world: int, port: int, corpus, out_path: str):
