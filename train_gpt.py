@@ -2936,7 +2936,7 @@ def main():
     try:
         for _ in trainer.run_each(runs):  # each run logs its own results
             pass
-    except (NonFiniteLoss, CandidateShortfall) as error:
+    except (NonFiniteLoss, CandidateShortfall, GraphMismatch) as error:
         trainer.log(f"error: {error}")
         raise SystemExit(1) from None
     except KeyboardInterrupt:

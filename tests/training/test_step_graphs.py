@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers import TINY, free_port
 
 import train_gpt as T
-from helpers import TINY, free_port
 
 
 class EagerGraph:
@@ -117,7 +117,7 @@ def test_accumulated_micro_batches_sum_their_gradients_as_eager_backward_does(co
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
     graphs = T.StepGraphs(trainer.training_loss, trainer.model, 2, 0.5, new_graph=EagerGraph)
     plan = trainer.schedule.plan(0)
-    loader = lambda: T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None,  # noqa: E731
+    loader = lambda: T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None,
                                    grad_accum=2)
     weights = trainer.target_weights[0]
     graphs.capture(plan, trainer.stage_execution[0], loader().next_batch(plan.tokens_per_rank, plan.shape.max_seq_len),
