@@ -7,15 +7,18 @@
 #                                              the tree in $REPO_COPY, then the versions
 #   bench/lease.sh start QUEUE_FILE [DIR]      run QUEUE_FILE detached (bash, in $REPO_COPY), its
 #                                              output to DIR/queue.log (DIR: $LEASE_DIR); returns at once
-#   bench/lease.sh poll [SECONDS]              wait up to SECONDS (540) while the queue runs; print
+#   bench/lease.sh poll [SECONDS] [DEST]       wait up to SECONDS (540) while the queue runs; print
 #                                              its status, log tail and each run log's last step line;
-#                                              exit 0 finished, 3 still running, 2 no queue here
-#   bench/lease.sh collect DEST                copy the run logs (*.txt), queue.log and status into
-#                                              DEST, flat; more than 7 files: one DEST/lease_logs.tar.xz
+#                                              with DEST, then collect into DEST; exit 0 finished,
+#                                              3 still running, 2 no queue here
+#   bench/lease.sh collect DEST                copy the logs (*.txt, *.md, *.out), queue.log and status
+#                                              into DEST, flat; more than 7 files: one
+#                                              DEST/lease_logs.tar.xz
 #
-# A lease: setup and start in the first call, `poll` in each later call until it exits 0, then
-# `collect "$OUT"`. The queue outlives the call that started it, so its logs live in $LEASE_DIR, not
-# in $OUT (the device empties $OUT before every call); `collect` brings them back (at most 8 files,
+# A lease: setup and start in the first call, then `poll SECONDS "$OUT"` in each later call until it
+# exits 0. The queue outlives the call that started it, so its logs live in $LEASE_DIR, not in $OUT
+# (the device empties $OUT before every call); collecting in every poll brings back everything so
+# far, so a machine taken back between two calls loses nothing already written (at most 8 files,
 # each under 16 MiB, return from a call).
 #
 # The queue runs with these defaults exported (each only where the caller has not set it): the proxy
@@ -245,7 +248,7 @@ last_step_lines() {
 }
 
 cmd_poll() {
-    local limit=${1:-540} dir=$LEASE_DIR start now left rc
+    local limit=${1:-540} dest=${2:-} dir=$LEASE_DIR start now left rc
     [[ "$limit" =~ ^[0-9]+$ ]] || die "poll takes whole SECONDS, not $limit"
     if [ ! -e "$dir/queue.pid" ]; then
         echo "no queue on this machine ($dir/queue.pid missing): a fresh machine? setup and start again"
@@ -266,10 +269,14 @@ cmd_poll() {
     fi
     if queue_running "$dir"; then
         echo "QUEUE_RUNNING pid $(queue_pid "$dir") after $(( $(date +%s) - start )) s of polling"
-        exit 3
+        rc=3
+    else
+        if [ -s "$dir/queue.rc" ]; then echo "QUEUE_DONE rc=$(cat "$dir/queue.rc")"
+        else echo "QUEUE_DONE rc=unknown (the queue was killed)"; fi
+        rc=0
     fi
-    if [ -s "$dir/queue.rc" ]; then rc=$(cat "$dir/queue.rc"); else rc="unknown (the queue was killed)"; fi
-    echo "QUEUE_DONE rc=$rc"
+    if [ -n "$dest" ]; then ( cmd_collect "$dest" ) | tail -n 1 || true; fi
+    exit "$rc"
 }
 
 cmd_collect() {
@@ -282,7 +289,7 @@ cmd_collect() {
     while IFS= read -r f; do
         case "$f" in "$dest"/*) continue ;; esac
         files+=("${f#"$dir"/}")
-    done < <(find "$dir" -type f -name '*.txt' | sort)
+    done < <(find "$dir" -type f \( -name '*.txt' -o -name '*.md' -o -name '*.out' \) | sort)
     [ -f "$dir/queue.log" ] && files+=(queue.log)
     [ -f "$dir/status" ] && files+=(status)
     [ "${#files[@]}" -gt 0 ] || die "no logs in $dir"

@@ -39,6 +39,7 @@ def test_start_poll_collect(tmp_path):
     queue.write_text(
         'note "queue start"; mkdir -p "$L/full"\n'
         'echo "step:0/2 val_loss:10.8 train_time:0ms" > "$L/full/new_s1.txt"\n'
+        'echo "| log | steps |" > "$L/equivalence.md"\n'
         'for i in $(seq 200); do [ -e "$L/go" ] && break; sleep 0.1; done\n'
         'echo "step:2/2 val_loss:3.63 train_time:20ms" >> "$L/full/new_s1.txt"\n'
         'echo "RANK_SLICE=$RANK_SLICE VAL_TOKENS=$VAL_TOKENS"; note "queue done"\n'
@@ -50,9 +51,12 @@ def test_start_poll_collect(tmp_path):
         assert time.monotonic() - t0 < 8  # returns at once, the queue runs on
         assert lease(tmp_path, "start", str(queue)).returncode == 1  # one queue at a time
 
-        running = lease(tmp_path, "poll", "0")
+        running = lease(tmp_path, "poll", "0", str(tmp_path / "early"))
         assert running.returncode == 3, running.stdout + running.stderr
         assert "full/new_s1.txt: step:0/2" in running.stdout
+        # a poll with DEST brings back what is written so far: a machine lost later loses none of it
+        assert (tmp_path / "early" / "new_s1.txt").read_text().startswith("step:0/2")
+        assert (tmp_path / "early" / "equivalence.md").exists()
 
         (tmp_path / "q" / "go").touch()
         done = lease(tmp_path, "poll", "20")
@@ -62,7 +66,7 @@ def test_start_poll_collect(tmp_path):
         collected = lease(tmp_path, "collect", str(tmp_path / "out"))
         assert collected.returncode == 0, collected.stderr
         out = tmp_path / "out"
-        assert sorted(p.name for p in out.iterdir()) == ["new_s1.txt", "queue.log", "status.txt"]
+        assert sorted(p.name for p in out.iterdir()) == ["equivalence.md", "new_s1.txt", "queue.log", "status.txt"]
         assert "RANK_SLICE=1 VAL_TOKENS=3932160" in (out / "queue.log").read_text()
         assert "queue done" in (out / "status.txt").read_text()
     finally:
