@@ -3,8 +3,9 @@
 # 1-3), most important first, so that a lease that ends early still answers the bars' first parts.
 #   1. #47: graphs (the default) against CUDA_GRAPHS=0, rank-slice, 3 seeds per arm, one process per
 #      GPU at a time: seeds 1,2 on GPUs 0 (graphs) and 1 (eager), seed 3 on GPUs 2 and 3; then GPUs
-#      2 and 3 run the 1-GPU equivalence pair (#49; full batch, accumulation 8; losses only)
-#   2. #49 equivalence: 4 GPUs at full batch, STOP_AFTER=100 TRAIN_LOSS_EVERY=1, compared with the pair
+#      0, 2 and 3 run three 1-GPU repeats for the equivalence (#49; full batch, accumulation 8)
+#   2. #49 equivalence: 4 GPUs at full batch, STOP_AFTER=100 TRAIN_LOSS_EVERY=1, against the three
+#      repeats' pairwise differences (one pair of lease 1 was too thin a noise floor)
 #   3. #49 time: full batch on 4 GPUs (alone on the host), against the rank-slice runs of step 1
 #   4. #49 exposed communication: profile_comm --share 8 at 4 ranks; then, side by side on GPUs 0 and
 #      1, profile_comm --share 8 at 1 rank and #47's profile_stages --graphs both
@@ -16,7 +17,9 @@ EQ="STOP_AFTER=100 TRAIN_LOSS_EVERY=1 SEED=1 RANK_SLICE=0 LOG_DIR=$L"
 
 note "phase 1: graphs/eager seeds on GPUs 0-3"
 ( CUDA_VISIBLE_DEVICES=0 RUN_ID=graphs SEEDS=1,2 LOG_DIR=$L python train_gpt.py > $L/graphs_12.out 2>&1
-  note "graphs s1,s2 (GPU0) rc=$?" ) &
+  note "graphs s1,s2 (GPU0) rc=$?"
+  env $EQ RUN_ID=eq_one_c CUDA_VISIBLE_DEVICES=0 python train_gpt.py > $L/eq_one_c.out 2>&1
+  note "eq_one_c (GPU0) rc=$?" ) &
 ( CUDA_VISIBLE_DEVICES=1 RUN_ID=eager CUDA_GRAPHS=0 SEEDS=1,2 LOG_DIR=$L python train_gpt.py > $L/eager_12.out 2>&1
   note "eager s1,s2 (GPU1) rc=$?" ) &
 ( CUDA_VISIBLE_DEVICES=2 RUN_ID=graphs SEEDS=3 LOG_DIR=$L python train_gpt.py > $L/graphs_3.out 2>&1
@@ -42,8 +45,8 @@ four() {  # four RUN_ID ARGS...: a 4-rank train_gpt.py run, rerun with CUDA_GRAP
 }
 four eq_four $EQ
 EQ_FOUR=$L/eq_four.txt; [ -s $L/eq_four_nographs.txt ] && EQ_FOUR=$L/eq_four_nographs.txt
-python records/tool.py compare --noise $L/eq_one_a.txt $L/eq_one_b.txt $L/eq_one_a.txt $EQ_FOUR \
-    > $L/equivalence.md 2>&1
+python records/tool.py compare $L/eq_one_a.txt $EQ_FOUR --noise $L/eq_one_a.txt $L/eq_one_b.txt \
+    --noise $L/eq_one_a.txt $L/eq_one_c.txt --noise $L/eq_one_b.txt $L/eq_one_c.txt > $L/equivalence.md 2>&1
 note "compare rc=$?"
 four full_four SEED=1 RANK_SLICE=0
 
