@@ -14,6 +14,14 @@
 #   bench/lease.sh collect DEST                copy the logs (*.txt, *.md, *.out), queue.log and status
 #                                              into DEST, flat; more than 7 files: one
 #                                              DEST/lease_logs.tar.xz
+#   bench/lease.sh pack-cache DEST [FIRST]     the compile caches ($CACHE_DIR) as cache.tar.xz.partNN
+#                                              of 15 MiB, packed once per lease; copies parts FIRST
+#                                              (0) to FIRST+7 into DEST and says how many there are
+#
+# Compile caches: a fresh machine compiles for ~6 minutes. The queue writes inductor's, Triton's and
+# FlashAttention-4's caches under $CACHE_DIR; `pack-cache` at the end of a lease brings them back in
+# parts (the last calls), and a later lease carries the parts into $STAGE, where setup unpacks them
+# before the queue starts (a code change recompiles only the graphs it changed).
 #
 # A lease: setup and start in the first call, then `poll SECONDS "$OUT"` in each later call until it
 # exits 0. The queue outlives the call that started it, so its logs live in $LEASE_DIR, not in $OUT
@@ -25,7 +33,7 @@
 # rank-slice environment of every record (TRAIN_FILES, VAL_FILES, VAL_TOKENS=3932160, TOKENIZER_DIR,
 # RANK_SLICE=1; a full-batch torchrun queue sets RANK_SLICE=0), PYTHONPATH with $SITE and the CuTe
 # DSL's dsl_packages (its .pth files are not read from a --target folder), PYTHONUNBUFFERED=1,
-# FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1, NVLink multicast off (NCCL_NVLS_ENABLE=0,
+# FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1, the three cache folders under $CACHE_DIR, NVLink multicast off (NCCL_NVLS_ENABLE=0,
 # TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), L=LEASE_DIR=the log folder and a
 # function `note TEXT` that appends "HH:MM:SS TEXT" to $L/status. Stop a queue and everything it
 # started: kill -- -$(cat $LEASE_DIR/queue.pid).
@@ -48,6 +56,9 @@
 #   LEASE_DIR      the queue's folder: queue.sh (its copy), queue.log, queue.pid, queue.rc, status
 #                  and whatever the queue writes there [/tmp/q]
 #   POLL_EVERY     seconds between poll's checks [10]
+#   CACHE_DIR      the compile caches: TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and
+#                  FLASH_ATTENTION_CUTE_DSL_CACHE_DIR below it, unless set [/tmp/cc]; setup unpacks
+#                  $STAGE/cache.tar.xz.part* into it (once per machine)
 set -euo pipefail
 
 SHARDS=${SHARDS:-"proxy_train_00000[123].bin.xz proxy_val_000000.bin.xz"}
@@ -58,6 +69,7 @@ SITE=${SITE:-/tmp/site}
 REPO_COPY=${REPO_COPY-/tmp/repo}
 LEASE_DIR=${LEASE_DIR:-/tmp/q}
 POLL_EVERY=${POLL_EVERY:-10}
+CACHE_DIR=${CACHE_DIR:-/tmp/cc}
 FORCE=${FORCE:-0}
 
 usage() {
@@ -196,8 +208,43 @@ cmd_setup() {
     echo "data: $src -> $DATA_DIR"
     stage_data "$src"
     install_wheels
+    unpack_cache
     copy_tree
     print_versions
+}
+
+unpack_cache() {
+    if [ -e "$CACHE_DIR/.lease_unpacked" ]; then echo "cache: $CACHE_DIR already unpacked"; return 0; fi
+    if ! compgen -G "$STAGE/cache.tar.xz.part*" > /dev/null; then
+        echo "cache: no $STAGE/cache.tar.xz.part*: the first run compiles from scratch"
+        return 0
+    fi
+    mkdir -p "$CACHE_DIR"
+    cat "$STAGE"/cache.tar.xz.part* | tar -xJf - -C "$CACHE_DIR"
+    date > "$CACHE_DIR/.lease_unpacked"
+    echo "cache: unpacked $(ls "$STAGE"/cache.tar.xz.part* | wc -l) parts into $CACHE_DIR ($(du -sh "$CACHE_DIR" | cut -f1))"
+}
+
+cmd_pack_cache() {
+    [ $# -ge 1 ] || die "pack-cache needs DEST (bench/lease.sh -h)"
+    local dest=$1 first=${2:-0} parts=$LEASE_DIR/cache_parts i n f
+    [[ "$first" =~ ^[0-9]+$ ]] || die "pack-cache takes a whole FIRST part number, not $first"
+    [ -d "$CACHE_DIR" ] || die "no $CACHE_DIR: nothing compiled on this machine yet"
+    if [ ! -e "$parts/.done" ]; then
+        if queue_running "$LEASE_DIR"; then die "the queue is still running: pack the caches once it is done"; fi
+        rm -rf "$parts"; mkdir -p "$parts"
+        tar -C "$CACHE_DIR" --exclude=.lease_unpacked --exclude='*.lock' -cf - . | xz -T0 -6 \
+            | split -b 15M -d -a 2 - "$parts/cache.tar.xz.part"
+        touch "$parts/.done"
+    fi
+    n=$(ls "$parts"/cache.tar.xz.part* | wc -l)
+    mkdir -p "$dest"
+    for (( i = first; i < first + 8 && i < n; i++ )); do
+        f=$(printf '%s/cache.tar.xz.part%02d' "$parts" "$i")
+        cp "$f" "$dest/"
+        echo "packed $(basename "$f") ($(du -h "$f" | cut -f1))"
+    done
+    echo "cache: $n parts; this call brought parts $first-$(( (first + 8 < n ? first + 8 : n) - 1 ))"
 }
 
 cmd_start() {
@@ -221,6 +268,9 @@ cmd_start() {
     export TOKENIZER_DIR=${TOKENIZER_DIR:-$DATA_DIR/gpt2}
     export RANK_SLICE=${RANK_SLICE:-1}
     export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=${FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED:-1}
+    export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$CACHE_DIR/inductor}
+    export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$CACHE_DIR/triton}
+    export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=${FLASH_ATTENTION_CUTE_DSL_CACHE_DIR:-$CACHE_DIR/cute}
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     note() { echo "$(date +%H:%M:%S) $*" >> "$L/status"; }
     export -f note
@@ -321,6 +371,7 @@ case "${1:-}" in
     start) shift; cmd_start "$@" ;;
     poll) shift; cmd_poll "$@" ;;
     collect) shift; cmd_collect "$@" ;;
+    pack-cache) shift; cmd_pack_cache "$@" ;;
     -h|--help|help) usage ;;
     *) usage >&2; [ -n "${1:-}" ] && echo "lease.sh: unknown subcommand '$1'" >&2; exit 1 ;;
 esac

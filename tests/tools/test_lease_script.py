@@ -19,7 +19,11 @@ pytestmark = pytest.mark.skipif(
 
 
 def lease(tmp_path, *args, timeout=30):
-    env = dict(os.environ, LEASE_DIR=str(tmp_path / "q"), REPO_COPY="", POLL_EVERY="1")
+    return lease_env(tmp_path, {}, *args, timeout=timeout)
+
+
+def lease_env(tmp_path, extra: dict, *args, timeout=30):
+    env = dict(os.environ, LEASE_DIR=str(tmp_path / "q"), REPO_COPY="", POLL_EVERY="1", **extra)
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -96,3 +100,39 @@ def test_usage_and_no_queue(tmp_path):
     unknown = lease(tmp_path, "launch")
     assert unknown.returncode == 1 and "unknown subcommand 'launch'" in unknown.stderr
     assert lease(tmp_path, "poll", "1").returncode == 2  # a fresh machine: nothing started here
+
+
+def test_compile_caches_round_trip_through_parts(tmp_path):
+    """pack-cache splits the cache folder into parts (eight per call, FIRST picks the rest); a later
+    lease's setup, finding the parts in its stage folder, unpacks them before anything compiles."""
+    cache = tmp_path / "cc"
+    (cache / "inductor" / "fx").mkdir(parents=True)
+    (cache / "triton").mkdir()
+    payload = os.urandom(3 << 20)  # incompressible: 3 MiB
+    (cache / "inductor" / "fx" / "graph.so").write_bytes(payload)
+    (cache / "triton" / "k.cubin").write_bytes(b"cubin")
+    (tmp_path / "q").mkdir()
+    env = {"CACHE_DIR": str(cache)}
+    packed = lease_env(tmp_path, env, "pack-cache", str(tmp_path / "back"))
+    assert packed.returncode == 0, packed.stderr
+    parts = sorted(p.name for p in (tmp_path / "back").iterdir())
+    assert parts == ["cache.tar.xz.part00"] and "cache: 1 parts" in packed.stdout
+    assert lease_env(tmp_path, env, "pack-cache", str(tmp_path / "none"), "1").returncode == 0
+    assert not list((tmp_path / "none").iterdir())  # FIRST beyond the last part: nothing to bring
+
+    stage, data = tmp_path / "stage", tmp_path / "data"
+    stage.mkdir()
+    shutil.copy(tmp_path / "back" / "cache.tar.xz.part00", stage)
+    (stage / "tiny_val.bin").write_bytes(b"\0" * 16)
+    subprocess.run(["xz", "-z", str(stage / "tiny_val.bin")], check=True)
+    (tmp_path / "tok").mkdir()
+    for name in ("encoder.json", "vocab.bpe"):
+        (tmp_path / "tok" / name).write_text("{}")
+    fresh = tmp_path / "cc2"
+    setup = lease_env(tmp_path, {"CACHE_DIR": str(fresh), "STAGE": str(stage), "SHARDS": "tiny_val.bin.xz",
+                                 "DATA_DIR": str(data), "TOKENIZER_SRC": str(tmp_path / "tok")},
+                      "setup", str(stage), timeout=120)
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    assert "cache: unpacked 1 parts" in setup.stdout
+    assert (fresh / "inductor" / "fx" / "graph.so").read_bytes() == payload
+    assert (fresh / "triton" / "k.cubin").read_bytes() == b"cubin"
