@@ -1246,6 +1246,10 @@ class FlatReplicatedGrads:
         return reductions
 
 
+# The schedule's scalars an update reads from the device, per optimizer of a label (NorMuonAdam.scalars)
+STEP_SCALARS = {"normuon": ("momentum", "lr", "wd_lr"), "adam": ("step_size", "wd_lr2")}
+
+
 class NorMuonAdam:
     """One optimizer for every parameter, without DDP (#61, T2.1).
 
@@ -1300,6 +1304,18 @@ class NorMuonAdam:
             self._normuon_fn, self._adam_fn = normuon_bank_step, adam_update
         for label, p in params.items():
             self._init_state(label, p, specs[label])
+        # This step's schedule scalars on the device (T5.3): one copy per step into a tensor that stays
+        # where it is, so a CUDA graph of the step reads each step's values; each value on a 16-byte
+        # boundary, the alignment inductor's kernels assume of their inputs.
+        self.scalar_slots: dict[str, list[int]] = {}  # label -> its values' places in `scalars`
+        count = 0
+        for label in self.comm_order:
+            names = STEP_SCALARS[specs[label].optimizer]
+            self.scalar_slots[label] = [4 * (count + i) for i in range(len(names))]
+            count += len(names)
+        self.scalars = torch.zeros(4 * count, device=next(iter(params.values())).device)
+        self.scalar_views = {label: dict(zip(STEP_SCALARS[specs[label].optimizer], (self.scalars[i] for i in slots)))
+                             for label, slots in self.scalar_slots.items()}
 
     def _init_state(self, label: str, p: Tensor, spec: ParamSpec):
         view = (-1, *spec.matrix_shape) if spec.optimizer == "normuon" else tuple(p.shape)
@@ -1321,32 +1337,101 @@ class NorMuonAdam:
 
     # --- step ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def step(self, lr_multiplier: float = 1.0, momentum: float = 0.95, adam: bool = True):
+    def step(self, lr_multiplier: float = 1.0, momentum: float = 0.95, adam: bool = True, device_work=None):
         """One update: NorMuon on the banks with this momentum, Adam on the rest when `adam` (the
-        schedule runs it on every other step with two steps' gradients, T2.7)."""
+        schedule runs it on every other step with two steps' gradients, T2.7). At world size 1 the
+        device work is one function of this step's tensors, the host's bookkeeping (the Adam step
+        counts, the kept gradients, the tie) runs around it, and `device_work(work)` runs it: work()
+        when None, else OptimizerGraphs' capture or replay of its CUDA graph (T5.3)."""
         params = self.params
-        follower, leader = self.tied if self.tied else (None, None)
-        if follower and params[follower].grad is not None:
-            params[leader].grad.add_(params[follower].grad)
+        follower = self.tied[0] if self.tied else None
+        tie = follower is not None and params[follower].grad is not None
+        with_grad, active, kept = self.step_labels(lambda label: params[label].grad is not None, adam, follower)
+        self._load_scalars(active, lr_multiplier, momentum)
+        if self.world > 1:
+            self._step_with_collectives(active, kept, tie, adam)
+        else:
+            grads = {label: self.rows[label].full(params[label].grad)
+                     for label in with_grad + ([follower] if tie else [])}
+            earlier = {label: grad for label, (_, grad) in self.kept.items()}
+            work = functools.partial(self._local_step, self.tied, adam, active, kept, grads, earlier)
+            (device_work or (lambda work: work()))(work)
+            for label in active:
+                self.kept.pop(label, None)
+            self.kept.update((label, (None, grads[label])) for label in kept)
+        if tie:
             params[follower].grad = None
-        with_grad = [label for label in self.comm_order if params[label].grad is not None and label != follower]
+        for label in with_grad:
+            params[label].grad = None
+
+    def step_labels(self, has_grad, adam: bool, follower: str | None) -> tuple[list, list, list]:
+        """(the labels a step updates or keeps, those it updates, those whose gradient it keeps for the
+        next Adam step), in comm_order; `has_grad(label)`: whether the label has a gradient; the
+        follower of the tie (None when untied) is neither updated nor kept."""
+        with_grad = [label for label in self.comm_order if has_grad(label) and label != follower]
         active = [label for label in with_grad if adam or self.specs[label].optimizer == "normuon"]
+        return with_grad, active, [label for label in with_grad if label not in active]
+
+    def _load_scalars(self, active: list[str], lr_multiplier: float, momentum: float):
+        """Advance the Adam step counts of the labels updated now and copy this step's scalars (float64
+        on the host, then float32) into `scalars` with one non-blocking copy from a fresh pinned tensor:
+        the caching host allocator keeps it until the copy has run."""
+        cfg, values = self.config, [0.0] * self.scalars.numel()
+        for label in active:
+            spec = self.specs[label]
+            if spec.optimizer == "normuon":
+                label_values = (momentum, cfg.muon_lr * lr_multiplier * spec.lr_mul,
+                                cfg.muon_weight_decay * spec.wd_mul * cfg.muon_lr * lr_multiplier)
+            else:
+                beta1, beta2 = spec.betas
+                self.state[label]["step"] += 1
+                t = self.state[label]["step"]
+                lr = cfg.adam_lr * spec.lr_mul * lr_multiplier
+                label_values = (lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t),
+                                lr * lr * cfg.adam_weight_decay * spec.wd_mul)
+            for slot, value in zip(self.scalar_slots[label], label_values):
+                values[slot] = value
+        host = torch.tensor(values, dtype=torch.float32, pin_memory=self.scalars.is_cuda)
+        self.scalars.copy_(host, non_blocking=True)
+
+    def _local_step(self, tied: tuple[str, str] | None, adam: bool, active: list[str], kept: list[str],
+                    grads: dict[str, Tensor], earlier: dict[str, Tensor]):
+        """The device work of a step at world size 1 on the tensors given (`grads`: the follower's too
+        while tied; `earlier`: the gradients kept before): the tie's gradient sum, the updates, the
+        kept gradients summed with those kept before, the follower's copy."""
+        follower, leader = tied if tied else (None, None)
+        if follower in grads:
+            grads[leader].add_(grads[follower])
+        for label in active:
+            self._update(label, grads[label], earlier.get(label))
+        for label in kept:
+            if label in earlier:  # two steps without Adam in a row (the warm-up's stage edges): sum them
+                grads[label].add_(earlier[label])
+        if tied and adam:
+            self.params[follower].copy_(self.params[leader])
+
+    def _step_with_collectives(self, active: list[str], kept: list[str], tie: bool, adam: bool):
+        """A step at world size > 1: reductions, updates and gathers in comm_order, each collective
+        launched asynchronously; the kept gradients' reductions after the gathers."""
+        params = self.params
+        if tie:
+            follower, leader = self.tied
+            params[leader].grad.add_(params[follower].grad)
         reductions = self._launch_reductions(active)
         gathers = []
         for label, (work, grad) in zip(active, reductions):
             if work is not None:
                 work.wait()
-            gathers.append(self._update(label, grad, lr_multiplier, momentum))
+            kept_grad = self._kept_grad(label) if self.specs[label].optimizer == "adam" else None
+            gathers.append(self._update(label, grad, kept_grad))
         for gather in gathers:
             if gather is not None:
                 gather()
-        kept = [label for label in with_grad if label not in active]
         for label, (work, grad) in zip(kept, self._launch_reductions(kept)):
             self._keep(label, work, grad)  # after the gathers: these reductions overlap the next step
-        if follower and adam:
+        if self.tied and adam:
+            follower, leader = self.tied
             params[follower].copy_(params[leader])
-        for label in with_grad:
-            params[label].grad = None
 
     def _keep(self, label: str, work, grad: Tensor):
         """Hold a step's gradient (its reduction under way) for the next Adam update of the label."""
@@ -1369,10 +1454,7 @@ class NorMuonAdam:
     def _launch_reductions(self, labels: list[str]) -> list[tuple]:
         """Launch the reductions of `labels` (in comm_order) in that order: the replicated ones as one
         flat all-reduce per dtype, laid out on the first launch of this set of labels; one
-        reduce-scatter per sharded label. (work or None, gradient rows) per label; at world size 1
-        the gradients themselves."""
-        if self.world == 1:
-            return [(None, self.rows[label].full(self.params[label].grad)) for label in labels]
+        reduce-scatter per sharded label. (work, gradient rows) per label."""
         replicated = tuple(label for label in labels if self.specs[label].comm == "replicated")
         flat = {}
         if replicated:
@@ -1403,28 +1485,21 @@ class NorMuonAdam:
             return full_weight, weight, True
         return full_weight, full_weight[rows.start: rows.start + rows.rows], True
 
-    def _update(self, label: str, grad: Tensor, lr_multiplier: float, momentum: float):
-        """Update this rank's rows of one parameter; returns a wait function for their all-gather."""
-        spec, st, cfg = self.specs[label], self.state[label], self.config
+    def _update(self, label: str, grad: Tensor, kept_grad: Tensor | None):
+        """Update this rank's rows of one parameter with this step's scalars (`scalar_views`) and, for
+        Adam, the gradient kept by the step before (T2.7); returns a wait function for their all-gather."""
+        spec, st, cfg, scalars = self.specs[label], self.state[label], self.config, self.scalar_views[label]
         full_weight, weight, sharded = self._local_weight(label)
-        cpu = lambda x: torch.tensor(x, dtype=torch.float32)  # 0-d CPU scalars: no recompiles  # noqa: E731
         if spec.optimizer == "normuon":
-            lr = cfg.muon_lr * lr_multiplier * spec.lr_mul
             rows, cols = spec.matrix_shape
             self._normuon_fn(grad, st["momentum"], st["second_moment"], weight, st.get("mantissa"),
-                             cpu(momentum), cpu(lr), self.lr_muls[label],
-                             cpu(cfg.muon_weight_decay * spec.wd_mul * cfg.muon_lr * lr_multiplier),
+                             scalars["momentum"], scalars["lr"], self.lr_muls[label], scalars["wd_lr"],
                              self.grad_scale, cfg.muon_beta2, -1 if rows >= cols else -2,
                              cfg.orthogonalizer, self.use_triton)
         else:
             beta1, beta2 = spec.betas
-            st["step"] += 1
-            t = st["step"]
-            lr = cfg.adam_lr * spec.lr_mul * lr_multiplier
-            step_size = lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
-            self._adam_fn(grad, self._kept_grad(label), weight, st["exp_avg"], st["exp_avg_sq"],
-                          cpu(step_size), cpu(lr * lr * cfg.adam_weight_decay * spec.wd_mul), beta1, beta2,
-                          cfg.adam_eps, self.grad_scale)
+            self._adam_fn(grad, kept_grad, weight, st["exp_avg"], st["exp_avg_sq"], scalars["step_size"],
+                          scalars["wd_lr2"], beta1, beta2, cfg.adam_eps, self.grad_scale)
         if not sharded:
             return None
         if self.rows[label].padded:
