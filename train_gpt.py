@@ -203,6 +203,7 @@ class ExecutionConfig:
     fp8_qkv_min_tokens: int = 49152  # per-rank tokens per forward below which it stays bf16 (host-bound there)
     compile: bool = True
     cuda_graphs: bool = True  # each training step's forward and backward replayed from a CUDA graph (CUDA only)
+    optimizer_graphs: bool = False  # with cuda_graphs at world size 1: the optimizer step replayed from CUDA graphs too
     skip_guard_checks: bool = True  # after the warm-up, dynamo checks only the guards that tell its graphs apart
 
 
@@ -1246,6 +1247,10 @@ class FlatReplicatedGrads:
         return reductions
 
 
+# The schedule's scalars an update reads from the device, per optimizer of a label (NorMuonAdam.scalars)
+STEP_SCALARS = {"normuon": ("momentum", "lr", "wd_lr"), "adam": ("step_size", "wd_lr2")}
+
+
 class NorMuonAdam:
     """One optimizer for every parameter, without DDP (#61, T2.1).
 
@@ -1300,6 +1305,18 @@ class NorMuonAdam:
             self._normuon_fn, self._adam_fn = normuon_bank_step, adam_update
         for label, p in params.items():
             self._init_state(label, p, specs[label])
+        # This step's schedule scalars on the device (T5.3): one copy per step into a tensor that stays
+        # where it is, so a CUDA graph of the step reads each step's values; each value on a 16-byte
+        # boundary, the alignment inductor's kernels assume of their inputs.
+        self.scalar_slots: dict[str, list[int]] = {}  # label -> its values' places in `scalars`
+        count = 0
+        for label in self.comm_order:
+            names = STEP_SCALARS[specs[label].optimizer]
+            self.scalar_slots[label] = [4 * (count + i) for i in range(len(names))]
+            count += len(names)
+        self.scalars = torch.zeros(4 * count, device=next(iter(params.values())).device)
+        self.scalar_views = {label: dict(zip(STEP_SCALARS[specs[label].optimizer], (self.scalars[i] for i in slots)))
+                             for label, slots in self.scalar_slots.items()}
 
     def _init_state(self, label: str, p: Tensor, spec: ParamSpec):
         view = (-1, *spec.matrix_shape) if spec.optimizer == "normuon" else tuple(p.shape)
@@ -1321,32 +1338,101 @@ class NorMuonAdam:
 
     # --- step ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def step(self, lr_multiplier: float = 1.0, momentum: float = 0.95, adam: bool = True):
+    def step(self, lr_multiplier: float = 1.0, momentum: float = 0.95, adam: bool = True, device_work=None):
         """One update: NorMuon on the banks with this momentum, Adam on the rest when `adam` (the
-        schedule runs it on every other step with two steps' gradients, T2.7)."""
+        schedule runs it on every other step with two steps' gradients, T2.7). At world size 1 the
+        device work is one function of this step's tensors, the host's bookkeeping (the Adam step
+        counts, the kept gradients, the tie) runs around it, and `device_work(work)` runs it: work()
+        when None, else OptimizerGraphs' capture or replay of its CUDA graph (T5.3)."""
         params = self.params
-        follower, leader = self.tied if self.tied else (None, None)
-        if follower and params[follower].grad is not None:
-            params[leader].grad.add_(params[follower].grad)
+        follower = self.tied[0] if self.tied else None
+        tie = follower is not None and params[follower].grad is not None
+        with_grad, active, kept = self.step_labels(lambda label: params[label].grad is not None, adam, follower)
+        self._load_scalars(active, lr_multiplier, momentum)
+        if self.world > 1:
+            self._step_with_collectives(active, kept, tie, adam)
+        else:
+            grads = {label: self.rows[label].full(params[label].grad)
+                     for label in with_grad + ([follower] if tie else [])}
+            earlier = {label: grad for label, (_, grad) in self.kept.items()}
+            work = functools.partial(self._local_step, self.tied, adam, active, kept, grads, earlier)
+            (device_work or (lambda work: work()))(work)
+            for label in active:
+                self.kept.pop(label, None)
+            self.kept.update((label, (None, grads[label])) for label in kept)
+        if tie:
             params[follower].grad = None
-        with_grad = [label for label in self.comm_order if params[label].grad is not None and label != follower]
+        for label in with_grad:
+            params[label].grad = None
+
+    def step_labels(self, has_grad, adam: bool, follower: str | None) -> tuple[list, list, list]:
+        """(the labels a step updates or keeps, those it updates, those whose gradient it keeps for the
+        next Adam step), in comm_order; `has_grad(label)`: whether the label has a gradient; the
+        follower of the tie (None when untied) is neither updated nor kept."""
+        with_grad = [label for label in self.comm_order if has_grad(label) and label != follower]
         active = [label for label in with_grad if adam or self.specs[label].optimizer == "normuon"]
+        return with_grad, active, [label for label in with_grad if label not in active]
+
+    def _load_scalars(self, active: list[str], lr_multiplier: float, momentum: float):
+        """Advance the Adam step counts of the labels updated now and copy this step's scalars (float64
+        on the host, then float32) into `scalars` with one non-blocking copy from a fresh pinned tensor:
+        the caching host allocator keeps it until the copy has run."""
+        cfg, values = self.config, [0.0] * self.scalars.numel()
+        for label in active:
+            spec = self.specs[label]
+            if spec.optimizer == "normuon":
+                label_values = (momentum, cfg.muon_lr * lr_multiplier * spec.lr_mul,
+                                cfg.muon_weight_decay * spec.wd_mul * cfg.muon_lr * lr_multiplier)
+            else:
+                beta1, beta2 = spec.betas
+                self.state[label]["step"] += 1
+                t = self.state[label]["step"]
+                lr = cfg.adam_lr * spec.lr_mul * lr_multiplier
+                label_values = (lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t),
+                                lr * lr * cfg.adam_weight_decay * spec.wd_mul)
+            for slot, value in zip(self.scalar_slots[label], label_values):
+                values[slot] = value
+        host = torch.tensor(values, dtype=torch.float32, pin_memory=self.scalars.is_cuda)
+        self.scalars.copy_(host, non_blocking=True)
+
+    def _local_step(self, tied: tuple[str, str] | None, adam: bool, active: list[str], kept: list[str],
+                    grads: dict[str, Tensor], earlier: dict[str, Tensor]):
+        """The device work of a step at world size 1 on the tensors given (`grads`: the follower's too
+        while tied; `earlier`: the gradients kept before): the tie's gradient sum, the updates, the
+        kept gradients summed with those kept before, the follower's copy."""
+        follower, leader = tied if tied else (None, None)
+        if follower in grads:
+            grads[leader].add_(grads[follower])
+        for label in active:
+            self._update(label, grads[label], earlier.get(label))
+        for label in kept:
+            if label in earlier:  # two steps without Adam in a row (the warm-up's stage edges): sum them
+                grads[label].add_(earlier[label])
+        if tied and adam:
+            self.params[follower].copy_(self.params[leader])
+
+    def _step_with_collectives(self, active: list[str], kept: list[str], tie: bool, adam: bool):
+        """A step at world size > 1: reductions, updates and gathers in comm_order, each collective
+        launched asynchronously; the kept gradients' reductions after the gathers."""
+        params = self.params
+        if tie:
+            follower, leader = self.tied
+            params[leader].grad.add_(params[follower].grad)
         reductions = self._launch_reductions(active)
         gathers = []
         for label, (work, grad) in zip(active, reductions):
             if work is not None:
                 work.wait()
-            gathers.append(self._update(label, grad, lr_multiplier, momentum))
+            kept_grad = self._kept_grad(label) if self.specs[label].optimizer == "adam" else None
+            gathers.append(self._update(label, grad, kept_grad))
         for gather in gathers:
             if gather is not None:
                 gather()
-        kept = [label for label in with_grad if label not in active]
         for label, (work, grad) in zip(kept, self._launch_reductions(kept)):
             self._keep(label, work, grad)  # after the gathers: these reductions overlap the next step
-        if follower and adam:
+        if self.tied and adam:
+            follower, leader = self.tied
             params[follower].copy_(params[leader])
-        for label in with_grad:
-            params[label].grad = None
 
     def _keep(self, label: str, work, grad: Tensor):
         """Hold a step's gradient (its reduction under way) for the next Adam update of the label."""
@@ -1369,10 +1455,7 @@ class NorMuonAdam:
     def _launch_reductions(self, labels: list[str]) -> list[tuple]:
         """Launch the reductions of `labels` (in comm_order) in that order: the replicated ones as one
         flat all-reduce per dtype, laid out on the first launch of this set of labels; one
-        reduce-scatter per sharded label. (work or None, gradient rows) per label; at world size 1
-        the gradients themselves."""
-        if self.world == 1:
-            return [(None, self.rows[label].full(self.params[label].grad)) for label in labels]
+        reduce-scatter per sharded label. (work, gradient rows) per label."""
         replicated = tuple(label for label in labels if self.specs[label].comm == "replicated")
         flat = {}
         if replicated:
@@ -1403,28 +1486,21 @@ class NorMuonAdam:
             return full_weight, weight, True
         return full_weight, full_weight[rows.start: rows.start + rows.rows], True
 
-    def _update(self, label: str, grad: Tensor, lr_multiplier: float, momentum: float):
-        """Update this rank's rows of one parameter; returns a wait function for their all-gather."""
-        spec, st, cfg = self.specs[label], self.state[label], self.config
+    def _update(self, label: str, grad: Tensor, kept_grad: Tensor | None):
+        """Update this rank's rows of one parameter with this step's scalars (`scalar_views`) and, for
+        Adam, the gradient kept by the step before (T2.7); returns a wait function for their all-gather."""
+        spec, st, cfg, scalars = self.specs[label], self.state[label], self.config, self.scalar_views[label]
         full_weight, weight, sharded = self._local_weight(label)
-        cpu = lambda x: torch.tensor(x, dtype=torch.float32)  # 0-d CPU scalars: no recompiles  # noqa: E731
         if spec.optimizer == "normuon":
-            lr = cfg.muon_lr * lr_multiplier * spec.lr_mul
             rows, cols = spec.matrix_shape
             self._normuon_fn(grad, st["momentum"], st["second_moment"], weight, st.get("mantissa"),
-                             cpu(momentum), cpu(lr), self.lr_muls[label],
-                             cpu(cfg.muon_weight_decay * spec.wd_mul * cfg.muon_lr * lr_multiplier),
+                             scalars["momentum"], scalars["lr"], self.lr_muls[label], scalars["wd_lr"],
                              self.grad_scale, cfg.muon_beta2, -1 if rows >= cols else -2,
                              cfg.orthogonalizer, self.use_triton)
         else:
             beta1, beta2 = spec.betas
-            st["step"] += 1
-            t = st["step"]
-            lr = cfg.adam_lr * spec.lr_mul * lr_multiplier
-            step_size = lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
-            self._adam_fn(grad, self._kept_grad(label), weight, st["exp_avg"], st["exp_avg_sq"],
-                          cpu(step_size), cpu(lr * lr * cfg.adam_weight_decay * spec.wd_mul), beta1, beta2,
-                          cfg.adam_eps, self.grad_scale)
+            self._adam_fn(grad, kept_grad, weight, st["exp_avg"], st["exp_avg_sq"], scalars["step_size"],
+                          scalars["wd_lr2"], beta1, beta2, cfg.adam_eps, self.grad_scale)
         if not sharded:
             return None
         if self.rows[label].padded:
@@ -2342,10 +2418,12 @@ class StepGraphs:
         that can run while they are kept, so no such graph put anything there."""
         return sorted(keys, key=lambda key: (key[1], key[0]))
 
-    def check_kept_gradients(self):
+    def check_kept_gradients(self, more_replays=()):
         """Stop unless every non-Adam graph's outputs survive the replay of every graph that can run
-        while they are kept: replay the non-Adam graphs in stage order, then the Adam graphs, and
-        compare each non-Adam graph's outputs with what they were right after its own replay."""
+        while they are kept: replay the non-Adam graphs in stage order, then the Adam graphs, then
+        `more_replays`, and compare each non-Adam graph's outputs with what they were right after its
+        own replay. more_replays: (replay, the key of the graphs whose outputs it changes in place or
+        None) of further graphs in the pool, the optimizer's (OptimizerGraphs)."""
         def replay(step: CapturedStep):
             step.first.replay()
             if step.accumulate is not None:
@@ -2358,6 +2436,10 @@ class StepGraphs:
             kept[key] = self.summary(step.ce, step.grads)
         for key in sorted(key for key in self.steps if key[1]):
             replay(self.steps[key])
+        for replay_more, changed in more_replays:
+            replay_more()
+            if changed in kept:
+                kept[changed] = self.summary(self.steps[changed].ce, self.steps[changed].grads)
         lost = [key for key, before in kept.items()
                 if not torch.equal(self.summary(self.steps[key].ce, self.steps[key].grads), before)]
         device = next(iter(self.params.values())).device
@@ -2413,9 +2495,199 @@ class StepGraphs:
         for k in range(self.grad_accum):
             loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len, into=(step.tokens, step.cu_seqlens))
             (step.first if k == 0 else step.accumulate).replay()
-        for name, grad in step.grads.items():
-            self.params[name].grad = grad
+        self.set_grads(self.key(plan))
         return step.ce
+
+    def set_grads(self, key: tuple[int, bool]):
+        """Set each parameter's .grad to its static gradient of key's graphs."""
+        for name, grad in self.steps[key].grads.items():
+            self.params[name].grad = grad
+
+
+class OptimizerGraphs:
+    """The optimizer's step as CUDA graphs too (#47, T5.3), at world size 1 (at more ranks the step
+    launches collectives and stays eager): one graph per key (forward key, Adam step, tied, kept
+    gradients): the StepGraphs key whose static gradients are the step's .grad, and each gradient
+    kept by the step before (T2.7) as (label, the StepGraphs key whose static gradient it is). The
+    keys are those the schedule's steps meet (planned_keys), captured by the warm-up after the
+    forward graphs, in their memory pool and on their stream: an optimizer graph works in place on
+    the parameters, the optimizer's state and the forward graphs' outputs, all live while it is
+    captured, so it holds nothing in the pool between replays. The host's bookkeeping (the Adam step
+    counts and the scalars they give, the kept gradients, the tie) runs in NorMuonAdam.step at every
+    step, replayed or eager; a step whose key was not captured stops the run.
+
+    Each capture is checked against an eager step from the same state (parameters, moments, the
+    forward graphs' gradients), which is restored in place after. The replay launches the eager
+    step's kernels on the same inputs, so they agree bit for bit unless a kernel rounds in another
+    order: the tolerance is `rtol` (1 %, the bf16 tolerance of the graph checks) of each tensor's
+    largest change in the step plus one rounding of its dtype. The capture runs on half the check's
+    learning rate and momentum, so a value baked into a graph shows as a difference."""
+
+    def __init__(self, optimizer: NorMuonAdam, step_graphs: StepGraphs, new_graph=None, rtol: float = 1e-2):
+        self.optimizer, self.step_graphs, self.rtol = optimizer, step_graphs, rtol
+        self.new_graph = new_graph or step_graphs.new_graph  # the forward graphs' pool and stream
+        self.graphs: dict[tuple, CudaGraph] = {}
+        self.kept_owners: dict[int, tuple[int, bool]] = {}  # a non-Adam forward graph's gradient's address -> its key
+        self.addresses: list[int] = []
+        self.worst_share = 0.0  # of its tolerance, the largest graph-against-eager difference seen
+
+    def key(self, forward_key: tuple[int, bool], adam: bool) -> tuple:
+        """The key of a step now: its forward key and Adam flag, the optimizer's tie and kept gradients."""
+        opt = self.optimizer
+        kept = frozenset((label, self.kept_owners.get(grad.data_ptr())) for label, (_, grad) in opt.kept.items())
+        return forward_key, adam, opt.tied is not None, kept
+
+    def planned_keys(self, plans: list[StepPlan]) -> list[tuple]:
+        """The key of each step of `plans` (consecutive, from the first step on), simulating the host
+        bookkeeping of NorMuonAdam.step and the trainer's untie."""
+        opt, keys, kept = self.optimizer, [], {}
+        tied = opt.initial_tie
+        for plan in plans:
+            forward_key = StepGraphs.key(plan)
+            keys.append((forward_key, plan.adam_step, tied is not None, frozenset(kept.items())))
+            grads = self.step_graphs.steps[forward_key].grads
+            _, active, kept_now = opt.step_labels(grads.__contains__, plan.adam_step, tied[0] if tied else None)
+            kept = {label: owner for label, owner in kept.items() if label not in active}
+            kept.update((label, forward_key) for label in kept_now)
+            if plan.untie:
+                tied = None
+        return keys
+
+    @staticmethod
+    def describe(key: tuple) -> str:
+        (stage, _), adam, tied, kept = key
+        owners = sorted({owner for _, owner in kept}, key=repr)
+        sources = ", ".join("memory no forward graph wrote" if owner is None else f"stage {owner[0] + 1}'s non-Adam graph"
+                            for owner in owners)
+        return (f"stage {stage + 1}, {'Adam' if adam else 'non-Adam'} step, {'tied' if tied else 'untied'}, "
+                + (f"gradients kept from {sources}" if kept else "no gradient kept"))
+
+    def capture(self, plans: list[StepPlan]):
+        """Capture and check the graph of every key the steps of `plans` meet (see planned_keys), each
+        on the scalars of its first step; the optimizer's state as it was after."""
+        opt = self.optimizer
+        self.kept_owners = {grad.data_ptr(): key for key, step in self.step_graphs.steps.items() if not key[1]
+                            for grad in step.grads.values()}
+        firsts = {}
+        for key, plan in zip(self.planned_keys(plans), plans):
+            firsts.setdefault(key, plan)
+        tied, kept = opt.tied, dict(opt.kept)
+        for key, plan in firsts.items():
+            self._capture(key, plan)
+        opt.tied, opt.kept = tied, kept
+
+    def _capture(self, key: tuple, plan: StepPlan):
+        opt, graph = self.optimizer, self.new_graph()
+        state = self._state({key[0]} | {owner for _, owner in key[3]})
+        saved = {name: t.clone() for name, t in state.items()}
+        steps = {label: st["step"] for label, st in opt.state.items() if "step" in st}
+
+        def restore():
+            for name, t in state.items():
+                t.copy_(saved[name])  # in place: the graphs read these addresses
+            for label, step in steps.items():
+                opt.state[label]["step"] = step
+
+        def step(device_work=None, scale: float = 1.0):
+            self._arrange(key)
+            opt.step(plan.lr_multiplier * scale, plan.momentum * scale, plan.adam_step, device_work=device_work)
+
+        step(graph.capture, scale=0.5)
+        restore()
+        step()
+        expected = {name: t.clone() for name, t in self._compared(state).items()}
+        restore()
+        step(lambda work: graph.replay())
+        self._compare(key, self._compared(state), expected, self._compared(saved))
+        restore()
+        self.graphs[key] = graph
+
+    def _arrange(self, key: tuple):
+        """The host state a step of `key` finds: the tie, the kept gradients, each .grad."""
+        opt, steps = self.optimizer, self.step_graphs.steps
+        forward_key, _, tied, kept = key
+        opt.tied = opt.initial_tie if tied else None
+        order = sorted(kept, key=lambda item: opt.comm_order.index(item[0]))
+        opt.kept = {label: (None, opt.rows[label].full(steps[owner].grads[label])) for label, owner in order}
+        for p in opt.params.values():
+            p.grad = None
+        self.step_graphs.set_grads(forward_key)
+
+    def _state(self, forward_keys) -> dict[str, Tensor]:
+        """The tensors an optimizer step changes in place: the parameters, the optimizer's state, and
+        the gradients of the forward graphs of `forward_keys` (its own, those whose gradients it keeps)."""
+        opt = self.optimizer
+        state = {label: p.detach() for label, p in opt.params.items()}
+        state.update((f"{label}'s {name}", t) for label, st in opt.state.items()
+                     for name, t in st.items() if isinstance(t, Tensor))
+        for owner in forward_keys:
+            state.update((f"{label}'s gradient of stage {owner[0] + 1}'s {'Adam' if owner[1] else 'non-Adam'} graph", g)
+                         for label, g in self.step_graphs.steps[owner].grads.items())
+        return state
+
+    def _compared(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """What the check compares: the tensors of `state`, a bank's fp32 master weight (T2.6) in place
+        of its bf16 weight and mantissa."""
+        compared = {name: t for name, t in state.items() if t.is_floating_point()}
+        for label, st in self.optimizer.state.items():
+            if "mantissa" in st:
+                weight = self.optimizer.rows[label].full(state[label])
+                compared[label] = _fp32_from_bf16_and_mantissa(weight, state[f"{label}'s mantissa"])
+        return compared
+
+    def _compare(self, key: tuple, got: dict[str, Tensor], expected: dict[str, Tensor], before: dict[str, Tensor]):
+        for name, value in expected.items():
+            if torch.equal(got[name], value):
+                continue
+            difference = (got[name].float() - value.float()).abs()
+            change = (value.float() - before[name].float()).abs().max()
+            tolerance = self.rtol * change + torch.finfo(value.dtype).eps * value.float().abs()
+            shares = torch.where(difference > 0, difference / tolerance, 0.0)
+            share = shares.max().item()
+            self.worst_share = max(self.worst_share, share)
+            if share > 1:
+                i = int(shares.argmax())
+                raise GraphMismatch(f"the CUDA graph of the optimizer step ({self.describe(key)}) gives {name} "
+                                    f"{got[name].flatten()[i].item():.6g} where eager execution gives "
+                                    f"{value.flatten()[i].item():.6g}; run with OPTIMIZER_GRAPHS=0 and report it")
+
+    def check_kept_gradients(self):
+        """StepGraphs.check_kept_gradients with every optimizer graph replayed too, each of a non-Adam
+        step changing its own forward graph's gradients (the tie's sum, T2.7's sum); the parameters and
+        the optimizer's state restored in place after."""
+        state = self._state(())
+        saved = {name: t.clone() for name, t in state.items()}
+        try:
+            self.step_graphs.check_kept_gradients([(torch.no_grad()(graph.replay), None if key[1] else key[0])
+                                                   for key, graph in self.graphs.items()])
+        finally:
+            for name, t in state.items():
+                t.copy_(saved[name])
+
+    def _addresses(self) -> list[int]:
+        opt = self.optimizer
+        tensors = [opt.scalars, *opt.lr_muls.values(),
+                   *(t for st in opt.state.values() for t in st.values() if isinstance(t, Tensor))]
+        return [t.data_ptr() for t in tensors]
+
+    def record_addresses(self):
+        """Where the optimizer's state, per-matrix lr multipliers and scalars are now: where the graphs read them."""
+        self.addresses = self._addresses()
+
+    def check_addresses(self):
+        if self._addresses() != self.addresses:
+            raise GraphMismatch("the optimizer's state is no longer at the addresses its CUDA graphs read: restore "
+                                "it in place (copy_), or run with OPTIMIZER_GRAPHS=0")
+
+    def step(self, plan: StepPlan):
+        """The optimizer step of `plan`, its device work replayed from the graph of its key; the
+        parameters' .grad are the static gradients of plan's forward graphs (StepGraphs.run)."""
+        key = self.key(StepGraphs.key(plan), plan.adam_step)
+        graph = self.graphs.get(key)
+        if graph is None:
+            raise GraphMismatch(f"step {plan.step} has no CUDA graph of the optimizer step ({self.describe(key)}): "
+                                f"the warm-up captured {len(self.graphs)} others; run with OPTIMIZER_GRAPHS=0 and report it")
+        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, device_work=lambda work: graph.replay())
 
 
 class Trainer:
@@ -2447,6 +2719,9 @@ class Trainer:
         self.step_graphs = StepGraphs(self.training_loss, self.model, self.grad_accum, self.grad_scale,
                                       max_over_ranks=self.max_over_ranks) if graphs else None
         self.forward_backward = self.eager_forward_backward  # StepGraphs.run once they are captured
+        optimizer_graphs = graphs and hp.execution.optimizer_graphs and world_size == 1  # collectives stay eager
+        self.optimizer_graphs = OptimizerGraphs(self.optimizer, self.step_graphs) if optimizer_graphs else None
+        self.optimizer_step = self.eager_optimizer_step  # OptimizerGraphs.step once they are captured
         self.long_windows = None  # those the model's rotary tables are set for
         self.losses = torch.zeros(self.schedule.total_steps, device=device)
         self.checked_steps = 0
@@ -2521,6 +2796,8 @@ class Trainer:
         self._clear_run_state()
         if self.step_graphs is not None:
             self.step_graphs.check_addresses()
+        if self.optimizer_graphs is not None:
+            self.optimizer_graphs.check_addresses()
 
     def _clear_run_state(self):
         """What a run leaves outside the weights and the optimizer's state (the gradients kept for
@@ -2544,11 +2821,14 @@ class Trainer:
         if self.candidate_steps is not None:
             self.model.candidate_step.copy_(self.candidate_steps[plan.step])
         mean_ce = self.forward_backward(plan, loader, self.target_weights[plan.step])
-        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step)
+        self.optimizer_step(plan)
         if plan.untie and self.optimizer.tied:
             self.optimizer.untie()
         self.losses[plan.step] = mean_ce
         return mean_ce
+
+    def eager_optimizer_step(self, plan: StepPlan):
+        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step)
 
     def eager_forward_backward(self, plan: StepPlan, loader: "TrainLoader", target_weights: Tensor) -> Tensor:
         """The step's micro-batches forward and backward, their gradients summed in .grad; the mean CE."""
@@ -2563,10 +2843,10 @@ class Trainer:
 
     def capture_graphs(self, loader: "TrainLoader"):
         """One CUDA graph per (stage, Adam step) key the run uses, captured on a batch of its first
-        step and checked against eager execution there (T5.3)."""
-        plans = {}
-        for step in range(self.last_step):
-            plan = self.schedule.plan(step)
+        step and checked against eager execution there (T5.3); then, with OPTIMIZER_GRAPHS=1, the
+        optimizer step's graphs of every key the run's steps meet (OptimizerGraphs)."""
+        plans, steps = {}, [self.schedule.plan(step) for step in range(self.last_step)]
+        for plan in steps:
             plans.setdefault(StepGraphs.key(plan), plan)
         start = time.perf_counter()
         for key in StepGraphs.capture_order(plans):
@@ -2574,12 +2854,22 @@ class Trainer:
             self.set_long_windows(plan.long_windows)
             batches = [loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len) for _ in range(self.grad_accum)]
             self.step_graphs.capture(plan, self.stage_execution[plan.stage], batches[0], self.target_weights[plan.step])
-        self.step_graphs.check_kept_gradients()
+        if self.optimizer_graphs is None:
+            self.step_graphs.check_kept_gradients()
+            optimizer = ("the optimizer step runs eagerly (OPTIMIZER_GRAPHS=0, or world size > 1: its collectives "
+                         "launch from Python)")
+        else:
+            self.optimizer_graphs.capture(steps)
+            self.optimizer_graphs.check_kept_gradients()
+            self.optimizer_graphs.record_addresses()
+            optimizer = (f"{len(self.optimizer_graphs.graphs)} of the optimizer step (one per stage, Adam step, "
+                         f"tie and kept gradients), each equal to an eager step (the largest difference: "
+                         f"{self.optimizer_graphs.worst_share:.2f} of its tolerance)")
         self.step_graphs.record_addresses()
         self._sync()
         self.log(f"CUDA graphs: {len(plans)} captured (one per stage and Adam/non-Adam step) in "
                  f"{time.perf_counter() - start:.1f}s, each equal to eager execution on its batch "
-                 f"(the largest difference: {self.step_graphs.worst_share:.2f} of its tolerance); "
+                 f"(the largest difference: {self.step_graphs.worst_share:.2f} of its tolerance); {optimizer}; "
                  f"the gradients kept by non-Adam steps survive every other graph's replay")
 
     def validation_shape(self, step: int, final: bool = False) -> tuple[ForwardShape, tuple[int, ...]]:
@@ -2705,6 +2995,9 @@ class Trainer:
         if self.step_graphs is not None:
             self.step_graphs.check_addresses()
             self.forward_backward = self.step_graphs.run
+        if self.optimizer_graphs is not None:
+            self.optimizer_graphs.check_addresses()
+            self.optimizer_step = self.optimizer_graphs.step
 
     def validation_steps(self) -> list[int]:
         """The steps before which the run validates: the first, every VAL_LOSS_EVERY-th, the last."""

@@ -462,3 +462,80 @@ def test_world_size_one_sends_nothing_and_copies_no_gradient(monkeypatch):
         if step == FLAT_UNTIE_AFTER:
             opt.untie()
     assert opt.flat_layouts == {}
+
+
+# --- the schedule's scalars on the device (T5.3) ---------------------------------------------------
+
+def reference_world_one_steps(params: dict, specs: dict, adam_steps: list, untie_after: int):
+    """The optimizer at world size 1 written out plainly, its scalars made per call as 0-d CPU
+    tensors (float64 math, then float32) as before they moved to the device: the tie, NorMuon,
+    Adam with the kept gradients of T2.7, the untie."""
+    cfg, scalar = CONFIG, (lambda x: torch.tensor(x, dtype=torch.float32))
+    tied, kept, state = True, {}, {}
+    for label, p in params.items():
+        spec = specs[label]
+        if spec.optimizer == "adam":
+            state[label] = {"exp_avg": torch.zeros(p.shape), "exp_avg_sq": torch.zeros(p.shape), "step": 0}
+        else:
+            bank = p.view(-1, *spec.matrix_shape)
+            rows, cols = spec.matrix_shape
+            state[label] = {
+                "momentum": torch.zeros(bank.shape),
+                "second_moment": torch.zeros((len(bank), rows, 1) if rows >= cols else (len(bank), 1, cols)),
+                "mantissa": torch.zeros(bank.shape, dtype=torch.int16) if p.dtype == torch.bfloat16 else None,
+                "lr_muls": spec.matrix_lr_mul(torch.arange(len(bank))).view(-1, 1, 1)}
+    with torch.no_grad():
+        for step, adam in enumerate(adam_steps):
+            lr_multiplier, momentum = 1.0 - 0.05 * step, 0.85 + 0.01 * step
+            grads = micro_grads(params, step, 0)
+            if tied:
+                grads["lm_head"] = grads["lm_head"] + grads.pop("embed")
+            for label, grad in grads.items():
+                spec, st = specs[label], state[label]
+                if spec.optimizer == "normuon":
+                    rows, cols = spec.matrix_shape
+                    T.normuon_bank_step(grad.view(-1, rows, cols), st["momentum"], st["second_moment"],
+                                        params[label].view(-1, rows, cols), st["mantissa"], scalar(momentum),
+                                        scalar(cfg.muon_lr * lr_multiplier * spec.lr_mul), st["lr_muls"],
+                                        scalar(cfg.muon_weight_decay * spec.wd_mul * cfg.muon_lr * lr_multiplier),
+                                        1.0, cfg.muon_beta2, -1 if rows >= cols else -2, cfg.orthogonalizer, False)
+                elif adam:
+                    beta1, beta2 = spec.betas
+                    st["step"] += 1
+                    t, lr = st["step"], cfg.adam_lr * spec.lr_mul * lr_multiplier
+                    T.adam_update(grad, kept.pop(label, None), params[label], st["exp_avg"], st["exp_avg_sq"],
+                                  scalar(lr * (1 - beta2 ** t) ** 0.5 / (1 - beta1 ** t)),
+                                  scalar(lr * lr * cfg.adam_weight_decay * spec.wd_mul), beta1, beta2, cfg.adam_eps, 1.0)
+                else:
+                    kept[label] = grad + kept[label] if label in kept else grad
+            if tied and adam:
+                params["embed"].copy_(params["lm_head"])
+            if step == untie_after:
+                tied = False
+                state["embed"].update({k: (v.clone() if isinstance(v, torch.Tensor) else v)
+                                       for k, v in state["lm_head"].items()})
+    return state
+
+
+def test_scalars_on_the_device_give_the_plain_steps_numbers_bit_for_bit():
+    """Adam and non-Adam steps (two without Adam in a row, two with Adam in a row), tied then untied:
+    the optimizer, its scalars copied each step into one tensor that stays where it is, updates the
+    parameters and moments exactly as the plain steps with per-call CPU scalars do."""
+    params, reference = make_flat_params(), make_flat_params()
+    opt = T.NorMuonAdam(params, FLAT_SPECS, CONFIG, tied=("embed", "lm_head"))
+    address = opt.scalars.data_ptr()
+    for step, adam in enumerate(FLAT_ADAM_STEPS):
+        for k, g in micro_grads(params, step, 0).items():
+            params[k].grad = g
+        opt.step(1.0 - 0.05 * step, 0.85 + 0.01 * step, adam=adam)
+        if step == FLAT_UNTIE_AFTER:
+            opt.untie()
+    state = reference_world_one_steps(reference, FLAT_SPECS, FLAT_ADAM_STEPS, FLAT_UNTIE_AFTER)
+    assert opt.scalars.data_ptr() == address
+    for k in params:
+        assert torch.equal(params[k], reference[k]), k
+        for key, value in state[k].items():
+            if key in opt.state[k]:
+                mine = opt.state[k][key]
+                assert (torch.equal(mine, value.view(mine.shape)) if isinstance(value, torch.Tensor) else mine == value), (k, key)
+    assert opt.state["embed"]["step"] == opt.state["lm_head"]["step"] == FLAT_ADAM_STEPS.count(True)

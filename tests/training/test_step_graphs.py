@@ -75,14 +75,20 @@ def tiny_hp(corpus, **overrides) -> T.Hyperparameters:
                                 tokenizer_dir=str(corpus))
 
 
-def graphed_trainer(hp, graph=EagerGraph) -> T.Trainer:
-    """A CPU trainer whose steps replay graphs captured as the warm-up captures them."""
+def graphed_trainer(hp, graph=EagerGraph, optimizer_graph=None) -> T.Trainer:
+    """A CPU trainer whose steps replay graphs captured as the warm-up captures them; with
+    `optimizer_graph` (a function of the trainer giving the stand-in's class) its optimizer steps too."""
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
     trainer.step_graphs = T.StepGraphs(trainer.training_loss, trainer.model, trainer.grad_accum,
                                        trainer.grad_scale, new_graph=graph)
+    if optimizer_graph is not None:
+        trainer.optimizer_graphs = T.OptimizerGraphs(trainer.optimizer, trainer.step_graphs,
+                                                     new_graph=optimizer_graph(trainer))
     trainer.capture_graphs(T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None,
                                          grad_accum=trainer.grad_accum))
     trainer.forward_backward = trainer.step_graphs.run
+    if optimizer_graph is not None:
+        trainer.optimizer_step = trainer.optimizer_graphs.step
     return trainer
 
 
@@ -181,6 +187,131 @@ def test_non_adam_graphs_are_captured_first_in_stage_order():
     assert T.StepGraphs.capture_order(keys) == [(0, False), (1, False), (2, False), (0, True), (1, True), (2, True)]
 
 
+# --- the optimizer step's graphs (#47) ---------------------------------------------------------------
+# An optimizer step returns nothing: EagerGraph's replay re-runs the captured device work, which holds
+# the tensors the capture saw (what a graph's addresses are).
+
+def optimizer_hp(corpus, **overrides) -> T.Hyperparameters:
+    """Stages of 3 steps: stage 2 starts on an Adam step (the gradient it keeps comes from stage 1's
+    non-Adam graph), stage 3 on a non-Adam one, the extension on an Adam step; untied after step 7."""
+    return tiny_hp(corpus, rank_slice=True, num_scheduled_iterations=9, num_extension_iterations=1, **overrides)
+
+
+def test_graphed_optimizer_steps_train_bit_for_bit_as_eager_ones(corpus):
+    """Forward graphs in both trainers, the optimizer's graphs in one: the same losses and weights
+    after every step across the stage edges and the untie; each step meets the key planned for it,
+    every planned key was captured, and the captures left the state as it was."""
+    hp = optimizer_hp(corpus)
+    eager, graphed = graphed_trainer(hp), graphed_trainer(hp, optimizer_graph=lambda trainer: EagerGraph)
+    graphs = graphed.optimizer_graphs
+    plans = [graphed.schedule.plan(step) for step in range(graphed.schedule.total_steps)]
+    planned = graphs.planned_keys(plans)
+    assert set(planned) == set(graphs.graphs) and len(graphs.graphs) == 9  # steps 0 and 2 share theirs
+    assert [key[3] != frozenset() for key in planned] == [plan.step % 2 == 1 for plan in plans]
+    assert [key[2] for key in planned] == [plan.step <= 7 for plan in plans]
+    assert all(p.grad is None for p in graphed.model.parameters()) and not graphed.optimizer.kept
+    for a, b in zip(eager.model.parameters(), graphed.model.parameters()):
+        assert torch.equal(a, b)
+    loaders = [T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None) for _ in range(2)]
+    for plan, key in zip(plans, planned):
+        assert graphs.key(T.StepGraphs.key(plan), plan.adam_step) == key
+        eager.train_step(plan, loaders[0])
+        graphed.train_step(plan, loaders[1])
+        assert torch.equal(graphed.losses, eager.losses), plan.step
+        for (name, a), b in zip(eager.model.named_parameters(), graphed.model.parameters()):
+            assert torch.equal(a, b), (plan.step, name)
+    graphed.optimizer.reset()  # in place, as start_over's
+    graphs.check_addresses()
+    graphed.optimizer.state["lm_head"]["exp_avg"] = graphed.optimizer.state["lm_head"]["exp_avg"].clone()
+    with pytest.raises(T.GraphMismatch, match="optimizer's state is no longer at the addresses"):
+        graphs.check_addresses()
+
+
+def test_an_optimizer_step_whose_key_was_not_captured_stops_the_run(corpus):
+    hp = optimizer_hp(corpus, stop_after=2)
+    trainer = graphed_trainer(hp, optimizer_graph=lambda trainer: EagerGraph)
+    loader = T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None)
+    trainer.train_step(trainer.schedule.plan(0), loader)
+    trainer.optimizer.load_state_dict(trainer.optimizer.state_dict())  # the kept gradients copied elsewhere
+    with pytest.raises(T.GraphMismatch, match=r"step 1 has no CUDA graph of the optimizer step \(stage 1, Adam "
+                                              r"step, tied, gradients kept from memory no forward graph wrote\)"):
+        trainer.train_step(trainer.schedule.plan(1), loader)
+    trainer.optimizer.reset()
+    trainer.optimizer.untie()  # untied before the schedule unties
+    with pytest.raises(T.GraphMismatch, match=r"step 0 has no CUDA graph .* \(stage 1, non-Adam step, untied, "
+                                              r"no gradient kept\)"):
+        trainer.train_step(trainer.schedule.plan(0), loader)
+
+
+def drifting_optimizer(trainer) -> type:
+    """An optimizer graph whose replay moves the first parameter by 1 %."""
+    first = next(trainer.model.parameters())
+
+    class DriftingOptimizer(EagerGraph):
+        def replay(self):
+            super().replay()
+            with torch.no_grad():
+                first.mul_(1.01)
+
+    return DriftingOptimizer
+
+
+def baking_optimizer(trainer) -> type:
+    """An optimizer graph that keeps the scalars its capture ran with, as a graph would keep a value
+    passed from the host."""
+    scalars = trainer.optimizer.scalars
+
+    class BakingOptimizer(EagerGraph):
+        def capture(self, fn):
+            self.baked = scalars.clone()
+            return super().capture(fn)
+
+        def replay(self):
+            scalars.copy_(self.baked)
+            super().replay()
+
+    return BakingOptimizer
+
+
+def test_an_optimizer_graph_unlike_its_eager_step_stops_the_warm_up(corpus):
+    hp = optimizer_hp(corpus, stop_after=1)
+    with pytest.raises(T.GraphMismatch, match=r"the CUDA graph of the optimizer step \(stage 1, non-Adam step, "
+                                              r"tied, no gradient kept\) gives .* where eager execution gives"):
+        graphed_trainer(hp, optimizer_graph=drifting_optimizer)
+    with pytest.raises(T.GraphMismatch, match=r"optimizer step .* gives .* where eager execution gives"):
+        graphed_trainer(hp, optimizer_graph=baking_optimizer)
+    assert graphed_trainer(hp, optimizer_graph=lambda trainer: EagerGraph).optimizer_graphs.worst_share == 0
+
+
+def test_optimizer_graphs_whose_replays_overwrite_a_kept_gradient_stop_the_warm_up(corpus):
+    """The optimizer's graphs replay while a non-Adam step's gradient is kept (T2.7): the kept-gradient
+    check replays them too; each may change its own forward graph's gradients, no other's."""
+    hp = optimizer_hp(corpus, stop_after=4)
+    trainer = graphed_trainer(hp, optimizer_graph=lambda trainer: EagerGraph)
+    graphs = trainer.optimizer_graphs
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    graphs.check_kept_gradients()
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))  # restored in place
+    kept = trainer.step_graphs.steps[(0, False)].grads["lm_head"]
+    for key, graph in graphs.graphs.items():
+        if key[0] != (0, False):
+            graph.replay = lambda replay=graph.replay: (replay(), kept.mul_(1.5))
+    with pytest.raises(T.GraphMismatch, match=r"overwrite a gradient kept for the next Adam step \(stage 1's non-Adam"):
+        graphs.check_kept_gradients()
+
+
+def test_optimizer_graphs_are_planned_only_at_world_size_one_with_the_switch(corpus):
+    hp = tiny_hp(corpus, rank_slice=True, warmup=True)
+    assert T.Hyperparameters.from_env({"OPTIMIZER_GRAPHS": "1"}).execution.optimizer_graphs
+    assert not T.Hyperparameters().execution.optimizer_graphs  # off until measured on a GPU
+    assert T.Trainer(hp.replace(optimizer_graphs=True), 0, 1, torch.device("cpu"), T.RunLog(None)).optimizer_graphs is None
+    if torch.cuda.is_available():
+        cuda = torch.device("cuda")
+        for setting, world, planned in ((True, 1, True), (False, 1, False)):
+            trainer = T.Trainer(hp.replace(device="cuda", optimizer_graphs=setting), 0, world, cuda, T.RunLog(None))
+            assert (trainer.optimizer_graphs is not None) == planned
+
+
 def _mismatch_worker(rank: int, world: int, port: int, corpus, out_path: str):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -275,5 +406,38 @@ def test_captured_cuda_graphs_train_as_eager_steps_without_host_syncs(corpus, ra
         finally:
             torch.cuda.set_sync_debug_mode("default")
         runs[graphs] = trainer.losses.clone()
+    assert torch.isfinite(runs[True]).all()
+    torch.testing.assert_close(runs[True], runs[False], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("rank_slice", [True, False])  # one micro-batch; eight accumulated
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_captured_optimizer_graphs_train_as_eager_optimizer_steps_without_host_syncs(corpus, rank_slice):
+    """The warm-up captures the optimizer step's graph of every key the run meets (each checked
+    against an eager step there) after the forward graphs; the steps then train as with the eager
+    optimizer, within bf16 tolerance, and never wait for the GPU."""
+    hp = tiny_hp(corpus, device="cuda", rank_slice=rank_slice, warmup=True, num_scheduled_iterations=12,
+                 num_extension_iterations=2)
+    cuda = torch.device("cuda")
+    runs = {}
+    for optimizer_graphs in (False, True):
+        trainer = T.Trainer(hp.replace(optimizer_graphs=optimizer_graphs), 0, 1, cuda, T.RunLog(None))
+        assert trainer.step_graphs is not None and (trainer.optimizer_graphs is not None) == optimizer_graphs
+        trainer.warmup()
+        if optimizer_graphs:
+            plans = [trainer.schedule.plan(step) for step in range(trainer.schedule.total_steps)]
+            assert set(trainer.optimizer_graphs.graphs) == set(trainer.optimizer_graphs.planned_keys(plans))
+        loader = T.TrainLoader(hp.data.train_files, 0, 1, cuda, log=lambda _: None, grad_accum=trainer.grad_accum)
+        for step in range(2):
+            trainer.train_step(trainer.schedule.plan(step), loader)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for step in range(2, trainer.schedule.total_steps):
+                trainer.train_step(trainer.schedule.plan(step), loader)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        runs[optimizer_graphs] = trainer.losses.clone()
     assert torch.isfinite(runs[True]).all()
     torch.testing.assert_close(runs[True], runs[False], rtol=2e-2, atol=2e-2)
