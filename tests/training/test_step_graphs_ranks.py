@@ -1,15 +1,14 @@
 """CUDA graphs of the training step at world size 2 (gloo, CPU), with the stand-in graphs of
 test_step_graphs.py: the graphs' static gradients go through the optimizer's reductions (the flat
 all-reduce of the replicated parameters, the reduce-scatters, the gradients kept for the next Adam
-step) exactly as eager gradients do, over a tiny full-batch run that crosses every stage edge and
-the untie."""
+step) exactly as eager gradients do, over a tiny run that crosses the stage edges and the untie."""
 import os
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers import free_port
+from helpers import TINY, free_port
 from test_step_graphs import EagerGraph, tiny_hp
 
 import train_gpt as T
@@ -20,7 +19,12 @@ def _worker(rank: int, world: int, port: int, corpus, out_path: str):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)  # two processes on CI's two cores
     try:
-        hp = tiny_hp(corpus)
+        # in CI's time: one micro-batch per rank (main() refuses RANK_SLICE at two ranks, the trainer
+        # plans two slices a step; accumulation is tested at one rank), half the tiny batches, no
+        # value-embedding table (the embeddings and the bigram table are the kept Adam gradients),
+        # stopped after the untie (step 5, stage 3)
+        stages = T.replace_stage_columns(TINY["stages"], batch_tokens=(1024, 2048, 2048, 2048))
+        hp = tiny_hp(corpus, rank_slice=True, stages=stages, stop_after=6, value_embeds=False)
         cpu = torch.device("cpu")
         eager = T.Trainer(hp, rank, world, cpu, T.RunLog(None))
         graphed = T.Trainer(hp, rank, world, cpu, T.RunLog(None))
@@ -32,7 +36,7 @@ def _worker(rank: int, world: int, port: int, corpus, out_path: str):
         graphed.forward_backward = graphed.step_graphs.run
         loaders = [T.TrainLoader(hp.data.train_files, rank, world, cpu, log=lambda _: None,
                                  grad_accum=eager.grad_accum) for _ in range(2)]
-        plans = [eager.schedule.plan(step) for step in range(eager.schedule.total_steps)]
+        plans = [eager.schedule.plan(step) for step in range(eager.last_step)]
         for plan in plans:
             eager.train_step(plan, loaders[0])
             graphed.train_step(plan, loaders[1])
@@ -51,6 +55,6 @@ def test_graphed_steps_at_two_ranks_train_as_eager_steps(corpus, tmp_path):
     mp.spawn(_worker, args=(2, free_port(), corpus, out_path), nprocs=2, join=True)
     for rank in range(2):
         result = torch.load(f"{out_path}.{rank}")
-        assert result["untie"] and result["stages"] == {0, 1, 2, 3}
+        assert result["untie"] and result["stages"] == {0, 1, 2}
         torch.testing.assert_close(result["graphed"], result["eager"], rtol=1e-5, atol=1e-6)
         assert max(result["differences"].values()) < 1e-5, result["differences"]
