@@ -2307,7 +2307,8 @@ class CudaGraph:
     """One CUDA graph: capture(fn) runs fn once eagerly on the capture stream (lazy set-up such as
     cuBLAS workspaces and any autotuning happens there, outside the capture), then records fn's
     kernels; replay() launches them again on the addresses they were captured with. The graphs of
-    one StepGraphs share a memory pool, which is safe because they run one at a time."""
+    one StepGraphs share a memory pool: they run one at a time, and outputs that must outlive other
+    graphs' replays are protected by the capture order (StepGraphs.capture_order)."""
 
     def __init__(self, pool, stream: "torch.cuda.Stream"):
         self.graph, self.pool, self.stream = torch.cuda.CUDAGraph(), pool, stream
