@@ -31,7 +31,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_attention import document_lengths
+from bench_attention import document_lengths, rel
 
 import train_gpt as T
 
@@ -135,10 +135,6 @@ def run_case(fa4, qk_dim, v_dim, args, device):
     fwd = do_bench(lambda: forward(q, k, v, cu, max_len), warmup=25, rep=200, return_mode="median")
     bwd = do_bench(lambda: backward(q, k, v, out, grad, lse, cu, max_len), warmup=25, rep=200, return_mode="median")
     return fwd, bwd, errors
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def main():

@@ -380,6 +380,23 @@ def test_the_run_log_buffers_step_lines_until_a_console_line(tmp_path):
 
 
 
+def losses_without_host_syncs(trainer: T.Trainer) -> torch.Tensor:
+    """Every step's loss of a warmed-up CUDA trainer, the steps after the first two run with
+    torch.cuda.set_sync_debug_mode("error"): any wait for the GPU fails the test."""
+    loader = T.TrainLoader(trainer.hp.data.train_files, 0, 1, torch.device("cuda"), log=lambda _: None,
+                           grad_accum=trainer.grad_accum)
+    for step in range(2):
+        trainer.train_step(trainer.schedule.plan(step), loader)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(2, trainer.schedule.total_steps):
+            trainer.train_step(trainer.schedule.plan(step), loader)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return trainer.losses.clone()
+
+
 @pytest.mark.parametrize("rank_slice", [True, False])  # one micro-batch; eight accumulated
 @pytest.mark.parametrize("ce_candidates", [0, 1024], ids=["full_softmax", "sampled"])  # T4.6
 @pytest.mark.gpu
@@ -397,17 +414,7 @@ def test_captured_cuda_graphs_train_as_eager_steps_without_host_syncs(corpus, ra
         trainer = T.Trainer(hp.replace(cuda_graphs=graphs), 0, 1, cuda, T.RunLog(None))
         assert (trainer.step_graphs is not None) == graphs
         trainer.warmup()
-        loader = T.TrainLoader(hp.data.train_files, 0, 1, cuda, log=lambda _: None, grad_accum=trainer.grad_accum)
-        for step in range(2):
-            trainer.train_step(trainer.schedule.plan(step), loader)
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            for step in range(2, trainer.schedule.total_steps):
-                trainer.train_step(trainer.schedule.plan(step), loader)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        runs[graphs] = trainer.losses.clone()
+        runs[graphs] = losses_without_host_syncs(trainer)
     assert torch.isfinite(runs[True]).all()
     torch.testing.assert_close(runs[True], runs[False], rtol=2e-2, atol=2e-2)
 
@@ -430,16 +437,6 @@ def test_captured_optimizer_graphs_train_as_eager_optimizer_steps_without_host_s
         if optimizer_graphs:
             plans = [trainer.schedule.plan(step) for step in range(trainer.schedule.total_steps)]
             assert set(trainer.optimizer_graphs.graphs) == set(trainer.optimizer_graphs.planned_keys(plans))
-        loader = T.TrainLoader(hp.data.train_files, 0, 1, cuda, log=lambda _: None, grad_accum=trainer.grad_accum)
-        for step in range(2):
-            trainer.train_step(trainer.schedule.plan(step), loader)
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            for step in range(2, trainer.schedule.total_steps):
-                trainer.train_step(trainer.schedule.plan(step), loader)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        runs[optimizer_graphs] = trainer.losses.clone()
+        runs[optimizer_graphs] = losses_without_host_syncs(trainer)
     assert torch.isfinite(runs[True]).all()
     torch.testing.assert_close(runs[True], runs[False], rtol=2e-2, atol=2e-2)
