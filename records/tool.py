@@ -9,6 +9,7 @@ Run from the repository root:
     python records/tool.py table [--write | --check]
     python records/tool.py ablation LOGS...
     python records/tool.py compare BASE_LOG LOGS... [--noise LOG_A LOG_B] [--tolerance T] [--only train|val]
+    python records/tool.py compare LOGS... --repeats LOG LOG [LOG...] [--tolerance T] [--only train|val]
     python records/tool.py stages LOGS...
 
 Logs are parsed exactly as specified by the log format that train_gpt.py writes: the source
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import difflib
+import itertools
 import json
 import math
 import os
@@ -1024,11 +1026,17 @@ def verdict(diff: float, floor: float | None, tolerance: float | None) -> tuple[
 
 
 def comparison(runs: list[Run], noise: list[tuple[Run, Run]], kinds: list[str],
-               tolerance: float | None) -> tuple[str, bool]:
+               tolerance: float | None, repeats: list[Run] | None = None) -> tuple[str, bool]:
     """Per-step equivalence of runs that should compute the same training (1 GPU with accumulation
     against 2, 4 or 8 GPUs): for each run against the first, the largest difference of each kind of
     loss over the steps every log has, judged against the same difference between the --noise pairs
-    (repeats of one configuration: the nondeterminism floor) or, without them, against the tolerance."""
+    (repeats of one configuration: the nondeterminism floor) or, without them, against the tolerance.
+    With repeats (--repeats), every run is a candidate measured against each repeat, the noise pairs
+    are all pairs of repeats, and a candidate's difference is the median over the repeats: a run of
+    the repeats' own distribution lies as far from them as they lie from each other, whichever
+    repeat happens to be the outlier."""
+    if repeats:
+        noise = list(itertools.combinations(repeats, 2))
     for a, b in noise:
         check_noise_pair(a, b)
     logs = runs + [r for pair in noise for r in pair]
@@ -1048,22 +1056,30 @@ def comparison(runs: list[Run], noise: list[tuple[Run, Run]], kinds: list[str],
     def setup(r: Run) -> str:
         return f"{r.mode}, world {r.world_size}, accumulation {r.grad_accum_steps}"
 
-    base = runs[0]
+    def row(label: str, r: Run, cells) -> str:
+        return (f"| {label} | {setup(r)} | {r.last_step} | {r.step_avg_ms:.2f} | "
+                + " | ".join(f"{d:.4f} ({s})" for d, s in cells) + " |")
+
     out = ["| log | setup | steps | ms/step | " + " | ".join(f"max abs {LOSS_KINDS[k]} diff (step)" for k in kinds) + " |",
-           "|---|---|---:|---:|" + "---:|" * len(kinds),
-           f"| {base.path} (base) | {setup(base)} | {base.last_step} | {base.step_avg_ms:.2f} |" + " |" * len(kinds)]
+           "|---|---|---:|---:|" + "---:|" * len(kinds)]
+    references = repeats or runs[:1]
+    if not repeats:
+        out.append(f"| {runs[0].path} (base) | {setup(runs[0])} | {runs[0].last_step} | {runs[0].step_avg_ms:.2f} |"
+                   + " |" * len(kinds))
     for a, b in noise:
-        cells = [largest_difference(a, b, kind, steps[kind]) for kind in kinds]
-        out.append(f"| noise: {a.path} vs {b.path} | {setup(a)} | {a.last_step} | {a.step_avg_ms:.2f} | "
-                   + " | ".join(f"{d:.4f} ({s})" for d, s in cells) + " |")
+        out.append(row(f"noise: {a.path} vs {b.path}", a, [largest_difference(a, b, kind, steps[kind]) for kind in kinds]))
     verdicts, ok = [], True
-    for r in runs[1:]:
-        cells = [largest_difference(r, base, kind, steps[kind]) for kind in kinds]
-        out.append(f"| {r.path} | {setup(r)} | {r.last_step} | {r.step_avg_ms:.2f} | "
-                   + " | ".join(f"{d:.4f} ({s})" for d, s in cells) + " |")
-        judged = [(kind, *verdict(d, floor[kind], tolerance)) for kind, (d, _) in zip(kinds, cells)]
+    for r in (runs if repeats else runs[1:]):
+        diffs = {kind: [] for kind in kinds}
+        for ref in references:
+            cells = [largest_difference(r, ref, kind, steps[kind]) for kind in kinds]
+            out.append(row(f"{r.path} vs {ref.path}" if repeats else str(r.path), r, cells))
+            for kind, (d, _) in zip(kinds, cells):
+                diffs[kind].append(d)
+        judged = [(kind, *verdict(statistics.median(diffs[kind]), floor[kind], tolerance)) for kind in kinds]
         ok &= all(good for _, _, good in judged)
-        verdicts.append(f"{r.path}: " + "; ".join(f"{LOSS_KINDS[kind]} {text}" for kind, text, _ in judged))
+        how = f" (median over {len(references)} repeats)" if repeats else ""
+        verdicts.append(f"{r.path}{how}: " + "; ".join(f"{LOSS_KINDS[kind]} {text}" for kind, text, _ in judged))
     counted = ", ".join(f"{len(steps[k])} {LOSS_KINDS[k]} steps" for k in kinds)
     return "\n".join(out + ["", f"Over the steps every log has ({counted}):", *verdicts]) + "\n", ok
 
@@ -1091,15 +1107,21 @@ def parse_finished_log(path) -> Run:
 
 
 def cmd_compare(args) -> int:
-    if len(args.logs) < 2:
-        raise RecordsError("give at least two logs: the base and one to compare with it")
+    if args.repeats is not None:
+        if args.noise:
+            raise RecordsError("give --repeats or --noise, not both: --repeats takes every pair of its runs as noise")
+        if len(args.repeats) < 2:
+            raise RecordsError("--repeats needs at least two runs of one configuration (three make a sturdier floor)")
+    elif len(args.logs) < 2:
+        raise RecordsError("give at least two logs: the base and one to compare with it (or --repeats LOGS...)")
     runs = [parse_finished_log(p) for p in args.logs]
     noise = [(parse_finished_log(a), parse_finished_log(b)) for a, b in args.noise or []]
+    repeats = [parse_finished_log(p) for p in args.repeats] if args.repeats is not None else None
     kinds = [args.only] if args.only else list(LOSS_KINDS)
-    report, ok = comparison(runs, noise, kinds, args.tolerance)
+    report, ok = comparison(runs, noise, kinds, args.tolerance, repeats)
     sys.stdout.write(report)
-    print("all within " + ("noise" if noise else "tolerance") if ok else
-          "a difference lies beyond " + ("noise" if noise else "tolerance") + " (exit code 1)")
+    judged = "noise" if noise or repeats else "tolerance"
+    print(f"all within {judged}" if ok else f"a difference lies beyond {judged} (exit code 1)")
     return 0 if ok else 1
 
 
@@ -1188,7 +1210,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="per-step loss differences and ms/step of runs that should match (1 vs 2, 4, 8 GPUs), "
                             "judged against the spread of repeated runs")
     c.add_argument("logs", nargs="+", help="TRAIN_LOSS_EVERY=1 logs, complete or stopped early with STOP_AFTER "
-                                           "(not interrupted ones); the first is the base")
+                                           "(not interrupted ones); the first is the base, unless --repeats")
+    c.add_argument("--repeats", nargs="+", metavar="LOG",
+                   help="repeated runs of the reference configuration (e.g. 1 GPU, same seed): each log is "
+                        "compared with every repeat, judged by the median difference against the largest "
+                        "difference between two repeats")
     c.add_argument("--noise", nargs=2, action="append", metavar=("LOG_A", "LOG_B"),
                    help="two runs of one configuration (same seed): their largest difference is the noise floor "
                         "the others are judged against; repeat for more pairs (the largest counts)")

@@ -810,6 +810,28 @@ def test_compare_judges_against_the_noise_of_repeated_runs(tmp_path, capsys):
     assert run_tool("compare", logs["one"], logs["outside"], *noise, "--noise", logs["one"], logs["outside"]) == 0
 
 
+def test_compare_judges_each_run_against_every_repeat_by_the_median(tmp_path, capsys):
+    """--repeats: the noise is every pair of repeats; a candidate passes when its median difference
+    to the repeats is within it, even when the one repeat it is far from would fail it as a base."""
+    logs = equivalence_logs(tmp_path, second=(5, 0.03), third=(5, 0.028), near=(5, 0.04), far=(6, 0.05))
+    repeats = ("--repeats", logs["one"], logs["second"], logs["third"])
+    assert run_tool("compare", logs["one"], logs["near"], "--noise", logs["one"], logs["second"]) == 1
+    capsys.readouterr()
+    assert run_tool("compare", logs["near"], logs["far"], *repeats) == 1
+    out = capsys.readouterr().out
+    assert f"| noise: {logs['second']} vs {logs['third']} | full-batch, world 1, accumulation 8 | 8 | 500.00 | 0.0020 (5) |" in out
+    assert f"| {logs['near']} vs {logs['one']} | full-batch, world 1, accumulation 8 | 8 | 500.00 | 0.0400 (5) |" in out
+    assert f"{logs['near']} (median over 3 repeats): train loss within noise (0.0120 <= 0.0300)" in out
+    assert f"{logs['far']} (median over 3 repeats): train loss beyond noise by 0.0200 (0.0500 vs 0.0300)" in out
+    assert out.endswith("a difference lies beyond noise (exit code 1)\n")
+    assert run_tool("compare", logs["near"], *repeats) == 0
+    assert capsys.readouterr().out.endswith("all within noise\n")
+    assert run_tool("compare", logs["near"], *repeats, "--noise", logs["one"], logs["second"]) == 2
+    assert "give --repeats or --noise, not both" in capsys.readouterr().err
+    assert run_tool("compare", logs["near"], "--repeats", logs["one"]) == 2
+    assert "--repeats needs at least two runs" in capsys.readouterr().err
+
+
 def test_compare_refuses_a_noise_pair_of_two_configurations(tmp_path, capsys):
     logs = equivalence_logs(tmp_path, candidate=(2, 0.001))
     other_seed = make_log(tmp_path / "seed1.txt", 3.6, 8_000, total=8, val_every=4, mode="full-batch", world_size=1,
