@@ -1669,6 +1669,24 @@ def cu_seqlens_for(lengths: list[int], tokens: int, max_docs: int) -> np.ndarray
     return cu
 
 
+def repeated_data_warning(hp: "Hyperparameters", files: list[str]) -> str | None:
+    """A warning line when the run's steps read more tokens than the train files hold, so that it
+    trains on the same documents again: losses then measure memorization. A lower bound: documents
+    cut at max_seq_len leave their tails unread, so a run may repeat data even without it."""
+    schedule = Schedule(hp.schedule)
+    steps = hp.run.stop_after or schedule.total_steps
+    need = sum(hp.schedule.stages[schedule.stage(step)].batch_tokens for step in range(steps))
+    if hp.run.rank_slice:
+        need //= RANKS_PER_STEP
+    have = sum(read_shard_header(path) for path in files)
+    if need <= have:
+        return None
+    remedy = "add train shards" + ("" if hp.run.rank_slice else " or train rank-slice (RANK_SLICE=1)")
+    return (f"warning: the run reads at least {need:,} training tokens and the {len(files)} train files hold "
+            f"{have:,}: it repeats its data (at least {need / have:.1f} passes) and its val loss then measures "
+            f"memorization; {remedy}")
+
+
 class TrainLoader:
     """Training batches for one rank: the planner's slice of consecutive documents, the next shard
     loaded by a background thread, cycling over the files when they run out (logged once per
@@ -3018,6 +3036,8 @@ class Trainer:
     def run(self) -> float:
         loader = TrainLoader(self.hp.data.train_files, self.rank, self.world_size, self.device, log=self.log,
                              grad_accum=self.grad_accum)
+        if warning := repeated_data_warning(self.hp, loader.files):
+            self.log(warning)
         gc.collect()
         gc.freeze()  # on the clock the collector neither pauses the host nor scans the model's objects (T5.3)
         gc.disable()
