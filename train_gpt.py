@@ -138,6 +138,8 @@ class ModelConfig:
     num_heads: int = 6
     head_dim: int = 128
     mlp_hidden: int = 3072
+    attention_layers: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)  # the others are MLP only (T3.1)
+    value_embed_layers: tuple[int, ...] = (1, 2, 8, 9, 10)  # attention layers given a value-embedding plane (T3.3)
     bigram_rows: int = 50304 * 15 // 2
     value_embeds: bool = True
     skip_connection: bool = True
@@ -350,13 +352,13 @@ def longest_forward(hp: Hyperparameters) -> int:
 # Model
 # =============================================================================================
 
-# Layer layout of the 11-layer model (T3.1). Layer 6 has no attention (#17).
+# Layer layout of the 11-layer model (T3.1). Which layers attend (layer 6 not, #17; the index in
+# ModelConfig.attention_layers is the bank slot) and which take a value embedding (the index in
+# ModelConfig.value_embed_layers is the table's block) are settings; the roles below are fixed.
 NUM_LAYERS = 11
-ATTENTION_LAYERS = (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)  # index in this tuple = bank slot
 LONG_WINDOW_LAYERS = (3, 10)
 PAIRED_HEAD_LAYERS = (0, 2, 5, 9)
 KEY_OFFSET_LAYERS = (3, 10)
-VALUE_EMBED_LAYERS = (1, 2, 8, 9, 10)  # layer -> block of the value-embedding table, in order
 SKIP_SOURCE_LAYER, SKIP_TARGET_LAYER = 3, 6
 CACHED_LAYER = 7  # its output feeds attention in layers 8-10 (#77) and the final mix (#40)
 XSA_LAYERS = (1, 3, 4, 7)  # exclusive self-attention (#82, #85)
@@ -415,21 +417,22 @@ class LayerPlan:
 
 
 def layer_plans(cfg: ModelConfig) -> tuple[LayerPlan, ...]:
-    ve_layers = VALUE_EMBED_LAYERS if cfg.value_embeds else ()
-    gated = [layer for layer in VALUE_EMBED_LAYERS if layer != MUDD_LAYER]  # rows of ve_gate_bank
+    attending = cfg.attention_layers
+    ve_layers = cfg.value_embed_layers if cfg.value_embeds else ()
+    gated = [layer for layer in cfg.value_embed_layers if layer != MUDD_LAYER]  # rows of ve_gate_bank
     return tuple(LayerPlan(
         index=layer,
-        attn_slot=ATTENTION_LAYERS.index(layer) if layer in ATTENTION_LAYERS else None,
+        attn_slot=attending.index(layer) if layer in attending else None,
         long_window=layer in LONG_WINDOW_LAYERS,
-        paired_heads=cfg.paired_heads and layer in PAIRED_HEAD_LAYERS,
+        paired_heads=cfg.paired_heads and layer in PAIRED_HEAD_LAYERS and layer in attending,
         key_offset=cfg.key_offset and layer in KEY_OFFSET_LAYERS,
         value_embed=ve_layers.index(layer) if layer in ve_layers else None,
         value_gate=gated.index(layer) if layer in ve_layers and layer in gated else None,
         reads_layer7=cfg.late_attn_from_layer7 and layer > CACHED_LAYER,
         mudd=layer == MUDD_LAYER,
         skip_target=cfg.skip_connection and layer == SKIP_TARGET_LAYER,
-        bigram=cfg.bigram_embed and layer in ATTENTION_LAYERS and layer > 0,
-        xsa=cfg.xsa and layer in XSA_LAYERS,
+        bigram=cfg.bigram_embed and layer in attending and layer > 0,
+        xsa=cfg.xsa and layer in XSA_LAYERS and layer in attending,
         out_gate=cfg.attn_output_gates and layer in OUTPUT_GATE_LAYERS,
         dc_mha=cfg.dc_mha and layer == DC_LAYER,
         gates_post=layer == POST_GATE_LAYER,
@@ -623,9 +626,9 @@ def mudd_gate_outputs(cfg: ModelConfig) -> tuple[list, list]:
     """The MUDD gates' outputs (T3.16), ((kind, layer), width, initial value) each: those of the pre
     gate (from x0, for layers before POST_GATE_LAYER), then those of the post gate."""
     H = cfg.num_heads
-    outputs = [(("xsa", layer), H, 0.0) for layer in XSA_LAYERS if cfg.xsa]
+    outputs = [(("xsa", layer), H, 0.0) for layer in XSA_LAYERS if cfg.xsa and layer in cfg.attention_layers]
     outputs += [(("out_gate", layer), H, 0.25) for layer in OUTPUT_GATE_LAYERS if cfg.attn_output_gates]
-    for layer in ATTENTION_LAYERS:
+    for layer in cfg.attention_layers:
         if layer != MUDD_LAYER:  # x0 and bigram injections; the MUDD layer mixes its own
             outputs.append((("x0", layer), 1, 0.0))
             if cfg.bigram_embed:
@@ -732,7 +735,7 @@ class GPT(nn.Module):
 
     def _init_matrices(self, cfg: ModelConfig):
         d, H, hd, V = cfg.model_dim, cfg.num_heads, cfg.head_dim, cfg.vocab_size
-        n_attn, bf16 = len(ATTENTION_LAYERS), dict(dtype=torch.bfloat16)
+        n_attn, bf16 = len(cfg.attention_layers), dict(dtype=torch.bfloat16)
         bound = math.sqrt(3) * 0.5 * d ** -0.5  # uniform with std 0.5/sqrt(d)
         self.lm_head = nn.Parameter(torch.empty(V, d, **bf16).normal_(0, 0.005))
         self.embed = nn.Parameter(self.lm_head.detach().clone())  # tied at init (#51, T3.15)
@@ -748,7 +751,7 @@ class GPT(nn.Module):
         d, H, V, bf16 = cfg.model_dim, cfg.num_heads, cfg.vocab_size, dict(dtype=torch.bfloat16)
         if cfg.value_embeds:  # (#14, #63, #70; T3.3) token-major (V, layers·d): one gather serves every
             # layer, and the gradient is one scatter into the table
-            self.value_embeds = nn.Parameter(torch.empty(V, len(VALUE_EMBED_LAYERS) * d, **bf16).normal_(0, 0.01))
+            self.value_embeds = nn.Parameter(torch.empty(V, len(cfg.value_embed_layers) * d, **bf16).normal_(0, 0.01))
             gated = sum(plan.value_gate is not None for plan in self.layers)
             self.ve_gate_bank = nn.Parameter(torch.zeros(gated, H, GATE_INPUTS, **bf16))
         if cfg.bigram_embed:  # hashed bigram table with random sign rows (#62, #83, #85; T3.4)
@@ -909,7 +912,7 @@ class GPT(nn.Module):
             x_input = x0 + gates["bigram", 0] * bigram
         value_embeds = self.value_embeds[ids].split(cfg.model_dim, -1) if cfg.value_embeds else ()
         attn, rope, attn_paired, rope_paired = self.attention_layout(ids.size(0), cu_seqlens, shape, execution)
-        n_attn, d = len(ATTENTION_LAYERS), cfg.model_dim
+        n_attn, d = len(cfg.attention_layers), cfg.model_dim
         mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
         return ForwardContext(
             x_input=x_input, x0=x0, bigram=bigram, value_embeds=value_embeds, gates=gates, scalars=scalars,
@@ -2316,6 +2319,36 @@ def check_hyperparameters(hp: Hyperparameters):
         if not 0 <= stage.ce_candidates <= hp.model.vocab_size or stage.ce_candidates % 16:
             raise SetupError(f"STAGE_CE_CANDIDATES entry {stage.ce_candidates}: use a multiple of 16 (the FP8 "
                              f"lm_head's GEMM) up to VOCAB_SIZE={hp.model.vocab_size}, or 0 for the full softmax")
+    check_layer_layout(hp.model)
+
+
+# Layers whose attention has a role the others' lack: long windows and key offset (3, 10), output
+# gates (3, 10), the MUDD value mix and DC-MHA (10).
+ATTENTION_REQUIRED_LAYERS = tuple(sorted({*LONG_WINDOW_LAYERS, *KEY_OFFSET_LAYERS, *OUTPUT_GATE_LAYERS,
+                                          MUDD_LAYER, DC_LAYER}))
+
+
+def check_layer_layout(model: ModelConfig):
+    """ATTENTION_LAYERS and VALUE_EMBED_LAYERS: increasing layer indices; attention kept where a layer's
+    attention has a role of its own; value embeddings only on attention layers."""
+    def listed(values):
+        return ",".join(map(str, values))
+
+    for name, layers in (("ATTENTION_LAYERS", model.attention_layers), ("VALUE_EMBED_LAYERS", model.value_embed_layers)):
+        if any(not 0 <= layer < NUM_LAYERS for layer in layers) or list(layers) != sorted(set(layers)):
+            raise SetupError(f"{name}={listed(layers)}: give increasing layer indices from 0 to {NUM_LAYERS - 1}")
+    missing = [layer for layer in ATTENTION_REQUIRED_LAYERS if layer not in model.attention_layers]
+    if missing:
+        raise SetupError(f"ATTENTION_LAYERS={listed(model.attention_layers)} drops the attention of layer(s) "
+                         f"{listed(missing)}, which the architecture needs (long windows, key offset, output gates, "
+                         f"the MUDD value mix, DC-MHA): keep {listed(ATTENTION_REQUIRED_LAYERS)}")
+    stray = [layer for layer in model.value_embed_layers if layer not in model.attention_layers]
+    if stray:
+        raise SetupError(f"VALUE_EMBED_LAYERS={listed(model.value_embed_layers)} names layer(s) {listed(stray)} "
+                         f"without attention (ATTENTION_LAYERS={listed(model.attention_layers)}): value embeddings "
+                         "enter through an attention's values")
+    if model.value_embeds and not model.value_embed_layers:
+        raise SetupError("VALUE_EMBED_LAYERS is empty: name at least one layer, or turn them off with VALUE_EMBEDS=0")
 
 
 # --- CUDA graphs of the training step (#92, T5.3) ------------------------------------------------

@@ -63,7 +63,7 @@ def document_lengths(tokens, max_seq_len, mean_doc, rng):
 def layer_kinds():
     """{(paired heads, long window): number of layers} of the model's attention layers."""
     return collections.Counter((layer in T.PAIRED_HEAD_LAYERS, layer in T.LONG_WINDOW_LAYERS)
-                               for layer in T.ATTENTION_LAYERS)
+                               for layer in T.ModelConfig().attention_layers)
 
 
 def problem(tokens, max_seq_len, paired, cu_seqlens, seed=0):

@@ -126,7 +126,7 @@ def test_value_embeddings_are_token_major_rows():
     the gradient lands in the rows of the tokens used, in every layer's block, nowhere else."""
     model = make_model()
     make_live(model)
-    d, layers = SMALL["model_dim"], len(T.VALUE_EMBED_LAYERS)
+    d, layers = SMALL["model_dim"], len(model.config.value_embed_layers)
     assert model.value_embeds.shape == (SMALL["vocab_size"], layers * d)
     inputs, _, cu = small_batch()
     model.hidden_states(inputs, cu, SHAPE, PLAN).float().square().sum().backward()
@@ -343,3 +343,47 @@ def test_paired_rope_tables_rotate_each_head_at_its_doubled_position():
     cos, sin = model.rope_cos[positions], model.rope_sin[positions]  # (2T, H/2, hd/4)
     expected = T.apply_rope(q.reshape(2 * tokens, H // 2, hd), cos, sin)
     assert torch.equal(rotated, expected)
+
+
+# --- fewer attention layers (#51 item 4) -----------------------------------------------------------
+
+def test_attention_and_value_embeddings_can_be_dropped_from_layers(corpus):
+    """ATTENTION_LAYERS=0,1,2,3,5,7,8,10 VALUE_EMBED_LAYERS=1,2,8,10 (record #92 drops the attention of
+    layers 4 and 9 and one value-embedding plane): those layers run their MLP only, the banks hold 8
+    attention slots, the table 4 planes, the gates nothing for the dropped layers, and the model
+    trains; a layout that drops a layer whose attention has a role of its own stops at set-up."""
+    layout = {"attention_layers": (0, 1, 2, 3, 5, 7, 8, 10), "value_embed_layers": (1, 2, 8, 10)}
+    model = make_model(**layout)
+    plans = {plan.index: plan for plan in model.layers}
+    assert [i for i, plan in plans.items() if plan.attn_slot is None] == [4, 6, 9]
+    assert [plans[i].attn_slot for i in layout["attention_layers"]] == list(range(8))
+    assert [plans[i].value_embed for i in (1, 2, 8, 10)] == [0, 1, 2, 3] and plans[9].value_embed is None
+    assert not plans[4].xsa and not plans[9].paired_heads and not plans[9].bigram
+    H, d = SMALL["num_heads"], SMALL["model_dim"]
+    assert model.qk_bank.size(0) == 8 * H and model.vo_bank.size(0) == 16 and model.ve_gate_bank.size(0) == 3
+    assert model.value_embeds.size(1) == 4 * d
+    gate_keys = {key for part in T.mudd_gate_outputs(model.config) for key, _, _ in part}
+    assert ("xsa", 4) not in gate_keys and ("x0", 9) not in gate_keys and ("x0", 8) in gate_keys
+    with torch.no_grad():
+        model.mlp_bank.normal_(0, 0.05)
+        model.ve_gate_bank.normal_()
+    inputs, _, cu = small_batch()
+    model.hidden_states(inputs, cu, SHAPE, PLAN).float().square().sum().backward()
+    assert (model.qk_bank.grad.view(8, -1).abs().amax(1) > 0).all()  # every slot serves a layer
+    used = model.value_embeds.grad[inputs.long()].float()
+    assert (used.view(len(inputs), 4, d).abs().amax((0, 2)) > 0).all()  # and every plane
+    hp = T.Hyperparameters.of(**TINY_RUN, **layout, train_files=str(corpus / "tiny_train_*.bin"),
+                              val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus))
+    trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
+    trainer.run()
+    assert torch.isfinite(trainer.losses[:4]).all() and trainer.losses[3] < trainer.losses[0]
+    for env, message in (({"ATTENTION_LAYERS": "0,1,2,4,5,7,8,9,10"}, r"drops the attention of layer\(s\) 3"),
+                         ({"VALUE_EMBED_LAYERS": "1,2,6"}, r"names layer\(s\) 6 without attention"),
+                         ({"ATTENTION_LAYERS": "0,3,2,10"}, "give increasing layer indices from 0 to 10")):
+        with pytest.raises(T.SetupError, match=message):
+            T.check_hyperparameters(T.Hyperparameters.from_env(env))
+
+
+TINY_RUN = {**SMALL, "vocab_size": 50304, "warmup": False, "num_scheduled_iterations": 3, "num_extension_iterations": 1,
+            "stop_after": 4, "val_loss_every": 0, "rank_slice": True, "muon_momentum_warmup_steps": 2,
+            "muon_momentum_cooldown_steps": 1}
