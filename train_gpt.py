@@ -478,7 +478,7 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
 
 
 def norm(x: Tensor) -> Tensor:
-    """RMSNorm without weights (eps: the dtype's machine epsilon) (T3.2)."""
+    """RMSNorm without weights (eps: F.rms_norm's default, fp32's machine epsilon for bf16 and fp32) (T3.2)."""
     return F.rms_norm(x, (x.size(-1),))
 
 
@@ -967,19 +967,9 @@ class GPT(nn.Module):
             qkv = fp8_normed_linear(x, w_qkv, ctx.qkv8.weights[slot], ctx.qkv8.scales[slot] * lambdas[0])
         else:
             qkv = x @ w_qkv.t()
-        q, k, v = qkv.view(T, 3 * H, hd).split(H, dim=1)
-        q, k = norm(q), norm(k)  # QK-norm
-        if layer.value_input:
-            v = v + v_extra
-        if layer.paired_heads:  # heads h and h+H/2 become one head: 2t is head h, 2t+1 head h+H/2 (#58);
-            # rotated as (T, 2, H/2, hd) views of the projection (plain strides), then interleaved
-            q, k = (apply_rope(t.view(T, 2, H // 2, hd), *ctx.rope_paired) for t in (q, k))
-            q, k, v = (t.reshape(2 * T, H // 2, hd) for t in (q, k, v))
-        else:
-            q, k = apply_rope(q, *ctx.rope), apply_rope(k, *ctx.rope)
-        if layer.key_offset:
-            k = shift_key_half(k)
-        q = (q * self.attn_scale).to(v.dtype)
+        # QK-norm, rotary, key offset, q's scale, v's extra input, the paired heads' layout (T6.4)
+        q, k, v = qk_norm_rope_reference(qkv, v_extra, *(ctx.rope_paired if layer.paired_heads else ctx.rope),
+                                         self.attn_scale, H, layer.paired_heads, layer.key_offset)
         window = ctx.shape.long_window if layer.long_window else ctx.shape.short_window
         y = attend(q, k, v, ctx.attn_paired if layer.paired_heads else ctx.attn, window).reshape(T, H, hd)
         if layer.dc_mha:  # cross-head composition on a local window (#85, T3.17); w1 RMS-normalized
@@ -4311,6 +4301,33 @@ def fp8_normed_linear(x: Tensor, w: Tensor, w8: Tensor, w_scale: Tensor) -> Tens
     """x @ wᵀ (bf16) for an RMS-normalized x (T, d), with the forward in e4m3: w8 ≈ w / w_scale
     (0-d fp32); the gradients are those of x @ wᵀ in bf16."""
     return FP8NormedLinear.apply(x, w, w8, w_scale)
+
+
+# --- QK-norm + rotary (T6.4) --------------------------------------------------------------------------
+# What each attention layer does between its Q/K/V projection and attend: QK-norm (T3.2), half-truncated
+# rotary (T3.9), the key offset (T3.11), the softmax scale into q, the extra value input (T3.3, T3.14)
+# and the paired heads' doubled sequence (T3.10).
+def qk_norm_rope_reference(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor,
+                           heads: int, paired: bool, key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """attend's q, k, v from the projection qkv (T, 3·heads·hd): q and k RMS-normalized per head and
+    rotated by cos, sin (attention_layout's tables: (T, 1, hd/4), or (T, 2, 1, hd/4) for paired
+    heads), the keys' stationary half from the previous position where key_offset, q times the
+    softmax scale (0-d), v plus v_extra (T, heads, hd) where given. Shaped (T, heads, hd), or for
+    paired heads (2T, heads/2, hd): heads h and h + heads/2 of token t at positions 2t and 2t + 1 (#58)."""
+    T, H = qkv.size(0), heads
+    hd = qkv.size(1) // (3 * H)
+    q, k, v = qkv.view(T, 3 * H, hd).split(H, dim=1)
+    q, k = norm(q), norm(k)  # QK-norm
+    if v_extra is not None:
+        v = v + v_extra
+    if paired:  # rotated as (T, 2, H/2, hd) views of the projection (plain strides), then interleaved
+        q, k = (apply_rope(t.view(T, 2, H // 2, hd), cos, sin) for t in (q, k))
+        q, k, v = (t.reshape(2 * T, H // 2, hd) for t in (q, k, v))
+    else:
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if key_offset:
+        k = shift_key_half(k)
+    return (q * scale).to(v.dtype), k, v
 
 
 # --- Lightweight DC-MHA (T3.17) -----------------------------------------------------------------------
