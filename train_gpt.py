@@ -203,6 +203,7 @@ class ExecutionConfig:
     fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
     fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
     fp8_qkv_min_tokens: int = 49152  # per-rank tokens per forward below which it stays bf16 (host-bound there)
+    qk_rope_kernel: bool = False  # QK-norm + rotary as one Triton kernel each way (CUDA); off until measured (T6.4)
     compile: bool = True
     cuda_graphs: bool = True  # each training step's forward and backward replayed from a CUDA graph (CUDA only)
     optimizer_graphs: bool = False  # with cuda_graphs at world size 1: the optimizer step replayed from CUDA graphs too
@@ -452,6 +453,7 @@ class ExecutionPlan:
     lm_head_fp8: bool  # the lm_head and its gradients in FP8 (T4.4)
     ce_candidates: int  # the training cross-entropy's columns (T4.6): a sampled softmax; 0: the full one
     dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
+    qk_rope_kernel: bool  # QK-norm, rotary, key offset and q's scale in Triton kernels (T6.4); False: torch
     cuda_graph: bool  # the training step's forward and backward replayed from a CUDA graph (T5.3)
 
 
@@ -474,11 +476,12 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         qkv_e4m3=training and cfg.fp8_qkv and hopper and tokens >= cfg.fp8_qkv_min_tokens,
         lm_head_fp8=training and cfg.fp8_lm_head and cuda, ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
+        qk_rope_kernel=kernels and cfg.qk_rope_kernel and qk_rope_kernel_supports(model.head_dim),
         cuda_graph=training and cfg.cuda_graphs and cuda)
 
 
 def norm(x: Tensor) -> Tensor:
-    """RMSNorm without weights (eps: the dtype's machine epsilon) (T3.2)."""
+    """RMSNorm without weights (eps: F.rms_norm's default, fp32's machine epsilon for bf16 and fp32) (T3.2)."""
     return F.rms_norm(x, (x.size(-1),))
 
 
@@ -967,19 +970,9 @@ class GPT(nn.Module):
             qkv = fp8_normed_linear(x, w_qkv, ctx.qkv8.weights[slot], ctx.qkv8.scales[slot] * lambdas[0])
         else:
             qkv = x @ w_qkv.t()
-        q, k, v = qkv.view(T, 3 * H, hd).split(H, dim=1)
-        q, k = norm(q), norm(k)  # QK-norm
-        if layer.value_input:
-            v = v + v_extra
-        if layer.paired_heads:  # heads h and h+H/2 become one head: 2t is head h, 2t+1 head h+H/2 (#58);
-            # rotated as (T, 2, H/2, hd) views of the projection (plain strides), then interleaved
-            q, k = (apply_rope(t.view(T, 2, H // 2, hd), *ctx.rope_paired) for t in (q, k))
-            q, k, v = (t.reshape(2 * T, H // 2, hd) for t in (q, k, v))
-        else:
-            q, k = apply_rope(q, *ctx.rope), apply_rope(k, *ctx.rope)
-        if layer.key_offset:
-            k = shift_key_half(k)
-        q = (q * self.attn_scale).to(v.dtype)
+        # QK-norm, rotary, key offset, q's scale, v's extra input, the paired heads' layout (T6.4)
+        q, k, v = qk_norm_rope(qkv, v_extra, *(ctx.rope_paired if layer.paired_heads else ctx.rope), self.attn_scale,
+                               H, layer.paired_heads, layer.key_offset, ctx.execution.qk_rope_kernel)
         window = ctx.shape.long_window if layer.long_window else ctx.shape.short_window
         y = attend(q, k, v, ctx.attn_paired if layer.paired_heads else ctx.attn, window).reshape(T, H, hd)
         if layer.dc_mha:  # cross-head composition on a local window (#85, T3.17); w1 RMS-normalized
@@ -4311,6 +4304,207 @@ def fp8_normed_linear(x: Tensor, w: Tensor, w8: Tensor, w_scale: Tensor) -> Tens
     """x @ wᵀ (bf16) for an RMS-normalized x (T, d), with the forward in e4m3: w8 ≈ w / w_scale
     (0-d fp32); the gradients are those of x @ wᵀ in bf16."""
     return FP8NormedLinear.apply(x, w, w8, w_scale)
+
+
+# --- QK-norm + rotary (T6.4) --------------------------------------------------------------------------
+# What each attention layer does between its Q/K/V projection and attend: QK-norm (T3.2), half-truncated
+# rotary (T3.9), the key offset (T3.11), the softmax scale into q, the extra value input (T3.3, T3.14)
+# and the paired heads' doubled sequence (T3.10). Compiled, inductor spreads it over several elementwise
+# and reduction kernels (~1 TB/s on an H100). Ours (issue #51, item 3): Triton kernels that read the
+# projection once and write q, k, v once; the backward writes the projection's whole gradient, dv
+# included, so no concatenation of dq, dk and dv follows it. v passes through them for that reason (a
+# copy where the torch path hands attend a view).
+def qk_norm_rope_reference(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor,
+                           heads: int, paired: bool, key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """attend's q, k, v from the projection qkv (T, 3·heads·hd): q and k RMS-normalized per head and
+    rotated by cos, sin (attention_layout's tables: (T, 1, hd/4), or (T, 2, 1, hd/4) for paired
+    heads), the keys' stationary half from the previous position where key_offset, q times the
+    softmax scale (0-d), v plus v_extra (T, heads, hd) where given. Shaped (T, heads, hd), or for
+    paired heads (2T, heads/2, hd): heads h and h + heads/2 of token t at positions 2t and 2t + 1 (#58)."""
+    T, H = qkv.size(0), heads
+    hd = qkv.size(1) // (3 * H)
+    q, k, v = qkv.view(T, 3 * H, hd).split(H, dim=1)
+    q, k = norm(q), norm(k)  # QK-norm
+    if v_extra is not None:
+        v = v + v_extra
+    if paired:  # rotated as (T, 2, H/2, hd) views of the projection (plain strides), then interleaved
+        q, k = (apply_rope(t.view(T, 2, H // 2, hd), cos, sin) for t in (q, k))
+        q, k, v = (t.reshape(2 * T, H // 2, hd) for t in (q, k, v))
+    else:
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if key_offset:
+        k = shift_key_half(k)
+    return (q * scale).to(v.dtype), k, v
+
+# The kernels work on head rows: row n = t·H + h is head h of token t. Its q, k and v are at
+# qkv[t, h·hd:], 1·H·hd and 2·H·hd further, and it is row n of the outputs, (T·H, hd) row-major,
+# which is attend's (T, H, hd) and, for paired heads, (2T, H/2, hd): head n % (H/2) at position
+# n // (H/2) of the doubled sequence. So row n rotates at position n // SEQ_HEADS (H/2 with paired
+# heads, else H) and its key offset takes the stationary half of row n − SEQ_HEADS (its own at the
+# first position). The backward recomputes the norms from the projection, which it saves.
+if triton is not None:
+    @triton.jit
+    def _projection_rows(rows, H: tl.constexpr, HD: tl.constexpr):
+        # offsets of the head rows' q in the projection (T, 3·H·HD)
+        return (rows // H).to(tl.int64) * (3 * H * HD) + (rows % H) * HD
+
+    @triton.jit
+    def _rope_tables(cos_ptr, sin_ptr, rows, live, SEQ_HEADS: tl.constexpr, HD: tl.constexpr):
+        # cos and sin per pair (2i, 2i + 1) at each row's position; the stationary pairs turn by 0
+        pairs = tl.arange(0, HD // 2)
+        at = (rows // SEQ_HEADS)[:, None] * (HD // 4) + pairs[None, :]
+        turning = live[:, None] & (pairs < HD // 4)[None, :]
+        cos = tl.load(cos_ptr + at, mask=turning, other=1.0).to(tl.float32)
+        sin = tl.load(sin_ptr + at, mask=turning, other=0.0).to(tl.float32)
+        return cos, sin
+
+    @triton.jit
+    def _rotate(x, cos, sin, BLOCK: tl.constexpr, HD: tl.constexpr):
+        # pairs (a, b) = (x[2i], x[2i + 1]) -> (a·cos + b·sin, b·cos − a·sin), as apply_rope
+        a, b = tl.split(tl.reshape(x, (BLOCK, HD // 2, 2)))
+        return tl.reshape(tl.join(a * cos + b * sin, b * cos - a * sin), (BLOCK, HD))
+
+    @triton.jit
+    def _reciprocal_rms(x, EPS: tl.constexpr, HD: tl.constexpr):
+        # F.rms_norm's 1 / sqrt(mean(x²) + eps) per row, (BLOCK, 1); its default eps for bf16 and fp32
+        # inputs is that of its fp32 arithmetic
+        return tl.rsqrt(tl.sum(x * x, 1) / HD + EPS)[:, None]
+
+    @triton.jit
+    def _normed(ptrs, live, EPS: tl.constexpr, HD: tl.constexpr):
+        x = tl.load(ptrs, mask=live[:, None], other=0.0).to(tl.float32)
+        return x * _reciprocal_rms(x, EPS, HD)
+
+    @triton.jit
+    def _normed_rotated_grad(ptrs, grad, cos, sin, live, EPS: tl.constexpr, BLOCK: tl.constexpr, HD: tl.constexpr):
+        # the gradient of the projection's rows x from that of rotate(norm(x)): the rotation by −angle,
+        # then RMSNorm's backward r·(g − n·mean(g·n)), n = r·x, r = 1/rms(x)
+        x = tl.load(ptrs, mask=live[:, None], other=0.0).to(tl.float32)
+        reciprocal_rms = _reciprocal_rms(x, EPS, HD)
+        normed = x * reciprocal_rms
+        grad = _rotate(grad, cos, -sin, BLOCK, HD)
+        return reciprocal_rms * (grad - normed * (tl.sum(grad * normed, 1) / HD)[:, None])
+
+    @triton.jit
+    def _qk_norm_rope_forward_kernel(qkv_ptr, v_extra_ptr, cos_ptr, sin_ptr, scale_ptr, q_ptr, k_ptr, v_ptr, n_rows,
+                                     H: tl.constexpr, HD: tl.constexpr, SEQ_HEADS: tl.constexpr,
+                                     KEY_OFFSET: tl.constexpr, EPS: tl.constexpr, BLOCK: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = rows < n_rows
+        cols = tl.arange(0, HD)[None, :]
+        source = _projection_rows(rows, H, HD)[:, None] + cols
+        out = rows.to(tl.int64)[:, None] * HD + cols
+        cos, sin = _rope_tables(cos_ptr, sin_ptr, rows, live, SEQ_HEADS, HD)
+        q = _rotate(_normed(qkv_ptr + source, live, EPS, HD), cos, sin, BLOCK, HD) * tl.load(scale_ptr)
+        tl.store(q_ptr + out, q.to(q_ptr.dtype.element_ty), mask=live[:, None])
+        k = _rotate(_normed(qkv_ptr + H * HD + source, live, EPS, HD), cos, sin, BLOCK, HD)
+        if KEY_OFFSET:  # the stationary half of row n − SEQ_HEADS, normalized by that row's RMS
+            previous = tl.where(rows >= SEQ_HEADS, rows - SEQ_HEADS, rows)
+            k_previous = _normed(qkv_ptr + H * HD + _projection_rows(previous, H, HD)[:, None] + cols, live, EPS, HD)
+            k = tl.where(cols < HD // 2, k, k_previous)
+        tl.store(k_ptr + out, k.to(k_ptr.dtype.element_ty), mask=live[:, None])
+        v = tl.load(qkv_ptr + 2 * H * HD + source, mask=live[:, None], other=0.0)
+        if v_extra_ptr is not None:
+            v = v.to(tl.float32) + tl.load(v_extra_ptr + out, mask=live[:, None], other=0.0).to(tl.float32)
+        tl.store(v_ptr + out, v.to(v_ptr.dtype.element_ty), mask=live[:, None])
+
+    @triton.jit
+    def _qk_norm_rope_backward_kernel(qkv_ptr, grad_q_ptr, grad_k_ptr, grad_v_ptr, cos_ptr, sin_ptr, scale_ptr,
+                                      grad_qkv_ptr, n_rows, H: tl.constexpr, HD: tl.constexpr,
+                                      SEQ_HEADS: tl.constexpr, KEY_OFFSET: tl.constexpr, EPS: tl.constexpr,
+                                      BLOCK: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = rows < n_rows
+        cols = tl.arange(0, HD)[None, :]
+        source = _projection_rows(rows, H, HD)[:, None] + cols
+        out = rows.to(tl.int64)[:, None] * HD + cols
+        cos, sin = _rope_tables(cos_ptr, sin_ptr, rows, live, SEQ_HEADS, HD)
+        grad_q = tl.load(grad_q_ptr + out, mask=live[:, None], other=0.0).to(tl.float32) * tl.load(scale_ptr)
+        grad = _normed_rotated_grad(qkv_ptr + source, grad_q, cos, sin, live, EPS, BLOCK, HD)
+        tl.store(grad_qkv_ptr + source, grad.to(grad_qkv_ptr.dtype.element_ty), mask=live[:, None])
+        grad_k = tl.load(grad_k_ptr + out, mask=live[:, None], other=0.0).to(tl.float32)
+        if KEY_OFFSET:  # row n's stationary half went to row n + SEQ_HEADS, and at the first position to row n
+            following = rows + SEQ_HEADS
+            stationary = cols >= HD // 2
+            grad_following = tl.load(grad_k_ptr + following.to(tl.int64)[:, None] * HD + cols,
+                                     mask=(following < n_rows)[:, None] & stationary, other=0.0).to(tl.float32)
+            first = (rows < SEQ_HEADS)[:, None]
+            grad_k = tl.where(stationary, grad_following + tl.where(first, grad_k, 0.0), grad_k)
+        grad = _normed_rotated_grad(qkv_ptr + H * HD + source, grad_k, cos, sin, live, EPS, BLOCK, HD)
+        tl.store(grad_qkv_ptr + H * HD + source, grad.to(grad_qkv_ptr.dtype.element_ty), mask=live[:, None])
+        grad_v = tl.load(grad_v_ptr + out, mask=live[:, None], other=0.0)
+        tl.store(grad_qkv_ptr + 2 * H * HD + source, grad_v.to(grad_qkv_ptr.dtype.element_ty), mask=live[:, None])
+
+
+QK_ROPE_LAUNCH = {"BLOCK": 32, "num_warps": 4}  # head rows per program (bench/bench_qk_rope.py --launch times others)
+
+
+def _qk_rope_launch(qkv: Tensor, tensors: tuple, heads: int, paired: bool) -> tuple[tuple, int, dict]:
+    """(grid, head rows, the kernels' constants) of one launch on the projection qkv (T, 3·heads·hd)."""
+    if any(not t.is_contiguous() for t in tensors if t is not None):
+        raise ValueError("the QK-norm + rotary kernels take contiguous tensors")
+    hd, rows = qkv.size(1) // (3 * heads), qkv.size(0) * heads
+    constants = {"H": heads, "HD": hd, "SEQ_HEADS": heads // 2 if paired else heads,
+                 "EPS": torch.finfo(torch.float32).eps, **QK_ROPE_LAUNCH}
+    return (triton.cdiv(rows, QK_ROPE_LAUNCH["BLOCK"]),), rows, constants
+
+
+def qk_norm_rope_forward(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor, heads: int,
+                         paired: bool, key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Triton: qk_norm_rope_reference's q, k, v, from contiguous tensors (scale fp32)."""
+    grid, rows, constants = _qk_rope_launch(qkv, (qkv, v_extra, cos, sin), heads, paired)
+    q, k, v = (qkv.new_empty(rows, constants["HD"]) for _ in range(3))
+    _qk_norm_rope_forward_kernel[grid](qkv, v_extra, cos, sin, scale, q, k, v, rows, KEY_OFFSET=key_offset,
+                                       **constants)
+    shape = (-1, heads // 2 if paired else heads, constants["HD"])
+    return q.view(shape), k.view(shape), v.view(shape)
+
+
+def qk_norm_rope_backward(qkv: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, cos: Tensor, sin: Tensor,
+                          scale: Tensor, heads: int, paired: bool, key_offset: bool) -> Tensor:
+    """Triton: the gradient of qkv (T, 3·heads·hd) from those of qk_norm_rope_forward's q, k, v
+    (contiguous); v_extra's is grad_v's."""
+    grid, rows, constants = _qk_rope_launch(qkv, (qkv, grad_q, grad_k, grad_v, cos, sin), heads, paired)
+    grad_qkv = torch.empty_like(qkv)
+    _qk_norm_rope_backward_kernel[grid](qkv, grad_q, grad_k, grad_v, cos, sin, scale, grad_qkv, rows,
+                                        KEY_OFFSET=key_offset, **constants)
+    return grad_qkv
+
+
+class QKNormRope(torch.autograd.Function):
+    """qk_norm_rope_reference's function with the Triton kernels, saving the projection only."""
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor, heads: int,
+                paired: bool, key_offset: bool):
+        qkv = qkv.contiguous()
+        ctx.save_for_backward(qkv, cos, sin, scale)
+        ctx.heads, ctx.paired, ctx.key_offset = heads, paired, key_offset
+        v_extra = None if v_extra is None else v_extra.contiguous()
+        return qk_norm_rope_forward(qkv, v_extra, cos, sin, scale, heads, paired, key_offset)
+
+    @staticmethod
+    def backward(ctx, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor):
+        qkv, cos, sin, scale = ctx.saved_tensors
+        grad_q, grad_k, grad_v = grad_q.contiguous(), grad_k.contiguous(), grad_v.contiguous()
+        grad_qkv = qk_norm_rope_backward(qkv, grad_q, grad_k, grad_v, cos, sin, scale, ctx.heads, ctx.paired,
+                                         ctx.key_offset)
+        grad_v_extra = grad_v.view(qkv.size(0), ctx.heads, -1) if ctx.needs_input_grad[1] else None
+        return grad_qkv, grad_v_extra, None, None, None, None, None, None
+
+
+def qk_rope_kernel_supports(head_dim: int) -> bool:
+    """Whether the Triton kernels take this head size: Triton, head_dim a power of two ≥ 4."""
+    return triton is not None and head_dim >= 4 and head_dim & (head_dim - 1) == 0
+
+
+def qk_norm_rope(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor, heads: int,
+                 paired: bool, key_offset: bool, use_triton: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """attend's q, k, v from the projection (qk_norm_rope_reference says what): the Triton kernels
+    where use_triton (qk_rope_kernel_supports says where they apply), else the reference."""
+    if use_triton:
+        return QKNormRope.apply(qkv, v_extra, cos, sin, scale, heads, paired, key_offset)
+    return qk_norm_rope_reference(qkv, v_extra, cos, sin, scale, heads, paired, key_offset)
 
 
 # --- Lightweight DC-MHA (T3.17) -----------------------------------------------------------------------

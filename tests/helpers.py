@@ -73,6 +73,26 @@ def dc_mha_dense(q, k, v, doc_ids, w1, w2, window):
     return torch.einsum("ts,shd->thd", mix, v) * w2[..., None]
 
 
+def rope_tables(tokens: int, head_dim: int, paired: bool, device="cpu"):
+    """(cos, sin) at the model's initial frequencies as attention_layout slices them: (T, 1, hd/4), or
+    (T, 2, 1, hd/4) for paired heads (positions 2t and 2t + 1 of the doubled sequence)."""
+    positions = torch.arange(2 * tokens, dtype=torch.float64, device=device)[:, None]
+    angles = positions * T.rope_frequencies(head_dim).to(device)
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    if paired:
+        return cos.view(tokens, 2, 1, head_dim // 4), sin.view(tokens, 2, 1, head_dim // 4)
+    return cos[:tokens, None], sin[:tokens, None]
+
+
+def outputs_and_grads(fn, inputs, grads) -> tuple:
+    """fn's outputs on fresh leaf copies of inputs (a None passes through), then the gradients of
+    those leaves given the outputs' gradients grads (cast to the outputs' dtypes)."""
+    leaves = [None if t is None else t.clone().requires_grad_() for t in inputs]
+    outs = fn(*leaves)
+    grads = [g.to(o.dtype) for g, o in zip(grads, outs)]
+    return (*outs, *torch.autograd.grad(outs, [t for t in leaves if t is not None], grads))
+
+
 def rel_err(a, b) -> float:
     """‖a − b‖ / ‖b‖ in float64."""
     return ((a.double() - b.double()).norm() / b.double().norm()).item()

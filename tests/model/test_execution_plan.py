@@ -70,6 +70,17 @@ def test_cpu_takes_the_torch_paths(hopper):
     assert not (cpu.mlp_kernel or cpu.mlp_e4m3 or cpu.qkv_e4m3 or cpu.lm_head_fp8 or cpu.dc_mha_kernel)
 
 
+def test_the_qk_rope_kernel_is_a_switch_off_until_measured(hopper):
+    """QK_ROPE_KERNEL (T6.4): off by default; set, on CUDA at every size, training and evaluation, where
+    the head size is a power of two; never on the CPU."""
+    assert not plan(hopper, 49152).qk_rope_kernel
+    assert T.Hyperparameters.from_env({"QK_ROPE_KERNEL": "1"}).execution.qk_rope_kernel
+    assert all(plan(hopper, n, qk_rope_kernel=True).qk_rope_kernel for n in (16384, 32768, 49152))
+    assert plan(hopper, 262144, training=False, qk_rope_kernel=True).qk_rope_kernel
+    assert not plan(hopper, 49152, qk_rope_kernel=True, model_dim=576, num_heads=6, head_dim=96).qk_rope_kernel
+    assert not plan(torch.device("cpu"), 49152, qk_rope_kernel=True).qk_rope_kernel
+
+
 def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
     lines = []
     hp = T.Hyperparameters.of(device="cpu", compile=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
@@ -81,10 +92,11 @@ def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), lines.append)
     plans = [line for line in lines if line.startswith("execution plan")]
     assert plans == ["execution plan (stage 1): attention=sdpa mlp_fused=0 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 "
-                     "lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 cuda_graph=0",  # 256 tokens per forward: below
+                     "lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 qk_rope_kernel=0 cuda_graph=0",  # 256 tokens per forward: below
                      # the fused MLP's 512
                      "execution plan (stage 2, stage 3, extension, validation): attention=sdpa mlp_fused=1 "
-                     "mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 cuda_graph=0"]
+                     "mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 qk_rope_kernel=0 "
+                     "cuda_graph=0"]
     assert trainer.stage_execution[1] == trainer.validation_execution != trainer.stage_execution[0]
 
 
