@@ -10,7 +10,7 @@
 #      step graphs on, SEEDS=1,2,3: time and loss against GPU 1's arm.
 #   2. profile_comm --share 8 at 4 ranks, alone on the host (each stage's step against 1 rank's)
 #   3. side by side: profile_comm --share 8 at 1 rank (GPU 0), profile_stages --graphs both (GPU 1),
-#      bench_head_dims (GPU 2), and on GPU 3 full_one: the full batch on one GPU (accumulation 8),
+#      bench_head_dims then QK_ROPE_KERNEL's GPU tests and bench_qk_rope (T6.4; GPU 2), and on GPU 3 full_one: the full batch on one GPU (accumulation 8),
 #      SEED=1, to step 760 (val at 250 / 500 / 750). Does it rise from step 500 on as lease 3's 4-GPU
 #      full_four did (4.4818 / 4.3567 / 4.8935)? Both read shards 1-3 ten times over, so the same
 #      curve says the rise is the data's. Its compile reuses step 1's cache (the same shapes).
@@ -38,7 +38,11 @@ note "share8 four rc=$?"
 ( CUDA_VISIBLE_DEVICES=1 python bench/profile_stages.py --graphs both --out $L/profile > $L/profile.out 2>&1
   note "profile_stages (GPU1) rc=$?"; cp $L/profile/table.md $L/profile_table.md 2>/dev/null ) &
 ( CUDA_VISIBLE_DEVICES=2 python bench/bench_head_dims.py > $L/head_dims.md 2>&1
-  note "bench_head_dims (GPU2) rc=$?" ) &
+  note "bench_head_dims (GPU2) rc=$?"
+  CUDA_VISIBLE_DEVICES=2 timeout 400 python -m pytest -q -m gpu tests/kernels/test_qk_rope_kernels.py > $L/qk_rope_tests.out 2>&1
+  note "qk_rope gpu tests (GPU2) rc=$?"
+  CUDA_VISIBLE_DEVICES=2 python bench/bench_qk_rope.py --launch 16x4,64x8 > $L/qk_rope.md 2>&1
+  note "bench_qk_rope (GPU2) rc=$?" ) &
 ( CUDA_VISIBLE_DEVICES=3 RUN_ID=full_one RANK_SLICE=0 SEED=1 STOP_AFTER=760 LOG_DIR=$L python train_gpt.py \
     > $L/full_one.out 2>&1
   note "full_one (GPU3) rc=$?" ) &
