@@ -4386,15 +4386,23 @@ if triton is not None:
         return reciprocal_rms * (grad - normed * (tl.sum(grad * normed, 1) / HD)[:, None])
 
     @triton.jit
-    def _qk_norm_rope_forward_kernel(qkv_ptr, v_extra_ptr, cos_ptr, sin_ptr, scale_ptr, q_ptr, k_ptr, v_ptr, n_rows,
-                                     H: tl.constexpr, HD: tl.constexpr, SEQ_HEADS: tl.constexpr,
-                                     KEY_OFFSET: tl.constexpr, EPS: tl.constexpr, BLOCK: tl.constexpr):
+    def _program_rows(cos_ptr, sin_ptr, n_rows, H: tl.constexpr, HD: tl.constexpr, SEQ_HEADS: tl.constexpr,
+                      BLOCK: tl.constexpr):
+        # this program's head rows, which are live, the columns, the rows' q in the projection and in
+        # the outputs, and their rotation tables
         rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         live = rows < n_rows
         cols = tl.arange(0, HD)[None, :]
         source = _projection_rows(rows, H, HD)[:, None] + cols
         out = rows.to(tl.int64)[:, None] * HD + cols
         cos, sin = _rope_tables(cos_ptr, sin_ptr, rows, live, SEQ_HEADS, HD)
+        return rows, live, cols, source, out, cos, sin
+
+    @triton.jit
+    def _qk_norm_rope_forward_kernel(qkv_ptr, v_extra_ptr, cos_ptr, sin_ptr, scale_ptr, q_ptr, k_ptr, v_ptr, n_rows,
+                                     H: tl.constexpr, HD: tl.constexpr, SEQ_HEADS: tl.constexpr,
+                                     KEY_OFFSET: tl.constexpr, EPS: tl.constexpr, BLOCK: tl.constexpr):
+        rows, live, cols, source, out, cos, sin = _program_rows(cos_ptr, sin_ptr, n_rows, H, HD, SEQ_HEADS, BLOCK)
         q = _rotate(_normed(qkv_ptr + source, live, EPS, HD), cos, sin, BLOCK, HD) * tl.load(scale_ptr)
         tl.store(q_ptr + out, q.to(q_ptr.dtype.element_ty), mask=live[:, None])
         k = _rotate(_normed(qkv_ptr + H * HD + source, live, EPS, HD), cos, sin, BLOCK, HD)
@@ -4413,12 +4421,7 @@ if triton is not None:
                                       grad_qkv_ptr, n_rows, H: tl.constexpr, HD: tl.constexpr,
                                       SEQ_HEADS: tl.constexpr, KEY_OFFSET: tl.constexpr, EPS: tl.constexpr,
                                       BLOCK: tl.constexpr):
-        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        live = rows < n_rows
-        cols = tl.arange(0, HD)[None, :]
-        source = _projection_rows(rows, H, HD)[:, None] + cols
-        out = rows.to(tl.int64)[:, None] * HD + cols
-        cos, sin = _rope_tables(cos_ptr, sin_ptr, rows, live, SEQ_HEADS, HD)
+        rows, live, cols, source, out, cos, sin = _program_rows(cos_ptr, sin_ptr, n_rows, H, HD, SEQ_HEADS, BLOCK)
         grad_q = tl.load(grad_q_ptr + out, mask=live[:, None], other=0.0).to(tl.float32) * tl.load(scale_ptr)
         grad = _normed_rotated_grad(qkv_ptr + source, grad_q, cos, sin, live, EPS, BLOCK, HD)
         tl.store(grad_qkv_ptr + source, grad.to(grad_qkv_ptr.dtype.element_ty), mask=live[:, None])
