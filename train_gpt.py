@@ -199,10 +199,10 @@ class ExecutionConfig:
     fa4_min_tokens: int = 32768  # per-rank tokens per forward below which fa4 hands over to fa3/varlen (host-bound)
     fp8_lm_head: bool = True  # CUDA only
     fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
-    fused_mlp_min_tokens: int = 32768  # per-rank tokens per forward below which the plain MLP runs (launch-bound)
+    fused_mlp_min_tokens: int = 32768  # per-rank tokens per eager forward below which the plain MLP runs (launch-bound)
     fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
     fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
-    fp8_qkv_min_tokens: int = 49152  # per-rank tokens per forward below which it stays bf16 (host-bound there)
+    fp8_qkv_min_tokens: int = 49152  # per-rank tokens per eager forward below which it stays bf16 (host-bound there)
     qk_rope_kernel: bool = False  # QK-norm + rotary as one Triton kernel each way (CUDA); off until measured (T6.4)
     compile: bool = True
     cuda_graphs: bool = True  # each training step's forward and backward replayed from a CUDA graph (CUDA only)
@@ -460,24 +460,26 @@ class ExecutionPlan:
 def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.device, tokens: int,
                       training: bool, ce_candidates: int = 0) -> ExecutionPlan:
     """The plan of a forward of `tokens` tokens on one rank: the settings, what the device has, and
-    the size thresholds below which the host-bound stage 1 keeps the paths that launch faster.
-    ce_candidates: the stage's candidate budget (T4.6). Evaluation (training=False) stays bf16 and
-    takes the full softmax."""
+    the size thresholds below which a forward launched from the host (the host-bound stage 1 without
+    CUDA graphs) keeps the paths that launch faster. A graphed step launches nothing from the host, so
+    the fused MLP and e4m3 Q/K/V thresholds do not apply to it (T5.3). ce_candidates: the stage's
+    candidate budget (T4.6). Evaluation (training=False) stays bf16 and takes the full softmax."""
     cuda = device.type == "cuda" and torch.cuda.is_available()
     kernels = cuda and triton is not None
     hopper = kernels and torch.cuda.get_device_capability(device)[0] >= 9  # TMA, e4m3 GEMMs
+    graphed = training and cfg.cuda_graphs and cuda
     backend = resolve_attention_backend(cfg.attention_backend, device.type)
     if backend == "fa4" and tokens < cfg.fa4_min_tokens:  # FA4's per-call host cost outweighs its kernels
         backend = fa4_small_forward_backend()
-    fused_mlp = cfg.fused_mlp and tokens >= cfg.fused_mlp_min_tokens
+    fused_mlp = cfg.fused_mlp and (graphed or tokens >= cfg.fused_mlp_min_tokens)
     return ExecutionPlan(
         attention=backend, mlp_fused=fused_mlp, mlp_kernel=fused_mlp and hopper,
         mlp_e4m3=training and cfg.fp8_mlp and fused_mlp and hopper,
-        qkv_e4m3=training and cfg.fp8_qkv and hopper and tokens >= cfg.fp8_qkv_min_tokens,
+        qkv_e4m3=training and cfg.fp8_qkv and hopper and (graphed or tokens >= cfg.fp8_qkv_min_tokens),
         lm_head_fp8=training and cfg.fp8_lm_head and cuda, ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
         qk_rope_kernel=kernels and cfg.qk_rope_kernel and qk_rope_kernel_supports(model.head_dim),
-        cuda_graph=training and cfg.cuda_graphs and cuda)
+        cuda_graph=graphed)
 
 
 def norm(x: Tensor) -> Tensor:

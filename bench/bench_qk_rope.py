@@ -79,8 +79,11 @@ def least_bytes(tokens, value_input):
 
 
 def measure(fn, qkv, v_extra, grads):
-    """(fwd ms, fwd+bwd ms) of a compiled path."""
+    """(fwd ms, fwd+bwd ms) of a compiled path. On its own copies of the gradients: do_bench's first
+    calls keep the leaves' .grad, and v_extra's gradient is a view of v's, which autograd takes as the
+    leaf's .grad and then adds into in place, doubling that copy on every call."""
     leaves = [None if t is None else t.clone().requires_grad_() for t in (qkv, v_extra)]
+    grads = [g.clone() for g in grads]
 
     def forward():
         with torch.no_grad():

@@ -27,11 +27,11 @@ def plan(device, tokens, training=True, **settings):
     return T.resolve_execution(hp.execution, hp.model, device, tokens, training)
 
 
-def test_each_stage_gets_the_fast_paths_from_its_token_thresholds(hopper):
-    """The defaults' stages: 16,384 tokens per rank (stage 1) keep FA3, the plain MLP and bf16 Q/K/V
-    (host-bound there); 32,768 (stage 2) take FA4 and the fused e4m3 MLP; 49,152 (stage 3) also
-    the e4m3 Q/K/V projection. Evaluation stays bf16 at any size."""
-    stage1, stage2, stage3 = (plan(hopper, n) for n in (16384, 32768, 49152))
+def test_each_eager_stage_gets_the_fast_paths_from_its_token_thresholds(hopper):
+    """The defaults' stages launched from the host (CUDA_GRAPHS=0): 16,384 tokens per rank (stage 1)
+    keep FA3, the plain MLP and bf16 Q/K/V (host-bound there); 32,768 (stage 2) take FA4 and the fused
+    e4m3 MLP; 49,152 (stage 3) also the e4m3 Q/K/V projection. Evaluation stays bf16 at any size."""
+    stage1, stage2, stage3 = (plan(hopper, n, cuda_graphs=False) for n in (16384, 32768, 49152))
     assert (stage1.attention, stage1.mlp_fused, stage1.mlp_e4m3, stage1.qkv_e4m3) == ("fa3", False, False, False)
     assert (stage2.attention, stage2.mlp_fused, stage2.mlp_kernel, stage2.mlp_e4m3, stage2.qkv_e4m3) == (
         "fa4", True, True, True, False)
@@ -49,9 +49,21 @@ def test_a_switched_off_setting_turns_its_path_off_at_every_size(hopper, setting
 
 
 def test_thresholds_are_settings(hopper):
-    assert not plan(hopper, 49152, fp8_qkv_min_tokens=49153).qkv_e4m3
+    assert not plan(hopper, 49152, fp8_qkv_min_tokens=49153, cuda_graphs=False).qkv_e4m3
     assert plan(hopper, 1024, fused_mlp_min_tokens=1024, fa4_min_tokens=1024).attention == "fa4"
-    assert not plan(hopper, 1024, fused_mlp_min_tokens=1025).mlp_fused
+    assert not plan(hopper, 1024, fused_mlp_min_tokens=1025, cuda_graphs=False).mlp_fused
+
+
+def test_a_graphed_step_takes_the_fused_and_e4m3_paths_below_the_launch_thresholds(hopper):
+    """A CUDA graph's replay launches no kernel from the host (T5.3): the fused e4m3 MLP and the e4m3
+    Q/K/V projection at every training size, FA4's threshold kept (unmeasured with graphs); evaluation,
+    never graphed, keeps the thresholds."""
+    for tokens in (16384, 32768):
+        graphed, eager = plan(hopper, tokens), plan(hopper, tokens, cuda_graphs=False)
+        assert graphed.cuda_graph and graphed.mlp_e4m3 and graphed.qkv_e4m3 and not eager.qkv_e4m3
+        assert graphed.attention == eager.attention
+    assert not plan(hopper, 16384, cuda_graphs=False).mlp_fused
+    assert not plan(hopper, 16384, training=False).mlp_fused
 
 
 def test_the_candidate_budget_applies_to_training_only(hopper):
