@@ -60,6 +60,16 @@ def test_narrow_layers_have_their_own_bank_and_every_slot_gets_a_gradient():
     assert (model.vo_bank.grad.view(20, -1).abs().amax(1) > 0).all()
 
 
+def test_fp8_qkv_projection_takes_each_slot_at_its_width():
+    """The e4m3 Q/K/V projection (T6.3, forced on: CPU) with one quantization per Q/K bank: the
+    training loss within e4m3's rounding of the bf16 one."""
+    model = small_model(narrow_qk_layers=NARROW)
+    inputs, targets, cu = small_batch()
+    losses = [model.training_loss(inputs, targets, cu, SHAPE, dataclasses.replace(cpu_execution(), qkv_e4m3=e4m3),
+                                  torch.tensor([1.0]))[0] for e4m3 in (False, True)]
+    assert rel_err(losses[1], losses[0]) < 1e-2
+
+
 def rotate_float64(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     """Every pair (x[2i], x[2i + 1]) of x (T, H, D) turned by −positions·freqs[i] as a complex number
     (apply_rope's sign: (a, b) -> (a·cos + b·sin, b·cos − a·sin))."""
