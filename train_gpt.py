@@ -140,6 +140,7 @@ class ModelConfig:
     mlp_hidden: int = 3072
     attention_layers: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)  # the others are MLP only (T3.1)
     value_embed_layers: tuple[int, ...] = (1, 2, 8, 9, 10)  # attention layers given a value-embedding plane (T3.3)
+    narrow_qk_layers: tuple[int, ...] = ()  # attention layers with Q/K heads HEAD_DIM/2 wide, fully rotated (T3.18)
     bigram_rows: int = 50304 * 15 // 2
     value_embeds: bool = True
     skip_connection: bool = True
@@ -379,6 +380,9 @@ MUDD_FINAL_OUTPUTS = ("input", "layer7", "layer9", "value_embed", "layer3")
 RESIDUAL_LAMBDA_INIT, BIGRAM_LAMBDA_INIT, BACKOUT_LAMBDA_INIT, SKIP_LAMBDA_INIT = math.sqrt(1.1), 0.05, 0.5, -1.5
 BIGRAM_SIGN_ROWS = 8192
 ATTN_SCALE_INIT = 0.1  # softmax scale, raised by YaRN (#31)
+# Narrow Q/K heads (T3.18) take the wide heads' softmax scale times √(128/64): a q·k of unit-RMS heads
+# half as wide spreads √2 less, so its logits start as spread out as the wide heads' do (unmeasured)
+NARROW_QK_SCALE_MUL = math.sqrt(2)
 NO_WINDOW = -1
 
 
@@ -399,6 +403,8 @@ class LayerPlan:
     attn_slot: int | None  # its slot in the attention banks; None: MLP only (layer 6)
     long_window: bool
     paired_heads: bool  # heads h and h + H/2 attend as one head over a doubled sequence (T3.10)
+    narrow_qk: bool  # Q/K heads half as wide, all their dimensions rotated; V/O stay full width (T3.18)
+    qk_slot: int | None  # its slot in the Q/K bank of its width: qk_narrow_bank if narrow_qk, else qk_bank
     key_offset: bool  # keys' stationary half from the previous token (T3.11)
     value_embed: int | None  # block of the value-embedding table added to its values (T3.3)
     value_gate: int | None  # row of ve_gate_bank gating it; None at the MUDD layer (MUDD gates it)
@@ -419,6 +425,7 @@ class LayerPlan:
 
 def layer_plans(cfg: ModelConfig) -> tuple[LayerPlan, ...]:
     attending = cfg.attention_layers
+    wide = [layer for layer in attending if layer not in cfg.narrow_qk_layers]
     ve_layers = cfg.value_embed_layers if cfg.value_embeds else ()
     gated = [layer for layer in cfg.value_embed_layers if layer != MUDD_LAYER]  # rows of ve_gate_bank
     return tuple(LayerPlan(
@@ -426,6 +433,9 @@ def layer_plans(cfg: ModelConfig) -> tuple[LayerPlan, ...]:
         attn_slot=attending.index(layer) if layer in attending else None,
         long_window=layer in LONG_WINDOW_LAYERS,
         paired_heads=cfg.paired_heads and layer in PAIRED_HEAD_LAYERS and layer in attending,
+        narrow_qk=layer in cfg.narrow_qk_layers,
+        qk_slot=(cfg.narrow_qk_layers.index(layer) if layer in cfg.narrow_qk_layers
+                 else wide.index(layer) if layer in wide else None),
         key_offset=cfg.key_offset and layer in KEY_OFFSET_LAYERS,
         value_embed=ve_layers.index(layer) if layer in ve_layers else None,
         value_gate=gated.index(layer) if layer in ve_layers and layer in gated else None,
@@ -469,8 +479,12 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
     hopper = kernels and torch.cuda.get_device_capability(device)[0] >= 9  # TMA, e4m3 GEMMs
     graphed = training and cfg.cuda_graphs and cuda
     backend = resolve_attention_backend(cfg.attention_backend, device.type)
+    narrow_qk = bool(model.narrow_qk_layers)
     if backend == "fa4" and tokens < cfg.fa4_min_tokens:  # FA4's per-call host cost outweighs its kernels
-        backend = fa4_small_forward_backend()
+        backend = fa4_small_forward_backend(narrow_qk)
+    if backend == "varlen" and narrow_qk:
+        raise SetupError("NARROW_QK_LAYERS needs q and k narrower than v, which torch's varlen attention does not "
+                         "take: use ATTENTION_BACKEND=fa3, fa4 or flex")
     fused_mlp = cfg.fused_mlp and (graphed or tokens >= cfg.fused_mlp_min_tokens)
     return ExecutionPlan(
         attention=backend, mlp_fused=fused_mlp, mlp_kernel=fused_mlp and hopper,
@@ -478,7 +492,9 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         qkv_e4m3=training and cfg.fp8_qkv and hopper and (graphed or tokens >= cfg.fp8_qkv_min_tokens),
         lm_head_fp8=training and cfg.fp8_lm_head and cuda, ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
-        qk_rope_kernel=kernels and cfg.qk_rope_kernel and qk_rope_kernel_supports(model.head_dim),
+        # the narrow width is a power of two where the wide one is
+        qk_rope_kernel=kernels and cfg.qk_rope_kernel and qk_rope_kernel_supports(model.head_dim // 2 if narrow_qk
+                                                                                  else model.head_dim),
         cuda_graph=graphed)
 
 
@@ -489,7 +505,8 @@ def norm(x: Tensor) -> Tensor:
 
 def rope_frequencies(head_dim: int) -> Tensor:
     """Half-truncated RoPE (#17): head_dim/4 frequencies 1 ... 1/1024 rad/token rotate the first
-    head_dim/2 dimensions as interleaved pairs (#58); the other half is stationary (T3.9)."""
+    head_dim/2 dimensions as interleaved pairs (#58); the other half is stationary (T3.9). Narrow Q/K
+    heads (head_dim/2 wide, T3.18) are turned whole by the same frequencies."""
     return (1 / 1024) ** torch.linspace(0, 1, head_dim // 4, dtype=torch.float64)
 
 
@@ -509,13 +526,14 @@ def yarn(frequencies: Tensor, long_windows: list[int]) -> tuple[Tensor, float]:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (..., D) rotated by the angles whose cos/sin (..., D/4), broadcasting against x's leading
-    dimensions, are given (T3.9)."""
-    D = x.size(-1)
-    pairs = x[..., : D // 2].unflatten(-1, (D // 4, 2))
+    """x (..., D) with its first 2·P dimensions rotated as P interleaved pairs by the angles whose
+    cos/sin (..., P), broadcasting against x's leading dimensions, are given; the rest stationary
+    (T3.9). The model's tables have P = head_dim/4: half of a wide head turns, all of a narrow one (T3.18)."""
+    turning = 2 * cos.size(-1)
+    pairs = x[..., :turning].unflatten(-1, (turning // 2, 2))
     x1, x2 = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).flatten(-2)
-    return torch.cat((rotated, x[..., D // 2:]), dim=-1)
+    return torch.cat((rotated, x[..., turning:]), dim=-1)
 
 
 def shift_key_half(k: Tensor) -> Tensor:
@@ -542,9 +560,12 @@ def fa4_runs_here(device_type: str) -> bool:
             and torch.cuda.get_device_capability()[0] in FA4_GPU_MAJORS)
 
 
-def fa4_small_forward_backend() -> str:
-    """Where forwards below FA4_MIN_TOKENS go with ATTENTION_BACKEND=fa4."""
-    return "fa3" if flash_attn_varlen_func is not None else "varlen"
+def fa4_small_forward_backend(narrow_qk: bool) -> str:
+    """Where forwards below FA4_MIN_TOKENS go with ATTENTION_BACKEND=fa4: FA3, else torch's varlen
+    attention, which takes one head width, so narrow Q/K heads (T3.18) stay on FA4."""
+    if flash_attn_varlen_func is not None:
+        return "fa3"
+    return "fa4" if narrow_qk else "varlen"
 
 
 def resolve_attention_backend(requested: str, device_type: str) -> str:
@@ -699,7 +720,7 @@ class ForwardContext:
     rope_paired: tuple[Tensor, Tensor] | None  # cos, sin (T, 2, 1, hd/4): the paired-head positions
     # The banks unbound once per forward into per-layer views: their backward is one stack per bank,
     # where indexing the bank in each layer would zero-fill a bank-sized gradient per layer (#56, #74).
-    qk: tuple[Tensor, ...]  # per attention slot: (2·H·hd, d), Q then K rows
+    qk: tuple[Tensor, ...]  # per attention slot: (2·H·w, d), Q then K rows, w its Q/K head width (T3.18)
     vo: tuple[Tensor, ...]  # per attention slot: (2, d, d), V then O
     mlp_fc: tuple[Tensor, ...]  # per layer: (hidden, d)
     mlp_proj: tuple[Tensor, ...]  # per layer: (hidden, d), stored (in, out)
@@ -736,6 +757,8 @@ class GPT(nn.Module):
         self.register_buffer("rope_cos", torch.empty(positions, hd // 4, dtype=torch.bfloat16), persistent=False)
         self.register_buffer("rope_sin", torch.empty(positions, hd // 4, dtype=torch.bfloat16), persistent=False)
         self.register_buffer("attn_scale", torch.tensor(ATTN_SCALE_INIT), persistent=False)
+        self.register_buffer("narrow_attn_scale", torch.tensor(ATTN_SCALE_INIT * NARROW_QK_SCALE_MUL),
+                             persistent=False)  # narrow Q/K heads' (T3.18)
         self.set_long_windows([1])
 
     def _init_matrices(self, cfg: ModelConfig):
@@ -744,8 +767,13 @@ class GPT(nn.Module):
         bound = math.sqrt(3) * 0.5 * d ** -0.5  # uniform with std 0.5/sqrt(d)
         self.lm_head = nn.Parameter(torch.empty(V, d, **bf16).normal_(0, 0.005))
         self.embed = nn.Parameter(self.lm_head.detach().clone())  # tied at init (#51, T3.15)
-        # Q/K per head pair (#80): slot a holds H/2 Q groups then H/2 K groups of (2·hd, d).
-        self.qk_bank = nn.Parameter(torch.empty(n_attn * H, 2 * hd, d, **bf16).uniform_(-bound, bound))
+        # Q/K per head pair (#80): slot a holds H/2 Q groups then H/2 K groups of (2·hd, d); the narrow
+        # layers' (T3.18) in a bank of their own, (hd, d) per head pair (NorMuon takes one shape per bank)
+        n_narrow = len(cfg.narrow_qk_layers)
+        if n_attn > n_narrow:
+            self.qk_bank = nn.Parameter(torch.empty((n_attn - n_narrow) * H, 2 * hd, d, **bf16).uniform_(-bound, bound))
+        if n_narrow:
+            self.qk_narrow_bank = nn.Parameter(torch.empty(n_narrow * H, hd, d, **bf16).uniform_(-bound, bound))
         self.vo_bank = nn.Parameter(torch.empty(2 * n_attn, d, d, **bf16).uniform_(-bound, bound))  # V, O (out, in)
         mlp = torch.empty(NUM_LAYERS, 2, cfg.mlp_hidden, d, **bf16)
         mlp[:, 0].uniform_(-bound, bound)  # fc (hidden, d); proj stored (hidden, d) = (in, out), zero (#5)
@@ -796,6 +824,7 @@ class GPT(nn.Module):
         self.rope_cos.copy_(angles.cos())
         self.rope_sin.copy_(angles.sin())
         self.attn_scale.fill_(scale)
+        self.narrow_attn_scale.fill_(scale * NARROW_QK_SCALE_MUL)
 
     # --- losses -------------------------------------------------------------------------------------
     def training_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
@@ -919,13 +948,27 @@ class GPT(nn.Module):
         attn, rope, attn_paired, rope_paired = self.attention_layout(ids.size(0), cu_seqlens, shape, execution)
         n_attn, d = len(cfg.attention_layers), cfg.model_dim
         mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
+        qk_banks, qk = self.qk_banks(), [None] * n_attn
+        for bank, slots in qk_banks:
+            for slot, matrices in zip(slots, bank.view(len(slots), -1, d).unbind(0)):
+                qk[slot] = matrices
         return ForwardContext(
             x_input=x_input, x0=x0, bigram=bigram, value_embeds=value_embeds, gates=gates, scalars=scalars,
             shape=shape, execution=execution, attn=attn, attn_paired=attn_paired, rope=rope, rope_paired=rope_paired,
-            qk=self.qk_bank.view(n_attn, -1, d).unbind(0), vo=self.vo_bank.view(n_attn, 2, d, d).unbind(0),
-            mlp_fc=mlp_fc, mlp_proj=mlp_proj,
-            qkv8=QKVBankFP8.quantize(self.qk_bank, self.vo_bank) if execution.qkv_e4m3 else None,
+            qk=tuple(qk), vo=self.vo_bank.view(n_attn, 2, d, d).unbind(0), mlp_fc=mlp_fc, mlp_proj=mlp_proj,
+            qkv8=QKVBankFP8.quantize(qk_banks, self.vo_bank) if execution.qkv_e4m3 else None,
             mlp8=MLPBankFP8.quantize(self.mlp_bank) if execution.mlp_e4m3 else None, outputs={})
+
+    def qk_banks(self) -> list[tuple[Tensor, list[int]]]:
+        """Each Q/K bank with the attention slots whose Q/K matrices it holds, in its order: qk_bank
+        (wide heads), then qk_narrow_bank (T3.18); a bank no layer uses is absent."""
+        banks = []
+        for name, narrow in (("qk_bank", False), ("qk_narrow_bank", True)):
+            plans = sorted((p for p in self.layers if p.attn_slot is not None and p.narrow_qk == narrow),
+                           key=lambda p: p.qk_slot)
+            if plans:
+                banks.append((getattr(self, name), [p.attn_slot for p in plans]))
+        return banks
 
     def attention_layout(self, T: int, cu_seqlens: Tensor, shape: ForwardShape, execution: ExecutionPlan) -> tuple:
         """(AttnArgs, rotary tables) of the plain sequence, then of the doubled one (paired heads) or Nones."""
@@ -962,9 +1005,10 @@ class GPT(nn.Module):
         return v_extra
 
     def attention(self, layer: LayerPlan, x: Tensor, v_extra: Tensor | None, ctx: ForwardContext) -> Tensor:
-        """One attention sublayer on the normalized input x (T3.8-T3.13, T3.16, T3.17)."""
+        """One attention sublayer on the normalized input x (T3.8-T3.13, T3.16-T3.18)."""
         cfg, i, slot = self.config, layer.index, layer.attn_slot
         T, H, hd = x.size(0), cfg.num_heads, cfg.head_dim
+        qk_hd, scale = (hd // 2, self.narrow_attn_scale) if layer.narrow_qk else (hd, self.attn_scale)
         w_v, w_o = ctx.vo[slot][0], ctx.vo[slot][1]
         lambdas = ctx.scalars["attn_lambdas"][i]  # pre-multiplied into the weights (#47, #48)
         w_qkv, w_o = lambdas[0] * torch.cat([ctx.qk[slot], w_v]), lambdas[1] * w_o
@@ -973,8 +1017,8 @@ class GPT(nn.Module):
         else:
             qkv = x @ w_qkv.t()
         # QK-norm, rotary, key offset, q's scale, v's extra input, the paired heads' layout (T6.4)
-        q, k, v = qk_norm_rope(qkv, v_extra, *(ctx.rope_paired if layer.paired_heads else ctx.rope), self.attn_scale,
-                               H, layer.paired_heads, layer.key_offset, ctx.execution.qk_rope_kernel)
+        q, k, v = qk_norm_rope(qkv, v_extra, *(ctx.rope_paired if layer.paired_heads else ctx.rope), scale,
+                               H, qk_hd, layer.paired_heads, layer.key_offset, ctx.execution.qk_rope_kernel)
         window = ctx.shape.long_window if layer.long_window else ctx.shape.short_window
         y = attend(q, k, v, ctx.attn_paired if layer.paired_heads else ctx.attn, window).reshape(T, H, hd)
         if layer.dc_mha:  # cross-head composition on a local window (#85, T3.17); w1 RMS-normalized
@@ -1059,6 +1103,7 @@ def param_table(cfg: ModelConfig) -> dict[str, ParamSpec]:
     wait and the last gather are short. Parameters a switch removes are simply absent from the model."""
     return {
         "qk_bank": ParamSpec("normuon", "sharded", matrix_shape=(2 * cfg.head_dim, cfg.model_dim), wd_mul=1.0),
+        "qk_narrow_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.head_dim, cfg.model_dim), wd_mul=1.0),
         "mlp_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.mlp_hidden, cfg.model_dim), wd_mul=1.0,
                               matrix_lr_muls=(1.0, 2.0)),  # projections (odd index) x2
         "vo_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.model_dim, cfg.model_dim), wd_mul=1.0),
@@ -2329,7 +2374,8 @@ def check_layer_layout(model: ModelConfig):
     def listed(values):
         return ",".join(map(str, values))
 
-    for name, layers in (("ATTENTION_LAYERS", model.attention_layers), ("VALUE_EMBED_LAYERS", model.value_embed_layers)):
+    for name, layers in (("ATTENTION_LAYERS", model.attention_layers), ("VALUE_EMBED_LAYERS", model.value_embed_layers),
+                         ("NARROW_QK_LAYERS", model.narrow_qk_layers)):
         if any(not 0 <= layer < NUM_LAYERS for layer in layers) or list(layers) != sorted(set(layers)):
             raise SetupError(f"{name}={listed(layers)}: give increasing layer indices from 0 to {NUM_LAYERS - 1}")
     missing = [layer for layer in ATTENTION_REQUIRED_LAYERS if layer not in model.attention_layers]
@@ -2344,6 +2390,26 @@ def check_layer_layout(model: ModelConfig):
                          "enter through an attention's values")
     if model.value_embeds and not model.value_embed_layers:
         raise SetupError("VALUE_EMBED_LAYERS is empty: name at least one layer, or turn them off with VALUE_EMBEDS=0")
+    check_narrow_qk_layers(model)
+
+
+def check_narrow_qk_layers(model: ModelConfig):
+    """NARROW_QK_LAYERS (T3.18): attention layers whose roles work with Q/K heads half as wide and wholly
+    rotated: not the key offset's (no stationary half to shift) nor DC-MHA's (one width for q, k, v)."""
+    narrow = model.narrow_qk_layers
+    stray = [layer for layer in narrow if layer not in model.attention_layers]
+    if stray:
+        raise SetupError(f"NARROW_QK_LAYERS names layer(s) {','.join(map(str, stray))} without attention "
+                         f"(ATTENTION_LAYERS={','.join(map(str, model.attention_layers))})")
+    if narrow and model.head_dim % 4:
+        raise SetupError(f"NARROW_QK_LAYERS needs HEAD_DIM divisible by 4 (narrow heads are HEAD_DIM/2 wide), "
+                         f"got {model.head_dim}")
+    for switch, on, layers in (("KEY_OFFSET", model.key_offset, KEY_OFFSET_LAYERS),
+                               ("DC_MHA", model.dc_mha, (DC_LAYER,))):
+        clash = [layer for layer in narrow if on and layer in layers]
+        if clash:
+            raise SetupError(f"NARROW_QK_LAYERS names layer(s) {','.join(map(str, clash))}, whose {switch} needs "
+                             f"full-width Q/K heads: leave them wide or set {switch}=0")
 
 
 # --- CUDA graphs of the training step (#92, T5.3) ------------------------------------------------
@@ -4269,16 +4335,24 @@ def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, 
 # and weight it saves.
 @dataclass
 class QKVBankFP8:
-    """Each attention slot's (3d, d) Q, K, V weights in e4m3 and their scales (slots,) fp32."""
-    weights: Tensor
-    scales: Tensor
+    """Each attention slot's Q, K, V weights in e4m3, (2·H·w + d, d) for Q/K heads w wide ((3d, d)
+    unless narrow, T3.18), and their scales (0-d fp32), indexed by attention slot."""
+    weights: tuple[Tensor, ...]
+    scales: tuple[Tensor, ...]
 
     @classmethod
-    def quantize(cls, qk_bank: Tensor, vo_bank: Tensor) -> "QKVBankFP8":
-        slots, d = vo_bank.size(0) // 2, vo_bank.size(-1)
-        w = torch.cat([qk_bank.detach().view(slots, -1, d), vo_bank.detach().view(slots, 2, d, d)[:, 0]], 1)
-        w8, scale = quantize_e4m3(w, w.abs().amax(dim=(1, 2), keepdim=True))
-        return cls(w8, scale.view(slots))
+    def quantize(cls, qk_banks: list[tuple[Tensor, list[int]]], vo_bank: Tensor) -> "QKVBankFP8":
+        """From GPT.qk_banks() and the V/O bank: one quantization per Q/K bank."""
+        n_attn, d = vo_bank.size(0) // 2, vo_bank.size(-1)
+        weights, scales = [None] * n_attn, [None] * n_attn
+        for qk_bank, slots in qk_banks:
+            v = vo_bank.detach().view(n_attn, 2, d, d)[:, 0]
+            v = v if len(slots) == n_attn else v[slots]  # a narrow layout's: the bank's slots only
+            w = torch.cat([qk_bank.detach().view(len(slots), -1, d), v], 1)
+            w8, scale = quantize_e4m3(w, w.abs().amax(dim=(1, 2), keepdim=True))
+            for slot, slot_w8, slot_scale in zip(slots, w8.unbind(0), scale.view(len(slots)).unbind(0)):
+                weights[slot], scales[slot] = slot_w8, slot_scale
+        return cls(tuple(weights), tuple(scales))
 
 
 def fp8_normed_linear_reference(x: Tensor, w8: Tensor, w_scale: Tensor) -> Tensor:
@@ -4317,45 +4391,50 @@ def fp8_normed_linear(x: Tensor, w: Tensor, w8: Tensor, w_scale: Tensor) -> Tens
 # included, so no concatenation of dq, dk and dv follows it. v passes through them for that reason (a
 # copy where the torch path hands attend a view).
 def qk_norm_rope_reference(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor,
-                           heads: int, paired: bool, key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """attend's q, k, v from the projection qkv (T, 3·heads·hd): q and k RMS-normalized per head and
-    rotated by cos, sin (attention_layout's tables: (T, 1, hd/4), or (T, 2, 1, hd/4) for paired
-    heads), the keys' stationary half from the previous position where key_offset, q times the
-    softmax scale (0-d), v plus v_extra (T, heads, hd) where given. Shaped (T, heads, hd), or for
-    paired heads (2T, heads/2, hd): heads h and h + heads/2 of token t at positions 2t and 2t + 1 (#58)."""
-    T, H = qkv.size(0), heads
-    hd = qkv.size(1) // (3 * H)
-    q, k, v = qkv.view(T, 3 * H, hd).split(H, dim=1)
+                           heads: int, qk_head_dim: int, paired: bool,
+                           key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """attend's q, k, v from the projection qkv (T, heads·(2·qk_head_dim + hd)): q and k (qk_head_dim
+    wide: hd, or hd/2 on narrow layers, T3.18) RMS-normalized per head and rotated by cos, sin
+    (attention_layout's tables: (T, 1, hd/4), or (T, 2, 1, hd/4) for paired heads; apply_rope says
+    which dimensions turn), the keys' stationary half from the previous position where key_offset,
+    q times the softmax scale (0-d), v plus v_extra (T, heads, hd) where given. Shaped (T, heads, ·),
+    or for paired heads (2T, heads/2, ·): heads h and h + heads/2 of token t at positions 2t and
+    2t + 1 (#58)."""
+    T, H, qk_hd = qkv.size(0), heads, qk_head_dim
+    hd = qkv.size(1) // H - 2 * qk_hd
+    q, k, v = (t.view(T, H, -1) for t in qkv.split([H * qk_hd, H * qk_hd, H * hd], dim=1))
     q, k = norm(q), norm(k)  # QK-norm
     if v_extra is not None:
         v = v + v_extra
-    if paired:  # rotated as (T, 2, H/2, hd) views of the projection (plain strides), then interleaved
-        q, k = (apply_rope(t.view(T, 2, H // 2, hd), cos, sin) for t in (q, k))
-        q, k, v = (t.reshape(2 * T, H // 2, hd) for t in (q, k, v))
+    if paired:  # rotated as (T, 2, H/2, ·) views of the projection (plain strides), then interleaved
+        q, k = (apply_rope(t.view(T, 2, H // 2, qk_hd), cos, sin) for t in (q, k))
+        q, k, v = (t.reshape(2 * T, H // 2, -1) for t in (q, k, v))
     else:
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if key_offset:
         k = shift_key_half(k)
     return (q * scale).to(v.dtype), k, v
 
-# The kernels work on head rows: row n = t·H + h is head h of token t. Its q, k and v are at
-# qkv[t, h·hd:], 1·H·hd and 2·H·hd further, and it is row n of the outputs, (T·H, hd) row-major,
-# which is attend's (T, H, hd) and, for paired heads, (2T, H/2, hd): head n % (H/2) at position
-# n // (H/2) of the doubled sequence. So row n rotates at position n // SEQ_HEADS (H/2 with paired
-# heads, else H) and its key offset takes the stationary half of row n − SEQ_HEADS (its own at the
-# first position). The backward recomputes the norms from the projection, which it saves.
+# The kernels work on head rows: row n = t·H + h is head h of token t. Its q and k (HD wide) are at
+# qkv[t, h·HD:] and H·HD further, its v (VD wide: HD, or 2·HD on narrow layers, T3.18) at
+# qkv[t, 2·H·HD + h·VD:], and it is row n of the outputs, (T·H, HD) and (T·H, VD) row-major, which is
+# attend's (T, H, ·) and, for paired heads, (2T, H/2, ·): head n % (H/2) at position n // (H/2) of the
+# doubled sequence. So row n rotates its first 2·PAIRS dimensions at position n // SEQ_HEADS (H/2 with
+# paired heads, else H) and its key offset takes the stationary half of row n − SEQ_HEADS (its own at
+# the first position). The backward recomputes the norms from the projection, which it saves.
 if triton is not None:
     @triton.jit
-    def _projection_rows(rows, H: tl.constexpr, HD: tl.constexpr):
-        # offsets of the head rows' q in the projection (T, 3·H·HD)
-        return (rows // H).to(tl.int64) * (3 * H * HD) + (rows % H) * HD
+    def _projection_rows(rows, H: tl.constexpr, HD: tl.constexpr, VD: tl.constexpr):
+        # offsets of the head rows' q in the projection (T, H·(2·HD + VD)), and of their v
+        token = (rows // H).to(tl.int64) * (H * (2 * HD + VD))
+        return token + (rows % H) * HD, token + 2 * H * HD + (rows % H) * VD
 
     @triton.jit
-    def _rope_tables(cos_ptr, sin_ptr, rows, live, SEQ_HEADS: tl.constexpr, HD: tl.constexpr):
+    def _rope_tables(cos_ptr, sin_ptr, rows, live, SEQ_HEADS: tl.constexpr, HD: tl.constexpr, PAIRS: tl.constexpr):
         # cos and sin per pair (2i, 2i + 1) at each row's position; the stationary pairs turn by 0
         pairs = tl.arange(0, HD // 2)
-        at = (rows // SEQ_HEADS)[:, None] * (HD // 4) + pairs[None, :]
-        turning = live[:, None] & (pairs < HD // 4)[None, :]
+        at = (rows // SEQ_HEADS)[:, None] * PAIRS + pairs[None, :]
+        turning = live[:, None] & (pairs < PAIRS)[None, :]
         cos = tl.load(cos_ptr + at, mask=turning, other=1.0).to(tl.float32)
         sin = tl.load(sin_ptr + at, mask=turning, other=0.0).to(tl.float32)
         return cos, sin
@@ -4388,42 +4467,46 @@ if triton is not None:
         return reciprocal_rms * (grad - normed * (tl.sum(grad * normed, 1) / HD)[:, None])
 
     @triton.jit
-    def _program_rows(cos_ptr, sin_ptr, n_rows, H: tl.constexpr, HD: tl.constexpr, SEQ_HEADS: tl.constexpr,
-                      BLOCK: tl.constexpr):
-        # this program's head rows, which are live, the columns, the rows' q in the projection and in
-        # the outputs, and their rotation tables
+    def _program_rows(cos_ptr, sin_ptr, n_rows, H: tl.constexpr, HD: tl.constexpr, VD: tl.constexpr,
+                      PAIRS: tl.constexpr, SEQ_HEADS: tl.constexpr, BLOCK: tl.constexpr):
+        # this program's head rows, which are live, the q/k columns, the rows' q in the projection and in
+        # the q/k outputs, their v in the projection and in the v output, and their rotation tables
         rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         live = rows < n_rows
-        cols = tl.arange(0, HD)[None, :]
-        source = _projection_rows(rows, H, HD)[:, None] + cols
-        out = rows.to(tl.int64)[:, None] * HD + cols
-        cos, sin = _rope_tables(cos_ptr, sin_ptr, rows, live, SEQ_HEADS, HD)
-        return rows, live, cols, source, out, cos, sin
+        cols, v_cols = tl.arange(0, HD)[None, :], tl.arange(0, VD)[None, :]
+        source, v_source = _projection_rows(rows, H, HD, VD)
+        out, v_out = rows.to(tl.int64)[:, None] * HD + cols, rows.to(tl.int64)[:, None] * VD + v_cols
+        cos, sin = _rope_tables(cos_ptr, sin_ptr, rows, live, SEQ_HEADS, HD, PAIRS)
+        return rows, live, cols, source[:, None] + cols, out, v_source[:, None] + v_cols, v_out, cos, sin
 
     @triton.jit
     def _qk_norm_rope_forward_kernel(qkv_ptr, v_extra_ptr, cos_ptr, sin_ptr, scale_ptr, q_ptr, k_ptr, v_ptr, n_rows,
-                                     H: tl.constexpr, HD: tl.constexpr, SEQ_HEADS: tl.constexpr,
-                                     KEY_OFFSET: tl.constexpr, EPS: tl.constexpr, BLOCK: tl.constexpr):
-        rows, live, cols, source, out, cos, sin = _program_rows(cos_ptr, sin_ptr, n_rows, H, HD, SEQ_HEADS, BLOCK)
+                                     H: tl.constexpr, HD: tl.constexpr, VD: tl.constexpr, PAIRS: tl.constexpr,
+                                     SEQ_HEADS: tl.constexpr, KEY_OFFSET: tl.constexpr, EPS: tl.constexpr,
+                                     BLOCK: tl.constexpr):
+        rows, live, cols, source, out, v_source, v_out, cos, sin = _program_rows(cos_ptr, sin_ptr, n_rows, H, HD, VD,
+                                                                                 PAIRS, SEQ_HEADS, BLOCK)
         q = _rotate(_normed(qkv_ptr + source, live, EPS, HD), cos, sin, BLOCK, HD) * tl.load(scale_ptr)
         tl.store(q_ptr + out, q.to(q_ptr.dtype.element_ty), mask=live[:, None])
         k = _rotate(_normed(qkv_ptr + H * HD + source, live, EPS, HD), cos, sin, BLOCK, HD)
         if KEY_OFFSET:  # the stationary half of row n − SEQ_HEADS, normalized by that row's RMS
             previous = tl.where(rows >= SEQ_HEADS, rows - SEQ_HEADS, rows)
-            k_previous = _normed(qkv_ptr + H * HD + _projection_rows(previous, H, HD)[:, None] + cols, live, EPS, HD)
+            previous_source, _ = _projection_rows(previous, H, HD, VD)
+            k_previous = _normed(qkv_ptr + H * HD + previous_source[:, None] + cols, live, EPS, HD)
             k = tl.where(cols < HD // 2, k, k_previous)
         tl.store(k_ptr + out, k.to(k_ptr.dtype.element_ty), mask=live[:, None])
-        v = tl.load(qkv_ptr + 2 * H * HD + source, mask=live[:, None], other=0.0)
+        v = tl.load(qkv_ptr + v_source, mask=live[:, None], other=0.0)
         if v_extra_ptr is not None:
-            v = v.to(tl.float32) + tl.load(v_extra_ptr + out, mask=live[:, None], other=0.0).to(tl.float32)
-        tl.store(v_ptr + out, v.to(v_ptr.dtype.element_ty), mask=live[:, None])
+            v = v.to(tl.float32) + tl.load(v_extra_ptr + v_out, mask=live[:, None], other=0.0).to(tl.float32)
+        tl.store(v_ptr + v_out, v.to(v_ptr.dtype.element_ty), mask=live[:, None])
 
     @triton.jit
     def _qk_norm_rope_backward_kernel(qkv_ptr, grad_q_ptr, grad_k_ptr, grad_v_ptr, cos_ptr, sin_ptr, scale_ptr,
-                                      grad_qkv_ptr, n_rows, H: tl.constexpr, HD: tl.constexpr,
-                                      SEQ_HEADS: tl.constexpr, KEY_OFFSET: tl.constexpr, EPS: tl.constexpr,
-                                      BLOCK: tl.constexpr):
-        rows, live, cols, source, out, cos, sin = _program_rows(cos_ptr, sin_ptr, n_rows, H, HD, SEQ_HEADS, BLOCK)
+                                      grad_qkv_ptr, n_rows, H: tl.constexpr, HD: tl.constexpr, VD: tl.constexpr,
+                                      PAIRS: tl.constexpr, SEQ_HEADS: tl.constexpr, KEY_OFFSET: tl.constexpr,
+                                      EPS: tl.constexpr, BLOCK: tl.constexpr):
+        rows, live, cols, source, out, v_source, v_out, cos, sin = _program_rows(cos_ptr, sin_ptr, n_rows, H, HD, VD,
+                                                                                 PAIRS, SEQ_HEADS, BLOCK)
         grad_q = tl.load(grad_q_ptr + out, mask=live[:, None], other=0.0).to(tl.float32) * tl.load(scale_ptr)
         grad = _normed_rotated_grad(qkv_ptr + source, grad_q, cos, sin, live, EPS, BLOCK, HD)
         tl.store(grad_qkv_ptr + source, grad.to(grad_qkv_ptr.dtype.element_ty), mask=live[:, None])
@@ -4437,39 +4520,43 @@ if triton is not None:
             grad_k = tl.where(stationary, grad_following + tl.where(first, grad_k, 0.0), grad_k)
         grad = _normed_rotated_grad(qkv_ptr + H * HD + source, grad_k, cos, sin, live, EPS, BLOCK, HD)
         tl.store(grad_qkv_ptr + H * HD + source, grad.to(grad_qkv_ptr.dtype.element_ty), mask=live[:, None])
-        grad_v = tl.load(grad_v_ptr + out, mask=live[:, None], other=0.0)
-        tl.store(grad_qkv_ptr + 2 * H * HD + source, grad_v.to(grad_qkv_ptr.dtype.element_ty), mask=live[:, None])
+        grad_v = tl.load(grad_v_ptr + v_out, mask=live[:, None], other=0.0)
+        tl.store(grad_qkv_ptr + v_source, grad_v.to(grad_qkv_ptr.dtype.element_ty), mask=live[:, None])
 
 
 QK_ROPE_LAUNCH = {"BLOCK": 32, "num_warps": 4}  # head rows per program (bench/bench_qk_rope.py --launch times others)
 
 
-def _qk_rope_launch(qkv: Tensor, tensors: tuple, heads: int, paired: bool) -> tuple[tuple, int, dict]:
-    """(grid, head rows, the kernels' constants) of one launch on the projection qkv (T, 3·heads·hd)."""
+def _qk_rope_launch(qkv: Tensor, tensors: tuple, cos: Tensor, heads: int, qk_head_dim: int,
+                    paired: bool) -> tuple[tuple, int, dict]:
+    """(grid, head rows, the kernels' constants) of one launch on the projection qkv
+    (T, heads·(2·qk_head_dim + hd)) with rotary tables as wide as cos."""
     if any(not t.is_contiguous() for t in tensors if t is not None):
         raise ValueError("the QK-norm + rotary kernels take contiguous tensors")
-    hd, rows = qkv.size(1) // (3 * heads), qkv.size(0) * heads
-    constants = {"H": heads, "HD": hd, "SEQ_HEADS": heads // 2 if paired else heads,
-                 "EPS": torch.finfo(torch.float32).eps, **QK_ROPE_LAUNCH}
+    rows = qkv.size(0) * heads
+    constants = {"H": heads, "HD": qk_head_dim, "VD": qkv.size(1) // heads - 2 * qk_head_dim, "PAIRS": cos.size(-1),
+                 "SEQ_HEADS": heads // 2 if paired else heads, "EPS": torch.finfo(torch.float32).eps,
+                 **QK_ROPE_LAUNCH}
     return (triton.cdiv(rows, QK_ROPE_LAUNCH["BLOCK"]),), rows, constants
 
 
 def qk_norm_rope_forward(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor, heads: int,
-                         paired: bool, key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
+                         qk_head_dim: int, paired: bool, key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Triton: qk_norm_rope_reference's q, k, v, from contiguous tensors (scale fp32)."""
-    grid, rows, constants = _qk_rope_launch(qkv, (qkv, v_extra, cos, sin), heads, paired)
-    q, k, v = (qkv.new_empty(rows, constants["HD"]) for _ in range(3))
+    grid, rows, constants = _qk_rope_launch(qkv, (qkv, v_extra, cos, sin), cos, heads, qk_head_dim, paired)
+    q, k, v = (qkv.new_empty(rows, constants[width]) for width in ("HD", "HD", "VD"))
     _qk_norm_rope_forward_kernel[grid](qkv, v_extra, cos, sin, scale, q, k, v, rows, KEY_OFFSET=key_offset,
                                        **constants)
-    shape = (-1, heads // 2 if paired else heads, constants["HD"])
-    return q.view(shape), k.view(shape), v.view(shape)
+    seq_heads = heads // 2 if paired else heads
+    return q.view(-1, seq_heads, qk_head_dim), k.view(-1, seq_heads, qk_head_dim), v.view(-1, seq_heads, constants["VD"])
 
 
 def qk_norm_rope_backward(qkv: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, cos: Tensor, sin: Tensor,
-                          scale: Tensor, heads: int, paired: bool, key_offset: bool) -> Tensor:
-    """Triton: the gradient of qkv (T, 3·heads·hd) from those of qk_norm_rope_forward's q, k, v
-    (contiguous); v_extra's is grad_v's."""
-    grid, rows, constants = _qk_rope_launch(qkv, (qkv, grad_q, grad_k, grad_v, cos, sin), heads, paired)
+                          scale: Tensor, heads: int, qk_head_dim: int, paired: bool, key_offset: bool) -> Tensor:
+    """Triton: the gradient of qkv (T, heads·(2·qk_head_dim + hd)) from those of qk_norm_rope_forward's
+    q, k, v (contiguous); v_extra's is grad_v's."""
+    grid, rows, constants = _qk_rope_launch(qkv, (qkv, grad_q, grad_k, grad_v, cos, sin), cos, heads, qk_head_dim,
+                                            paired)
     grad_qkv = torch.empty_like(qkv)
     _qk_norm_rope_backward_kernel[grid](qkv, grad_q, grad_k, grad_v, cos, sin, scale, grad_qkv, rows,
                                         KEY_OFFSET=key_offset, **constants)
@@ -4481,21 +4568,21 @@ class QKNormRope(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor, heads: int,
-                paired: bool, key_offset: bool):
+                qk_head_dim: int, paired: bool, key_offset: bool):
         qkv = qkv.contiguous()
         ctx.save_for_backward(qkv, cos, sin, scale)
-        ctx.heads, ctx.paired, ctx.key_offset = heads, paired, key_offset
+        ctx.heads, ctx.qk_head_dim, ctx.paired, ctx.key_offset = heads, qk_head_dim, paired, key_offset
         v_extra = None if v_extra is None else v_extra.contiguous()
-        return qk_norm_rope_forward(qkv, v_extra, cos, sin, scale, heads, paired, key_offset)
+        return qk_norm_rope_forward(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
 
     @staticmethod
     def backward(ctx, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor):
         qkv, cos, sin, scale = ctx.saved_tensors
         grad_q, grad_k, grad_v = grad_q.contiguous(), grad_k.contiguous(), grad_v.contiguous()
-        grad_qkv = qk_norm_rope_backward(qkv, grad_q, grad_k, grad_v, cos, sin, scale, ctx.heads, ctx.paired,
-                                         ctx.key_offset)
+        grad_qkv = qk_norm_rope_backward(qkv, grad_q, grad_k, grad_v, cos, sin, scale, ctx.heads, ctx.qk_head_dim,
+                                         ctx.paired, ctx.key_offset)
         grad_v_extra = grad_v.view(qkv.size(0), ctx.heads, -1) if ctx.needs_input_grad[1] else None
-        return grad_qkv, grad_v_extra, None, None, None, None, None, None
+        return grad_qkv, grad_v_extra, None, None, None, None, None, None, None
 
 
 def qk_rope_kernel_supports(head_dim: int) -> bool:
@@ -4504,12 +4591,12 @@ def qk_rope_kernel_supports(head_dim: int) -> bool:
 
 
 def qk_norm_rope(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor, heads: int,
-                 paired: bool, key_offset: bool, use_triton: bool) -> tuple[Tensor, Tensor, Tensor]:
+                 qk_head_dim: int, paired: bool, key_offset: bool, use_triton: bool) -> tuple[Tensor, Tensor, Tensor]:
     """attend's q, k, v from the projection (qk_norm_rope_reference says what): the Triton kernels
     where use_triton (qk_rope_kernel_supports says where they apply), else the reference."""
     if use_triton:
-        return QKNormRope.apply(qkv, v_extra, cos, sin, scale, heads, paired, key_offset)
-    return qk_norm_rope_reference(qkv, v_extra, cos, sin, scale, heads, paired, key_offset)
+        return QKNormRope.apply(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
+    return qk_norm_rope_reference(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
 
 
 # --- Lightweight DC-MHA (T3.17) -----------------------------------------------------------------------
@@ -4855,6 +4942,31 @@ def _fa4_backward(ctx, grad_out: Tensor, _grad_lse: Tensor):
 
 
 fa4_varlen_attention.register_autograd(_fa4_backward, setup_context=_fa4_setup_context)
+
+# FA4 4.0.0b36 picks its SM90 backward tile from the Q/K width alone. For Q/K 64 wide with V 128 wide
+# (narrow Q/K heads, T3.18) that tile needs ~240 KB of shared memory, more than an H100's 227 KB, and
+# fails to launch. This one is the library's tile for 128-wide heads with blocks of 64 query rows by
+# 128 keys, two Q and two dO stages: bench/bench_head_dims.py's tile 128/64,128,2,2, the fastest that
+# launched there (records/experiments/2026-11-27_FourGpusH100, lease 4).
+FA4_NARROW_BACKWARD_TILE = {"base_head_dim": 128, "m_block_size": 64, "n_block_size": 128, "num_stages_Q": 2,
+                            "num_stages_dO": 2}
+
+
+def fa4_backward_tile_for_narrow_qk(library_tile):
+    """FA4's SM90 backward tile choice, with FA4_NARROW_BACKWARD_TILE for Q/K 64 wide and V 128 wide: the
+    library's tile for heads base_head_dim wide, its block sizes and stages replaced."""
+    @functools.wraps(library_tile)
+    def tile(head_dim, head_dim_v, causal, local, sparse_block_size_q=None):
+        if head_dim == 64 and head_dim_v == 128 and sparse_block_size_q is None:
+            fields = dict(FA4_NARROW_BACKWARD_TILE)
+            base = fields.pop("base_head_dim")
+            return dataclasses.replace(library_tile(base, base, causal, local, sparse_block_size_q), **fields)
+        return library_tile(head_dim, head_dim_v, causal, local, sparse_block_size_q)
+    return tile
+
+
+if fa4_interface is not None:
+    fa4_interface._tile_size_bwd_sm90 = fa4_backward_tile_for_narrow_qk(fa4_interface._tile_size_bwd_sm90)
 
 
 if __name__ == "__main__":

@@ -149,6 +149,8 @@ def main():
     if not T.fa4_runs_here("cuda"):
         raise SystemExit("error: needs FlashAttention-4 (flash_attn.cute) on a Hopper or Blackwell GPU")
     fa4, device = T.fa4_interface, torch.device("cuda")
+    # the library's own choice: train_gpt.py wraps it with FA4_NARROW_BACKWARD_TILE (128/64,128,2,2) for (64, 128)
+    fa4._tile_size_bwd_sm90 = fa4._tile_size_bwd_sm90.__wrapped__
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.tokens} tokens, {HEADS} heads, "
           f"max_seq_len {args.max_seq_len}, window {args.window}; ms (median), relative errors against fp32")
     print("| Q/K | V/O | backward tile | forward ms | backward ms | out | dq | dk | dv |")

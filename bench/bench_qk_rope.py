@@ -54,7 +54,7 @@ def problem(tokens, paired, key_offset, value_input, seed=0):
         cos, sin = (t.view(tokens, 2, 1, HEAD_DIM // 4) for t in (cos, sin))
     else:
         cos, sin = cos[:tokens, None], sin[:tokens, None]
-    args = (cos, sin, torch.tensor(0.12, device="cuda"), HEADS, paired, key_offset)
+    args = (cos, sin, torch.tensor(0.12, device="cuda"), HEADS, HEAD_DIM, paired, key_offset)
     return qkv, v_extra, grads, args
 
 

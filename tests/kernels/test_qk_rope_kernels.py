@@ -1,6 +1,7 @@
 """QK-norm + rotary + key offset in Triton kernels (docs/TECHNIQUES.md T6.4): through Triton's CPU
 interpreter against the torch reference in float64, output and gradients (fp32 storage to rounding,
-bf16 to bf16 precision), and the tiny model with the kernels against its torch path; compiled ahead
+bf16 to bf16 precision; full-width and narrow Q/K heads, T3.18), and the tiny model (all layers wide,
+and with narrow layers) with the kernels against its torch path; compiled ahead
 of time for sm_90; on a GPU (gpu-marked) at the model's shapes, eager and traced by torch.compile,
 and the compiled model with them. The execution plan's switch: tests/model/test_execution_plan.py."""
 
@@ -22,47 +23,53 @@ QK_ROPE_INTERPRETER_CHECK = textwrap.dedent("""
     import dataclasses, torch, train_gpt as T
     from helpers import cpu_execution, outputs_and_grads, random_batch, rel_err, rope_tables
 
-    cases = [(37, 2, 64, True, True, True), (64, 6, 64, False, True, False), (37, 6, 64, True, False, True),
-             (64, 2, 64, False, False, False), (37, 6, 32, False, True, True)]
-    for (tokens, H, hd, paired, key_offset, value_input) in cases:
+    # (tokens, heads, head_dim, Q/K head width, paired, key offset, value input); Q/K head_dim/2 wide:
+    # narrow layers (T3.18), every dimension turning, v head_dim wide
+    cases = [(37, 2, 64, 64, True, True, True), (64, 6, 64, 64, False, True, False),
+             (37, 6, 64, 64, True, False, True), (64, 2, 64, 64, False, False, False),
+             (37, 6, 32, 32, False, True, True), (37, 6, 64, 32, True, False, True), (37, 2, 64, 32, False, False, False)]
+    for (tokens, H, hd, qk_hd, paired, key_offset, value_input) in cases:
         torch.manual_seed(tokens * H)
         cos, sin = rope_tables(tokens, hd, paired)
         scale = torch.tensor(0.12)
         S, heads = (2 * tokens, H // 2) if paired else (tokens, H)
-        grads = [torch.randn(S, heads, hd) for _ in range(3)]
+        grads = [torch.randn(S, heads, width) for width in (qk_hd, qk_hd, hd)]
         for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
-            qkv = (torch.randn(tokens, 3 * H * hd) * 0.5).to(dtype)
+            qkv = (torch.randn(tokens, H * (2 * qk_hd + hd)) * 0.5).to(dtype)
             v_extra = torch.randn(tokens, H, hd).to(dtype) if value_input else None
-            args = cos, sin, scale, H, paired, key_offset
+            args = cos, sin, scale, H, qk_hd, paired, key_offset
             got = outputs_and_grads(lambda a, b: T.qk_norm_rope(a, b, *args, use_triton=True), (qkv, v_extra), grads)
             want = outputs_and_grads(lambda a, b: T.qk_norm_rope_reference(a, b, *args),
                                      (qkv.double(), None if v_extra is None else v_extra.double()), grads)
             errors = [rel_err(a, b) for a, b in zip(got, want)]
-            print(tokens, H, hd, paired, key_offset, value_input, dtype, ["%.1e" % e for e in errors])
+            print(tokens, H, hd, qk_hd, paired, key_offset, value_input, dtype, ["%.1e" % e for e in errors])
             assert all(a.dtype == dtype and a.shape == b.shape for a, b in zip(got, want))
             assert max(errors) < tolerance, errors
             if dtype == torch.float32:  # v + v_extra exactly as torch adds (the interpreter truncates to bf16)
                 assert torch.equal(got[2], T.qk_norm_rope_reference(qkv, v_extra, *args)[2])
 
-    hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, vocab_size=1024,
-                              bigram_rows=1001)
-    torch.manual_seed(0)
-    model = T.GPT(hp.model, 256).float()  # in fp32 the two paths agree to rounding (bf16: the cases above)
-    with torch.no_grad():  # live MUDD value mix (the extra value input of layer 10)
-        model.mudd.w2.normal_(0, 0.05)
-    inputs, targets, cu = random_batch(vocab=1024)
-    shape = T.ForwardShape(short_window=32, long_window=96, max_seq_len=256)
-    plan = cpu_execution(hp)
-    results = []
-    for kernel in (False, True):
-        model.zero_grad(set_to_none=True)
-        loss, _ = model.training_loss(inputs, targets, cu, shape, dataclasses.replace(plan, qk_rope_kernel=kernel),
-                                      torch.tensor([1.0]))
-        loss.backward()
-        results.append((loss, model.qk_bank.grad, model.vo_bank.grad, model.value_embeds.grad))
-    errors = [rel_err(a, b) for a, b in zip(*results)]
-    print("model", ["%.1e" % e for e in errors])
-    assert max(errors) < 1e-5, errors
+    for narrow in ((), (0, 1, 2, 4, 5, 7, 8, 9)):  # all wide; record #92's narrow layers (T3.18)
+        hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, vocab_size=1024,
+                                  bigram_rows=1001, narrow_qk_layers=narrow)
+        torch.manual_seed(0)
+        model = T.GPT(hp.model, 256).float()  # in fp32 the two paths agree to rounding (bf16: the cases above)
+        with torch.no_grad():  # live MUDD value mix (the extra value input of layer 10)
+            model.mudd.w2.normal_(0, 0.05)
+        inputs, targets, cu = random_batch(vocab=1024)
+        shape = T.ForwardShape(short_window=32, long_window=96, max_seq_len=256)
+        plan = cpu_execution(hp)
+        results = []
+        for kernel in (False, True):
+            model.zero_grad(set_to_none=True)
+            loss, _ = model.training_loss(inputs, targets, cu, shape, dataclasses.replace(plan, qk_rope_kernel=kernel),
+                                          torch.tensor([1.0]))
+            loss.backward()
+            banks = [bank.grad for bank, _ in model.qk_banks()]
+            results.append((loss, *banks, model.vo_bank.grad, model.value_embeds.grad))
+        errors = [rel_err(a, b) for a, b in zip(*results)]
+        print("model", narrow, ["%.1e" % e for e in errors])
+        assert len(errors) == 5 if narrow else 4
+        assert max(errors) < 1e-5, errors
 """)
 
 
@@ -80,7 +87,7 @@ def test_qk_rope_kernels_compile_for_hopper(paired, key_offset, value_input):
     from triton.compiler import ASTSource
 
     bf16 = "*bf16"
-    constants = {"H": 6, "HD": 128, "SEQ_HEADS": 3 if paired else 6, "KEY_OFFSET": key_offset,
+    constants = {"H": 6, "HD": 128, "VD": 128, "PAIRS": 32, "SEQ_HEADS": 3 if paired else 6, "KEY_OFFSET": key_offset,
                  "EPS": torch.finfo(torch.float32).eps, "BLOCK": T.QK_ROPE_LAUNCH["BLOCK"]}
     tables = {"cos_ptr": bf16, "sin_ptr": bf16, "scale_ptr": "*fp32"}
     kernels = [(T._qk_norm_rope_forward_kernel, {"qkv_ptr": bf16, "v_extra_ptr": bf16 if value_input else None,
@@ -110,7 +117,7 @@ def test_qk_rope_kernels_on_gpu(paired, key_offset, value_input):
     tokens, H, hd = 49152 + 17, 6, 128
     torch.manual_seed(0)
     S, heads = (2 * tokens, H // 2) if paired else (tokens, H)
-    args = (*rope_tables(tokens, hd, paired, "cuda"), torch.tensor(0.12, device="cuda"), H, paired, key_offset)
+    args = (*rope_tables(tokens, hd, paired, "cuda"), torch.tensor(0.12, device="cuda"), H, hd, paired, key_offset)
     qkv = (torch.randn(tokens, 3 * H * hd, device="cuda") * 0.5).bfloat16()
     v_extra = torch.randn(tokens, H, hd, device="cuda").bfloat16() if value_input else None
     grads = [torch.randn(S, heads, hd, device="cuda").bfloat16() for _ in range(3)]

@@ -24,16 +24,23 @@ def banks(slots=3, H=2, hd=32, seed=0):
 
 
 def test_qkv_bank_holds_each_slots_q_k_v_rows_at_its_own_scale():
+    """One Q/K bank for all slots, then slot 1 narrow (T3.18): its Q/K rows from a bank of their own."""
     qk, vo = banks()
-    bank8 = T.QKVBankFP8.quantize(qk, vo)
     slots, d = 3, 64
-    assert bank8.weights.shape == (slots, 3 * d, d) and bank8.weights.dtype == torch.float8_e4m3fn
-    assert bank8.scales.shape == (slots,) and bank8.scales.dtype == torch.float32
-    for s in range(slots):
-        want = torch.cat([qk.view(slots, -1, d)[s], vo[2 * s]])  # what the bf16 forward multiplies
-        got = bank8.weights[s].float() * bank8.scales[s]
-        assert bank8.weights[s].float().abs().max() == T.E4M3_MAX
-        assert rel_err(got, want) < 0.04, s  # e4m3: 3 mantissa bits
+    narrow = torch.randn(2, 32, d, generator=torch.Generator().manual_seed(1)).bfloat16()
+    layouts = {"wide": ([(qk, [0, 1, 2])], qk.view(slots, -1, d)),
+               "narrow slot 1": ([(qk[:4], [0, 2]), (narrow, [1])], [qk[:2].reshape(-1, d), narrow.reshape(-1, d),
+                                                                     qk[2:4].reshape(-1, d)])}
+    for layout, (qk_banks, qk_rows) in layouts.items():
+        bank8 = T.QKVBankFP8.quantize(qk_banks, vo)
+        assert len(bank8.weights) == len(bank8.scales) == slots
+        for s in range(slots):
+            want = torch.cat([qk_rows[s], vo[2 * s]])  # what the bf16 forward multiplies
+            assert bank8.weights[s].shape == want.shape and bank8.weights[s].dtype == torch.float8_e4m3fn
+            assert bank8.scales[s].shape == () and bank8.scales[s].dtype == torch.float32
+            got = bank8.weights[s].float() * bank8.scales[s]
+            assert bank8.weights[s].float().abs().max() == T.E4M3_MAX
+            assert rel_err(got, want) < 0.04, (layout, s)  # e4m3: 3 mantissa bits
 
 
 def linear_inputs(M=96, N=72, d=64, seed=1, device="cpu"):
