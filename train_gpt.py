@@ -142,6 +142,8 @@ class ModelConfig:
     value_embed_layers: tuple[int, ...] = (1, 2, 8, 9, 10)  # attention layers given a value-embedding plane (T3.3)
     narrow_qk_layers: tuple[int, ...] = ()  # attention layers with Q/K heads HEAD_DIM/2 wide, fully rotated (T3.18)
     bigram_rows: int = 50304 * 15 // 2
+    ngram_rows: int = 0  # >0: the bigram injection's rows come from a hashed n-gram table this large (T3.19)
+    ngram_orders: tuple[int, ...] = (2, 3)  # with NGRAM_ROWS: the n-gram lengths hashed into it (2: bigram, 3: trigram)
     value_embeds: bool = True
     skip_connection: bool = True
     residual_lambdas: bool = True  # 0: residual and sublayer weights fixed at 1
@@ -742,7 +744,7 @@ class GPT(nn.Module):
         self.config = cfg
         self.layers = layer_plans(cfg)
         self._init_matrices(cfg)  # parameters in the order they draw from the random generator
-        self._init_embeddings(cfg)
+        self._init_embeddings(cfg, max_tokens)
         self._init_scalars(cfg)
         self.mudd = MuddBlock(cfg.model_dim, mudd_connection_outputs(cfg), MUDD_SCALE, learned_scale=False)
         self.gates = MuddBlock(cfg.model_dim, mudd_gate_outputs(cfg), MUDD_GATE_SCALE_INIT, learned_scale=True)
@@ -780,17 +782,26 @@ class GPT(nn.Module):
         mlp[:, 1].zero_()
         self.mlp_bank = nn.Parameter(mlp)
 
-    def _init_embeddings(self, cfg: ModelConfig):
+    def _init_embeddings(self, cfg: ModelConfig, max_tokens: int):
         d, H, V, bf16 = cfg.model_dim, cfg.num_heads, cfg.vocab_size, dict(dtype=torch.bfloat16)
         if cfg.value_embeds:  # (#14, #63, #70; T3.3) token-major (V, layers·d): one gather serves every
             # layer, and the gradient is one scatter into the table
             self.value_embeds = nn.Parameter(torch.empty(V, len(cfg.value_embed_layers) * d, **bf16).normal_(0, 0.01))
             gated = sum(plan.value_gate is not None for plan in self.layers)
             self.ve_gate_bank = nn.Parameter(torch.zeros(gated, H, GATE_INPUTS, **bf16))
-        if cfg.bigram_embed:  # hashed bigram table with random sign rows (#62, #83, #85; T3.4)
+        if cfg.ngram_rows:  # the n-gram table's rows of one forward, which NgramTable.load fills (#92; T3.19):
+            # `ngram_cache` holds the distinct rows (a leaf whose gradient is the per-row sums), `ngram_inverse`
+            # each position's place in it per order; sized for the longest forward
+            orders = len(cfg.ngram_orders)
+            cache = torch.zeros(max_tokens * orders, d, **bf16).requires_grad_()
+            self.register_buffer("ngram_cache", cache, persistent=False)
+            self.register_buffer("ngram_inverse", torch.zeros(max_tokens, orders, dtype=torch.long), persistent=False)
+            self.bigram_embedding = self.ngram_embedding
+        elif cfg.bigram_embed:  # hashed bigram table with random sign rows (#62, #83, #85; T3.4)
             self.bigram_embed = nn.Parameter(torch.zeros(cfg.bigram_rows, d, **bf16))
             signs = torch.randn(BIGRAM_SIGN_ROWS, d).sign().to(torch.bfloat16)
             self.register_buffer("bigram_signs", signs, persistent=False)
+            self.bigram_embedding = self.hashed_bigram_embedding
         if cfg.smear_gate:  # one-token look-back on the embeddings (#34, T3.6)
             self.smear_gate = nn.Parameter(torch.zeros(1, GATE_INPUTS, **bf16))
 
@@ -942,7 +953,7 @@ class GPT(nn.Module):
         gates = self.gates(0, x0)
         x_input, bigram = x0, None
         if cfg.bigram_embed:  # (#62, T3.4)
-            bigram = self.bigram_embed[bigram_ids(ids, cfg.bigram_rows)] * self.bigram_signs[bigram_sign_ids(ids)]
+            bigram = self.bigram_embedding(ids)
             x_input = x0 + gates["bigram", 0] * bigram
         value_embeds = self.value_embeds[ids].split(cfg.model_dim, -1) if cfg.value_embeds else ()
         attn, rope, attn_paired, rope_paired = self.attention_layout(ids.size(0), cu_seqlens, shape, execution)
@@ -969,6 +980,15 @@ class GPT(nn.Module):
             if plans:
                 banks.append((getattr(self, name), [p.attn_slot for p in plans]))
         return banks
+
+    def hashed_bigram_embedding(self, ids: Tensor) -> Tensor:
+        """The bigram table's row of each (previous, current) token pair times its sign row (T3.4)."""
+        return self.bigram_embed[bigram_ids(ids, self.config.bigram_rows)] * self.bigram_signs[bigram_sign_ids(ids)]
+
+    def ngram_embedding(self, ids: Tensor) -> Tensor:
+        """With NGRAM_ROWS: the sum over the orders of each position's n-gram rows, read from the row cache
+        NgramTable.load filled for these ids (T3.19)."""
+        return self.ngram_cache[self.ngram_inverse[: ids.size(0)]].sum(1)
 
     def attention_layout(self, T: int, cu_seqlens: Tensor, shape: ForwardShape, execution: ExecutionPlan) -> tuple:
         """(AttnArgs, rotary tables) of the plain sequence, then of the doubled one (paired heads) or Nones."""
@@ -1073,6 +1093,40 @@ def bigram_sign_ids(ids: Tensor) -> Tensor:
     signs[:1].fill_(0)
     return signs
 
+
+# Hashed n-gram table (record #92 "ANVIL2", PR #360; T3.19): per order n, a polynomial hash of the tokens
+# x[t-n+1..t] (each + 1) modulo the Mersenne prime 2^31 - 1, started at n so the orders hash apart, scattered
+# by a multiplication modulo the prime, then taken modulo the table's hashed rows. Integer arithmetic on the
+# device, every product below 2^62: the same rows on every rank, process and device.
+NGRAM_PRIME, NGRAM_BASE, NGRAM_SCATTER = 2**31 - 1, 1_000_003, 1_460_320_421
+
+
+def ngram_ids(ids: Tensor, rows: int, orders: tuple[int, ...]) -> Tensor:
+    """(T, len(orders)) rows of each position's n-gram of each order in a table of `rows` rows: the first
+    rows - len(orders) are hashed; order k's n-grams that would reach before the first position of the
+    flattened batch take reserved row rows - len(orders) + k (as bigram_ids reserves the last row)."""
+    hashed_rows, x = rows - len(orders), ids.long() + 1
+    columns = []
+    for k, n in enumerate(orders):
+        h = torch.full_like(x, n)
+        for back in range(n - 1, -1, -1):  # x[t - back], zeros before the first position
+            h = (h * NGRAM_BASE + torch.cat([x.new_zeros(back), x[: x.size(0) - back]])) % NGRAM_PRIME
+        row = (h * NGRAM_SCATTER) % NGRAM_PRIME % hashed_rows
+        row[: n - 1].fill_(hashed_rows + k)
+        columns.append(row)
+    return torch.stack(columns, 1)
+
+
+def padded_unique(values: Tensor, fill: int) -> tuple[Tensor, Tensor]:
+    """(the distinct values in increasing order, then `fill` up to values' length; each value's place in
+    it): torch.unique's answer with a static shape and no host sync (T3.19). `fill` exceeds every value."""
+    ordered, order = values.sort()
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    place = first.cumsum(0) - 1
+    inverse = torch.empty_like(values).scatter_(0, order, place)
+    return torch.full_like(values, fill).scatter_(0, place, ordered), inverse  # equal values write one place
+
 # =============================================================================================
 # Optimizer
 # =============================================================================================
@@ -1083,6 +1137,7 @@ class ParamSpec:
     """How one parameter is optimized and communicated (T2.1)."""
     optimizer: str  # "normuon" | "adam"
     comm: str  # "sharded": reduce-scatter + all-gather along dim 0 | "replicated": all-reduce (flat, per dtype)
+    # | "sparse": (row id, row sum) pairs to the rows' owners (NgramTable, not a parameter of NorMuonAdam)
     lr_mul: float = 1.0
     wd_mul: float = 0.0
     betas: tuple[float, float] = (0.9, 0.99)
@@ -1112,6 +1167,8 @@ def param_table(cfg: ModelConfig) -> dict[str, ParamSpec]:
         "ve_gate_bank": ParamSpec("adam", "replicated", wd_mul=1.0, betas=(0.9, 0.99)),
         "lm_head": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
         "bigram_embed": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
+        # lazy sparse Adam without weight decay: the replay of untouched steps has no closed form for cautious decay
+        "ngram_table": ParamSpec("adam", "sparse", lr_mul=75.0, betas=(0.75, 0.95)),
         "post_lambdas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
         "resid_lambdas": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.95)),
         "value_embeds": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
@@ -1600,6 +1657,177 @@ class NorMuonAdam:
                     self.state[label][key].copy_(value)  # in place: compiled functions keep their inputs
                 else:
                     self.state[label][key] = value
+
+
+# --- Hashed n-gram table with lazy sparse Adam (#92; T3.19) -----------------------------------------
+# What one process may hold of the table and its Adam state: an 80 GB GPU less the model's peak (about 45 GB
+# in rank-slice mode) and room for the row cache and the kept gradients
+NGRAM_STATE_GIB = 28
+
+
+def ngram_bytes_per_row(dim: int) -> int:
+    """One table row's bytes: the bf16 weight, the fp32 first and second moments, its last update's step (int32)."""
+    return dim * (2 + 4 + 4) + 4
+
+
+class NgramTable:
+    """The hashed n-gram table (T3.19) and its lazy sparse Adam. It is no parameter: no dense gradient of it
+    exists, and NorMuonAdam never sees it.
+
+    Sharding: rank r owns the rows [r·S, (r+1)·S), S = ⌈rows / world⌉, with their Adam state, and one scratch
+    row (local index S) that padded_unique's padding reads and writes. load (before each forward): the ids'
+    rows per order (ngram_ids), the distinct ones and each position's place among them (padded_unique: static
+    shapes) into the model's row cache with their current weights; at world size 1 one gather, above it the
+    distinct row ids go to their owners and the weights come back. add_gradient (after each backward) keeps the
+    cache's gradient: one sum per distinct row. step (on an Adam step): the kept (row, gradient) pairs of every
+    micro-batch, and with ADAM_EVERY_OTHER_STEP of the step before (T2.7), are summed per row here, sent to the
+    rows' owners and summed there; each owner updates its rows. Above world size 1 every exchange is two
+    all_to_all_single of compact lists, their sizes sent first (one host sync each).
+
+    Lazy Adam (no weight decay): a row last updated at Adam step s and untouched since has had zero gradients,
+    so at step t dense Adam has moved it over the steps k = s+1 .. t-1 by a_k·β1^(k-s)·m / (β2^((k-s)/2)·√v +
+    eps) (a_k: the step size, with the schedule's lr multiplier and the bias correction) and decayed its moments
+    by β1^(t-1-s), β2^(t-1-s). That is C_s·m / (√v + eps) with C_s = Σ_k a_k·r^(k-s), r = β1/√β2: `replay[s]`,
+    which every Adam step adds its term to for every s (one fp64 vector op). Every read (load) and the row's
+    next update apply it, so a forward sees dense Adam's weights. Exact in fp32 except for eps: the replay adds
+    eps to √v where dense Adam's step k adds eps·β2^(-(k-s)/2) (the same when eps = 0; no difference while
+    √v ≫ eps). In bf16 the weight is rounded once per update instead of once per step."""
+
+    def __init__(self, cfg: ModelConfig, optim: OptimConfig, max_steps: int, device: torch.device,
+                 rank: int = 0, world_size: int = 1, dtype: torch.dtype = torch.bfloat16):
+        self.rows, self.orders, self.optim = cfg.ngram_rows, cfg.ngram_orders, optim
+        self.spec = param_table(cfg)["ngram_table"]
+        self.world = world_size
+        self.shard_rows = -(-self.rows // world_size)
+        self.start = rank * self.shard_rows
+        local = (self.shard_rows + 1, cfg.model_dim)  # the owned rows and the scratch row
+        self.weight = torch.zeros(local, dtype=dtype, device=device)
+        self.exp_avg = torch.zeros(local, device=device)
+        self.exp_avg_sq = torch.zeros(local, device=device)
+        self.last_step = torch.zeros(local[0], dtype=torch.int32, device=device)  # 0: never updated
+        self.replay = torch.zeros(max_steps + 1, dtype=torch.float64, device=device)  # C_s by last step s
+        self.step_numbers = torch.arange(max_steps + 1, dtype=torch.float64, device=device)
+        self.step_count = 0  # Adam steps taken
+        self.kept: list[tuple[Tensor, Tensor]] = []  # (row ids, their gradient sums) since the last Adam step
+
+    # --- forward and backward -----------------------------------------------------------------------
+    @torch.no_grad()
+    def load(self, ids: Tensor, cache: Tensor, inverse: Tensor) -> Tensor:
+        """Fill the model's row cache for a forward on `ids`: each position's place per order in `inverse`, the
+        distinct rows' current weights in `cache`. Returns the distinct row ids (then `rows` as padding),
+        which add_gradient takes with the cache's gradient."""
+        T, k = ids.size(0), len(self.orders)
+        distinct, places = padded_unique(ngram_ids(ids, self.rows, self.orders).flatten(), self.rows)
+        inverse[:T].copy_(places.view(T, k))
+        if self.world == 1:
+            cache[: T * k].copy_(self.current(distinct))  # the padding reads the scratch row
+        else:
+            owned = distinct[: int((distinct < self.rows).sum())]
+            cache[: owned.numel()].copy_(self.fetch(owned))
+        return distinct
+
+    def add_gradient(self, distinct: Tensor, cache_grad: Tensor):
+        """Keep a backward's per-row gradient sums (the row cache's gradient) for the next Adam step."""
+        self.kept.append((distinct, cache_grad[: distinct.numel()].clone()))
+
+    # --- optimizer ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, lr_multiplier: float, adam: bool = True):
+        """On an Adam step, sum the kept gradients per row on the rows' owners and update those rows; on a
+        step without Adam keep them for the next one (T2.7)."""
+        if not adam:
+            return
+        rows = torch.cat([self.last_step.new_zeros(0, dtype=torch.long), *(rows for rows, _ in self.kept)])
+        grads = torch.cat([self.exp_avg[:0], *(grad.float() for _, grad in self.kept)])
+        self.kept = []
+        self.update(*self.owner_sums(rows, grads), lr_multiplier)
+
+    def owner_sums(self, rows: Tensor, grads: Tensor) -> tuple[Tensor, Tensor]:
+        """From (row id, gradient) pairs of this rank, repeats and padding (`rows`) allowed: (local rows, each
+        one's gradient summed over every pair of every rank) of the rows this rank owns, scratch-padded."""
+        distinct, places = padded_unique(rows, self.rows)
+        sums = torch.zeros_like(grads).index_add_(0, places, grads)
+        if self.world == 1:
+            return distinct, sums
+        count = int((distinct < self.rows).sum())
+        received, (received_sums,), _, _ = self.to_owners(distinct[:count], sums[:count])
+        distinct, places = padded_unique(received - self.start, self.shard_rows)
+        return distinct, torch.zeros_like(received_sums).index_add_(0, places, received_sums)
+
+    def update(self, local: Tensor, sums: Tensor, lr_multiplier: float):
+        """One Adam step of the table: the rows `local` (duplicates only of the scratch row) with their
+        gradients summed over the ranks, after replaying the steps they missed; then every replay sum takes
+        this step's term."""
+        beta1, beta2 = self.spec.betas
+        self.step_count += 1
+        t = self.step_count
+        lr = self.optim.adam_lr * self.spec.lr_mul * lr_multiplier
+        step_size = lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+        missed = (t - 1 - self.last_step[local]).float()[:, None]
+        weight = self.replayed(local)
+        exp_avg = self.exp_avg[local] * beta1 ** missed
+        exp_avg_sq = self.exp_avg_sq[local] * beta2 ** missed
+        g = sums * (1.0 / self.world)
+        exp_avg.lerp_(g, 1 - beta1)
+        exp_avg_sq.lerp_(g.square(), 1 - beta2)
+        self.weight[local] = (weight - step_size * exp_avg / (exp_avg_sq.sqrt() + self.optim.adam_eps)).to(self.weight.dtype)
+        self.exp_avg[local], self.exp_avg_sq[local] = exp_avg, exp_avg_sq
+        self.last_step[local] = t
+        self.replay[:t] += step_size * (beta1 / math.sqrt(beta2)) ** (t - self.step_numbers[:t])
+
+    def replayed(self, local: Tensor) -> Tensor:
+        """The fp32 weights of local rows as dense Adam has them now: the stored ones moved by their replay sum."""
+        coefficient = self.replay[self.last_step[local].long()].float()[:, None]
+        return self.weight[local].float() - coefficient * self.exp_avg[local] / (
+            self.exp_avg_sq[local].sqrt() + self.optim.adam_eps)
+
+    def current(self, local: Tensor) -> Tensor:
+        return self.replayed(local).to(self.weight.dtype)
+
+    # --- exchange (world size > 1) --------------------------------------------------------------------
+    def to_owners(self, rows: Tensor, *payloads: Tensor) -> tuple[Tensor, list[Tensor], list[int], list[int]]:
+        """Send the increasing row ids `rows`, and the payloads' rows with them, to their owners: (the ids
+        received, the payloads received, the counts sent to and received from each rank)."""
+        sent = torch.bincount(rows // self.shard_rows, minlength=self.world)
+        received = torch.empty_like(sent)
+        dist.all_to_all_single(received, sent)
+        sent, received = sent.tolist(), received.tolist()
+
+        def exchange(t: Tensor) -> Tensor:
+            out = t.new_empty((sum(received), *t.shape[1:]))
+            dist.all_to_all_single(out, t, received, sent)
+            return out
+
+        return exchange(rows), [exchange(p) for p in payloads], sent, received
+
+    def fetch(self, rows: Tensor) -> Tensor:
+        """The current weights of the increasing row ids `rows`, from their owners."""
+        asked, _, sent, received = self.to_owners(rows)
+        served = self.current(asked - self.start)
+        out = served.new_empty((rows.numel(), served.size(1)))
+        dist.all_to_all_single(out, served, sent, received)
+        return out
+
+    # --- state ----------------------------------------------------------------------------------------
+    def tensors(self) -> dict[str, Tensor]:
+        return {"weight": self.weight, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq,
+                "last_step": self.last_step, "replay": self.replay}
+
+    def state_dict(self) -> dict:
+        """This rank's rows, their Adam state, the replay sums, the step count and the kept gradients."""
+        return {"step_count": self.step_count, "kept": [(r.clone(), g.clone()) for r, g in self.kept],
+                **{name: t.clone() for name, t in self.tensors().items()}}
+
+    def load_state_dict(self, state: dict):
+        for name, t in self.tensors().items():
+            t.copy_(state[name])
+        self.step_count, self.kept = state["step_count"], [(r.clone(), g.clone()) for r, g in state["kept"]]
+
+    def reset(self):
+        """The initial state: zero rows (as the bigram table starts, T3.4), zero moments, no step taken."""
+        for t in self.tensors().values():
+            t.zero_()
+        self.step_count, self.kept = 0, []
 
 # =============================================================================================
 # Data
@@ -2360,6 +2588,38 @@ def check_hyperparameters(hp: Hyperparameters):
             raise SetupError(f"STAGE_CE_CANDIDATES entry {stage.ce_candidates}: use a multiple of 16 (the FP8 "
                              f"lm_head's GEMM) up to VOCAB_SIZE={hp.model.vocab_size}, or 0 for the full softmax")
     check_layer_layout(hp.model)
+    check_ngram_settings(hp)
+
+
+def check_ngram_settings(hp: Hyperparameters):
+    """NGRAM_ROWS and NGRAM_ORDERS (T3.19): the table replaces the bigram table, so the bigram injection must be on;
+    its rows are gathered between micro-batches, outside the step's CUDA graphs."""
+    model = hp.model
+    if not model.ngram_rows:
+        return
+    orders = ",".join(map(str, model.ngram_orders))
+    if not model.ngram_orders or min(model.ngram_orders) < 2 or list(model.ngram_orders) != sorted(set(model.ngram_orders)):
+        raise SetupError(f"NGRAM_ORDERS={orders}: give increasing n-gram lengths of 2 or more, e.g. 2,3")
+    if not len(model.ngram_orders) < model.ngram_rows <= NGRAM_PRIME:
+        raise SetupError(f"NGRAM_ROWS={model.ngram_rows}: give more rows than NGRAM_ORDERS has orders (one reserved "
+                         f"row each) and at most {NGRAM_PRIME}, or 0 for the bigram table")
+    if not model.bigram_embed:
+        raise SetupError("NGRAM_ROWS supplies the bigram injection's rows (T3.19): set BIGRAM_EMBED=1, or NGRAM_ROWS=0")
+    if hp.run.device == "cuda" and hp.execution.cuda_graphs:
+        raise SetupError("NGRAM_ROWS gathers its rows between micro-batches, outside the step's CUDA graphs: "
+                         "set CUDA_GRAPHS=0")
+
+
+def check_ngram_memory(hp: Hyperparameters, world_size: int):
+    """Each process holds ⌈NGRAM_ROWS / world size⌉ rows of the n-gram table with their Adam state (rank-slice
+    mode, at world size 1, the whole table): at most NGRAM_STATE_GIB beside the model (T3.19)."""
+    rows, dim = hp.model.ngram_rows, hp.model.model_dim
+    largest = NGRAM_STATE_GIB * 2**30 // ngram_bytes_per_row(dim) * world_size
+    if rows > largest:
+        holds = "rank-slice mode holds the whole table" if hp.run.rank_slice else f"world size {world_size}"
+        raise SetupError(f"NGRAM_ROWS={rows} does not fit: {ngram_bytes_per_row(dim)} bytes per row with its Adam "
+                         f"state, at most {NGRAM_STATE_GIB} GiB per process beside the model ({holds}); "
+                         f"the largest that fits: NGRAM_ROWS={largest}")
 
 
 # Layers whose attention has a role the others' lack: long windows and key offset (3, 10), output
@@ -2822,6 +3082,7 @@ class Trainer:
         torch.manual_seed(hp.run.seed)
         self.model = GPT(hp.model, longest_forward(hp)).to(device)
         self._share_initialization()
+        self.ngram = self.ngram_table()
         self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), param_specs(self.model), hp.optim, rank,
                                      world_size, tied=("embed", "lm_head"), compile=hp.execution.compile)
         compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.execution.compile else (lambda f: f)
@@ -2849,6 +3110,17 @@ class Trainer:
         # Every step's number on the device, for the model's candidate_step (the sampled CE's sweep, T4.6)
         sampled = any(plan.ce_candidates for plan in self.stage_execution)
         self.candidate_steps = torch.arange(self.schedule.total_steps, device=device) if sampled else None
+
+    def ngram_table(self) -> "NgramTable | None":
+        """With NGRAM_ROWS: the hashed n-gram table this rank owns a share of (T3.19); the log says its size."""
+        hp = self.hp
+        if not hp.model.ngram_rows:
+            return None
+        table = NgramTable(hp.model, hp.optim, self.schedule.total_steps, self.device, self.rank, self.world_size)
+        gib = table.shard_rows * ngram_bytes_per_row(hp.model.model_dim) / 2**30
+        self.log(f"n-gram table (T3.19): {hp.model.ngram_rows} rows, orders {','.join(map(str, hp.model.ngram_orders))}; "
+                 f"{table.shard_rows} rows per process, {gib:.2f} GiB with their Adam state; lazy sparse Adam")
+        return table
 
     def load_validation_mask(self) -> Tensor | None:
         """Validation masking's table on the device (VAL_MASK=1, T4.5), else None; the log says which
@@ -2890,7 +3162,7 @@ class Trainer:
 
     def _share_initialization(self):
         if self.world_size > 1:  # the same initialization on every rank
-            random_buffers = [self.model.bigram_signs] if self.hp.model.bigram_embed else []
+            random_buffers = [self.model.bigram_signs] if hasattr(self.model, "bigram_signs") else []
             for tensor in [*self.model.parameters(), *random_buffers]:
                 dist.broadcast(tensor.data, 0)
 
@@ -2906,6 +3178,8 @@ class Trainer:
                 own[name].copy_(tensor)
         self._share_initialization()
         self.optimizer.reset()
+        if self.ngram is not None:
+            self.ngram.reset()
         self._clear_run_state()
         if self.step_graphs is not None:
             self.step_graphs.check_addresses()
@@ -2918,6 +3192,8 @@ class Trainer:
         periodic checks and the candidate shortfall they read (T4.6)."""
         for p in self.model.parameters():
             p.grad = None
+        if self.ngram is not None:
+            self.model.ngram_cache.grad = None
         self.losses.zero_()
         self.model.candidate_shortfall.zero_()
         self.long_windows = None
@@ -2942,15 +3218,23 @@ class Trainer:
 
     def eager_optimizer_step(self, plan: StepPlan):
         self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step)
+        if self.ngram is not None:
+            self.ngram.step(plan.lr_multiplier, plan.adam_step)
 
     def eager_forward_backward(self, plan: StepPlan, loader: "TrainLoader", target_weights: Tensor) -> Tensor:
-        """The step's micro-batches forward and backward, their gradients summed in .grad; the mean CE."""
+        """The step's micro-batches forward and backward, their gradients summed in .grad (the n-gram table's
+        kept per micro-batch, T3.19); the mean CE."""
         mean_ce = torch.zeros((), device=self.device)
         for _ in range(self.grad_accum):
             inputs, targets, cu_seqlens = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)
+            if self.ngram is not None:
+                distinct = self.ngram.load(inputs, self.model.ngram_cache, self.model.ngram_inverse)
             loss, ce = self.training_loss(inputs, targets, cu_seqlens, plan.shape, self.stage_execution[plan.stage],
                                           target_weights, self.grad_scale)
             loss.backward()
+            if self.ngram is not None:
+                self.ngram.add_gradient(distinct, self.model.ngram_cache.grad)
+                self.model.ngram_cache.grad = None
             mean_ce += ce / self.grad_accum
         return mean_ce
 
@@ -3006,6 +3290,8 @@ class Trainer:
         for i, (inputs, targets, cu_seqlens) in enumerate(self.val_set):
             if max_batches is not None and i >= max_batches:
                 break
+            if self.ngram is not None:
+                self.ngram.load(inputs, self.model.ngram_cache, self.model.ngram_inverse)
             totals += self.evaluation_loss(inputs, targets, cu_seqlens, shape, self.validation_execution,
                                            min(32768, self.hp.data.val_seq_len))
             count += inputs.numel()
@@ -3088,6 +3374,7 @@ class Trainer:
         self.position = "during the warm-up"
         initial_model = copy.deepcopy(self.model.state_dict())
         initial_optimizer = self.optimizer.state_dict()
+        initial_ngram = self.ngram.state_dict() if self.ngram is not None else None
         loader = TrainLoader(self.hp.data.train_files, self.rank, self.world_size, self.device, log=lambda _: None,
                              grad_accum=self.grad_accum)
         start = time.perf_counter()
@@ -3104,6 +3391,8 @@ class Trainer:
             torch.compiler.set_stance(skip_guard_eval_unsafe=True)
         self.model.load_state_dict(initial_model)
         self.optimizer.load_state_dict(initial_optimizer)
+        if self.ngram is not None:
+            self.ngram.load_state_dict(initial_ngram)
         self._clear_run_state()
         if self.step_graphs is not None:
             self.step_graphs.check_addresses()
@@ -3200,6 +3489,8 @@ class Trainer:
             torch.save({"hyperparameters": self.hp.flat(), "model": self.model.state_dict()},
                        os.path.join(folder, "model.pt"))
         torch.save(self.optimizer.state_dict(), os.path.join(folder, f"optimizer_rank{self.rank}.pt"))
+        if self.ngram is not None:  # this rank's rows of the n-gram table and their Adam state (T3.19)
+            torch.save(self.ngram.state_dict(), os.path.join(folder, f"ngram_rank{self.rank}.pt"))
         self.log(f"checkpoint: {folder}/")
 
     def _sync(self):
@@ -3252,6 +3543,7 @@ def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     check_world_size(hp, world_size)
+    check_ngram_memory(hp, world_size)
     if hp.run.device == "cuda":
         check_gpus(hp, world_size)
         torch.cuda.set_device(local_rank)
@@ -3329,6 +3621,7 @@ def main():
         if sys.argv[1:] == ["--check"]:
             world_size = int(os.environ.get("WORLD_SIZE", 1))
             check_world_size(hp, world_size)
+            check_ngram_memory(hp, world_size)
             check_gpus(hp, world_size)
             check_inputs(hp)
             return print(f"settings and inputs ok ({data_label(hp.data)})")

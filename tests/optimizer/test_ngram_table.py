@@ -1,0 +1,219 @@
+"""The hashed n-gram table (T3.19): its hashing, the lazy sparse Adam against dense Adam, the compact exchange
+against a dense all-reduce on gloo ranks, and a tiny model training with it."""
+import math
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from helpers import TINY, free_port
+
+import train_gpt as T
+
+DIM = 8
+# The rows of ngram_ids(GOLDEN_IDS, 1000, (2, 3)): the same in every process, on every device and rank
+GOLDEN_IDS = torch.tensor([50256, 11, 0, 50303, 464, 11, 0, 50303])
+GOLDEN_ROWS = [[998, 999], [275, 999], [217, 441], [86, 727], [783, 6], [28, 917], [217, 471], [86, 727]]
+
+
+def python_ngram_row(tokens: list[int], hashed_rows: int) -> int:
+    """The hash's definition in Python integers: Horner's rule modulo 2^31 - 1 from the order, then scattered."""
+    h = len(tokens)
+    for token in tokens:
+        h = (h * T.NGRAM_BASE + token + 1) % T.NGRAM_PRIME
+    return h * T.NGRAM_SCATTER % T.NGRAM_PRIME % hashed_rows
+
+
+def table(rows: int = 40, rank: int = 0, world: int = 1, max_steps: int = 12, **optim) -> T.NgramTable:
+    cfg = T.ModelConfig(model_dim=DIM, ngram_rows=rows)
+    return T.NgramTable(cfg, T.Hyperparameters.of(**optim).optim, max_steps, torch.device("cpu"), rank, world,
+                        dtype=torch.float32)
+
+
+def test_ngram_rows_are_fixed_in_range_and_reserved_at_the_batch_start():
+    assert T.ngram_ids(GOLDEN_IDS, 1000, (2, 3)).tolist() == GOLDEN_ROWS
+    tokens = GOLDEN_IDS.tolist()
+    assert GOLDEN_ROWS[2:] == [[python_ngram_row(tokens[t - n + 1: t + 1], 998) for n in (2, 3)] for t in range(2, 8)]
+    ids = torch.randint(0, 50304, (4096,))
+    rows = T.ngram_ids(ids, 5003, (2, 3, 4))
+    assert rows.shape == (4096, 3) and rows.dtype == torch.long
+    for k, n in enumerate((2, 3, 4)):
+        assert (rows[: n - 1, k] == 5000 + k).all()  # the first n - 1 positions: the order's reserved row
+        assert ((rows[n - 1:, k] >= 0) & (rows[n - 1:, k] < 5000)).all()
+        assert rows[n - 1:, k].unique().numel() > 0.5 * 5000  # spread over the hashed rows
+    # an n-gram's row depends on its n tokens only, not on where it sits
+    shifted = T.ngram_ids(torch.cat([ids[:7], ids]), 5003, (2, 3, 4))[7:]
+    assert torch.equal(shifted[3:], rows[3:])
+    assert not torch.equal(rows[3:, 0], rows[3:, 1])  # the orders hash apart
+
+
+def test_padded_unique_is_torch_unique_with_a_static_shape():
+    values = torch.randint(0, 30, (50,))
+    distinct, inverse = T.padded_unique(values, 99)
+    expected, expected_inverse = values.unique(return_inverse=True)
+    assert distinct.shape == values.shape
+    assert torch.equal(distinct[: expected.numel()], expected) and (distinct[expected.numel():] == 99).all()
+    assert torch.equal(inverse, expected_inverse)
+
+
+def dense_adam_steps(steps, rows: int, weight: torch.Tensor, optim, betas) -> tuple:
+    """Dense Adam (adam_update, no decay) over the whole table, zero gradients on the rows a step leaves out."""
+    W, m, v = weight.clone(), torch.zeros_like(weight), torch.zeros_like(weight)
+    beta1, beta2 = betas
+    for t, (ids, grads, lr_multiplier) in enumerate(steps, 1):
+        dense = torch.zeros(rows, DIM).index_add_(0, ids.clamp_max(rows - 1), grads * (ids < rows)[:, None])
+        lr = optim.adam_lr * 75.0 * lr_multiplier
+        step_size = torch.tensor(lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t))
+        T.adam_update(dense, None, W, m, v, step_size, torch.tensor(0.0), beta1, beta2, optim.adam_eps, 1.0)
+    return W, m, v
+
+
+def test_lazy_sparse_adam_equals_dense_adam_with_zero_gradients_on_untouched_steps():
+    """Random row sets (repeats, padding, rows left out for many steps, rows never touched), a varying lr."""
+    torch.manual_seed(0)
+    lazy = table(rows=40)
+    lazy.weight[:40].normal_()
+    initial = lazy.weight[:40].clone()
+    steps = []
+    for t in range(10):
+        n = int(torch.randint(1, 30, ()))
+        ids = torch.cat([torch.randint(0, 30, (n,)), torch.full((3,), 40)])  # rows 30..39: never; 40: padding
+        steps.append((ids, torch.randn(n + 3, DIM), 1.0 - 0.08 * t))
+    for ids, grads, lr_multiplier in steps:
+        lazy.update(*lazy.owner_sums(ids, grads), lr_multiplier)
+    W, m, v = dense_adam_steps(steps, 40, initial, lazy.optim, lazy.spec.betas)
+    rows = torch.arange(40)
+    torch.testing.assert_close(lazy.replayed(rows), W, rtol=2e-6, atol=2e-6)
+    missed = (lazy.step_count - lazy.last_step[rows]).float()[:, None]  # the moments, decayed to now
+    beta1, beta2 = lazy.spec.betas
+    torch.testing.assert_close(lazy.exp_avg[rows] * beta1 ** missed, m, rtol=2e-6, atol=1e-9)
+    torch.testing.assert_close(lazy.exp_avg_sq[rows] * beta2 ** missed, v, rtol=2e-6, atol=1e-12)
+    assert torch.equal(lazy.weight[30:40], initial[30:40]) and (lazy.last_step[30:40] == 0).all()
+
+
+def exchange_worker(rank: int, world: int, port: int, out_path: str):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = {"golden": T.ngram_ids(GOLDEN_IDS, 1000, (2, 3)).tolist()}
+        # (row id, gradient) pairs with repeats and padding; gradients multiples of 1/8: exact sums in any order
+        g = torch.Generator().manual_seed(rank)
+        rows = torch.cat([torch.randint(0, 37, (25,), generator=g), torch.full((4,), 37)])
+        grads = torch.randint(-8, 9, (29, DIM), generator=g) / 8
+        tab = table(rows=37, rank=rank, world=world)
+        local, sums = tab.owner_sums(rows, grads)
+        dense = torch.zeros(38, DIM).index_add_(0, rows, grads)[:37]
+        dist.all_reduce(dense)
+        owned = local < tab.shard_rows
+        result["exchanged"] = (local[owned], sums[owned], dense[tab.start: tab.start + tab.shard_rows])
+        # three steps of the sharded table, each rank loading its own ids: the rows it reads, what it adds
+        tab.weight[: tab.shard_rows] = (torch.arange(tab.shard_rows)[:, None] + tab.start + torch.arange(DIM)) / 64
+        cache, inverse = torch.zeros(64 * 2, DIM), torch.zeros(64, 2, dtype=torch.long)
+        result["steps"] = []
+        for step in range(3):
+            ids = torch.randint(0, 500, (64,), generator=g)
+            distinct = tab.load(ids, cache, inverse)
+            cache_grad = torch.randint(-8, 9, (128, DIM), generator=g) / 8
+            result["steps"].append((ids, cache[inverse].clone(), cache_grad))
+            tab.add_gradient(distinct, cache_grad)
+            tab.step(1.0 - 0.2 * step, adam=step != 1)  # Adam every other step: step 2 sums two steps' pairs
+        result["shard"] = tab.replayed(torch.arange(tab.shard_rows))
+        torch.save(result, f"{out_path}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world", [2, 4])
+def test_compact_exchange_equals_the_dense_all_reduce_and_one_process(world, tmp_path):
+    """Each rank's rows get exactly the dense all-reduce's sums; a sharded table reads and updates bit for bit
+    as one process fed every rank's pairs; every rank hashes alike."""
+    out_path = str(tmp_path / "ngram.pt")
+    # forked, the ranks start without importing torch again (a spawned rank takes seconds on two cores)
+    mp.start_processes(exchange_worker, args=(world, free_port(), out_path), nprocs=world, start_method="fork")
+    results = [torch.load(f"{out_path}.{rank}") for rank in range(world)]
+    for result in results:
+        assert result["golden"] == GOLDEN_ROWS
+        local, sums, dense = result["exchanged"]
+        assert local.unique().numel() == local.numel()  # each owned row once
+        expected = torch.zeros_like(dense).index_copy_(0, local, sums)
+        assert torch.equal(expected, dense)
+    single = table(rows=37)
+    single.weight[:37] = (torch.arange(37)[:, None] + torch.arange(DIM)) / 64
+    cache, inverse = torch.zeros(64 * 2, DIM), torch.zeros(64, 2, dtype=torch.long)
+    for step in range(3):
+        for rank, result in enumerate(results):
+            ids, rows_read, cache_grad = result["steps"][step]
+            distinct = single.load(ids, cache, inverse)
+            assert torch.equal(cache[inverse], rows_read), (rank, step)
+            single.add_gradient(distinct, cache_grad / world)  # the ranks' sum is scaled by 1/world
+        single.step(1.0 - 0.2 * step, adam=step != 1)
+    sharded = torch.cat([result["shard"] for result in results])[:37]
+    assert torch.equal(sharded, single.replayed(torch.arange(37))) and sharded.abs().sum() > 0
+
+
+def test_a_tiny_model_trains_with_the_table_as_dense_adam_would_without_a_dense_gradient(corpus):
+    """Four CPU steps (Adam on odd ones) with NGRAM_ROWS: the table is no parameter and gets no gradient of its
+    own; every row the batches touched moves, each as dense Adam on the steps' summed row gradients moves it
+    (zero gradient where a step left it out); rows never touched stay zero."""
+    hp = T.Hyperparameters.of(**dict(TINY, ngram_rows=3001, rank_slice=True),
+                              train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
+                              tokenizer_dir=str(corpus))
+    T.check_hyperparameters(hp)
+    trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
+    tab = trainer.ngram
+    assert not any(p.numel() % 3001 == 0 or "ngram" in name for name, p in trainer.model.named_parameters())
+    assert "bigram_embed" not in dict(trainer.model.named_parameters()) and "ngram_table" not in trainer.optimizer.params
+    assert not tab.weight.requires_grad and tab.weight.grad is None
+    updates, update = [], tab.update
+    tab.update = lambda local, sums, lr_multiplier: (updates.append((local.clone(), sums.clone(), lr_multiplier)),
+                                                     update(local, sums, lr_multiplier))
+    loader = T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two threads on two cores, beside other tests' processes, take twice as long
+    try:
+        for step in range(4):
+            trainer.train_step(trainer.schedule.plan(step), loader)
+        val_loss, _ = trainer.evaluate(4, max_batches=1)  # validation reads the table through the cache too
+    finally:
+        torch.set_num_threads(threads)
+    assert math.isfinite(val_loss) and len(updates) == 2 and tab.weight.grad is None and trainer.model.ngram_cache.grad is None
+    W, m, v = tab.weight[:3001].float().clone().zero_(), torch.zeros(3001, 128), torch.zeros(3001, 128)
+    beta1, beta2 = tab.spec.betas
+    touched = torch.zeros(3001, dtype=torch.bool)
+    for t, (local, sums, lr_multiplier) in enumerate(updates, 1):
+        real = local < 3001
+        touched[local[real]] = True
+        dense = torch.zeros(3001, 128).index_add_(0, local[real], sums[real])
+        step_size = hp.optim.adam_lr * 75.0 * lr_multiplier * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+        T.adam_update(dense, None, W, m, v, torch.tensor(step_size), torch.tensor(0.0), beta1, beta2,
+                      hp.optim.adam_eps, 1.0)
+    assert 100 < touched.sum() < 3001
+    rows = torch.arange(3001)
+    assert (tab.replayed(rows)[touched] != 0).any(1).all()  # every touched row moved
+    torch.testing.assert_close(tab.replayed(rows), W, rtol=1e-2, atol=1e-3 * W.abs().max().item())
+    assert (tab.weight[:3001][~touched] == 0).all() and (tab.exp_avg[:3001][~touched] == 0).all()
+    assert torch.isfinite(trainer.losses[:4]).all()
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"ngram_rows": 1001, "bigram_embed": False}, "set BIGRAM_EMBED=1"),
+    ({"ngram_rows": 1001, "device": "cuda"}, "set CUDA_GRAPHS=0"),
+    ({"ngram_rows": 1001, "ngram_orders": (3, 2)}, "NGRAM_ORDERS=3,2"),
+    ({"ngram_rows": 2}, "NGRAM_ROWS=2"),
+])
+def test_settings_the_table_cannot_take_are_one_line(settings, message):
+    with pytest.raises(T.SetupError, match=message) as error:
+        T.check_hyperparameters(T.Hyperparameters.of(**settings))
+    assert "\n" not in str(error.value)
+
+
+def test_a_table_too_large_for_a_process_names_the_largest_that_fits():
+    largest = T.NGRAM_STATE_GIB * 2**30 // T.ngram_bytes_per_row(768)
+    T.check_ngram_memory(T.Hyperparameters.of(ngram_rows=largest, rank_slice=True), 1)
+    with pytest.raises(T.SetupError, match=f"rank-slice mode holds the whole table.*NGRAM_ROWS={largest}$"):
+        T.check_ngram_memory(T.Hyperparameters.of(ngram_rows=largest + 1, rank_slice=True), 1)
+    T.check_ngram_memory(T.Hyperparameters.of(ngram_rows=8 * largest), 8)  # one eighth per rank
+    with pytest.raises(T.SetupError, match=f"NGRAM_ROWS={8 * largest}$"):
+        T.check_ngram_memory(T.Hyperparameters.of(ngram_rows=8 * largest + 1), 8)
