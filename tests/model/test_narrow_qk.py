@@ -159,11 +159,14 @@ def test_tiny_narrow_model_trains(corpus):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_narrow_model_on_gpu_matches_the_torch_path():
+def test_narrow_model_on_gpu_matches_the_torch_path(monkeypatch):
     """The narrow model at real head shapes (6 heads, Q/K 64 wide, V 128) on 4096 tokens, eager: the plan's
     backend (FA4 where installed, with FA4_NARROW_BACKWARD_TILE for the (64, 128) backward) and the
-    QK-norm + rotary kernels, against SDPA and the torch path. Loss to 1e-2, gradients to 1e-1 (bf16
-    through 11 layers; a wrong width or a dropped term is off by O(1))."""
+    QK-norm + rotary kernels, against SDPA and the torch path. Loss to 1e-2; each gradient to 1e-1 of its
+    norm (bf16 through 11 layers; a wrong width or a dropped term is off by O(1)) or within 4 times the
+    torch path's own spread: its difference from the same path with the attention in fp32. A gradient
+    that is a near-cancelling sum moves by O(1) with any rounding (on an H100 the smear lambda's was
+    0.084 by SDPA, 0.283 by FA4)."""
     tokens = 4096
     hp = T.Hyperparameters.of(**{**SMALL, "device": "cuda", "model_dim": 768, "num_heads": 6, "head_dim": 128,
                                  "mlp_hidden": 3072, "vocab_size": 50304, "bigram_rows": 377280, "fp8_lm_head": False,
@@ -182,17 +185,24 @@ def test_narrow_model_on_gpu_matches_the_torch_path():
     cu = torch.tensor(T.cu_seqlens_for([700, 1, 1500, tokens + 1 - 2201], tokens, 16), device="cuda")
     inputs, targets = ids[:-1].int().cuda(), ids[1:].int().cuda()
     shape = T.ForwardShape(384, 896, 2048)
+    bf16_attend = T.attend
+
+    def fp32_attend(q, k, v, args, window):
+        return bf16_attend(q.float(), k.float(), v.float(), args, window).to(q.dtype)
+
     results = []
-    for execution in (plan, torch_path):
+    for execution, attend in ((plan, bf16_attend), (torch_path, bf16_attend), (torch_path, fp32_attend)):
         model.zero_grad(set_to_none=True)
+        monkeypatch.setattr(T, "attend", attend)
         loss, _ = model.training_loss(inputs, targets, cu, shape, execution, torch.tensor([1.0], device="cuda"))
         loss.backward()
         results.append((loss.item(), {n: p.grad.float().clone() for n, p in model.named_parameters()}))
-    (got, grads), (want, want_grads) = results
+    (got, grads), (want, want_grads), (_, fp32_grads) = results
     assert math.isfinite(got) and abs(got - want) < 1e-2 * want, (plan.attention, got, want)
     for name, grad in want_grads.items():
         assert torch.isfinite(grads[name]).all(), name
-        assert grad.norm() == 0 or rel_err(grads[name], grad) < 1e-1, (plan.attention, name)
+        spread = (fp32_grads[name] - grad).norm()
+        assert (grads[name] - grad).norm() <= max(1e-1 * grad.norm(), 4 * spread), (plan.attention, name)
 
 
 def test_fa4s_backward_tile_is_replaced_for_the_narrow_pair_only():
