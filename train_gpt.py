@@ -4926,8 +4926,8 @@ def qk_norm_rope_backward(qkv: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: T
 
 
 class QKNormRope(torch.autograd.Function):
-    """qk_norm_rope_reference's function with the Triton forward, saving the projection only; its backward
-    the Triton kernel, or where not triton_backward qk_norm_rope_backward_torch (compiled, inductor's)."""
+    """qk_norm_rope_reference's function with the Triton forward, saving the projection only. Backward: the
+    Triton kernel, or where not triton_backward qk_norm_rope_backward_torch (compiled, inductor fuses it)."""
 
     @staticmethod
     def forward(ctx, qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor, heads: int,
