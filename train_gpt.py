@@ -4766,8 +4766,10 @@ if triton is not None:
 
     @triton.jit
     def _rope_tables(cos_ptr, sin_ptr, rows, live, SEQ_HEADS: tl.constexpr, HD: tl.constexpr, PAIRS: tl.constexpr):
-        # cos and sin per pair (2i, 2i + 1) at each row's position; the stationary pairs turn by 0
-        pairs = tl.arange(0, HD // 2)
+        # cos and sin per pair (2i, 2i + 1) at each row's position; the stationary pairs turn by 0. Loaded 4
+        # pairs a thread, the layout that _rotate's split gives the pairs (8 values a thread), so the
+        # tables need no move through shared memory (and no barrier) to meet them.
+        pairs = tl.max_contiguous(tl.arange(0, HD // 2), 4)
         at = (rows // SEQ_HEADS)[:, None] * PAIRS + pairs[None, :]
         turning = live[:, None] & (pairs < PAIRS)[None, :]
         cos = tl.load(cos_ptr + at, mask=turning, other=1.0).to(tl.float32)
@@ -4836,10 +4838,12 @@ if triton is not None:
         tl.store(v_ptr + v_out, v.to(v_ptr.dtype.element_ty), mask=live[:, None])
 
     @triton.jit
-    def _projection_grad(x_ptr, grad_x_ptr, at, grad, cos, sin, live, EPS: tl.constexpr, BLOCK: tl.constexpr,
-                         HD: tl.constexpr):
+    def _projection_grad(x_ptr, grad_x_ptr, at, grad, cos_ptr, sin_ptr, rows, n_rows, SEQ_HEADS: tl.constexpr,
+                         HD: tl.constexpr, PAIRS: tl.constexpr, EPS: tl.constexpr, BLOCK: tl.constexpr):
         # writes the gradient of the projection's q or k rows x (at `at`) from that of their output
+        live = rows[:, None] < n_rows
         x = tl.load(x_ptr + at, mask=live, other=0.0).to(tl.float32)
+        cos, sin = _rope_tables(cos_ptr, sin_ptr, rows, rows < n_rows, SEQ_HEADS, HD, PAIRS)
         grad = _normed_rotated_grad(x, grad, cos, sin, EPS, BLOCK, HD)
         tl.store(grad_x_ptr + at, grad.to(grad_x_ptr.dtype.element_ty), mask=live)
 
@@ -4850,9 +4854,7 @@ if triton is not None:
                                       EPS: tl.constexpr, BLOCK: tl.constexpr):
         # Program p takes part p % 3 (q, k or v) of the rows of block p // 3: one tile in registers, not
         # three one after another, so more programs fit an SM and keep more loads in flight, and the three
-        # parts of a block run side by side. v's part copies its gradient. q's and k's load their rotation
-        # tables first: the compiler then moves the tables into the rotation's layout once, where tables
-        # loaded after the data have it move the data into the tables' layout and back.
+        # parts of a block run side by side. v's part copies its gradient.
         part, block = tl.program_id(0) % 3, tl.program_id(0) // 3
         rows = block * BLOCK + tl.arange(0, BLOCK)
         live = rows[:, None] < n_rows
@@ -4860,11 +4862,10 @@ if triton is not None:
         cols = tl.arange(0, HD)[None, :]
         out = rows.to(tl.int64)[:, None] * HD + cols
         if part == 0:
-            cos, sin = _rope_tables(cos_ptr, sin_ptr, rows, rows < n_rows, SEQ_HEADS, HD, PAIRS)
             grad = tl.load(grad_q_ptr + out, mask=live, other=0.0).to(tl.float32) * tl.load(scale_ptr)
-            _projection_grad(qkv_ptr, grad_qkv_ptr, source[:, None] + cols, grad, cos, sin, live, EPS, BLOCK, HD)
+            _projection_grad(qkv_ptr, grad_qkv_ptr, source[:, None] + cols, grad, cos_ptr, sin_ptr, rows, n_rows,
+                             SEQ_HEADS, HD, PAIRS, EPS, BLOCK)
         elif part == 1:
-            cos, sin = _rope_tables(cos_ptr, sin_ptr, rows, rows < n_rows, SEQ_HEADS, HD, PAIRS)
             if KEY_OFFSET:  # row n's stationary half went to row n + SEQ_HEADS (one load with the turning
                 # half), and at the first position to row n too (the first programs only)
                 following = tl.where(cols >= HD // 2, SEQ_HEADS, 0)
@@ -4875,8 +4876,8 @@ if triton is not None:
                     grad += tl.load(grad_k_ptr + out, mask=first, other=0.0).to(tl.float32)
             else:
                 grad = tl.load(grad_k_ptr + out, mask=live, other=0.0).to(tl.float32)
-            _projection_grad(qkv_ptr + H * HD, grad_qkv_ptr + H * HD, source[:, None] + cols, grad, cos, sin, live,
-                             EPS, BLOCK, HD)
+            _projection_grad(qkv_ptr + H * HD, grad_qkv_ptr + H * HD, source[:, None] + cols, grad, cos_ptr, sin_ptr,
+                             rows, n_rows, SEQ_HEADS, HD, PAIRS, EPS, BLOCK)
         else:
             v_cols = tl.arange(0, VD)[None, :]
             grad_v = tl.load(grad_v_ptr + rows.to(tl.int64)[:, None] * VD + v_cols, mask=live)

@@ -8,8 +8,8 @@ Triton kernels both ways (=1), the Triton forward with the torch-expression back
 gradients of the projection (and of the extra value input) against the float64 reference. Then forward and
 forward+backward medians (triton do_bench), their difference (the backward with autograd's own work), the
 throughput at the least traffic (read the projection once, write q, k, v once; backward: read the
-projection's q and k and the three gradients, write the projection's gradient), and per training step
-(the model's attention layers).
+projection's q and k and the three gradients, write the projection's gradient), per training step (the
+model's attention layers), and the backward kernel's registers, spills and shared memory at each launch.
 
     python bench/bench_qk_rope.py                                  # 16,384 / 32,768 / 49,152 tokens
     python bench/bench_qk_rope.py --tokens 49152 --launch 16x4,64x8 --backward-launch 16x4,32x8,64x8
@@ -119,6 +119,20 @@ def paths(cli) -> list[tuple[str, bool, bool, dict, dict]]:
             *((f"triton, bwd {name}", True, True, forward, launch) for name, launch in launches(cli.backward_launch))]
 
 
+def backward_resources(launch: dict, key_offset: bool) -> str:
+    """Registers and spilled bytes a thread and shared memory of the backward kernel at a launch, as this
+    machine's Triton compiles it for this GPU (the CPU tests compile with another Triton)."""
+    qkv, _, grads, args = problem(64, False, key_offset, False)
+    rows, constants = T._qk_rope_launch(qkv, (qkv, *grads), args[0], HEADS, HEAD_DIM, False, launch)
+    try:
+        kernel = T._qk_norm_rope_backward_kernel.warmup(qkv, *grads, *args[:3], torch.empty_like(qkv), rows,
+                                                        KEY_OFFSET=key_offset, grid=(1,), **constants)
+        kernel._init_handles()
+        return f"{kernel.n_regs} registers and {kernel.n_spills} B spilled a thread, {kernel.metadata.shared} B shared"
+    except (AttributeError, TypeError) as error:  # Triton's introspection differs between versions
+        return f"n/a ({type(error).__name__}: {error})"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default="16384,32768,49152", help="tokens per forward (one rank)")
@@ -161,6 +175,10 @@ def main():
     print("|---|---|---|---|---|")
     for (tokens, path), (fwd, fwd_bwd) in totals.items():
         print(f"| {tokens} | {path} | {fwd:.2f} | {fwd_bwd:.2f} | {fwd_bwd - fwd:.2f} |")
+    print("\n# the backward kernel's resources (last: a failure here leaves the timings above)")
+    for name, launch in [("default", default_launches[1]), *launches(cli.backward_launch)]:
+        for key_offset in (False, True):
+            print(f"- {name} {launch}, key offset {int(key_offset)}: {backward_resources(launch, key_offset)}")
 
 
 if __name__ == "__main__":
