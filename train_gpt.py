@@ -206,7 +206,7 @@ class ExecutionConfig:
     fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
     fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
     fp8_qkv_min_tokens: int = 49152  # per-rank tokens per eager forward below which it stays bf16 (host-bound there)
-    qk_rope_kernel: bool = False  # QK-norm + rotary as one Triton kernel each way (CUDA); off until measured (T6.4)
+    qk_rope_kernel: str = "0"  # QK-norm + rotary in Triton (CUDA, T6.4): 1 both ways, forward: the forward only; 0 off
     compile: bool = True
     cuda_graphs: bool = True  # each training step's forward and backward replayed from a CUDA graph (CUDA only)
     optimizer_graphs: bool = False  # with cuda_graphs at world size 1: the optimizer step replayed from CUDA graphs too
@@ -465,8 +465,12 @@ class ExecutionPlan:
     lm_head_fp8: bool  # the lm_head and its gradients in FP8 (T4.4)
     ce_candidates: int  # the training cross-entropy's columns (T4.6): a sampled softmax; 0: the full one
     dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
-    qk_rope_kernel: bool  # QK-norm, rotary, key offset and q's scale in Triton kernels (T6.4); False: torch
+    qk_rope_kernel: bool  # QK-norm, rotary, key offset and q's scale in a Triton forward (T6.4); False: torch
+    qk_rope_backward_kernel: bool  # ... and its Triton backward; False: its backward as torch expressions
     cuda_graph: bool  # the training step's forward and backward replayed from a CUDA graph (T5.3)
+
+
+QK_ROPE_KERNEL_VALUES = ("0", "1", "forward")  # the QK-norm + rotary's Triton kernels: none, both, the forward
 
 
 def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.device, tokens: int,
@@ -488,15 +492,19 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         raise SetupError("NARROW_QK_LAYERS needs q and k narrower than v, which torch's varlen attention does not "
                          "take: use ATTENTION_BACKEND=fa3, fa4 or flex")
     fused_mlp = cfg.fused_mlp and (graphed or tokens >= cfg.fused_mlp_min_tokens)
+    if cfg.qk_rope_kernel not in QK_ROPE_KERNEL_VALUES:
+        raise SetupError(f"QK_ROPE_KERNEL={cfg.qk_rope_kernel}: use 0 (torch), 1 (Triton forward and backward) or "
+                         "forward (Triton forward, torch backward)")
+    # the narrow width is a power of two where the wide one is
+    qk_rope_kernel = (kernels and cfg.qk_rope_kernel != "0"
+                      and qk_rope_kernel_supports(model.head_dim // 2 if narrow_qk else model.head_dim))
     return ExecutionPlan(
         attention=backend, mlp_fused=fused_mlp, mlp_kernel=fused_mlp and hopper,
         mlp_e4m3=training and cfg.fp8_mlp and fused_mlp and hopper,
         qkv_e4m3=training and cfg.fp8_qkv and hopper and (graphed or tokens >= cfg.fp8_qkv_min_tokens),
         lm_head_fp8=training and cfg.fp8_lm_head and cuda, ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
-        # the narrow width is a power of two where the wide one is
-        qk_rope_kernel=kernels and cfg.qk_rope_kernel and qk_rope_kernel_supports(model.head_dim // 2 if narrow_qk
-                                                                                  else model.head_dim),
+        qk_rope_kernel=qk_rope_kernel, qk_rope_backward_kernel=qk_rope_kernel and cfg.qk_rope_kernel == "1",
         cuda_graph=graphed)
 
 
@@ -1038,7 +1046,8 @@ class GPT(nn.Module):
             qkv = x @ w_qkv.t()
         # QK-norm, rotary, key offset, q's scale, v's extra input, the paired heads' layout (T6.4)
         q, k, v = qk_norm_rope(qkv, v_extra, *(ctx.rope_paired if layer.paired_heads else ctx.rope), scale,
-                               H, qk_hd, layer.paired_heads, layer.key_offset, ctx.execution.qk_rope_kernel)
+                               H, qk_hd, layer.paired_heads, layer.key_offset, ctx.execution.qk_rope_kernel,
+                               ctx.execution.qk_rope_backward_kernel)
         window = ctx.shape.long_window if layer.long_window else ctx.shape.short_window
         y = attend(q, k, v, ctx.attn_paired if layer.paired_heads else ctx.attn, window).reshape(T, H, hd)
         if layer.dc_mha:  # cross-head composition on a local window (#85, T3.17); w1 RMS-normalized
@@ -4682,7 +4691,9 @@ def fp8_normed_linear(x: Tensor, w: Tensor, w8: Tensor, w_scale: Tensor) -> Tens
 # and reduction kernels (~1 TB/s on an H100). Ours (issue #51, item 3): Triton kernels that read the
 # projection once and write q, k, v once; the backward writes the projection's whole gradient, dv
 # included, so no concatenation of dq, dk and dv follows it. v passes through them for that reason (a
-# copy where the torch path hands attend a view).
+# copy where the torch path hands attend a view). QK_ROPE_KERNEL=forward pairs the Triton forward with
+# the backward written out in torch (qk_norm_rope_backward_torch), which inductor fuses as it fuses the
+# torch path's.
 def qk_norm_rope_reference(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor,
                            heads: int, qk_head_dim: int, paired: bool,
                            key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
@@ -4708,6 +4719,37 @@ def qk_norm_rope_reference(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin
         k = shift_key_half(k)
     return (q * scale).to(v.dtype), k, v
 
+
+def shift_key_half_backward(grad: Tensor) -> Tensor:
+    """The gradient of shift_key_half's input from that of its output (S, heads, D): each position's
+    stationary half back to the previous position, the first position's to itself as well."""
+    half = grad.size(-1) // 2
+    stationary = grad[..., half:]
+    following = torch.cat([stationary[1:], torch.zeros_like(stationary[:1])])
+    first = torch.cat([stationary[:1], torch.zeros_like(stationary[1:])])
+    return torch.cat([grad[..., :half], following + first], dim=-1)
+
+
+def qk_norm_rope_backward_torch(qkv: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, cos: Tensor,
+                                sin: Tensor, scale: Tensor, heads: int, qk_head_dim: int, paired: bool,
+                                key_offset: bool) -> Tensor:
+    """The gradient of qkv from those of qk_norm_rope_reference's q, k, v, written out (no autograd
+    recompute of the forward) in fp32 (float64 for float64 inputs), so that compiled, inductor fuses it:
+    the key offset's transpose, the rotation by −angle, then RMSNorm's backward r·g − x·r³·mean(g·x)."""
+    T, H, qk_hd = qkv.size(0), heads, qk_head_dim
+    compute = torch.promote_types(qkv.dtype, torch.float32)
+    eps = torch.finfo(compute).eps  # F.rms_norm's default, as norm takes it
+    if key_offset:
+        grad_k = shift_key_half_backward(grad_k.to(compute))
+    rows = (T, 2, H // 2, qk_hd) if paired else (T, H, qk_hd)  # the tables' broadcast, as in the reference
+    grads = []
+    for x, grad in zip(qkv.split(H * qk_hd, dim=1), (grad_q.to(compute) * scale, grad_k.to(compute))):
+        x, grad = x.to(compute).reshape(rows), apply_rope(grad.reshape(rows), cos, -sin)
+        reciprocal_rms = torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+        grad_x = reciprocal_rms * grad - x * (reciprocal_rms ** 3 * (grad * x).mean(-1, keepdim=True))
+        grads.append(grad_x.to(qkv.dtype).view(T, H * qk_hd))
+    return torch.cat([*grads, grad_v.reshape(T, -1).to(qkv.dtype)], dim=1)
+
 # The kernels work on head rows: row n = t·H + h is head h of token t. Its q and k (HD wide) are at
 # qkv[t, h·HD:] and H·HD further, its v (VD wide: HD, or 2·HD on narrow layers, T3.18) at
 # qkv[t, 2·H·HD + h·VD:], and it is row n of the outputs, (T·H, HD) and (T·H, VD) row-major, which is
@@ -4724,8 +4766,10 @@ if triton is not None:
 
     @triton.jit
     def _rope_tables(cos_ptr, sin_ptr, rows, live, SEQ_HEADS: tl.constexpr, HD: tl.constexpr, PAIRS: tl.constexpr):
-        # cos and sin per pair (2i, 2i + 1) at each row's position; the stationary pairs turn by 0
-        pairs = tl.arange(0, HD // 2)
+        # cos and sin per pair (2i, 2i + 1) at each row's position; the stationary pairs turn by 0. Loaded 4
+        # pairs a thread, the layout that _rotate's split gives the pairs (8 values a thread), so the
+        # tables need no move through shared memory (and no barrier) to meet them.
+        pairs = tl.max_contiguous(tl.arange(0, HD // 2), 4)
         at = (rows // SEQ_HEADS)[:, None] * PAIRS + pairs[None, :]
         turning = live[:, None] & (pairs < PAIRS)[None, :]
         cos = tl.load(cos_ptr + at, mask=turning, other=1.0).to(tl.float32)
@@ -4750,14 +4794,14 @@ if triton is not None:
         return x * _reciprocal_rms(x, EPS, HD)
 
     @triton.jit
-    def _normed_rotated_grad(ptrs, grad, cos, sin, live, EPS: tl.constexpr, BLOCK: tl.constexpr, HD: tl.constexpr):
+    def _normed_rotated_grad(x, grad, cos, sin, EPS: tl.constexpr, BLOCK: tl.constexpr, HD: tl.constexpr):
         # the gradient of the projection's rows x from that of rotate(norm(x)): the rotation by −angle,
-        # then RMSNorm's backward r·(g − n·mean(g·n)), n = r·x, r = 1/rms(x)
-        x = tl.load(ptrs, mask=live[:, None], other=0.0).to(tl.float32)
-        reciprocal_rms = _reciprocal_rms(x, EPS, HD)
-        normed = x * reciprocal_rms
+        # then RMSNorm's backward r·(g − n·mean(g·n)), n = r·x, r = 1/rms(x), as r·g − x·r³·mean(g·x): its
+        # two sums independent, so their reductions overlap
         grad = _rotate(grad, cos, -sin, BLOCK, HD)
-        return reciprocal_rms * (grad - normed * (tl.sum(grad * normed, 1) / HD)[:, None])
+        reciprocal_rms = _reciprocal_rms(x, EPS, HD)
+        grad_dot_x = (tl.sum(grad * x, 1) / HD)[:, None]
+        return reciprocal_rms * grad - x * (reciprocal_rms * reciprocal_rms * reciprocal_rms * grad_dot_x)
 
     @triton.jit
     def _program_rows(cos_ptr, sin_ptr, n_rows, H: tl.constexpr, HD: tl.constexpr, VD: tl.constexpr,
@@ -4794,50 +4838,75 @@ if triton is not None:
         tl.store(v_ptr + v_out, v.to(v_ptr.dtype.element_ty), mask=live[:, None])
 
     @triton.jit
+    def _projection_grad(x_ptr, grad_x_ptr, at, grad, cos_ptr, sin_ptr, rows, n_rows, SEQ_HEADS: tl.constexpr,
+                         HD: tl.constexpr, PAIRS: tl.constexpr, EPS: tl.constexpr, BLOCK: tl.constexpr):
+        # writes the gradient of the projection's q or k rows x (at `at`) from that of their output
+        live = rows[:, None] < n_rows
+        x = tl.load(x_ptr + at, mask=live, other=0.0).to(tl.float32)
+        cos, sin = _rope_tables(cos_ptr, sin_ptr, rows, rows < n_rows, SEQ_HEADS, HD, PAIRS)
+        grad = _normed_rotated_grad(x, grad, cos, sin, EPS, BLOCK, HD)
+        tl.store(grad_x_ptr + at, grad.to(grad_x_ptr.dtype.element_ty), mask=live)
+
+    @triton.jit
     def _qk_norm_rope_backward_kernel(qkv_ptr, grad_q_ptr, grad_k_ptr, grad_v_ptr, cos_ptr, sin_ptr, scale_ptr,
                                       grad_qkv_ptr, n_rows, H: tl.constexpr, HD: tl.constexpr, VD: tl.constexpr,
                                       PAIRS: tl.constexpr, SEQ_HEADS: tl.constexpr, KEY_OFFSET: tl.constexpr,
                                       EPS: tl.constexpr, BLOCK: tl.constexpr):
-        rows, live, cols, source, out, v_source, v_out, cos, sin = _program_rows(cos_ptr, sin_ptr, n_rows, H, HD, VD,
-                                                                                 PAIRS, SEQ_HEADS, BLOCK)
-        grad_q = tl.load(grad_q_ptr + out, mask=live[:, None], other=0.0).to(tl.float32) * tl.load(scale_ptr)
-        grad = _normed_rotated_grad(qkv_ptr + source, grad_q, cos, sin, live, EPS, BLOCK, HD)
-        tl.store(grad_qkv_ptr + source, grad.to(grad_qkv_ptr.dtype.element_ty), mask=live[:, None])
-        grad_k = tl.load(grad_k_ptr + out, mask=live[:, None], other=0.0).to(tl.float32)
-        if KEY_OFFSET:  # row n's stationary half went to row n + SEQ_HEADS, and at the first position to row n
-            following = rows + SEQ_HEADS
-            stationary = cols >= HD // 2
-            grad_following = tl.load(grad_k_ptr + following.to(tl.int64)[:, None] * HD + cols,
-                                     mask=(following < n_rows)[:, None] & stationary, other=0.0).to(tl.float32)
-            first = (rows < SEQ_HEADS)[:, None]
-            grad_k = tl.where(stationary, grad_following + tl.where(first, grad_k, 0.0), grad_k)
-        grad = _normed_rotated_grad(qkv_ptr + H * HD + source, grad_k, cos, sin, live, EPS, BLOCK, HD)
-        tl.store(grad_qkv_ptr + H * HD + source, grad.to(grad_qkv_ptr.dtype.element_ty), mask=live[:, None])
-        grad_v = tl.load(grad_v_ptr + v_out, mask=live[:, None], other=0.0)
-        tl.store(grad_qkv_ptr + v_source, grad_v.to(grad_qkv_ptr.dtype.element_ty), mask=live[:, None])
+        # Program p takes part p % 3 (q, k or v) of the rows of block p // 3: one tile in registers, not
+        # three one after another, so more programs fit an SM and keep more loads in flight, and the three
+        # parts of a block run side by side. v's part copies its gradient.
+        part, block = tl.program_id(0) % 3, tl.program_id(0) // 3
+        rows = block * BLOCK + tl.arange(0, BLOCK)
+        live = rows[:, None] < n_rows
+        source, v_source = _projection_rows(rows, H, HD, VD)
+        cols = tl.arange(0, HD)[None, :]
+        out = rows.to(tl.int64)[:, None] * HD + cols
+        if part == 0:
+            grad = tl.load(grad_q_ptr + out, mask=live, other=0.0).to(tl.float32) * tl.load(scale_ptr)
+            _projection_grad(qkv_ptr, grad_qkv_ptr, source[:, None] + cols, grad, cos_ptr, sin_ptr, rows, n_rows,
+                             SEQ_HEADS, HD, PAIRS, EPS, BLOCK)
+        elif part == 1:
+            if KEY_OFFSET:  # row n's stationary half went to row n + SEQ_HEADS (one load with the turning
+                # half), and at the first position to row n too (the first programs only)
+                following = tl.where(cols >= HD // 2, SEQ_HEADS, 0)
+                grad = tl.load(grad_k_ptr + out + following * HD, mask=rows[:, None] + following < n_rows,
+                               other=0.0).to(tl.float32)
+                if block * BLOCK < SEQ_HEADS:
+                    first = (rows[:, None] < SEQ_HEADS) & (following > 0)
+                    grad += tl.load(grad_k_ptr + out, mask=first, other=0.0).to(tl.float32)
+            else:
+                grad = tl.load(grad_k_ptr + out, mask=live, other=0.0).to(tl.float32)
+            _projection_grad(qkv_ptr + H * HD, grad_qkv_ptr + H * HD, source[:, None] + cols, grad, cos_ptr, sin_ptr,
+                             rows, n_rows, SEQ_HEADS, HD, PAIRS, EPS, BLOCK)
+        else:
+            v_cols = tl.arange(0, VD)[None, :]
+            grad_v = tl.load(grad_v_ptr + rows.to(tl.int64)[:, None] * VD + v_cols, mask=live)
+            tl.store(grad_qkv_ptr + v_source[:, None] + v_cols, grad_v.to(grad_qkv_ptr.dtype.element_ty), mask=live)
 
 
-QK_ROPE_LAUNCH = {"BLOCK": 32, "num_warps": 4}  # head rows per program (bench/bench_qk_rope.py --launch times others)
+# Head rows per program and warps (bench/bench_qk_rope.py times others: --launch, --backward-launch)
+QK_ROPE_FORWARD_LAUNCH = {"BLOCK": 32, "num_warps": 4}
+QK_ROPE_BACKWARD_LAUNCH = {"BLOCK": 32, "num_warps": 4}
 
 
-def _qk_rope_launch(qkv: Tensor, tensors: tuple, cos: Tensor, heads: int, qk_head_dim: int,
-                    paired: bool) -> tuple[tuple, int, dict]:
-    """(grid, head rows, the kernels' constants) of one launch on the projection qkv
-    (T, heads·(2·qk_head_dim + hd)) with rotary tables as wide as cos."""
+def _qk_rope_launch(qkv: Tensor, tensors: tuple, cos: Tensor, heads: int, qk_head_dim: int, paired: bool,
+                    launch: dict) -> tuple[int, dict]:
+    """(head rows, the kernel's constants) of one launch on the projection qkv (T, heads·(2·qk_head_dim + hd))
+    with rotary tables as wide as cos, at launch's BLOCK and num_warps."""
     if any(not t.is_contiguous() for t in tensors if t is not None):
         raise ValueError("the QK-norm + rotary kernels take contiguous tensors")
-    rows = qkv.size(0) * heads
     constants = {"H": heads, "HD": qk_head_dim, "VD": qkv.size(1) // heads - 2 * qk_head_dim, "PAIRS": cos.size(-1),
-                 "SEQ_HEADS": heads // 2 if paired else heads, "EPS": torch.finfo(torch.float32).eps,
-                 **QK_ROPE_LAUNCH}
-    return (triton.cdiv(rows, QK_ROPE_LAUNCH["BLOCK"]),), rows, constants
+                 "SEQ_HEADS": heads // 2 if paired else heads, "EPS": torch.finfo(torch.float32).eps, **launch}
+    return qkv.size(0) * heads, constants
 
 
 def qk_norm_rope_forward(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor, heads: int,
                          qk_head_dim: int, paired: bool, key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Triton: qk_norm_rope_reference's q, k, v, from contiguous tensors (scale fp32)."""
-    grid, rows, constants = _qk_rope_launch(qkv, (qkv, v_extra, cos, sin), cos, heads, qk_head_dim, paired)
+    rows, constants = _qk_rope_launch(qkv, (qkv, v_extra, cos, sin), cos, heads, qk_head_dim, paired,
+                                      QK_ROPE_FORWARD_LAUNCH)
     q, k, v = (qkv.new_empty(rows, constants[width]) for width in ("HD", "HD", "VD"))
+    grid = (triton.cdiv(rows, constants["BLOCK"]),)
     _qk_norm_rope_forward_kernel[grid](qkv, v_extra, cos, sin, scale, q, k, v, rows, KEY_OFFSET=key_offset,
                                        **constants)
     seq_heads = heads // 2 if paired else heads
@@ -4848,34 +4917,40 @@ def qk_norm_rope_backward(qkv: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: T
                           scale: Tensor, heads: int, qk_head_dim: int, paired: bool, key_offset: bool) -> Tensor:
     """Triton: the gradient of qkv (T, heads·(2·qk_head_dim + hd)) from those of qk_norm_rope_forward's
     q, k, v (contiguous); v_extra's is grad_v's."""
-    grid, rows, constants = _qk_rope_launch(qkv, (qkv, grad_q, grad_k, grad_v, cos, sin), cos, heads, qk_head_dim,
-                                            paired)
+    rows, constants = _qk_rope_launch(qkv, (qkv, grad_q, grad_k, grad_v, cos, sin), cos, heads, qk_head_dim, paired,
+                                      QK_ROPE_BACKWARD_LAUNCH)
     grad_qkv = torch.empty_like(qkv)
+    grid = (3 * triton.cdiv(rows, constants["BLOCK"]),)  # q, k and v of each block of rows
     _qk_norm_rope_backward_kernel[grid](qkv, grad_q, grad_k, grad_v, cos, sin, scale, grad_qkv, rows,
                                         KEY_OFFSET=key_offset, **constants)
     return grad_qkv
 
 
 class QKNormRope(torch.autograd.Function):
-    """qk_norm_rope_reference's function with the Triton kernels, saving the projection only."""
+    """qk_norm_rope_reference's function with the Triton forward, saving the projection only. Backward: the
+    Triton kernel, or where not triton_backward qk_norm_rope_backward_torch (compiled, inductor fuses it)."""
 
     @staticmethod
     def forward(ctx, qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor, heads: int,
-                qk_head_dim: int, paired: bool, key_offset: bool):
+                qk_head_dim: int, paired: bool, key_offset: bool, triton_backward: bool):
         qkv = qkv.contiguous()
         ctx.save_for_backward(qkv, cos, sin, scale)
         ctx.heads, ctx.qk_head_dim, ctx.paired, ctx.key_offset = heads, qk_head_dim, paired, key_offset
+        ctx.triton_backward = triton_backward
         v_extra = None if v_extra is None else v_extra.contiguous()
         return qk_norm_rope_forward(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
 
     @staticmethod
     def backward(ctx, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor):
         qkv, cos, sin, scale = ctx.saved_tensors
-        grad_q, grad_k, grad_v = grad_q.contiguous(), grad_k.contiguous(), grad_v.contiguous()
-        grad_qkv = qk_norm_rope_backward(qkv, grad_q, grad_k, grad_v, cos, sin, scale, ctx.heads, ctx.qk_head_dim,
-                                         ctx.paired, ctx.key_offset)
-        grad_v_extra = grad_v.view(qkv.size(0), ctx.heads, -1) if ctx.needs_input_grad[1] else None
-        return grad_qkv, grad_v_extra, None, None, None, None, None, None, None
+        layout = ctx.heads, ctx.qk_head_dim, ctx.paired, ctx.key_offset
+        if ctx.triton_backward:
+            grad_q, grad_k, grad_v = grad_q.contiguous(), grad_k.contiguous(), grad_v.contiguous()
+            grad_qkv = qk_norm_rope_backward(qkv, grad_q, grad_k, grad_v, cos, sin, scale, *layout)
+        else:
+            grad_qkv = qk_norm_rope_backward_torch(qkv, grad_q, grad_k, grad_v, cos, sin, scale, *layout)
+        grad_v_extra = grad_v.reshape(qkv.size(0), ctx.heads, -1) if ctx.needs_input_grad[1] else None
+        return grad_qkv, grad_v_extra, None, None, None, None, None, None, None, None
 
 
 def qk_rope_kernel_supports(head_dim: int) -> bool:
@@ -4884,11 +4959,14 @@ def qk_rope_kernel_supports(head_dim: int) -> bool:
 
 
 def qk_norm_rope(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor, heads: int,
-                 qk_head_dim: int, paired: bool, key_offset: bool, use_triton: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """attend's q, k, v from the projection (qk_norm_rope_reference says what): the Triton kernels
-    where use_triton (qk_rope_kernel_supports says where they apply), else the reference."""
-    if use_triton:
-        return QKNormRope.apply(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
+                 qk_head_dim: int, paired: bool, key_offset: bool, forward_kernel: bool,
+                 backward_kernel: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """attend's q, k, v from the projection (qk_norm_rope_reference says what): the Triton forward where
+    forward_kernel (qk_rope_kernel_supports says where it applies), with the Triton backward where
+    backward_kernel too, else qk_norm_rope_backward_torch; the reference where not forward_kernel."""
+    if forward_kernel:
+        return QKNormRope.apply(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset,
+                                backward_kernel)
     return qk_norm_rope_reference(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
 
 

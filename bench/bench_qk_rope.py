@@ -1,15 +1,18 @@
 """Microbenchmark: QK-norm + rotary + key offset between the Q/K/V projection and attend (docs/TECHNIQUES.md
-T6.4), the compiled torch reference against the Triton kernels, on one layer's projection (6 heads of 128)
-for each kind of attention layer the model has (paired heads, key offset, extra value input; the count
-of such layers in brackets). Both paths compiled as the model compiles them (fullgraph; inductor launches
-the kernels). First the values: each path's q, k, v and the gradients of the projection (and of the extra
-value input) against the float64 reference. Then forward and forward+backward medians (triton do_bench),
-the throughput at the least traffic (read the projection once, write q, k, v once; backward: read the
-projection's q and k and the three gradients, write the projection's gradient), and per training step
-(the model's attention layers).
+T6.4) on one layer's projection (6 heads of 128) for each kind of attention layer the model has (paired
+heads, key offset, extra value input; the count of such layers in brackets), each path compiled as the
+model compiles it (fullgraph; inductor launches the kernels): the torch reference (QK_ROPE_KERNEL=0), the
+Triton kernels both ways (=1), the Triton forward with the torch-expression backward that inductor fuses
+(=forward), and the kernels at other launches (the forward's with --launch, the backward's with
+--backward-launch, the other kernel at its default). First the values: each path's q, k, v and the
+gradients of the projection (and of the extra value input) against the float64 reference. Then forward and
+forward+backward medians (triton do_bench), their difference (the backward with autograd's own work), the
+throughput at the least traffic (read the projection once, write q, k, v once; backward: read the
+projection's q and k and the three gradients, write the projection's gradient), per training step (the
+model's attention layers), and the backward kernel's registers, spills and shared memory at each launch.
 
     python bench/bench_qk_rope.py                                  # 16,384 / 32,768 / 49,152 tokens
-    python bench/bench_qk_rope.py --tokens 49152 --launch 16x4,32x4,64x8   # the kernels at BLOCKxWARPS too
+    python bench/bench_qk_rope.py --tokens 49152 --launch 16x4,64x8 --backward-launch 16x4,32x8,64x8
 """
 import argparse
 import collections
@@ -58,9 +61,9 @@ def problem(tokens, paired, key_offset, value_input, seed=0):
     return qkv, v_extra, grads, args
 
 
-def dispatcher(args, use_triton):
+def dispatcher(args, forward_kernel, backward_kernel):
     """The dispatcher on (qkv, v_extra) with the problem's other arguments: the kernels or the reference."""
-    return lambda qkv, v_extra: T.qk_norm_rope(qkv, v_extra, *args, use_triton=use_triton)
+    return lambda qkv, v_extra: T.qk_norm_rope(qkv, v_extra, *args, forward_kernel, backward_kernel)
 
 
 def outputs_and_grads(fn, qkv, v_extra, grads):
@@ -98,49 +101,84 @@ def measure(fn, qkv, v_extra, grads):
     return fwd, fwd_bwd
 
 
+def launches(option: str) -> list[tuple[str, dict]]:
+    """("BLOCKxWARPS", launch constants) of a comma-separated option."""
+    parsed = []
+    for text in filter(None, option.split(",")):
+        block, warps = (int(x) for x in text.split("x"))
+        parsed.append((text, {"BLOCK": block, "num_warps": warps}))
+    return parsed
+
+
+def paths(cli) -> list[tuple[str, bool, bool, dict, dict]]:
+    """(name, forward kernel, backward kernel, forward launch, backward launch) of each timed path."""
+    forward, backward = dict(T.QK_ROPE_FORWARD_LAUNCH), dict(T.QK_ROPE_BACKWARD_LAUNCH)
+    return [("torch (compiled)", False, False, forward, backward), ("triton", True, True, forward, backward),
+            ("triton fwd + torch bwd", True, False, forward, backward),
+            *((f"triton, fwd {name}", True, True, launch, backward) for name, launch in launches(cli.launch)),
+            *((f"triton, bwd {name}", True, True, forward, launch) for name, launch in launches(cli.backward_launch))]
+
+
+def backward_resources(launch: dict, key_offset: bool) -> str:
+    """Registers and spilled bytes a thread and shared memory of the backward kernel at a launch, as this
+    machine's Triton compiles it for this GPU (the CPU tests compile with another Triton)."""
+    qkv, _, grads, args = problem(64, False, key_offset, False)
+    rows, constants = T._qk_rope_launch(qkv, (qkv, *grads), args[0], HEADS, HEAD_DIM, False, launch)
+    try:
+        kernel = T._qk_norm_rope_backward_kernel.warmup(qkv, *grads, *args[:3], torch.empty_like(qkv), rows,
+                                                        KEY_OFFSET=key_offset, grid=(1,), **constants)
+        kernel._init_handles()
+        return f"{kernel.n_regs} registers and {kernel.n_spills} B spilled a thread, {kernel.metadata.shared} B shared"
+    except (AttributeError, TypeError) as error:  # Triton's introspection differs between versions
+        return f"n/a ({type(error).__name__}: {error})"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default="16384,32768,49152", help="tokens per forward (one rank)")
-    parser.add_argument("--launch", default="", help="also the kernels at these BLOCKxWARPS, e.g. 16x4,64x8")
+    parser.add_argument("--launch", default="", help="also the forward kernel at these BLOCKxWARPS, e.g. 16x4,64x8")
+    parser.add_argument("--backward-launch", default="", help="also the backward kernel at these BLOCKxWARPS")
     parser.add_argument("--seed", type=int, default=0)
     cli = parser.parse_args()
-    default_launch = dict(T.QK_ROPE_LAUNCH)
-    launches = [("triton", default_launch)]
-    for option in filter(None, cli.launch.split(",")):
-        block, warps = (int(x) for x in option.split("x"))
-        launches.append((f"triton {block}x{warps}", {"BLOCK": block, "num_warps": warps}))
+    default_launches = dict(T.QK_ROPE_FORWARD_LAUNCH), dict(T.QK_ROPE_BACKWARD_LAUNCH)
     print(f"# QK-norm + rotary on {torch.cuda.get_device_name()} (torch {torch.__version__}); "
-          f"{HEADS} heads of {HEAD_DIM}, triton = QK_ROPE_LAUNCH {default_launch}")
-    print("| tokens | layer kind (layers) | path | fwd ms | fwd+bwd ms | fwd GB/s | fwd+bwd GB/s | "
+          f"{HEADS} heads of {HEAD_DIM}, triton = QK_ROPE_FORWARD_LAUNCH {default_launches[0]}, "
+          f"QK_ROPE_BACKWARD_LAUNCH {default_launches[1]}; bwd = fwd+bwd − fwd")
+    print("| tokens | layer kind (layers) | path | fwd ms | fwd+bwd ms | bwd ms | fwd GB/s | bwd GB/s | "
           "rel q | rel k | rel v | rel dqkv | rel dv_extra |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     totals = {}
     for tokens in (int(n) for n in cli.tokens.split(",")):
         for (paired, key_offset, value_input), layers in sorted(layer_kinds().items()):
             qkv, v_extra, grads, args = problem(tokens, paired, key_offset, value_input, cli.seed)
-            want = outputs_and_grads(dispatcher(args, use_triton=False), qkv.double(),
+            want = outputs_and_grads(dispatcher(args, False, False), qkv.double(),
                                      None if v_extra is None else v_extra.double(), grads)
             forward_bytes, backward_bytes = least_bytes(tokens, value_input)
-            for path, launch in [("torch (compiled)", None), *launches]:
-                T.QK_ROPE_LAUNCH = launch or default_launch
+            for path, forward_kernel, backward_kernel, forward_launch, backward_launch in paths(cli):
+                T.QK_ROPE_FORWARD_LAUNCH, T.QK_ROPE_BACKWARD_LAUNCH = forward_launch, backward_launch
                 torch._dynamo.reset()
-                fn = torch.compile(dispatcher(args, use_triton=launch is not None), dynamic=False, fullgraph=True)
+                fn = torch.compile(dispatcher(args, forward_kernel, backward_kernel), dynamic=False, fullgraph=True)
                 errors = [rel(got, ref) for got, ref in zip(outputs_and_grads(fn, qkv, v_extra, grads), want)]
                 assert max(errors) < 2e-2, f"{path} disagrees with the reference: {errors}"
                 fwd, fwd_bwd = measure(fn, qkv, v_extra, grads)
+                bwd = fwd_bwd - fwd
                 shown = " | ".join(f"{e:.1e}" for e in errors) + (" | -" if v_extra is None else "")
                 print(f"| {tokens} | {kind_name(paired, key_offset, value_input)} ({layers}) | {path} | {fwd:.3f} | "
-                      f"{fwd_bwd:.3f} | {forward_bytes / fwd / 1e6:.0f} | "
-                      f"{(forward_bytes + backward_bytes) / fwd_bwd / 1e6:.0f} | {shown} |", flush=True)
+                      f"{fwd_bwd:.3f} | {bwd:.3f} | {forward_bytes / fwd / 1e6:.0f} | "
+                      f"{backward_bytes / bwd / 1e6:.0f} | {shown} |", flush=True)
                 total = totals.setdefault((tokens, path), [0.0, 0.0])
                 total[0] += layers * fwd
                 total[1] += layers * fwd_bwd
-    T.QK_ROPE_LAUNCH = default_launch
+    T.QK_ROPE_FORWARD_LAUNCH, T.QK_ROPE_BACKWARD_LAUNCH = default_launches
     print("\n# per training step (one rank, the model's attention layers)")
-    print("| tokens | path | fwd ms | fwd+bwd ms |")
-    print("|---|---|---|---|")
+    print("| tokens | path | fwd ms | fwd+bwd ms | bwd ms |")
+    print("|---|---|---|---|---|")
     for (tokens, path), (fwd, fwd_bwd) in totals.items():
-        print(f"| {tokens} | {path} | {fwd:.2f} | {fwd_bwd:.2f} |")
+        print(f"| {tokens} | {path} | {fwd:.2f} | {fwd_bwd:.2f} | {fwd_bwd - fwd:.2f} |")
+    print("\n# the backward kernel's resources (last: a failure here leaves the timings above)")
+    for name, launch in [("default", default_launches[1]), *launches(cli.backward_launch)]:
+        for key_offset in (False, True):
+            print(f"- {name} {launch}, key offset {int(key_offset)}: {backward_resources(launch, key_offset)}")
 
 
 if __name__ == "__main__":

@@ -83,14 +83,25 @@ def test_cpu_takes_the_torch_paths(hopper):
 
 
 def test_the_qk_rope_kernel_is_a_switch_off_until_measured(hopper):
-    """QK_ROPE_KERNEL (T6.4): off by default; set, on CUDA at every size, training and evaluation, where
-    the head size is a power of two; never on the CPU."""
-    assert not plan(hopper, 49152).qk_rope_kernel
-    assert T.Hyperparameters.from_env({"QK_ROPE_KERNEL": "1"}).execution.qk_rope_kernel
-    assert all(plan(hopper, n, qk_rope_kernel=True).qk_rope_kernel for n in (16384, 32768, 49152))
-    assert plan(hopper, 262144, training=False, qk_rope_kernel=True).qk_rope_kernel
-    assert not plan(hopper, 49152, qk_rope_kernel=True, model_dim=576, num_heads=6, head_dim=96).qk_rope_kernel
-    assert not plan(torch.device("cpu"), 49152, qk_rope_kernel=True).qk_rope_kernel
+    """QK_ROPE_KERNEL (T6.4): 0 by default; 1 (the Triton forward and backward) or forward (the Triton forward
+    with the torch-expression backward), on CUDA at every size, training and evaluation, where the head size
+    is a power of two; never on the CPU. Other values stop with the three."""
+    default = plan(hopper, 49152)
+    assert not default.qk_rope_kernel and not default.qk_rope_backward_kernel
+    for value, backward_kernel in (("1", True), ("forward", False)):
+        assert T.Hyperparameters.from_env({"QK_ROPE_KERNEL": value}).execution.qk_rope_kernel == value
+        for n in (16384, 32768, 49152):
+            on = plan(hopper, n, qk_rope_kernel=value)
+            assert on.qk_rope_kernel and on.qk_rope_backward_kernel == backward_kernel
+        assert plan(hopper, 262144, training=False, qk_rope_kernel=value).qk_rope_kernel
+        off = [plan(hopper, 49152, qk_rope_kernel=value, model_dim=576, num_heads=6, head_dim=96),
+               plan(torch.device("cpu"), 49152, qk_rope_kernel=value)]
+        assert not any(p.qk_rope_kernel or p.qk_rope_backward_kernel for p in off)
+    for wrong in ("true", "backward", ""):
+        with pytest.raises(T.SetupError, match=f"QK_ROPE_KERNEL={wrong}: use 0 .*, 1 .* or forward"):
+            plan(hopper, 49152, qk_rope_kernel=wrong)
+    with pytest.raises(T.SetupError, match="did you mean QK_ROPE_KERNEL"):
+        T.Hyperparameters.from_env({"QK_ROPE_KERNELS": "1"})
 
 
 def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
@@ -104,11 +115,11 @@ def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), lines.append)
     plans = [line for line in lines if line.startswith("execution plan")]
     assert plans == ["execution plan (stage 1): attention=sdpa mlp_fused=0 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 "
-                     "lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 qk_rope_kernel=0 cuda_graph=0",  # 256 tokens per forward: below
-                     # the fused MLP's 512
+                     "lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 qk_rope_kernel=0 qk_rope_backward_kernel=0 "
+                     "cuda_graph=0",  # 256 tokens per forward: below the fused MLP's 512
                      "execution plan (stage 2, stage 3, extension, validation): attention=sdpa mlp_fused=1 "
                      "mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 qk_rope_kernel=0 "
-                     "cuda_graph=0"]
+                     "qk_rope_backward_kernel=0 cuda_graph=0"]
     assert trainer.stage_execution[1] == trainer.validation_execution != trainer.stage_execution[0]
 
 
