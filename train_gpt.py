@@ -168,6 +168,8 @@ class OptimConfig:
     muon_weight_decay: float = 1.2
     orthogonalizer: str = "polar_express"  # or "newton_schulz" (classic quintic)
     mantissa_tracking: bool = True  # bf16 banks with an exact fp32 master (T2.6)
+    muon_rails: bool = False  # two EMA rails of the bank gradients in place of one (T2.9)
+    muon_rails_slow_beta: float = 0.98  # with MUON_RAILS: the slow rail's constant beta (record #92)
     adam_lr: float = 0.008
     adam_eps: float = 1e-10
     adam_weight_decay: float = 0.005
@@ -189,6 +191,10 @@ class ScheduleConfig:
     muon_momentum_max: float = 0.95
     muon_momentum_warmup_steps: int = 300
     muon_momentum_cooldown_steps: int = 50
+    muon_rails_engage_at: float = 0.44  # with MUON_RAILS: from this fraction of the scheduled steps the
+    # fast rail's beta is MUON_RAILS_FAST_BETA and the blend weighs it MUON_RAILS_FAST_WEIGHT (T2.9)
+    muon_rails_fast_beta: float = 0.85
+    muon_rails_fast_weight: float = 0.4385
     adam_every_other_step: bool = True  # Adam on odd steps with two steps' gradients (T2.7)
     multi_token_prediction: bool = True
     prefix_loss: bool = True  # prefix-token auxiliary loss; reads tokenizer_dir/encoder.json
@@ -1222,6 +1228,18 @@ def normuon_momentum(grad: Tensor, momentum: Tensor, mu: Tensor, grad_scale: flo
     return g.lerp(momentum, mu)
 
 
+def twin_rail_momentum(grad: Tensor, fast: Tensor, slow: Tensor, mu: Tensor, fast_beta: Tensor,
+                       fast_weight: Tensor, slow_beta: float, grad_scale: float) -> Tensor:
+    """Two EMA rails of the gradient (record #92, PR #360; T2.9): fast ← β_f·fast + (1−β_f)g on a
+    scheduled β_f, slow ← β_s·slow + (1−β_s)g on a constant β_s; their blend b = w·fast + (1−w)·slow
+    takes the Nesterov look-ahead: returns (1−μ)g + μb. With β_f = μ and w = 1 it is normuon_momentum."""
+    g = grad.float() * grad_scale
+    fast.lerp_(g, 1 - fast_beta)
+    slow.lerp_(g, 1 - slow_beta)
+    blend = fast_weight * fast + (1 - fast_weight) * slow
+    return g.lerp(blend, mu)
+
+
 def normuon_update(update: Tensor, second_moment: Tensor, weight: Tensor, mantissa: Tensor | None,
                    lr: Tensor, lr_muls: Tensor, wd_lr: Tensor, beta2: float, axis: int):
     """NorMuon (arXiv 2510.05491, #41; T2.4): per-row (axis -1) or per-column (axis -2) RMS equalization
@@ -1253,6 +1271,17 @@ def normuon_bank_step(grad: Tensor, momentum: Tensor, second_moment: Tensor, wei
     """A whole NorMuon step of one bank shard: Nesterov momentum, orthogonalization, variance
     normalization and the cautious update; compiled as one graph per bank (#74, T2.3)."""
     update = normuon_momentum(grad, momentum, mu, grad_scale)
+    orthogonal = polar_iterations(polar_normalize(update, method), method, use_triton)
+    normuon_update(orthogonal, second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
+
+
+def rails_bank_step(grad: Tensor, rails: tuple, second_moment: Tensor, weight: Tensor,
+                    mantissa: Tensor | None, mu: Tensor, lr: Tensor, lr_muls: Tensor, wd_lr: Tensor,
+                    grad_scale: float, beta2: float, axis: int, method: str, use_triton: bool):
+    """normuon_bank_step with the two rails of twin_rail_momentum (MUON_RAILS=1, T2.9); `rails`:
+    (fast, slow, fast_beta, fast_weight, slow_beta)."""
+    fast, slow, fast_beta, fast_weight, slow_beta = rails
+    update = twin_rail_momentum(grad, fast, slow, mu, fast_beta, fast_weight, slow_beta, grad_scale)
     orthogonal = polar_iterations(polar_normalize(update, method), method, use_triton)
     normuon_update(orthogonal, second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
 
@@ -1356,8 +1385,10 @@ class FlatReplicatedGrads:
         return reductions
 
 
-# The schedule's scalars an update reads from the device, per optimizer of a label (NorMuonAdam.scalars)
-STEP_SCALARS = {"normuon": ("momentum", "lr", "wd_lr"), "adam": ("step_size", "wd_lr2")}
+# The schedule's scalars an update reads from the device, per update rule of a label (NorMuonAdam.scalars);
+# "rails": NorMuon's with MUON_RAILS=1 (T2.9)
+STEP_SCALARS = {"normuon": ("momentum", "lr", "wd_lr"), "rails": ("momentum", "lr", "wd_lr", "fast_beta", "fast_weight"),
+                "adam": ("step_size", "wd_lr2")}
 
 
 class NorMuonAdam:
@@ -1407,11 +1438,15 @@ class NorMuonAdam:
         self.lr_muls: dict[str, Tensor] = {}  # NorMuon: per-matrix lr multipliers of the local rows
         on_cuda = next(iter(params.values())).is_cuda
         self.use_triton = triton_applies(next(iter(params.values())))  # symmetric kernels on every bank
+        bank_step = rails_bank_step if config.muon_rails else normuon_bank_step
         if on_cuda and compile:  # one graph per bank and table shape
-            self._normuon_fn = torch.compile(normuon_bank_step, dynamic=False, fullgraph=True)
+            self._normuon_fn = torch.compile(bank_step, dynamic=False, fullgraph=True)
             self._adam_fn = torch.compile(adam_update, dynamic=False, fullgraph=True)
         else:
-            self._normuon_fn, self._adam_fn = normuon_bank_step, adam_update
+            self._normuon_fn, self._adam_fn = bank_step, adam_update
+        # each label's update rule: its spec's optimizer, "rails" for the banks with MUON_RAILS=1 (T2.9)
+        self.rules = {label: "rails" if config.muon_rails and spec.optimizer == "normuon" else spec.optimizer
+                      for label, spec in specs.items()}
         for label, p in params.items():
             self._init_state(label, p, specs[label])
         # This step's schedule scalars on the device (T5.3): one copy per step into a tensor that stays
@@ -1420,12 +1455,17 @@ class NorMuonAdam:
         self.scalar_slots: dict[str, list[int]] = {}  # label -> its values' places in `scalars`
         count = 0
         for label in self.comm_order:
-            names = STEP_SCALARS[specs[label].optimizer]
+            names = STEP_SCALARS[self.rules[label]]
             self.scalar_slots[label] = [4 * (count + i) for i in range(len(names))]
             count += len(names)
         self.scalars = torch.zeros(4 * count, device=next(iter(params.values())).device)
-        self.scalar_views = {label: dict(zip(STEP_SCALARS[specs[label].optimizer], (self.scalars[i] for i in slots)))
+        self.scalar_views = {label: dict(zip(STEP_SCALARS[self.rules[label]], (self.scalars[i] for i in slots)))
                              for label, slots in self.scalar_slots.items()}
+        # what a bank's step takes as its momentum: the EMA buffer, or the two rails with their scalars (T2.9)
+        self.bank_momentum = {label: st["momentum"] if self.rules[label] == "normuon" else
+                              (st["momentum"], st["slow_momentum"], self.scalar_views[label]["fast_beta"],
+                               self.scalar_views[label]["fast_weight"], config.muon_rails_slow_beta)
+                              for label, st in self.state.items() if self.rules[label] != "adam"}
 
     def _init_state(self, label: str, p: Tensor, spec: ParamSpec):
         view = (-1, *spec.matrix_shape) if spec.optimizer == "normuon" else tuple(p.shape)
@@ -1438,7 +1478,9 @@ class NorMuonAdam:
             st.update(exp_avg=zeros(local), exp_avg_sq=zeros(local), step=0)
             return
         matrix_rows, cols = spec.matrix_shape
-        st["momentum"] = zeros(local)
+        st["momentum"] = zeros(local)  # with MUON_RAILS=1 the fast rail (T2.9)
+        if self.rules[label] == "rails":
+            st["slow_momentum"] = zeros(local)
         st["second_moment"] = zeros((local[0], matrix_rows, 1) if matrix_rows >= cols else (local[0], 1, cols))
         if self.config.mantissa_tracking and p.dtype == torch.bfloat16:
             st["mantissa"] = zeros(local, torch.int16)
@@ -1447,9 +1489,11 @@ class NorMuonAdam:
 
     # --- step ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def step(self, lr_multiplier: float = 1.0, momentum: float = 0.95, adam: bool = True, device_work=None):
+    def step(self, lr_multiplier: float = 1.0, momentum: float = 0.95, adam: bool = True, device_work=None,
+             fast_rail: tuple[float, float] | None = None):
         """One update: NorMuon on the banks with this momentum, Adam on the rest when `adam` (the
-        schedule runs it on every other step with two steps' gradients, T2.7). At world size 1 the
+        schedule runs it on every other step with two steps' gradients, T2.7). `fast_rail`: with
+        MUON_RAILS=1 the fast rail's beta and blend weight (T2.9; None: momentum and 1). At world size 1 the
         device work is one function of this step's tensors, the host's bookkeeping (the Adam step
         counts, the kept gradients, the tie) runs around it, and `device_work(work)` runs it: work()
         when None, else OptimizerGraphs' capture or replay of its CUDA graph (T5.3)."""
@@ -1457,7 +1501,7 @@ class NorMuonAdam:
         follower = self.tied[0] if self.tied else None
         tie = follower is not None and params[follower].grad is not None
         with_grad, active, kept = self.step_labels(lambda label: params[label].grad is not None, adam, follower)
-        self._load_scalars(active, lr_multiplier, momentum)
+        self._load_scalars(active, lr_multiplier, momentum, fast_rail or (momentum, 1.0))
         if self.world > 1:
             self._step_with_collectives(active, kept, tie, adam)
         else:
@@ -1482,7 +1526,7 @@ class NorMuonAdam:
         active = [label for label in with_grad if adam or self.specs[label].optimizer == "normuon"]
         return with_grad, active, [label for label in with_grad if label not in active]
 
-    def _load_scalars(self, active: list[str], lr_multiplier: float, momentum: float):
+    def _load_scalars(self, active: list[str], lr_multiplier: float, momentum: float, fast_rail: tuple[float, float]):
         """Advance the Adam step counts of the labels updated now and copy this step's scalars (float64
         on the host, then float32) into `scalars` with one non-blocking copy from a fresh pinned tensor:
         the caching host allocator keeps it until the copy has run."""
@@ -1491,7 +1535,7 @@ class NorMuonAdam:
             spec = self.specs[label]
             if spec.optimizer == "normuon":
                 label_values = (momentum, cfg.muon_lr * lr_multiplier * spec.lr_mul,
-                                cfg.muon_weight_decay * spec.wd_mul * cfg.muon_lr * lr_multiplier)
+                                cfg.muon_weight_decay * spec.wd_mul * cfg.muon_lr * lr_multiplier, *fast_rail)
             else:
                 beta1, beta2 = spec.betas
                 self.state[label]["step"] += 1
@@ -1499,6 +1543,7 @@ class NorMuonAdam:
                 lr = cfg.adam_lr * spec.lr_mul * lr_multiplier
                 label_values = (lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t),
                                 lr * lr * cfg.adam_weight_decay * spec.wd_mul)
+            # zip: a "normuon" rule has no slots for the fast rail's two values
             for slot, value in zip(self.scalar_slots[label], label_values):
                 values[slot] = value
         host = torch.tensor(values, dtype=torch.float32, pin_memory=self.scalars.is_cuda)
@@ -1602,7 +1647,7 @@ class NorMuonAdam:
         full_weight, weight, sharded = self._local_weight(label)
         if spec.optimizer == "normuon":
             rows, cols = spec.matrix_shape
-            self._normuon_fn(grad, st["momentum"], st["second_moment"], weight, st.get("mantissa"),
+            self._normuon_fn(grad, self.bank_momentum[label], st["second_moment"], weight, st.get("mantissa"),
                              scalars["momentum"], scalars["lr"], self.lr_muls[label], scalars["wd_lr"],
                              self.grad_scale, cfg.muon_beta2, -1 if rows >= cols else -2,
                              cfg.orthogonalizer, self.use_triton)
@@ -2395,6 +2440,7 @@ class StepPlan:
     long_windows: tuple[int, ...]  # the long window of every stage so far, in tokens (YaRN)
     lr_multiplier: float
     momentum: float
+    fast_rail: tuple[float, float]  # MUON_RAILS: the fast rail's beta and its weight in the blend (T2.9)
     adam_step: bool
     untie: bool  # untie embed and lm_head after this step
 
@@ -2413,6 +2459,7 @@ class Schedule:
         self.total_steps = n + cfg.num_extension_iterations
         self.cooldown_start = int(n * (1 - cfg.cooldown_frac))
         self.untie_step = (round(n * cfg.untie_embed_at) | 1) if cfg.untie_embed_at > 0 else None  # an Adam step
+        self.rails_engage_step = round(n * cfg.muon_rails_engage_at)
 
     def plan(self, step: int, final: bool = False) -> StepPlan:
         """The plan of `step`; `final`: the last validation's, with FINAL_LONG_WINDOW."""
@@ -2428,7 +2475,7 @@ class Schedule:
             shape=ForwardShape(*windows, row.max_seq_len, len(mtp), prefix is not None),
             target_weights=tuple(mtp + ([] if prefix is None else [prefix])),
             long_windows=tuple(s.long_window * block for s in cfg.stages[: stage + 1]),
-            lr_multiplier=self.lr_multiplier(step), momentum=self.momentum(step),
+            lr_multiplier=self.lr_multiplier(step), momentum=self.momentum(step), fast_rail=self.fast_rail(step),
             adam_step=step % 2 == 1 or not cfg.adam_every_other_step, untie=step == self.untie_step)
 
     def stage(self, step: int) -> int:
@@ -2455,6 +2502,14 @@ class Schedule:
         if step > cooldown_start:
             return high - (high - low) * (step - cooldown_start) / cfg.muon_momentum_cooldown_steps
         return low + (high - low) * warm
+
+    def fast_rail(self, step: int) -> tuple[float, float]:
+        """MUON_RAILS' fast rail (T2.9): (its beta, its weight in the blend with the slow rail). Until
+        the engage step it is today's single EMA: the scheduled momentum, weight 1."""
+        cfg = self.config
+        if step < self.rails_engage_step:
+            return self.momentum(step), 1.0
+        return cfg.muon_rails_fast_beta, cfg.muon_rails_fast_weight
 
     def warmup_steps(self) -> list[int]:
         """Steps whose graphs the warm-up compiles: the first two and both sides of every stage start."""
@@ -2972,7 +3027,8 @@ class OptimizerGraphs:
 
         def step(device_work=None, scale: float = 1.0):
             self._arrange(key)
-            opt.step(plan.lr_multiplier * scale, plan.momentum * scale, plan.adam_step, device_work=device_work)
+            opt.step(plan.lr_multiplier * scale, plan.momentum * scale, plan.adam_step, device_work=device_work,
+                     fast_rail=tuple(value * scale for value in plan.fast_rail))
 
         step(graph.capture, scale=0.5)
         restore()
@@ -3069,7 +3125,8 @@ class OptimizerGraphs:
         if graph is None:
             raise GraphMismatch(f"step {plan.step} has no CUDA graph of the optimizer step ({self.describe(key)}): "
                                 f"the warm-up captured {len(self.graphs)} others; run with OPTIMIZER_GRAPHS=0 and report it")
-        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, device_work=lambda work: graph.replay())
+        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, device_work=lambda work: graph.replay(),
+                            fast_rail=plan.fast_rail)
 
 
 class Trainer:
@@ -3226,7 +3283,7 @@ class Trainer:
         return mean_ce
 
     def eager_optimizer_step(self, plan: StepPlan):
-        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step)
+        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, fast_rail=plan.fast_rail)
         if self.ngram is not None:
             self.ngram.step(plan.lr_multiplier, plan.adam_step)
 
