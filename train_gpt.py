@@ -195,6 +195,10 @@ class ScheduleConfig:
     # fast rail's beta is MUON_RAILS_FAST_BETA and the blend weighs it MUON_RAILS_FAST_WEIGHT (T2.9)
     muon_rails_fast_beta: float = 0.85
     muon_rails_fast_weight: float = 0.4385
+    tail_ema_steps: int = 0  # >0: an fp32 EMA of the weights over the last N steps, blended in before the final validation (T5.4)
+    tail_ema_rate: float = 0.0  # with TAIL_EMA_STEPS: the EMA's rate per step; 0: 2/(TAIL_EMA_STEPS+1)
+    tail_ema_bank_blend: float = 0.55  # the EMA's share of the NorMuon banks after the blend (0: not averaged)
+    tail_ema_embed_blend: float = 0.65  # the EMA's share of embed and lm_head after the blend (0: not averaged)
     adam_every_other_step: bool = True  # Adam on odd steps with two steps' gradients (T2.7)
     multi_token_prediction: bool = True
     prefix_loss: bool = True  # prefix-token auxiliary loss; reads tokenizer_dir/encoder.json
@@ -1286,6 +1290,12 @@ def rails_bank_step(grad: Tensor, rails: tuple, second_moment: Tensor, weight: T
     normuon_update(orthogonal, second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
 
 
+def tail_ema_update(ema: Tensor, weight: Tensor, mantissa: Tensor | None, rate: Tensor):
+    """The weights' fp32 EMA (T5.4) one step on: ema ← ema + rate·(w − ema), w a bank's exact fp32
+    master (bf16 + mantissa, T2.6) or the weight in fp32; rate 1 sets it to w exactly."""
+    ema.lerp_(weight.float() if mantissa is None else _fp32_from_bf16_and_mantissa(weight, mantissa), rate)
+
+
 def adam_update(grad: Tensor, kept_grad: Tensor | None, weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
                 step_size: Tensor, wd_lr2: Tensor, beta1: float, beta2: float, eps: float, grad_scale: float):
     """Adam with cautious weight decay (#50, T2.5): decay only where the update shrinks |w|; strength
@@ -1387,8 +1397,8 @@ class FlatReplicatedGrads:
 
 # The schedule's scalars an update reads from the device, per update rule of a label (NorMuonAdam.scalars);
 # "rails": NorMuon's with MUON_RAILS=1 (T2.9)
-STEP_SCALARS = {"normuon": ("momentum", "lr", "wd_lr"), "rails": ("momentum", "lr", "wd_lr", "fast_beta", "fast_weight"),
-                "adam": ("step_size", "wd_lr2")}
+STEP_SCALARS = {"normuon": ("momentum", "lr", "wd_lr"), "adam": ("step_size", "wd_lr2"),
+                "rails": ("momentum", "lr", "wd_lr", "fast_beta", "fast_weight")}
 
 
 class NorMuonAdam:
@@ -1424,8 +1434,11 @@ class NorMuonAdam:
     embed. Both are stored (vocab, dim), so tying needs no transpose."""
 
     def __init__(self, params: dict[str, nn.Parameter], specs: dict[str, ParamSpec], config: OptimConfig,
-                 rank: int = 0, world_size: int = 1, tied: tuple[str, str] | None = None, compile: bool = False):
+                 rank: int = 0, world_size: int = 1, tied: tuple[str, str] | None = None, compile: bool = False,
+                 tail_ema_blends: dict[str, float] | None = None):
         self.params, self.specs, self.config = params, specs, config
+        # TAIL_EMA_STEPS (T5.4): label -> the EMA's share of its weights after tail_ema_blend
+        self.tail_ema_blends = {label: blend for label, blend in (tail_ema_blends or {}).items() if label in params}
         self.rank, self.world = rank, world_size
         self.tied = self.initial_tie = tied  # (follower, leader) = ("embed", "lm_head") while tied
         group = lambda label: (specs[label].comm != "replicated", specs[label].optimizer != "normuon")  # noqa: E731
@@ -1442,13 +1455,15 @@ class NorMuonAdam:
         if on_cuda and compile:  # one graph per bank and table shape
             self._normuon_fn = torch.compile(bank_step, dynamic=False, fullgraph=True)
             self._adam_fn = torch.compile(adam_update, dynamic=False, fullgraph=True)
+            self._tail_ema_fn = torch.compile(tail_ema_update, dynamic=False, fullgraph=True)
         else:
-            self._normuon_fn, self._adam_fn = bank_step, adam_update
+            self._normuon_fn, self._adam_fn, self._tail_ema_fn = bank_step, adam_update, tail_ema_update
         # each label's update rule: its spec's optimizer, "rails" for the banks with MUON_RAILS=1 (T2.9)
         self.rules = {label: "rails" if config.muon_rails and spec.optimizer == "normuon" else spec.optimizer
                       for label, spec in specs.items()}
         for label, p in params.items():
             self._init_state(label, p, specs[label])
+        self.tail_ema_rate = torch.zeros((), device=next(iter(params.values())).device)  # this tick's, on the device
         # This step's schedule scalars on the device (T5.3): one copy per step into a tensor that stays
         # where it is, so a CUDA graph of the step reads each step's values; each value on a 16-byte
         # boundary, the alignment inductor's kernels assume of their inputs.
@@ -1474,6 +1489,8 @@ class NorMuonAdam:
         local = (rows.rows, *view[1:]) if spec.comm == "sharded" else view
         st = self.state[label] = {}
         zeros = lambda shape, dtype=torch.float32: torch.zeros(shape, dtype=dtype, device=p.device)  # noqa: E731
+        if label in self.tail_ema_blends:
+            st["tail_ema"] = zeros(local)  # this rank's rows' EMA (T5.4)
         if spec.optimizer == "adam":
             st.update(exp_avg=zeros(local), exp_avg_sq=zeros(local), step=0)
             return
@@ -1655,8 +1672,10 @@ class NorMuonAdam:
             beta1, beta2 = spec.betas
             self._adam_fn(grad, kept_grad, weight, st["exp_avg"], st["exp_avg_sq"], scalars["step_size"],
                           scalars["wd_lr2"], beta1, beta2, cfg.adam_eps, self.grad_scale)
-        if not sharded:
-            return None
+        return self._launch_gather(label, full_weight, weight) if sharded else None
+
+    def _launch_gather(self, label: str, full_weight: Tensor, weight: Tensor):
+        """All-gather this rank's rows `weight` of a sharded parameter into every rank's full weight; a wait function."""
         if self.rows[label].padded:
             gathered = weight.new_empty((self.rows[label].rows * self.world, *weight.shape[1:]))
             work = dist.all_gather_into_tensor(gathered, weight, async_op=True)
@@ -1664,6 +1683,46 @@ class NorMuonAdam:
             return lambda: (work.wait(), full_weight.copy_(gathered[:n]))
         work = dist.all_gather_into_tensor(full_weight, weight, async_op=True)  # in place
         return work.wait
+
+    # --- the weights' EMA over the last steps (TAIL_EMA_STEPS; record #92, PR #360; T5.4) ------------
+    def _own_rows(self, label: str) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Views of this rank's real rows of a tail-averaged label: (weight, mantissa or None, EMA)."""
+        p, spec, rows, st = self.params[label], self.specs[label], self.rows[label], self.state[label]
+        sharded = spec.comm == "sharded" and self.world > 1
+        start, n = (rows.start, rows.real_rows) if sharded else (0, rows.full(p.data).size(0))
+        mantissa = st.get("mantissa")
+        return (rows.full(p.data)[start: start + n], None if mantissa is None else mantissa[:n], st["tail_ema"][:n])
+
+    @torch.no_grad()
+    def tail_ema_update(self, rate: float):
+        """After a step of the window: each tail-averaged label's EMA of this rank's rows, one fused
+        lerp per label on the weights the step left (rate 1: the EMA starts as them)."""
+        self.tail_ema_rate.fill_(rate)
+        for label in self.tail_ema_blends:
+            weight, mantissa, ema = self._own_rows(label)
+            self._tail_ema_fn(ema, weight, mantissa, self.tail_ema_rate)
+
+    @torch.no_grad()
+    def tail_ema_blend(self):
+        """At the end of training: w ← w + blend·(EMA − w) on this rank's rows (the fp32 master of a bank,
+        its mantissa kept exact), then every rank gathers the full, identical weights."""
+        gathers = []
+        for label, blend in self.tail_ema_blends.items():
+            full_weight, weight, sharded = self._local_weight(label)
+            st = self.state[label]
+            mantissa = st.get("mantissa")
+            w32 = weight.float() if mantissa is None else _fp32_from_bf16_and_mantissa(weight, mantissa)
+            w32 = w32.lerp(st["tail_ema"], blend)
+            if mantissa is None:
+                weight.copy_(w32)
+            else:
+                hi, low = _split_fp32_to_bf16_and_mantissa(w32)
+                weight.copy_(hi)
+                mantissa.copy_(low)
+            if sharded:
+                gathers.append(self._launch_gather(label, full_weight, weight))
+        for gather in gathers:
+            gather()
 
     # --- state ----------------------------------------------------------------------------------
     def untie(self):
@@ -2443,6 +2502,7 @@ class StepPlan:
     fast_rail: tuple[float, float]  # MUON_RAILS: the fast rail's beta and its weight in the blend (T2.9)
     adam_step: bool
     untie: bool  # untie embed and lm_head after this step
+    tail_ema_rate: float  # TAIL_EMA_STEPS: the weights' EMA's rate after this step; 1 starts it, 0 none (T5.4)
 
 
 class Schedule:
@@ -2460,6 +2520,7 @@ class Schedule:
         self.cooldown_start = int(n * (1 - cfg.cooldown_frac))
         self.untie_step = (round(n * cfg.untie_embed_at) | 1) if cfg.untie_embed_at > 0 else None  # an Adam step
         self.rails_engage_step = round(n * cfg.muon_rails_engage_at)
+        self.tail_ema_start = self.total_steps - cfg.tail_ema_steps if cfg.tail_ema_steps else None
 
     def plan(self, step: int, final: bool = False) -> StepPlan:
         """The plan of `step`; `final`: the last validation's, with FINAL_LONG_WINDOW."""
@@ -2476,7 +2537,8 @@ class Schedule:
             target_weights=tuple(mtp + ([] if prefix is None else [prefix])),
             long_windows=tuple(s.long_window * block for s in cfg.stages[: stage + 1]),
             lr_multiplier=self.lr_multiplier(step), momentum=self.momentum(step), fast_rail=self.fast_rail(step),
-            adam_step=step % 2 == 1 or not cfg.adam_every_other_step, untie=step == self.untie_step)
+            adam_step=step % 2 == 1 or not cfg.adam_every_other_step, untie=step == self.untie_step,
+            tail_ema_rate=self.tail_ema_rate(step))
 
     def stage(self, step: int) -> int:
         return max(i for i, start in enumerate(self.stage_starts) if step >= start)
@@ -2511,12 +2573,31 @@ class Schedule:
             return self.momentum(step), 1.0
         return cfg.muon_rails_fast_beta, cfg.muon_rails_fast_weight
 
+    def tail_ema_rate(self, step: int) -> float:
+        """TAIL_EMA_STEPS' rate after `step` (T5.4): 0 before the window, 1 at its first step (the EMA
+        starts as that step's weights), then TAIL_EMA_RATE (0: 2/(TAIL_EMA_STEPS+1), record #92's)."""
+        cfg, start = self.config, self.tail_ema_start
+        if start is None or step < start:
+            return 0.0
+        return 1.0 if step == start else cfg.tail_ema_rate or 2 / (cfg.tail_ema_steps + 1)
+
     def warmup_steps(self) -> list[int]:
         """Steps whose graphs the warm-up compiles: the first two and both sides of every stage start."""
         steps = {0, 1}
         for start in self.stage_starts[1:]:
             steps.update(s for s in range(start - 2, start + 2) if 0 <= s < self.total_steps)
         return sorted(steps)
+
+
+def tail_ema_blends(cfg: ScheduleConfig, specs: dict[str, ParamSpec]) -> dict[str, float]:
+    """TAIL_EMA_STEPS' labels, each with the EMA's share of its weights after the blend (T5.4): the
+    NorMuon banks at TAIL_EMA_BANK_BLEND, embed and lm_head at TAIL_EMA_EMBED_BLEND; a share of 0 leaves
+    its labels out."""
+    if not cfg.tail_ema_steps:
+        return {}
+    blends = {label: cfg.tail_ema_bank_blend for label, spec in specs.items() if spec.optimizer == "normuon"}
+    blends.update((label, cfg.tail_ema_embed_blend) for label in ("embed", "lm_head") if label in specs)
+    return {label: blend for label, blend in blends.items() if blend}
 
 
 def interpolate(weights: tuple[float, float], tau: float) -> float:
@@ -2645,6 +2726,8 @@ def check_hyperparameters(hp: Hyperparameters):
     total_steps = Schedule(hp.schedule).total_steps
     if not 0 <= run.stop_after <= total_steps:
         raise SetupError(f"STOP_AFTER={run.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
+    if not 0 <= hp.schedule.tail_ema_steps <= total_steps:
+        raise SetupError(f"TAIL_EMA_STEPS={hp.schedule.tail_ema_steps}: must lie in 0..{total_steps} (the schedule's steps; 0: off)")
     for stage in stages:
         if stage.batch_tokens % RANKS_PER_STEP:
             raise SetupError(f"STAGE_BATCH_TOKENS entry {stage.batch_tokens} is not divisible by {RANKS_PER_STEP}")
@@ -3149,8 +3232,13 @@ class Trainer:
         self.model = GPT(hp.model, longest_forward(hp)).to(device)
         self._share_initialization()
         self.ngram = self.ngram_table()
-        self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), param_specs(self.model), hp.optim, rank,
-                                     world_size, tied=("embed", "lm_head"), compile=hp.execution.compile)
+        specs = param_specs(self.model)
+        self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), specs, hp.optim, rank, world_size,
+                                     tied=("embed", "lm_head"), compile=hp.execution.compile,
+                                     tail_ema_blends=tail_ema_blends(hp.schedule, specs))
+        # TAIL_EMA_STEPS (T5.4): the run blends the EMA in at its end when its last step is past the window's start
+        start = self.schedule.tail_ema_start
+        self.blend_tail_ema = bool(self.optimizer.tail_ema_blends) and start is not None and start < self.last_step
         compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.execution.compile else (lambda f: f)
         self.training_loss = compiled(self.model.training_loss)
         self.evaluation_loss = self.validation_function(compiled)
@@ -3279,6 +3367,8 @@ class Trainer:
         self.optimizer_step(plan)
         if plan.untie and self.optimizer.tied:
             self.optimizer.untie()
+        if plan.tail_ema_rate:  # the last TAIL_EMA_STEPS steps (T5.4)
+            self.optimizer.tail_ema_update(plan.tail_ema_rate)
         self.losses[plan.step] = mean_ce
         return mean_ce
 
@@ -3452,6 +3542,9 @@ class Trainer:
             self.evaluate(step, final=step == self.schedule.total_steps, max_batches=1)
         if self.step_graphs is not None:
             self.capture_graphs(loader)
+        if self.blend_tail_ema:  # T5.4's kernels, off the clock; the reset below undoes what they wrote
+            self.optimizer.tail_ema_update(1.0)
+            self.optimizer.tail_ema_blend()
         self.log(f"Compile and warm-up took {time.perf_counter() - start:.0f}s. Resetting model")
         if self.hp.execution.compile and self.hp.execution.skip_guard_checks:  # host time in the launch-bound stages (T5.2)
             torch.compiler.set_stance(skip_guard_eval_unsafe=True)
@@ -3513,6 +3606,8 @@ class Trainer:
         self.position = "at step 0"
         for step in range(self.last_step + 1):
             last = step == self.last_step
+            if last and self.blend_tail_ema:  # on the clock, before the final validation (T5.4)
+                self.optimizer.tail_ema_blend()
             if step in validation_steps:
                 self._sync()
                 training_ms += 1000 * (time.perf_counter() - t0)
