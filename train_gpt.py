@@ -168,6 +168,8 @@ class OptimConfig:
     muon_weight_decay: float = 1.2
     orthogonalizer: str = "polar_express"  # or "newton_schulz" (classic quintic)
     mantissa_tracking: bool = True  # bf16 banks with an exact fp32 master (T2.6)
+    muon_rails: bool = False  # two EMA rails of the bank gradients in place of one (T2.9)
+    muon_rails_slow_beta: float = 0.98  # with MUON_RAILS: the slow rail's constant beta (record #92)
     adam_lr: float = 0.008
     adam_eps: float = 1e-10
     adam_weight_decay: float = 0.005
@@ -189,6 +191,14 @@ class ScheduleConfig:
     muon_momentum_max: float = 0.95
     muon_momentum_warmup_steps: int = 300
     muon_momentum_cooldown_steps: int = 50
+    muon_rails_engage_at: float = 0.44  # with MUON_RAILS: from this fraction of the scheduled steps the
+    # fast rail's beta is MUON_RAILS_FAST_BETA and the blend weighs it MUON_RAILS_FAST_WEIGHT (T2.9)
+    muon_rails_fast_beta: float = 0.85
+    muon_rails_fast_weight: float = 0.4385
+    tail_ema_steps: int = 0  # >0: an fp32 EMA of the weights over the last N steps, blended in before the final validation (T5.4)
+    tail_ema_rate: float = 0.0  # with TAIL_EMA_STEPS: the EMA's rate per step; 0: 2/(TAIL_EMA_STEPS+1)
+    tail_ema_bank_blend: float = 0.55  # the EMA's share of the NorMuon banks after the blend (0: not averaged)
+    tail_ema_embed_blend: float = 0.65  # the EMA's share of embed and lm_head after the blend (0: not averaged)
     adam_every_other_step: bool = True  # Adam on odd steps with two steps' gradients (T2.7)
     multi_token_prediction: bool = True
     prefix_loss: bool = True  # prefix-token auxiliary loss; reads tokenizer_dir/encoder.json
@@ -1222,6 +1232,18 @@ def normuon_momentum(grad: Tensor, momentum: Tensor, mu: Tensor, grad_scale: flo
     return g.lerp(momentum, mu)
 
 
+def twin_rail_momentum(grad: Tensor, fast: Tensor, slow: Tensor, mu: Tensor, fast_beta: Tensor,
+                       fast_weight: Tensor, slow_beta: float, grad_scale: float) -> Tensor:
+    """Two EMA rails of the gradient (record #92, PR #360; T2.9): fast ← β_f·fast + (1−β_f)g on a
+    scheduled β_f, slow ← β_s·slow + (1−β_s)g on a constant β_s; their blend b = w·fast + (1−w)·slow
+    takes the Nesterov look-ahead: returns (1−μ)g + μb. With β_f = μ and w = 1 it is normuon_momentum."""
+    g = grad.float() * grad_scale
+    fast.lerp_(g, 1 - fast_beta)
+    slow.lerp_(g, 1 - slow_beta)
+    blend = fast_weight * fast + (1 - fast_weight) * slow
+    return g.lerp(blend, mu)
+
+
 def normuon_update(update: Tensor, second_moment: Tensor, weight: Tensor, mantissa: Tensor | None,
                    lr: Tensor, lr_muls: Tensor, wd_lr: Tensor, beta2: float, axis: int):
     """NorMuon (arXiv 2510.05491, #41; T2.4): per-row (axis -1) or per-column (axis -2) RMS equalization
@@ -1255,6 +1277,23 @@ def normuon_bank_step(grad: Tensor, momentum: Tensor, second_moment: Tensor, wei
     update = normuon_momentum(grad, momentum, mu, grad_scale)
     orthogonal = polar_iterations(polar_normalize(update, method), method, use_triton)
     normuon_update(orthogonal, second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
+
+
+def rails_bank_step(grad: Tensor, rails: tuple, second_moment: Tensor, weight: Tensor,
+                    mantissa: Tensor | None, mu: Tensor, lr: Tensor, lr_muls: Tensor, wd_lr: Tensor,
+                    grad_scale: float, beta2: float, axis: int, method: str, use_triton: bool):
+    """normuon_bank_step with the two rails of twin_rail_momentum (MUON_RAILS=1, T2.9); `rails`:
+    (fast, slow, fast_beta, fast_weight, slow_beta)."""
+    fast, slow, fast_beta, fast_weight, slow_beta = rails
+    update = twin_rail_momentum(grad, fast, slow, mu, fast_beta, fast_weight, slow_beta, grad_scale)
+    orthogonal = polar_iterations(polar_normalize(update, method), method, use_triton)
+    normuon_update(orthogonal, second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
+
+
+def tail_ema_update(ema: Tensor, weight: Tensor, mantissa: Tensor | None, rate: Tensor):
+    """The weights' fp32 EMA (T5.4) one step on: ema ← ema + rate·(w − ema), w a bank's exact fp32
+    master (bf16 + mantissa, T2.6) or the weight in fp32; rate 1 sets it to w exactly."""
+    ema.lerp_(weight.float() if mantissa is None else _fp32_from_bf16_and_mantissa(weight, mantissa), rate)
 
 
 def adam_update(grad: Tensor, kept_grad: Tensor | None, weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
@@ -1356,8 +1395,10 @@ class FlatReplicatedGrads:
         return reductions
 
 
-# The schedule's scalars an update reads from the device, per optimizer of a label (NorMuonAdam.scalars)
-STEP_SCALARS = {"normuon": ("momentum", "lr", "wd_lr"), "adam": ("step_size", "wd_lr2")}
+# The schedule's scalars an update reads from the device, per update rule of a label (NorMuonAdam.scalars);
+# "rails": NorMuon's with MUON_RAILS=1 (T2.9)
+STEP_SCALARS = {"normuon": ("momentum", "lr", "wd_lr"), "adam": ("step_size", "wd_lr2"),
+                "rails": ("momentum", "lr", "wd_lr", "fast_beta", "fast_weight")}
 
 
 class NorMuonAdam:
@@ -1393,8 +1434,11 @@ class NorMuonAdam:
     embed. Both are stored (vocab, dim), so tying needs no transpose."""
 
     def __init__(self, params: dict[str, nn.Parameter], specs: dict[str, ParamSpec], config: OptimConfig,
-                 rank: int = 0, world_size: int = 1, tied: tuple[str, str] | None = None, compile: bool = False):
+                 rank: int = 0, world_size: int = 1, tied: tuple[str, str] | None = None, compile: bool = False,
+                 tail_ema_blends: dict[str, float] | None = None):
         self.params, self.specs, self.config = params, specs, config
+        # TAIL_EMA_STEPS (T5.4): label -> the EMA's share of its weights after tail_ema_blend
+        self.tail_ema_blends = {label: blend for label, blend in (tail_ema_blends or {}).items() if label in params}
         self.rank, self.world = rank, world_size
         self.tied = self.initial_tie = tied  # (follower, leader) = ("embed", "lm_head") while tied
         group = lambda label: (specs[label].comm != "replicated", specs[label].optimizer != "normuon")  # noqa: E731
@@ -1407,25 +1451,36 @@ class NorMuonAdam:
         self.lr_muls: dict[str, Tensor] = {}  # NorMuon: per-matrix lr multipliers of the local rows
         on_cuda = next(iter(params.values())).is_cuda
         self.use_triton = triton_applies(next(iter(params.values())))  # symmetric kernels on every bank
+        bank_step = rails_bank_step if config.muon_rails else normuon_bank_step
         if on_cuda and compile:  # one graph per bank and table shape
-            self._normuon_fn = torch.compile(normuon_bank_step, dynamic=False, fullgraph=True)
+            self._normuon_fn = torch.compile(bank_step, dynamic=False, fullgraph=True)
             self._adam_fn = torch.compile(adam_update, dynamic=False, fullgraph=True)
+            self._tail_ema_fn = torch.compile(tail_ema_update, dynamic=False, fullgraph=True)
         else:
-            self._normuon_fn, self._adam_fn = normuon_bank_step, adam_update
+            self._normuon_fn, self._adam_fn, self._tail_ema_fn = bank_step, adam_update, tail_ema_update
+        # each label's update rule: its spec's optimizer, "rails" for the banks with MUON_RAILS=1 (T2.9)
+        self.rules = {label: "rails" if config.muon_rails and spec.optimizer == "normuon" else spec.optimizer
+                      for label, spec in specs.items()}
         for label, p in params.items():
             self._init_state(label, p, specs[label])
+        self.tail_ema_rate = torch.zeros((), device=next(iter(params.values())).device)  # this tick's, on the device
         # This step's schedule scalars on the device (T5.3): one copy per step into a tensor that stays
         # where it is, so a CUDA graph of the step reads each step's values; each value on a 16-byte
         # boundary, the alignment inductor's kernels assume of their inputs.
         self.scalar_slots: dict[str, list[int]] = {}  # label -> its values' places in `scalars`
         count = 0
         for label in self.comm_order:
-            names = STEP_SCALARS[specs[label].optimizer]
+            names = STEP_SCALARS[self.rules[label]]
             self.scalar_slots[label] = [4 * (count + i) for i in range(len(names))]
             count += len(names)
         self.scalars = torch.zeros(4 * count, device=next(iter(params.values())).device)
-        self.scalar_views = {label: dict(zip(STEP_SCALARS[specs[label].optimizer], (self.scalars[i] for i in slots)))
+        self.scalar_views = {label: dict(zip(STEP_SCALARS[self.rules[label]], (self.scalars[i] for i in slots)))
                              for label, slots in self.scalar_slots.items()}
+        # what a bank's step takes as its momentum: the EMA buffer, or the two rails with their scalars (T2.9)
+        self.bank_momentum = {label: st["momentum"] if self.rules[label] == "normuon" else
+                              (st["momentum"], st["slow_momentum"], self.scalar_views[label]["fast_beta"],
+                               self.scalar_views[label]["fast_weight"], config.muon_rails_slow_beta)
+                              for label, st in self.state.items() if self.rules[label] != "adam"}
 
     def _init_state(self, label: str, p: Tensor, spec: ParamSpec):
         view = (-1, *spec.matrix_shape) if spec.optimizer == "normuon" else tuple(p.shape)
@@ -1434,11 +1489,15 @@ class NorMuonAdam:
         local = (rows.rows, *view[1:]) if spec.comm == "sharded" else view
         st = self.state[label] = {}
         zeros = lambda shape, dtype=torch.float32: torch.zeros(shape, dtype=dtype, device=p.device)  # noqa: E731
+        if label in self.tail_ema_blends:
+            st["tail_ema"] = zeros(local)  # this rank's rows' EMA (T5.4)
         if spec.optimizer == "adam":
             st.update(exp_avg=zeros(local), exp_avg_sq=zeros(local), step=0)
             return
         matrix_rows, cols = spec.matrix_shape
-        st["momentum"] = zeros(local)
+        st["momentum"] = zeros(local)  # with MUON_RAILS=1 the fast rail (T2.9)
+        if self.rules[label] == "rails":
+            st["slow_momentum"] = zeros(local)
         st["second_moment"] = zeros((local[0], matrix_rows, 1) if matrix_rows >= cols else (local[0], 1, cols))
         if self.config.mantissa_tracking and p.dtype == torch.bfloat16:
             st["mantissa"] = zeros(local, torch.int16)
@@ -1447,9 +1506,11 @@ class NorMuonAdam:
 
     # --- step ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def step(self, lr_multiplier: float = 1.0, momentum: float = 0.95, adam: bool = True, device_work=None):
+    def step(self, lr_multiplier: float = 1.0, momentum: float = 0.95, adam: bool = True, device_work=None,
+             fast_rail: tuple[float, float] | None = None):
         """One update: NorMuon on the banks with this momentum, Adam on the rest when `adam` (the
-        schedule runs it on every other step with two steps' gradients, T2.7). At world size 1 the
+        schedule runs it on every other step with two steps' gradients, T2.7). `fast_rail`: with
+        MUON_RAILS=1 the fast rail's beta and blend weight (T2.9; None: momentum and 1). At world size 1 the
         device work is one function of this step's tensors, the host's bookkeeping (the Adam step
         counts, the kept gradients, the tie) runs around it, and `device_work(work)` runs it: work()
         when None, else OptimizerGraphs' capture or replay of its CUDA graph (T5.3)."""
@@ -1457,7 +1518,7 @@ class NorMuonAdam:
         follower = self.tied[0] if self.tied else None
         tie = follower is not None and params[follower].grad is not None
         with_grad, active, kept = self.step_labels(lambda label: params[label].grad is not None, adam, follower)
-        self._load_scalars(active, lr_multiplier, momentum)
+        self._load_scalars(active, lr_multiplier, momentum, fast_rail or (momentum, 1.0))
         if self.world > 1:
             self._step_with_collectives(active, kept, tie, adam)
         else:
@@ -1482,7 +1543,7 @@ class NorMuonAdam:
         active = [label for label in with_grad if adam or self.specs[label].optimizer == "normuon"]
         return with_grad, active, [label for label in with_grad if label not in active]
 
-    def _load_scalars(self, active: list[str], lr_multiplier: float, momentum: float):
+    def _load_scalars(self, active: list[str], lr_multiplier: float, momentum: float, fast_rail: tuple[float, float]):
         """Advance the Adam step counts of the labels updated now and copy this step's scalars (float64
         on the host, then float32) into `scalars` with one non-blocking copy from a fresh pinned tensor:
         the caching host allocator keeps it until the copy has run."""
@@ -1491,7 +1552,7 @@ class NorMuonAdam:
             spec = self.specs[label]
             if spec.optimizer == "normuon":
                 label_values = (momentum, cfg.muon_lr * lr_multiplier * spec.lr_mul,
-                                cfg.muon_weight_decay * spec.wd_mul * cfg.muon_lr * lr_multiplier)
+                                cfg.muon_weight_decay * spec.wd_mul * cfg.muon_lr * lr_multiplier, *fast_rail)
             else:
                 beta1, beta2 = spec.betas
                 self.state[label]["step"] += 1
@@ -1499,6 +1560,7 @@ class NorMuonAdam:
                 lr = cfg.adam_lr * spec.lr_mul * lr_multiplier
                 label_values = (lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t),
                                 lr * lr * cfg.adam_weight_decay * spec.wd_mul)
+            # zip: a "normuon" rule has no slots for the fast rail's two values
             for slot, value in zip(self.scalar_slots[label], label_values):
                 values[slot] = value
         host = torch.tensor(values, dtype=torch.float32, pin_memory=self.scalars.is_cuda)
@@ -1602,7 +1664,7 @@ class NorMuonAdam:
         full_weight, weight, sharded = self._local_weight(label)
         if spec.optimizer == "normuon":
             rows, cols = spec.matrix_shape
-            self._normuon_fn(grad, st["momentum"], st["second_moment"], weight, st.get("mantissa"),
+            self._normuon_fn(grad, self.bank_momentum[label], st["second_moment"], weight, st.get("mantissa"),
                              scalars["momentum"], scalars["lr"], self.lr_muls[label], scalars["wd_lr"],
                              self.grad_scale, cfg.muon_beta2, -1 if rows >= cols else -2,
                              cfg.orthogonalizer, self.use_triton)
@@ -1610,8 +1672,10 @@ class NorMuonAdam:
             beta1, beta2 = spec.betas
             self._adam_fn(grad, kept_grad, weight, st["exp_avg"], st["exp_avg_sq"], scalars["step_size"],
                           scalars["wd_lr2"], beta1, beta2, cfg.adam_eps, self.grad_scale)
-        if not sharded:
-            return None
+        return self._launch_gather(label, full_weight, weight) if sharded else None
+
+    def _launch_gather(self, label: str, full_weight: Tensor, weight: Tensor):
+        """All-gather this rank's rows `weight` of a sharded parameter into every rank's full weight; a wait function."""
         if self.rows[label].padded:
             gathered = weight.new_empty((self.rows[label].rows * self.world, *weight.shape[1:]))
             work = dist.all_gather_into_tensor(gathered, weight, async_op=True)
@@ -1619,6 +1683,46 @@ class NorMuonAdam:
             return lambda: (work.wait(), full_weight.copy_(gathered[:n]))
         work = dist.all_gather_into_tensor(full_weight, weight, async_op=True)  # in place
         return work.wait
+
+    # --- the weights' EMA over the last steps (TAIL_EMA_STEPS; record #92, PR #360; T5.4) ------------
+    def _own_rows(self, label: str) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Views of this rank's real rows of a tail-averaged label: (weight, mantissa or None, EMA)."""
+        p, spec, rows, st = self.params[label], self.specs[label], self.rows[label], self.state[label]
+        sharded = spec.comm == "sharded" and self.world > 1
+        start, n = (rows.start, rows.real_rows) if sharded else (0, rows.full(p.data).size(0))
+        mantissa = st.get("mantissa")
+        return (rows.full(p.data)[start: start + n], None if mantissa is None else mantissa[:n], st["tail_ema"][:n])
+
+    @torch.no_grad()
+    def tail_ema_update(self, rate: float):
+        """After a step of the window: each tail-averaged label's EMA of this rank's rows, one fused
+        lerp per label on the weights the step left (rate 1: the EMA starts as them)."""
+        self.tail_ema_rate.fill_(rate)
+        for label in self.tail_ema_blends:
+            weight, mantissa, ema = self._own_rows(label)
+            self._tail_ema_fn(ema, weight, mantissa, self.tail_ema_rate)
+
+    @torch.no_grad()
+    def tail_ema_blend(self):
+        """At the end of training: w ← w + blend·(EMA − w) on this rank's rows (the fp32 master of a bank,
+        its mantissa kept exact), then every rank gathers the full, identical weights."""
+        gathers = []
+        for label, blend in self.tail_ema_blends.items():
+            full_weight, weight, sharded = self._local_weight(label)
+            st = self.state[label]
+            mantissa = st.get("mantissa")
+            w32 = weight.float() if mantissa is None else _fp32_from_bf16_and_mantissa(weight, mantissa)
+            w32 = w32.lerp(st["tail_ema"], blend)
+            if mantissa is None:
+                weight.copy_(w32)
+            else:
+                hi, low = _split_fp32_to_bf16_and_mantissa(w32)
+                weight.copy_(hi)
+                mantissa.copy_(low)
+            if sharded:
+                gathers.append(self._launch_gather(label, full_weight, weight))
+        for gather in gathers:
+            gather()
 
     # --- state ----------------------------------------------------------------------------------
     def untie(self):
@@ -2395,8 +2499,10 @@ class StepPlan:
     long_windows: tuple[int, ...]  # the long window of every stage so far, in tokens (YaRN)
     lr_multiplier: float
     momentum: float
+    fast_rail: tuple[float, float]  # MUON_RAILS: the fast rail's beta and its weight in the blend (T2.9)
     adam_step: bool
     untie: bool  # untie embed and lm_head after this step
+    tail_ema_rate: float  # TAIL_EMA_STEPS: the weights' EMA's rate after this step; 1 starts it, 0 none (T5.4)
 
 
 class Schedule:
@@ -2413,6 +2519,8 @@ class Schedule:
         self.total_steps = n + cfg.num_extension_iterations
         self.cooldown_start = int(n * (1 - cfg.cooldown_frac))
         self.untie_step = (round(n * cfg.untie_embed_at) | 1) if cfg.untie_embed_at > 0 else None  # an Adam step
+        self.rails_engage_step = round(n * cfg.muon_rails_engage_at)
+        self.tail_ema_start = self.total_steps - cfg.tail_ema_steps if cfg.tail_ema_steps else None
 
     def plan(self, step: int, final: bool = False) -> StepPlan:
         """The plan of `step`; `final`: the last validation's, with FINAL_LONG_WINDOW."""
@@ -2428,8 +2536,9 @@ class Schedule:
             shape=ForwardShape(*windows, row.max_seq_len, len(mtp), prefix is not None),
             target_weights=tuple(mtp + ([] if prefix is None else [prefix])),
             long_windows=tuple(s.long_window * block for s in cfg.stages[: stage + 1]),
-            lr_multiplier=self.lr_multiplier(step), momentum=self.momentum(step),
-            adam_step=step % 2 == 1 or not cfg.adam_every_other_step, untie=step == self.untie_step)
+            lr_multiplier=self.lr_multiplier(step), momentum=self.momentum(step), fast_rail=self.fast_rail(step),
+            adam_step=step % 2 == 1 or not cfg.adam_every_other_step, untie=step == self.untie_step,
+            tail_ema_rate=self.tail_ema_rate(step))
 
     def stage(self, step: int) -> int:
         return max(i for i, start in enumerate(self.stage_starts) if step >= start)
@@ -2456,12 +2565,39 @@ class Schedule:
             return high - (high - low) * (step - cooldown_start) / cfg.muon_momentum_cooldown_steps
         return low + (high - low) * warm
 
+    def fast_rail(self, step: int) -> tuple[float, float]:
+        """MUON_RAILS' fast rail (T2.9): (its beta, its weight in the blend with the slow rail). Until
+        the engage step it is today's single EMA: the scheduled momentum, weight 1."""
+        cfg = self.config
+        if step < self.rails_engage_step:
+            return self.momentum(step), 1.0
+        return cfg.muon_rails_fast_beta, cfg.muon_rails_fast_weight
+
+    def tail_ema_rate(self, step: int) -> float:
+        """TAIL_EMA_STEPS' rate after `step` (T5.4): 0 before the window, 1 at its first step (the EMA
+        starts as that step's weights), then TAIL_EMA_RATE (0: 2/(TAIL_EMA_STEPS+1), record #92's)."""
+        cfg, start = self.config, self.tail_ema_start
+        if start is None or step < start:
+            return 0.0
+        return 1.0 if step == start else cfg.tail_ema_rate or 2 / (cfg.tail_ema_steps + 1)
+
     def warmup_steps(self) -> list[int]:
         """Steps whose graphs the warm-up compiles: the first two and both sides of every stage start."""
         steps = {0, 1}
         for start in self.stage_starts[1:]:
             steps.update(s for s in range(start - 2, start + 2) if 0 <= s < self.total_steps)
         return sorted(steps)
+
+
+def tail_ema_blends(cfg: ScheduleConfig, specs: dict[str, ParamSpec]) -> dict[str, float]:
+    """TAIL_EMA_STEPS' labels, each with the EMA's share of its weights after the blend (T5.4): the
+    NorMuon banks at TAIL_EMA_BANK_BLEND, embed and lm_head at TAIL_EMA_EMBED_BLEND; a share of 0 leaves
+    its labels out."""
+    if not cfg.tail_ema_steps:
+        return {}
+    blends = {label: cfg.tail_ema_bank_blend for label, spec in specs.items() if spec.optimizer == "normuon"}
+    blends.update((label, cfg.tail_ema_embed_blend) for label in ("embed", "lm_head") if label in specs)
+    return {label: blend for label, blend in blends.items() if blend}
 
 
 def interpolate(weights: tuple[float, float], tau: float) -> float:
@@ -2590,6 +2726,8 @@ def check_hyperparameters(hp: Hyperparameters):
     total_steps = Schedule(hp.schedule).total_steps
     if not 0 <= run.stop_after <= total_steps:
         raise SetupError(f"STOP_AFTER={run.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
+    if not 0 <= hp.schedule.tail_ema_steps <= total_steps:
+        raise SetupError(f"TAIL_EMA_STEPS={hp.schedule.tail_ema_steps}: must lie in 0..{total_steps} (the schedule's steps; 0: off)")
     for stage in stages:
         if stage.batch_tokens % RANKS_PER_STEP:
             raise SetupError(f"STAGE_BATCH_TOKENS entry {stage.batch_tokens} is not divisible by {RANKS_PER_STEP}")
@@ -2972,7 +3110,8 @@ class OptimizerGraphs:
 
         def step(device_work=None, scale: float = 1.0):
             self._arrange(key)
-            opt.step(plan.lr_multiplier * scale, plan.momentum * scale, plan.adam_step, device_work=device_work)
+            opt.step(plan.lr_multiplier * scale, plan.momentum * scale, plan.adam_step, device_work=device_work,
+                     fast_rail=tuple(value * scale for value in plan.fast_rail))
 
         step(graph.capture, scale=0.5)
         restore()
@@ -3069,7 +3208,8 @@ class OptimizerGraphs:
         if graph is None:
             raise GraphMismatch(f"step {plan.step} has no CUDA graph of the optimizer step ({self.describe(key)}): "
                                 f"the warm-up captured {len(self.graphs)} others; run with OPTIMIZER_GRAPHS=0 and report it")
-        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, device_work=lambda work: graph.replay())
+        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, device_work=lambda work: graph.replay(),
+                            fast_rail=plan.fast_rail)
 
 
 class Trainer:
@@ -3092,8 +3232,13 @@ class Trainer:
         self.model = GPT(hp.model, longest_forward(hp)).to(device)
         self._share_initialization()
         self.ngram = self.ngram_table()
-        self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), param_specs(self.model), hp.optim, rank,
-                                     world_size, tied=("embed", "lm_head"), compile=hp.execution.compile)
+        specs = param_specs(self.model)
+        self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), specs, hp.optim, rank, world_size,
+                                     tied=("embed", "lm_head"), compile=hp.execution.compile,
+                                     tail_ema_blends=tail_ema_blends(hp.schedule, specs))
+        # TAIL_EMA_STEPS (T5.4): the run blends the EMA in at its end when its last step is past the window's start
+        start = self.schedule.tail_ema_start
+        self.blend_tail_ema = bool(self.optimizer.tail_ema_blends) and start is not None and start < self.last_step
         compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.execution.compile else (lambda f: f)
         self.training_loss = compiled(self.model.training_loss)
         self.evaluation_loss = self.validation_function(compiled)
@@ -3222,11 +3367,13 @@ class Trainer:
         self.optimizer_step(plan)
         if plan.untie and self.optimizer.tied:
             self.optimizer.untie()
+        if plan.tail_ema_rate:  # the last TAIL_EMA_STEPS steps (T5.4)
+            self.optimizer.tail_ema_update(plan.tail_ema_rate)
         self.losses[plan.step] = mean_ce
         return mean_ce
 
     def eager_optimizer_step(self, plan: StepPlan):
-        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step)
+        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, fast_rail=plan.fast_rail)
         if self.ngram is not None:
             self.ngram.step(plan.lr_multiplier, plan.adam_step)
 
@@ -3395,6 +3542,9 @@ class Trainer:
             self.evaluate(step, final=step == self.schedule.total_steps, max_batches=1)
         if self.step_graphs is not None:
             self.capture_graphs(loader)
+        if self.blend_tail_ema:  # T5.4's kernels, off the clock; the reset below undoes what they wrote
+            self.optimizer.tail_ema_update(1.0)
+            self.optimizer.tail_ema_blend()
         self.log(f"Compile and warm-up took {time.perf_counter() - start:.0f}s. Resetting model")
         if self.hp.execution.compile and self.hp.execution.skip_guard_checks:  # host time in the launch-bound stages (T5.2)
             torch.compiler.set_stance(skip_guard_eval_unsafe=True)
@@ -3456,6 +3606,8 @@ class Trainer:
         self.position = "at step 0"
         for step in range(self.last_step + 1):
             last = step == self.last_step
+            if last and self.blend_tail_ema:  # on the clock, before the final validation (T5.4)
+                self.optimizer.tail_ema_blend()
             if step in validation_steps:
                 self._sync()
                 training_ms += 1000 * (time.perf_counter() - t0)
