@@ -1225,6 +1225,21 @@ def _split_fp32_to_bf16_and_mantissa(x: Tensor) -> tuple[Tensor, Tensor]:
     return hi, mantissa
 
 
+def master_weight(weight: Tensor, mantissa: Tensor | None) -> Tensor:
+    """The fp32 master of a weight: exact from bf16 + mantissa where kept (T2.6), else the weight in fp32."""
+    return weight.float() if mantissa is None else _fp32_from_bf16_and_mantissa(weight, mantissa)
+
+
+def store_master(weight: Tensor, mantissa: Tensor | None, w32: Tensor):
+    """Write an fp32 master back into the weight (and its mantissa where kept, T2.6)."""
+    if mantissa is None:
+        weight.copy_(w32)
+    else:
+        hi, low = _split_fp32_to_bf16_and_mantissa(w32)
+        weight.copy_(hi)
+        mantissa.copy_(low)
+
+
 def normuon_momentum(grad: Tensor, momentum: Tensor, mu: Tensor, grad_scale: float) -> Tensor:
     """Nesterov momentum in EMA form: m ← μm + (1−μ)g, returns (1−μ)g + μm (#3, T2.2)."""
     g = grad.float() * grad_scale
@@ -1258,15 +1273,9 @@ def normuon_update(update: Tensor, second_moment: Tensor, weight: Tensor, mantis
     scaled_norm = (v_mean * scale.square()).sum((-2, -1), keepdim=True).mul(n).sqrt()
     O = O * scale * (norm / scaled_norm.clamp_min(1e-10))
     lr_eff = lr * lr_muls
-    w32 = weight.float() if mantissa is None else _fp32_from_bf16_and_mantissa(weight, mantissa)
+    w32 = master_weight(weight, mantissa)
     decay = (O * w32 >= 0) * w32 * (wd_lr * lr_eff)
-    w32 = w32 - lr_eff * O - decay
-    if mantissa is None:
-        weight.copy_(w32)
-    else:
-        hi, low = _split_fp32_to_bf16_and_mantissa(w32)
-        weight.copy_(hi)
-        mantissa.copy_(low)
+    store_master(weight, mantissa, w32 - lr_eff * O - decay)
 
 
 def normuon_bank_step(grad: Tensor, momentum: Tensor, second_moment: Tensor, weight: Tensor,
@@ -1293,7 +1302,7 @@ def rails_bank_step(grad: Tensor, rails: tuple, second_moment: Tensor, weight: T
 def tail_ema_update(ema: Tensor, weight: Tensor, mantissa: Tensor | None, rate: Tensor):
     """The weights' fp32 EMA (T5.4) one step on: ema ← ema + rate·(w − ema), w a bank's exact fp32
     master (bf16 + mantissa, T2.6) or the weight in fp32; rate 1 sets it to w exactly."""
-    ema.lerp_(weight.float() if mantissa is None else _fp32_from_bf16_and_mantissa(weight, mantissa), rate)
+    ema.lerp_(master_weight(weight, mantissa), rate)
 
 
 def adam_update(grad: Tensor, kept_grad: Tensor | None, weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
@@ -1711,14 +1720,7 @@ class NorMuonAdam:
             full_weight, weight, sharded = self._local_weight(label)
             st = self.state[label]
             mantissa = st.get("mantissa")
-            w32 = weight.float() if mantissa is None else _fp32_from_bf16_and_mantissa(weight, mantissa)
-            w32 = w32.lerp(st["tail_ema"], blend)
-            if mantissa is None:
-                weight.copy_(w32)
-            else:
-                hi, low = _split_fp32_to_bf16_and_mantissa(w32)
-                weight.copy_(hi)
-                mantissa.copy_(low)
+            store_master(weight, mantissa, master_weight(weight, mantissa).lerp(st["tail_ema"], blend))
             if sharded:
                 gathers.append(self._launch_gather(label, full_weight, weight))
         for gather in gathers:
