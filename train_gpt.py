@@ -195,8 +195,8 @@ class ScheduleConfig:
     # fast rail's beta is MUON_RAILS_FAST_BETA and the blend weighs it MUON_RAILS_FAST_WEIGHT (T2.9)
     muon_rails_fast_beta: float = 0.85
     muon_rails_fast_weight: float = 0.4385
-    tail_ema_steps: int = 0  # >0: an fp32 EMA of the weights over the last N steps, blended in before the final validation (T5.4)
-    tail_ema_rate: float = 0.0  # with TAIL_EMA_STEPS: the EMA's rate per step; 0: 2/(TAIL_EMA_STEPS+1)
+    tail_ema_frac: float = 0.236  # an fp32 EMA of the weights over this share of all steps (300 of 1270), blended in before the final validation; 0: off (T5.4)
+    tail_ema_rate: float = 0.0  # the tail EMA's rate per step; 0: 2/(its steps + 1)
     tail_ema_bank_blend: float = 0.55  # the EMA's share of the NorMuon banks after the blend (0: not averaged)
     tail_ema_embed_blend: float = 0.65  # the EMA's share of embed and lm_head after the blend (0: not averaged)
     adam_every_other_step: bool = True  # Adam on odd steps with two steps' gradients (T2.7)
@@ -1446,7 +1446,7 @@ class NorMuonAdam:
                  rank: int = 0, world_size: int = 1, tied: tuple[str, str] | None = None, compile: bool = False,
                  tail_ema_blends: dict[str, float] | None = None):
         self.params, self.specs, self.config = params, specs, config
-        # TAIL_EMA_STEPS (T5.4): label -> the EMA's share of its weights after tail_ema_blend
+        # TAIL_EMA_FRAC (T5.4): label -> the EMA's share of its weights after tail_ema_blend
         self.tail_ema_blends = {label: blend for label, blend in (tail_ema_blends or {}).items() if label in params}
         self.rank, self.world = rank, world_size
         self.tied = self.initial_tie = tied  # (follower, leader) = ("embed", "lm_head") while tied
@@ -1693,7 +1693,7 @@ class NorMuonAdam:
         work = dist.all_gather_into_tensor(full_weight, weight, async_op=True)  # in place
         return work.wait
 
-    # --- the weights' EMA over the last steps (TAIL_EMA_STEPS; record #92, PR #360; T5.4) ------------
+    # --- the weights' EMA over the last steps (TAIL_EMA_FRAC; record #92, PR #360; T5.4) ------------
     def _own_rows(self, label: str) -> tuple[Tensor, Tensor | None, Tensor]:
         """Views of this rank's real rows of a tail-averaged label: (weight, mantissa or None, EMA)."""
         p, spec, rows, st = self.params[label], self.specs[label], self.rows[label], self.state[label]
@@ -2504,7 +2504,7 @@ class StepPlan:
     fast_rail: tuple[float, float]  # MUON_RAILS: the fast rail's beta and its weight in the blend (T2.9)
     adam_step: bool
     untie: bool  # untie embed and lm_head after this step
-    tail_ema_rate: float  # TAIL_EMA_STEPS: the weights' EMA's rate after this step; 1 starts it, 0 none (T5.4)
+    tail_ema_rate: float  # TAIL_EMA_FRAC: the weights' EMA's rate after this step; 1 starts it, 0 none (T5.4)
 
 
 class Schedule:
@@ -2522,7 +2522,8 @@ class Schedule:
         self.cooldown_start = int(n * (1 - cfg.cooldown_frac))
         self.untie_step = (round(n * cfg.untie_embed_at) | 1) if cfg.untie_embed_at > 0 else None  # an Adam step
         self.rails_engage_step = round(n * cfg.muon_rails_engage_at)
-        self.tail_ema_start = self.total_steps - cfg.tail_ema_steps if cfg.tail_ema_steps else None
+        self.tail_ema_steps = round(cfg.tail_ema_frac * self.total_steps)
+        self.tail_ema_start = self.total_steps - self.tail_ema_steps if self.tail_ema_steps else None
 
     def plan(self, step: int, final: bool = False) -> StepPlan:
         """The plan of `step`; `final`: the last validation's, with FINAL_LONG_WINDOW."""
@@ -2576,12 +2577,13 @@ class Schedule:
         return cfg.muon_rails_fast_beta, cfg.muon_rails_fast_weight
 
     def tail_ema_rate(self, step: int) -> float:
-        """TAIL_EMA_STEPS' rate after `step` (T5.4): 0 before the window, 1 at its first step (the EMA
-        starts as that step's weights), then TAIL_EMA_RATE (0: 2/(TAIL_EMA_STEPS+1), record #92's)."""
+        """The tail EMA's rate after `step` (T5.4): 0 before its window (the last TAIL_EMA_FRAC of the
+        steps), 1 at the window's first step (the EMA starts as that step's weights), then TAIL_EMA_RATE
+        (0: 2/(window + 1), record #92's)."""
         cfg, start = self.config, self.tail_ema_start
         if start is None or step < start:
             return 0.0
-        return 1.0 if step == start else cfg.tail_ema_rate or 2 / (cfg.tail_ema_steps + 1)
+        return 1.0 if step == start else cfg.tail_ema_rate or 2 / (self.tail_ema_steps + 1)
 
     def warmup_steps(self) -> list[int]:
         """Steps whose graphs the warm-up compiles: the first two and both sides of every stage start."""
@@ -2592,10 +2594,10 @@ class Schedule:
 
 
 def tail_ema_blends(cfg: ScheduleConfig, specs: dict[str, ParamSpec]) -> dict[str, float]:
-    """TAIL_EMA_STEPS' labels, each with the EMA's share of its weights after the blend (T5.4): the
+    """TAIL_EMA_FRAC's labels, each with the EMA's share of its weights after the blend (T5.4): the
     NorMuon banks at TAIL_EMA_BANK_BLEND, embed and lm_head at TAIL_EMA_EMBED_BLEND; a share of 0 leaves
     its labels out."""
-    if not cfg.tail_ema_steps:
+    if not cfg.tail_ema_frac:
         return {}
     blends = {label: cfg.tail_ema_bank_blend for label, spec in specs.items() if spec.optimizer == "normuon"}
     blends.update((label, cfg.tail_ema_embed_blend) for label in ("embed", "lm_head") if label in specs)
@@ -2728,8 +2730,8 @@ def check_hyperparameters(hp: Hyperparameters):
     total_steps = Schedule(hp.schedule).total_steps
     if not 0 <= run.stop_after <= total_steps:
         raise SetupError(f"STOP_AFTER={run.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
-    if not 0 <= hp.schedule.tail_ema_steps <= total_steps:
-        raise SetupError(f"TAIL_EMA_STEPS={hp.schedule.tail_ema_steps}: must lie in 0..{total_steps} (the schedule's steps; 0: off)")
+    if not 0 <= hp.schedule.tail_ema_frac <= 1:
+        raise SetupError(f"TAIL_EMA_FRAC={hp.schedule.tail_ema_frac}: the tail EMA's share of the steps must lie in 0..1 (0: off)")
     for stage in stages:
         if stage.batch_tokens % RANKS_PER_STEP:
             raise SetupError(f"STAGE_BATCH_TOKENS entry {stage.batch_tokens} is not divisible by {RANKS_PER_STEP}")
@@ -3238,7 +3240,7 @@ class Trainer:
         self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), specs, hp.optim, rank, world_size,
                                      tied=("embed", "lm_head"), compile=hp.execution.compile,
                                      tail_ema_blends=tail_ema_blends(hp.schedule, specs))
-        # TAIL_EMA_STEPS (T5.4): the run blends the EMA in at its end when its last step is past the window's start
+        # TAIL_EMA_FRAC (T5.4): the run blends the EMA in at its end when its last step is past the window's start
         start = self.schedule.tail_ema_start
         self.blend_tail_ema = bool(self.optimizer.tail_ema_blends) and start is not None and start < self.last_step
         compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.execution.compile else (lambda f: f)
@@ -3369,7 +3371,7 @@ class Trainer:
         self.optimizer_step(plan)
         if plan.untie and self.optimizer.tied:
             self.optimizer.untie()
-        if plan.tail_ema_rate:  # the last TAIL_EMA_STEPS steps (T5.4)
+        if plan.tail_ema_rate:  # the last TAIL_EMA_FRAC of the steps (T5.4)
             self.optimizer.tail_ema_update(plan.tail_ema_rate)
         self.losses[plan.step] = mean_ce
         return mean_ce

@@ -1,7 +1,8 @@
-"""TAIL_EMA_STEPS (T5.4): an fp32 EMA of the weights over the last steps, blended in at the end."""
+"""TAIL_EMA_FRAC (T5.4): an fp32 EMA of the weights over the last steps, blended in at the end."""
 
 import os
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -17,7 +18,7 @@ SPECS = {
     "embed": T.ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
 }
 # 6 scheduled steps and 2 of extension; the EMA over the last 4, the embeddings untied after step 1
-SCHEDULE = T.Schedule(T.Hyperparameters.of(num_scheduled_iterations=6, num_extension_iterations=2, tail_ema_steps=4,
+SCHEDULE = T.Schedule(T.Hyperparameters.of(num_scheduled_iterations=6, num_extension_iterations=2, tail_ema_frac=0.5,
                                            tail_ema_bank_blend=0.55, tail_ema_embed_blend=0.65).schedule)
 BLENDS = T.tail_ema_blends(SCHEDULE.config, SPECS)
 
@@ -64,7 +65,15 @@ def run(rank: int = 0, world: int = 1, record=None) -> tuple[dict, T.NorMuonAdam
 def test_schedule_rates_start_the_ema_then_tick_at_two_over_n_plus_one():
     assert [SCHEDULE.plan(step).tail_ema_rate for step in range(8)] == [0, 0, 0, 0, 1, 0.4, 0.4, 0.4]
     assert BLENDS == {"qk_bank": 0.55, "lm_head": 0.65, "embed": 0.65}  # the replicated scalars are not averaged
-    assert T.tail_ema_blends(T.Hyperparameters().schedule, SPECS) == {}
+    assert T.tail_ema_blends(T.Hyperparameters.of(tail_ema_frac=0.0).schedule, SPECS) == {}
+
+
+def test_the_default_window_is_the_measured_300_of_1270_steps_and_a_bad_share_stops():
+    default = T.Schedule(T.Hyperparameters().schedule)
+    assert (default.total_steps, default.tail_ema_steps, default.tail_ema_start) == (1270, 300, 970)
+    assert [default.tail_ema_rate(step) for step in (969, 970, 971)] == [0.0, 1.0, 2 / 301]
+    with pytest.raises(T.SetupError, match="TAIL_EMA_FRAC=1.5"):
+        T.check_hyperparameters(T.Hyperparameters.of(tail_ema_frac=1.5))
 
 
 def test_tail_ema_is_the_direct_ema_of_the_last_steps_and_is_blended_exactly():
