@@ -40,6 +40,7 @@ def test_a_taper_row_leaves_every_plan_as_it_was():
     tapered, today = plans(hp), plans(T.Hyperparameters())
     assert [without_row_indices(p) for p in tapered] == [without_row_indices(p) for p in today]
     assert [p.step for p in tapered if p.stage == 3] == list(range(1155, 1255))
+    assert len({T.StepGraphs.key(p) for p in tapered}) == len({T.StepGraphs.key(p) for p in today}) == 8
     assert tapered[1200].long_windows == today[1200].long_windows == (384, 896, 1408)  # no second YaRN rescale
     frequencies = T.rope_frequencies(128)
     for got, want in zip(T.yarn(frequencies, [384, 896, 1408, 1408]), T.yarn(frequencies, [384, 896, 1408])):
