@@ -94,28 +94,56 @@ class Stage:
     mtp_weights: tuple[tuple[float, float], ...]  # loss weight of targets t+1, t+2, ... (T4.2)
     prefix_weight: tuple[float, float] | None  # prefix-token loss weight (T4.3); None: no such target
     ce_candidates: int  # columns of the training cross-entropy per forward (T4.6); 0: the full softmax
+    attention_cap: int  # training attention sees at most this many tokens of a document (T5.5); 0: no cap
+    taper: bool = False  # the taper row TAPER_FRACTION cuts from the stage before it (T5.5)
 
 
-#       fraction  batch    seq   short long  lr    MTP weights: t+1, t+2, t+3          prefix        CE candidates
+#       fraction  batch    seq   short long  lr    MTP weights: t+1, t+2, t+3          prefix        CE cands  cap
 STAGES = (
-    Stage(1 / 3, 131_072, 896, 1, 3, 1.00, ((1.0, 1.0), (0.5, 0.5), (0.25, 0.0)), (0.25, 0.25), 0),
-    Stage(1 / 3, 262_144, 2048, 3, 7, 1.52, ((1.0, 1.0), (0.5, 0.0)), (0.25, 0.0), 0),
-    Stage(1 / 3, 393_216, 2048, 5, 11, 1.73, ((1.0, 1.0),), None, 0),
-    Stage(None, 393_216, 2048, 6, 13, 1.73, ((1.0, 1.0),), None, 0),
+    Stage(1 / 3, 131_072, 896, 1, 3, 1.00, ((1.0, 1.0), (0.5, 0.5), (0.25, 0.0)), (0.25, 0.25), 0, 0),
+    Stage(1 / 3, 262_144, 2048, 3, 7, 1.52, ((1.0, 1.0), (0.5, 0.0)), (0.25, 0.0), 0, 0),
+    Stage(1 / 3, 393_216, 2048, 5, 11, 1.73, ((1.0, 1.0),), None, 0, 0),
+    Stage(None, 393_216, 2048, 6, 13, 1.73, ((1.0, 1.0),), None, 0, 0),
 )
-# The columns that environment variables STAGE_<COLUMN> override, one comma-separated entry per row
-STAGE_COLUMNS = ("batch_tokens", "max_seq_len", "short_window", "long_window", "lr_mul", "ce_candidates")
+# The columns that environment variables STAGE_<COLUMN> override, one comma-separated entry per row;
+# STAGE_FRACTION takes one per row but the extension
+STAGE_COLUMNS = ("batch_tokens", "max_seq_len", "short_window", "long_window", "lr_mul", "ce_candidates",
+                 "attention_cap")
+
+
+def stage_names(stages: tuple[Stage, ...]) -> list[str]:
+    """What the log calls each row: stage 1, stage 2, ..., the taper (T5.5), the extension."""
+    return [("taper" if stage.taper else f"stage {i + 1}") if stage.fraction is not None else "extension"
+            for i, stage in enumerate(stages)]
+
+
+def cut_taper(stages: tuple[Stage, ...], fraction: float) -> tuple[Stage, ...]:
+    """The table with the last `fraction` of the scheduled steps cut out of the last fractional stage
+    into a taper row of its own, a copy of that stage's row (record #92, PR #360; T5.5): a stage boundary
+    late in the run where STAGE_<COLUMN> entries can change the batch or the candidate budget."""
+    *rows, last, extension = stages
+    if not 0 < fraction < last.fraction:
+        raise SetupError(f"TAPER_FRACTION={fraction}: give a share of the scheduled steps in [0, {last.fraction:.6g}) "
+                         f"(the last stage's fraction, which the taper row is cut from; 0: no taper row)")
+    return (*rows, dataclasses.replace(last, fraction=last.fraction - fraction),
+            dataclasses.replace(last, fraction=fraction, taper=True), extension)
 
 
 def replace_stage_columns(stages: tuple[Stage, ...], **columns: tuple) -> tuple[Stage, ...]:
-    """The table with whole columns replaced, e.g. batch_tokens=(2048, 4096, 4096, 4096)."""
+    """The table with whole columns replaced, e.g. batch_tokens=(2048, 4096, 4096, 4096); `fraction`
+    takes an entry for every row but the extension."""
+    names = stage_names(stages)
+    taper_hint = "" if any(stage.taper for stage in stages) else "; TAPER_FRACTION>0 adds a taper row"
     for name, values in columns.items():
-        if name not in STAGE_COLUMNS:
-            raise SetupError(f"unknown stage column {name!r} (one of {', '.join(STAGE_COLUMNS)})")
-        if len(values) != len(stages):
-            raise SetupError(f"STAGE_{name.upper()} has {len(values)} entries; the schedule has {len(stages)} "
-                             f"stages (three and the extension)")
-    return tuple(dataclasses.replace(stage, **{name: values[i] for name, values in columns.items()})
+        if name not in ("fraction", *STAGE_COLUMNS):
+            raise SetupError(f"unknown stage column {name!r} (one of fraction, {', '.join(STAGE_COLUMNS)})")
+        rows = names[:-1] if name == "fraction" else names
+        if len(values) != len(rows):
+            which = "rows with a fraction" if name == "fraction" else "rows"
+            raise SetupError(f"STAGE_{name.upper()} has {len(values)} entries; the stage table has {len(rows)} "
+                             f"{which} ({', '.join(rows)}{taper_hint}): give one entry per row")
+    return tuple(dataclasses.replace(stage, **{name: values[i] for name, values in columns.items()
+                                               if i < len(values)})  # fraction: the extension keeps None
                  for i, stage in enumerate(stages))
 
 
@@ -181,6 +209,8 @@ class ScheduleConfig:
     num_scheduled_iterations: int = 1255  # the reference: 1270 (T5.1)
     num_extension_iterations: int = 15
     stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216 etc.
+    taper_fraction: float = 0.0  # >0: this share of the scheduled steps cut from the last stage into a taper row
+    # before the STAGE_<COLUMN> overrides, which then take an entry for it (cut_taper, T5.5); 0: no taper row
     final_long_window: int = 32  # long window of the last validation, in blocks (no YaRN update); the reference: 20
     window_block_size: int = 128
     sliding_windows: bool = True
@@ -289,18 +319,20 @@ class Hyperparameters:
         values = {name: _parse_env_value(name.upper(), environ[name.upper()], kind)
                   for name, kind in kinds.items() if name != "stages" and name.upper() in environ}
         columns = {}
-        for column in STAGE_COLUMNS:
+        for column in ("fraction", *STAGE_COLUMNS):
             name = f"STAGE_{column.upper()}"
             if name in environ:
-                kind = typing.get_type_hints(Stage)[column]
+                kind = float if column == "fraction" else typing.get_type_hints(Stage)[column]
                 columns[column] = _parse_env_value(name, environ[name], tuple[kind, ...])
-        return cls.of(**values, stages=replace_stage_columns(STAGES, **columns))
+        taper = values.get("taper_fraction", ScheduleConfig.taper_fraction)
+        stages = cut_taper(STAGES, taper) if taper else STAGES  # first, so that the columns count its row
+        return cls.of(**values, stages=replace_stage_columns(stages, **columns))
 
 
 def hyperparameter_variables() -> list[str]:
     """The environment variables Hyperparameters.from_env reads."""
     names = [name.upper() for name in Hyperparameters.part_of_field() if name != "stages"]
-    return names + [f"STAGE_{column.upper()}" for column in STAGE_COLUMNS]
+    return names + [f"STAGE_{column.upper()}" for column in ("fraction", *STAGE_COLUMNS)]
 
 
 def nearest_hint(name: str, known: list[str]) -> str:
@@ -2061,6 +2093,24 @@ def cu_seqlens_for(lengths: list[int], tokens: int, max_docs: int) -> np.ndarray
     return cu
 
 
+def capped_lengths(lengths: list[int], attention_cap: int) -> list[int]:
+    """The attention cap (record #92, PR #360; T5.5): each segment longer than attention_cap split into
+    consecutive virtual segments of attention_cap tokens and the rest, so attention never spans more;
+    the tokens and their targets stay where they are. n segments of T + 1 tokens become at most
+    n + T // attention_cap (max_segments_per_batch)."""
+    pieces = []
+    for length in lengths:
+        whole, rest = divmod(length, attention_cap)
+        pieces += [attention_cap] * whole + ([rest] if rest else [])
+    return pieces
+
+
+def max_segments_per_batch(tokens: int, attention_cap: int) -> int:
+    """cu_seqlens' fixed length less one: the packed documents (max_docs_per_batch) and, with an
+    attention cap, the at most tokens // attention_cap cuts it adds (capped_lengths)."""
+    return max_docs_per_batch(tokens) + (tokens // attention_cap if attention_cap else 0)
+
+
 def repeated_data_warning(hp: "Hyperparameters", files: list[str]) -> str | None:
     """A warning line when the run's steps read more tokens than the train files hold, so that it
     trains on the same documents again: losses then measure memorization. A lower bound: documents
@@ -2106,11 +2156,12 @@ class TrainLoader:
         self._next_shard = self._pool.submit(Shard, following, self.pin_memory)
         self.doc_cursor = 0
 
-    def next_batch(self, tokens: int, max_seq_len: int, into: tuple[Tensor, Tensor] | None = None
-                   ) -> tuple[Tensor, Tensor, Tensor]:
+    def next_batch(self, tokens: int, max_seq_len: int, into: tuple[Tensor, Tensor] | None = None,
+                   attention_cap: int = 0) -> tuple[Tensor, Tensor, Tensor]:
         """(inputs int32 (tokens,), targets int32 (tokens,), cu_seqlens int32) on the device; with
         `into` (a (tokens + 1,) token buffer and a cu_seqlens buffer on the device), written there:
-        the static inputs of a CUDA graph (T5.3)."""
+        the static inputs of a CUDA graph (T5.3). attention_cap > 0: cu_seqlens splits the documents
+        into attention segments of at most that many tokens (T5.5); the tokens are the same."""
         max_docs = max_docs_per_batch(tokens)
         if self._step_slices and self._step_shape != (tokens, max_seq_len):
             raise ValueError(f"batch shape changed to {(tokens, max_seq_len)} in the middle of a step "
@@ -2134,7 +2185,10 @@ class TrainLoader:
         segments = self._step_slices.pop(0)
         buf = torch.empty(tokens + 1, dtype=torch.int32, pin_memory=self.pin_memory)
         np.concatenate([self.shard.tokens[s:e] for s, e in segments], out=buf.numpy(), casting="safe")
-        cu = torch.from_numpy(cu_seqlens_for([e - s for s, e in segments], tokens, max_docs))
+        lengths = [e - s for s, e in segments]
+        if attention_cap:
+            lengths = capped_lengths(lengths, attention_cap)
+        cu = torch.from_numpy(cu_seqlens_for(lengths, tokens, max_segments_per_batch(tokens, attention_cap)))
         if self.pin_memory:
             cu = cu.pin_memory()
         if into is None:
@@ -2504,7 +2558,9 @@ class StepPlan:
     tokens_per_rank: int
     shape: ForwardShape
     target_weights: tuple[float, ...]  # multi-token prediction targets, then the prefix target
-    long_windows: tuple[int, ...]  # the long window of every stage so far, in tokens (YaRN)
+    long_windows: tuple[int, ...]  # the long windows so far, in tokens, each change once (YaRN)
+    attention_cap: int  # the loader splits documents into attention segments of at most this many tokens (T5.5)
+    graph_stage: int  # the first stage whose training forward is this stage's: its CUDA graphs serve both
     lr_multiplier: float
     momentum: float
     fast_rail: tuple[float, float]  # MUON_RAILS: the fast rail's beta and its weight in the blend (T2.9)
@@ -2525,6 +2581,9 @@ class Schedule:
         fractions = [stage.fraction for stage in cfg.stages[:-1]]
         self.stage_starts = [round(n * sum(fractions[:k])) for k in range(len(fractions))] + [n]
         self.total_steps = n + cfg.num_extension_iterations
+        self.stage_ends = self.stage_starts[1:] + [self.total_steps]
+        forwards = [forward_columns(stage) for stage in cfg.stages]
+        self.graph_stages = [forwards.index(forward) for forward in forwards]  # StepPlan.graph_stage
         self.cooldown_start = int(n * (1 - cfg.cooldown_frac))
         self.untie_step = (round(n * cfg.untie_embed_at) | 1) if cfg.untie_embed_at > 0 else None  # an Adam step
         self.rails_engage_step = round(n * cfg.muon_rails_engage_at)
@@ -2538,13 +2597,16 @@ class Schedule:
         tau = self.stage_progress(step)
         mtp = [interpolate(w, tau) for w in row.mtp_weights] if cfg.multi_token_prediction else [1.0]
         prefix = interpolate(row.prefix_weight, tau) if cfg.prefix_loss and row.prefix_weight else None
-        long = cfg.final_long_window if final else row.long_window
-        windows = (row.short_window * block, long * block) if cfg.sliding_windows else (NO_WINDOW, NO_WINDOW)
+        window = cfg.final_long_window if final else row.long_window
+        windows = (row.short_window * block, window * block) if cfg.sliding_windows else (NO_WINDOW, NO_WINDOW)
+        so_far = [s.long_window for s in cfg.stages[: stage + 1]]  # each change once: a taper's equal window
+        # is no second YaRN rescale, and its plan equals stage 3's (T5.5)
         return StepPlan(
             step=step, stage=stage, tokens_per_rank=row.batch_tokens // RANKS_PER_STEP,
             shape=ForwardShape(*windows, row.max_seq_len, len(mtp), prefix is not None),
             target_weights=tuple(mtp + ([] if prefix is None else [prefix])),
-            long_windows=tuple(s.long_window * block for s in cfg.stages[: stage + 1]),
+            long_windows=tuple(w * block for i, w in enumerate(so_far) if i == 0 or w != so_far[i - 1]),
+            attention_cap=row.attention_cap, graph_stage=self.graph_stages[stage],
             lr_multiplier=self.lr_multiplier(step), momentum=self.momentum(step), fast_rail=self.fast_rail(step),
             adam_step=step % 2 == 1 or not cfg.adam_every_other_step, untie=step == self.untie_step,
             tail_ema_rate=self.tail_ema_rate(step))
@@ -2553,9 +2615,12 @@ class Schedule:
         return max(i for i, start in enumerate(self.stage_starts) if step >= start)
 
     def stage_progress(self, step: int) -> float:
-        """Fraction of the current stage elapsed before this step."""
-        stage = self.stage(step)
-        start, end = self.stage_starts[stage], (self.stage_starts + [self.total_steps])[stage + 1]
+        """Fraction of the current stage elapsed before this step; a stage and its taper row count as
+        one span, so the taper continues the stage's weights where the cut left them (T5.5)."""
+        stage, stages = self.stage(step), self.config.stages
+        first = stage - 1 if stages[stage].taper else stage
+        last = stage + 1 if stage + 1 < len(stages) and stages[stage + 1].taper else stage
+        start, end = self.stage_starts[first], self.stage_ends[last]
         return (step - start) / (end - start)
 
     def lr_multiplier(self, step: int) -> float:
@@ -2597,6 +2662,14 @@ class Schedule:
         for start in self.stage_starts[1:]:
             steps.update(s for s in range(start - 2, start + 2) if 0 <= s < self.total_steps)
         return sorted(steps)
+
+
+def forward_columns(stage: Stage) -> tuple:
+    """What a stage's training forward is made of: its shapes, its execution plan's inputs (tokens per
+    rank, candidate budget) and the attention cap (the cu_seqlens' length). Two stages alike here, a
+    taper row and the stage it is cut from unless a column changed, share their CUDA graphs (T5.5)."""
+    return (stage.batch_tokens, stage.max_seq_len, stage.short_window, stage.long_window, len(stage.mtp_weights),
+            stage.prefix_weight is not None, stage.ce_candidates, stage.attention_cap)
 
 
 def tail_ema_blends(cfg: ScheduleConfig, specs: dict[str, ParamSpec]) -> dict[str, float]:
@@ -2729,8 +2802,11 @@ def check_hyperparameters(hp: Hyperparameters):
     stages, run = hp.schedule.stages, hp.run
     if len(stages) < 2 or stages[-1].fraction is not None or any(s.fraction is None for s in stages[:-1]):
         raise SetupError("the stage table needs stages with a fraction of the scheduled steps, then the extension")
-    if abs(sum(s.fraction for s in stages[:-1]) - 1) > 1e-9:
-        raise SetupError("the stages' fractions of the scheduled steps must add up to 1")
+    fractions = [s.fraction for s in stages[:-1]]
+    if min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-6:
+        raise SetupError(f"STAGE_FRACTION={','.join(f'{f:.6g}' for f in fractions)}: the stages' fractions of the "
+                         f"scheduled steps must be positive and add up to 1 (within 1e-6)")
+    check_taper(hp.schedule)
     if len(set(run.seeds)) < len(run.seeds):
         raise SetupError(f"SEEDS={','.join(map(str, run.seeds))} repeats a seed: each run's log is named by its seed")
     total_steps = Schedule(hp.schedule).total_steps
@@ -2744,8 +2820,22 @@ def check_hyperparameters(hp: Hyperparameters):
         if not 0 <= stage.ce_candidates <= hp.model.vocab_size or stage.ce_candidates % 16:
             raise SetupError(f"STAGE_CE_CANDIDATES entry {stage.ce_candidates}: use a multiple of 16 (the FP8 "
                              f"lm_head's GEMM) up to VOCAB_SIZE={hp.model.vocab_size}, or 0 for the full softmax")
+        if stage.attention_cap < 0:
+            raise SetupError(f"STAGE_ATTENTION_CAP entry {stage.attention_cap}: give the longest attention span in "
+                             f"tokens, or 0 for no cap")
     check_layer_layout(hp.model)
     check_ngram_settings(hp)
+
+
+def check_taper(cfg: ScheduleConfig):
+    """TAPER_FRACTION (T5.5) and the table agree: with a fraction > 0, one taper row right before the
+    extension (from_env cuts it with cut_taper); with 0, none."""
+    tapers = [i for i, stage in enumerate(cfg.stages) if stage.taper]
+    if cfg.taper_fraction < 0:
+        raise SetupError(f"TAPER_FRACTION={cfg.taper_fraction}: give a share of the scheduled steps >= 0 (0: no taper row)")
+    if tapers != ([len(cfg.stages) - 2] if cfg.taper_fraction else []):
+        raise SetupError(f"TAPER_FRACTION={cfg.taper_fraction} but the stage table has {len(tapers)} taper rows: "
+                         f"build the table with cut_taper(stages, TAPER_FRACTION), as from_env does")
 
 
 def check_ngram_settings(hp: Hyperparameters):
@@ -2876,13 +2966,13 @@ class GraphMismatch(RuntimeError):
 
 class StepGraphs:
     """The training step's forward and backward as CUDA graphs (#92, T5.3), captured in the warm-up
-    and replayed in the timed loop, one per key: (stage, Adam step). A stage fixes the shapes and
-    the execution plan; Adam and non-Adam steps get their own outputs, so the gradient a non-Adam
-    step keeps for the next Adam step (T2.7) survives that step's replay. Each capture is checked
-    against eager execution on the same batch (CE and every gradient's norm); every parameter and
-    buffer must stay where the graphs read it (check_addresses). The optimizer and its collectives
-    run outside the graphs, so any world size works; `max_over_ranks` makes every rank stop together
-    when one rank's check fails."""
+    and replayed in the timed loop, one per key: (graph stage, Adam step). A stage fixes the shapes and
+    the execution plan (stages alike in them share the first one's graphs: StepPlan.graph_stage); Adam
+    and non-Adam steps get their own outputs, so the gradient a non-Adam step keeps for the next Adam
+    step (T2.7) survives that step's replay. Each capture is checked against eager execution on the
+    same batch (CE and every gradient's norm); every parameter and buffer must stay where the graphs
+    read it (check_addresses). The optimizer and its collectives run outside the graphs, so any world
+    size works; `max_over_ranks` makes every rank stop together when one rank's check fails."""
 
     def __init__(self, loss_fn, model: nn.Module, grad_accum: int, grad_scale: float, new_graph=None,
                  rtol: float = 1e-2, grad_rtol: float = 5e-2, max_over_ranks=lambda t: t):
@@ -2899,7 +2989,7 @@ class StepGraphs:
 
     @staticmethod
     def key(plan: StepPlan) -> tuple[int, bool]:
-        return plan.stage, plan.adam_step
+        return plan.graph_stage, plan.adam_step
 
     def capture(self, plan: StepPlan, execution: ExecutionPlan, batch: tuple[Tensor, Tensor, Tensor],
                 target_weights: Tensor):
@@ -3023,7 +3113,8 @@ class StepGraphs:
         step = self.steps[self.key(plan)]
         step.target_weights.copy_(target_weights)
         for k in range(self.grad_accum):
-            loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len, into=(step.tokens, step.cu_seqlens))
+            loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len, into=(step.tokens, step.cu_seqlens),
+                              attention_cap=plan.attention_cap)
             (step.first if k == 0 else step.accumulate).replay()
         self.set_grads(self.key(plan))
         return step.ce
@@ -3316,8 +3407,8 @@ class Trainer:
                        for n, stage in zip(tokens, hp.schedule.stages))
         validation = resolve_execution(hp.execution, hp.model, self.device, hp.data.val_seq_len, training=False)
         users = {}
-        for i, plan in enumerate(stages):
-            users.setdefault(plan, []).append("extension" if i == len(stages) - 1 else f"stage {i + 1}")
+        for plan, name in zip(stages, stage_names(hp.schedule.stages)):
+            users.setdefault(plan, []).append(name)
         users.setdefault(validation, []).append("validation")
         for plan, names in users.items():
             fields = " ".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in dataclasses.asdict(plan).items())
@@ -3392,7 +3483,8 @@ class Trainer:
         kept per micro-batch, T3.19); the mean CE."""
         mean_ce = torch.zeros((), device=self.device)
         for _ in range(self.grad_accum):
-            inputs, targets, cu_seqlens = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)
+            inputs, targets, cu_seqlens = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len,
+                                                            attention_cap=plan.attention_cap)
             if self.ngram is not None:
                 distinct = self.ngram.load(inputs, self.model.ngram_cache, self.model.ngram_inverse)
             loss, ce = self.training_loss(inputs, targets, cu_seqlens, plan.shape, self.stage_execution[plan.stage],
@@ -3405,7 +3497,7 @@ class Trainer:
         return mean_ce
 
     def capture_graphs(self, loader: "TrainLoader"):
-        """One CUDA graph per (stage, Adam step) key the run uses, captured on a batch of its first
+        """One CUDA graph per (graph stage, Adam step) key the run uses, captured on a batch of its first
         step and checked against eager execution there (T5.3); then, with OPTIMIZER_GRAPHS=1, the
         optimizer step's graphs of every key the run's steps meet (OptimizerGraphs)."""
         plans, steps = {}, [self.schedule.plan(step) for step in range(self.last_step)]
@@ -3415,7 +3507,8 @@ class Trainer:
         for key in StepGraphs.capture_order(plans):
             plan = plans[key]
             self.set_long_windows(plan.long_windows)
-            batches = [loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len) for _ in range(self.grad_accum)]
+            batches = [loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len, attention_cap=plan.attention_cap)
+                       for _ in range(self.grad_accum)]
             self.step_graphs.capture(plan, self.stage_execution[plan.stage], batches[0], self.target_weights[plan.step])
         if self.optimizer_graphs is None:
             self.step_graphs.check_kept_gradients()
@@ -3430,7 +3523,7 @@ class Trainer:
                          f"{self.optimizer_graphs.worst_share:.2f} of its tolerance)")
         self.step_graphs.record_addresses()
         self._sync()
-        self.log(f"CUDA graphs: {len(plans)} captured (one per stage and Adam/non-Adam step) in "
+        self.log(f"CUDA graphs: {len(plans)} captured (one per distinct stage forward and Adam/non-Adam step) in "
                  f"{time.perf_counter() - start:.1f}s, each equal to eager execution on its batch "
                  f"(the largest difference: {self.step_graphs.worst_share:.2f} of its tolerance); {optimizer}; "
                  f"the gradients kept by non-Adam steps survive every other graph's replay")

@@ -359,7 +359,9 @@ def run_child(args):
         for adam_step in (False, True):
             plan = dataclasses.replace(schedule.plan(step), adam_step=adam_step)
             trainer.set_long_windows(plan.long_windows)
-            batches = [loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len) for _ in range(trainer.grad_accum)]
+            cap = {"attention_cap": plan.attention_cap} if hasattr(plan, "attention_cap") else {}  # T5.5's, where it exists
+            batches = [loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len, **cap)
+                       for _ in range(trainer.grad_accum)]
             graphs.capture(plan, trainer.stage_execution[plan.stage], batches[0], trainer.target_weights[plan.step])
         trainer.forward_backward = graphs.run
 

@@ -309,13 +309,15 @@ def stage_bounds(run: Run) -> list[tuple[str, int, int]]:
         n = hp["num_scheduled_iterations"]
         if "stages" in hp:
             fractions = [st["fraction"] for st in hp["stages"][:-1]]
+            tapers = [st.get("taper", False) for st in hp["stages"][:-1]]  # TAPER_FRACTION's row (T5.5)
         else:
             fractions = [1 / 3] * (len(hp["stage_batch_tokens"]) - 1)
+            tapers = [False] * len(fractions)
     except (KeyError, TypeError):
         return []
     starts = [round(n * sum(fractions[:k])) for k in range(len(fractions))] + [n]
     ends = starts[1:] + [run.total]
-    labels = [f"stage {k + 1}" for k in range(len(fractions))] + ["extension"]
+    labels = ["taper" if taper else f"stage {k + 1}" for k, taper in enumerate(tapers)] + ["extension"]
     return [(label, a, min(b, run.total)) for label, a, b in zip(labels, starts, ends) if a < min(b, run.total)]
 
 

@@ -592,6 +592,11 @@ def test_stage_times_come_from_the_logged_schedule(tmp_path, capsys):
     v4.write_text(text)
     assert tool.stage_bounds(tool.parse_log(v4)) == [("stage 1", 0, 423), ("stage 2", 423, 847),
                                                      ("stage 3", 847, 1270), ("extension", 1270, 1285)]
+    # TAPER_FRACTION's row (T5.5) is logged with "taper": true and labelled taper
+    taper = make_log(tmp_path / "taper.txt", 3.6, 0, schedule=(90, [1 / 3, 1 / 3, 2 / 9, 1 / 9]))
+    taper.write_text(taper.read_text().replace('{"fraction": 0.1111111111111111}',
+                                               '{"fraction": 0.1111111111111111, "taper": true}'))
+    assert tool.stage_bounds(tool.parse_log(taper))[2:] == [("stage 3", 60, 80), ("taper", 80, 90), ("extension", 90, 100)]
     new = [make_log(tmp_path / "new" / f"n{i}.txt", 3.6, 0, schedule=schedule, overrides=f"SEED={i} FAST=1",
                     step_ms=staged_ms([10, 20 + i, 30, 40])) for i in (1, 3)]
     base = [make_log(tmp_path / "base" / f"b{i}.txt", 3.6, 0, schedule=schedule, overrides=f"SEED={i}",
