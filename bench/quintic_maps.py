@@ -1,9 +1,12 @@
-"""The odd quintic maps of the orthogonalization (docs/TECHNIQUES.md T2.3), in float64 on the CPU (a few
-seconds): each set's envelope, the singular values our bank updates bring to them, and the derivation
-of the re-derived sets stored in train_gpt.py's ORTHOGONALIZERS.
+"""The odd quintic maps of the orthogonalization (docs/TECHNIQUES.md T2.3) on the CPU: each set's
+envelope in float64, the singular values our bank updates bring to them, the derivation of the
+re-derived sets stored in train_gpt.py's ORTHOGONALIZERS, and (--bf16) what bf16 rounding does to them.
 
-    python bench/quintic_maps.py                 # all three reports
+    python bench/quintic_maps.py                 # envelopes, spectra, derivation (seconds)
     python bench/quintic_maps.py --derive        # the derivation alone: the coefficient tuples to paste
+    python bench/quintic_maps.py --bf16 [--top-slack 0] [--cushion 0]
+                                                 # the sets through the bf16 path (a minute), derived
+                                                 # as given: without the slack or the cushion
 
 A set of maps p_t(σ) = a·σ + b·σ³ + c·σ⁵ acts on every singular value of X = G / (safety·‖G‖_F + eps)
 independently, so the composed scalar map says everything about the iteration in exact arithmetic.
@@ -12,29 +15,36 @@ Its envelope over [ℓ, 1] is the (min, max) of the composed map over a dense lo
 singular value as a share of its norm, and ℓ a floor on those shares (the number that matters).
 
 The derivation (the greedy construction of Polar Express, Amsel et al. 2025, written here from its
-description): step t maps the interval [ℓ_t, u_t] its input can occupy with the odd quintic that is
-closest to 1 in the max norm there (Remez exchange on four alternation points: ℓ_t, the two interior
-extrema, which are the roots of p' = a + 3bσ² + 5cσ⁴, and u_t); its output lies in [1 - E_t, 1 + E_t],
-the next interval. ℓ_0 = ℓ/safety for a floor ℓ on σ_i(G)/‖G‖_F, and u_0 = 1: the input is at most
-1/safety, so bf16 rounding of X stays inside. From the second map on, the design
-interval extends TOP_SLACK above 1 + E_t: bf16 rounding of the previous output (2^-8 relative per
-rounding, TOP_SLACK covers two) cannot reach the region above the design interval, where a quintic
-with c > 0 grows fast. The same set written the other way: every map aims a little below 1.
+description): step t maps the interval [ℓ_t, u_t] its input can occupy with the odd quintic closest
+to 1 in the max norm (Remez exchange on four alternation points: the ends and the two interior
+extrema, the roots of p' = a + 3bσ² + 5cσ⁴), and the next interval is that map's image. ℓ_0 =
+ℓ/safety for a floor ℓ on σ_i(G)/‖G‖_F, u_0 = 1: the input is at most 1/safety, so bf16 rounding of X
+stays inside. Two guards against bf16 rounding, both needed (--bf16 with either set to 0):
+- top slack: from the second map on, the design interval reaches TOP_SLACK above the previous map's
+  maximum (2^-8 relative per bf16 rounding, TOP_SLACK covers two), because above its design interval
+  a quintic with c > 0 grows fast: without it, six maps sent singular values to 2.2 and 6.6e3;
+- cushion: the design interval starts at no less than CUSHION x its top. The exact minimax map
+  equioscillates, so mid-sized inputs land on the next interval's floor (the first map of the exact
+  five-map set from 1e-3 sends σ ≈ 0.6 to 0.0085), where bf16's absolute rounding error is a large
+  relative one; with the cushion those values land higher, and only inputs near the floor reach the
+  bottom. Without it, five maps from ℓ = 1e-3 dipped to 0.78 in bf16 against an envelope of 0.876.
 """
 import argparse
 import os
 import sys
 
 import numpy as np
+import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train_gpt as T  # noqa: E402
 
 TOP_SLACK = 2.0 ** -7
+CUSHION = 0.02
 SAFETY = 1.02  # the normalization's safety factor, as for polar_express
 # name in ORTHOGONALIZERS: (number of maps, floor ℓ on σ_i(G)/‖G‖_F)
-DESIGNS = {"polar_express5_l1e3": (5, 1e-3), "polar_express5_l3e3": (5, 3e-3), "polar_express6_l1e3": (6, 1e-3)}
-FLOORS = (1e-3, 3e-3, 1e-2)
+DESIGNS = {"polar_express5_l3e3": (5, 3e-3), "polar_express6_l1e3": (6, 1e-3), "polar_express6_l3e4": (6, 3e-4)}
+FLOORS = (3e-4, 1e-3, 3e-3, 1e-2)
 # (rows, cols) of one matrix of each bank: qk, narrow qk (T3.18), vo, mlp (up and projection alike)
 BANK_SHAPES = {"qk": (256, 768), "qk narrow": (128, 768), "vo": (768, 768), "mlp": (3072, 768)}
 
@@ -70,13 +80,16 @@ def optimal_odd_quintic(low: float, high: float, max_exchanges: int = 100):
     return (float(a), float(b), float(c)), float(error)
 
 
-def derive_maps(num_maps: int, floor: float, safety: float = SAFETY, top_slack: float = TOP_SLACK):
+def derive_maps(num_maps: int, floor: float, safety: float = SAFETY, top_slack: float = TOP_SLACK,
+                cushion: float = CUSHION):
     """The greedy set of num_maps odd quintics for σ_i(G)/‖G‖_F in [floor, 1] (module docstring)."""
     low, high, maps = floor / safety, 1.0, []
     for step in range(num_maps):
-        coeffs, error = optimal_odd_quintic(low, high * (1 + top_slack) if step else high)
+        top = high * (1 + top_slack) if step else high
+        coeffs, error = optimal_odd_quintic(max(low, cushion * top), top)
         maps.append(coeffs)
-        low, high = 1 - error, 1 + error
+        # below the cushioned design interval the map still rises: its floor is the image of low
+        low, high = min(float(composed_map([coeffs], low)), 1 - error), 1 + error
     return tuple(maps)
 
 
@@ -108,22 +121,55 @@ def report_spectrum(label: str, sv):
     print(f"{label:>28}: {sv.max():.4f} {np.median(sv):.4f} {np.quantile(sv, 0.01):.2e} {sv.min():.1e}  {below}")
 
 
-def report_derivation():
-    print(f"greedy minimax maps, safety {SAFETY}, top slack 2^-7; envelope (scaled) for σ_i(G)/‖G‖_F in [ℓ, 1]")
+def report_derivation(top_slack: float = TOP_SLACK, cushion: float = CUSHION, code: bool = True):
+    print(f"greedy minimax maps: safety {SAFETY}, top slack {top_slack}, cushion {cushion}; "
+          "envelope (scaled) for σ_i(G)/‖G‖_F in [ℓ, 1]")
+    derived = {}
     for name, (num_maps, floor) in DESIGNS.items():
-        maps = derive_maps(num_maps, floor)
-        print(f"{name}: {num_maps} maps, floor ℓ={floor:.0e}")
-        for other in FLOORS:
-            low, high = envelope(maps, other, input_scale=1 / SAFETY)
-            print(f"    ℓ={other:.0e}: [{low:.5f}, {high:.5f}]")
-        print("(\n" + "".join(f"    ({a!r}, {b!r}, {c!r}),\n" for a, b, c in maps) + ")")
+        derived[name] = maps = derive_maps(num_maps, floor, top_slack=top_slack, cushion=cushion)
+        bands = "  ".join(f"ℓ={other:.0e}: [{low:.5f}, {high:.5f}]" for other in FLOORS
+                          for low, high in [envelope(maps, other, input_scale=1 / SAFETY)])
+        print(f"{name} ({num_maps} maps, floor {floor:.0e}): {bands}")
+        if code:
+            print("(\n" + "".join(f"    ({a!r}, {b!r}, {c!r}),\n" for a, b, c in maps) + ")")
+    return derived
+
+
+def report_bf16(sets: dict, trials: int = 60, seed: int = 0):
+    """Each set through orthogonalize's bf16 path (on the CPU: fp32 products rounded to bf16 where the
+    GPU's bf16 GEMMs round): the least and largest output singular value over matrices with singular
+    values uniform in [0.1, 1] (shares of the norm about 0.02-0.2, all inside every floor), and the
+    largest over Gaussian matrices with a rank-one spike (a share near 1: the top of the interval)."""
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(3, 64, 64), (3, 48, 160), (3, 160, 48)]
+    print(f"bf16 path, {trials} trials per set: [least, largest] singular value; largest with a spike")
+    for name, maps in sets.items():
+        T.ORTHOGONALIZERS[name] = (maps, SAFETY, 1e-6)
+        low, high, spiked = 9.0, 0.0, 0.0
+        for trial in range(trials):
+            batch, rows, cols = shapes[trial % 3]
+            k = min(rows, cols)
+            U = torch.linalg.qr(torch.randn(batch, rows, k, generator=generator)).Q
+            V = torch.linalg.qr(torch.randn(batch, cols, k, generator=generator)).Q
+            s = torch.empty(batch, k).uniform_(0.1, 1.0, generator=generator)
+            sv = torch.linalg.svdvals(T.orthogonalize(U @ torch.diag_embed(s) @ V.mT, name).double())
+            low, high = min(low, sv.min().item()), max(high, sv.max().item())
+            spike = 30 * torch.randn(batch, rows, 1, generator=generator) @ torch.randn(batch, 1, cols, generator=generator)
+            G = torch.randn(batch, rows, cols, generator=generator) + spike / k ** 0.5
+            spiked = max(spiked, torch.linalg.svdvals(T.orthogonalize(G, name).double()).max().item())
+        print(f"{name:>20}: [{low:.4f}, {high:.4f}]  spiked {spiked:.4f}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--derive", action="store_true", help="only the derivation and its coefficient tuples")
+    parser.add_argument("--bf16", action="store_true", help="the derived sets and today's through the bf16 path")
+    parser.add_argument("--top-slack", type=float, default=TOP_SLACK, help=f"derive with this top slack [{TOP_SLACK}]")
+    parser.add_argument("--cushion", type=float, default=CUSHION, help=f"derive with this cushion [{CUSHION}]")
     args = parser.parse_args()
-    if not args.derive:
+    if not (args.derive or args.bf16):
         report_envelopes()
         report_spectra()
-    report_derivation()
+    derived = report_derivation(args.top_slack, args.cushion, code=not args.bf16)
+    if args.bf16:
+        report_bf16({"polar_express": T.ORTHOGONALIZERS["polar_express"][0], **derived})
