@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import train_gpt as T  # noqa: E402
+import train_gpt as T
 
 TOP_SLACK = 2.0 ** -7
 CUSHION = 0.02
