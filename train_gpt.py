@@ -194,7 +194,7 @@ class OptimConfig:
     muon_lr: float = 0.017  # the reference: 0.023 (tuned on the proxy, docs/TECHNIQUES.md T2.4)
     muon_beta2: float = 0.9
     muon_weight_decay: float = 1.2
-    orthogonalizer: str = "polar_express"  # or "newton_schulz" (classic quintic)
+    orthogonalizer: str = "polar_express"  # a name in ORTHOGONALIZERS: newton_schulz, polar_express6_l1e3, ... (T2.3)
     mantissa_tracking: bool = True  # bf16 banks with an exact fp32 master (T2.6)
     muon_rails: bool = False  # two EMA rails of the bank gradients in place of one (T2.9)
     muon_rails_slow_beta: float = 0.98  # with MUON_RAILS: the slow rail's constant beta (record #92)
@@ -2823,6 +2823,9 @@ def check_hyperparameters(hp: Hyperparameters):
         if stage.attention_cap < 0:
             raise SetupError(f"STAGE_ATTENTION_CAP entry {stage.attention_cap}: give the longest attention span in "
                              f"tokens, or 0 for no cap")
+    if hp.optim.orthogonalizer not in ORTHOGONALIZERS:
+        raise SetupError(f"ORTHOGONALIZER={hp.optim.orthogonalizer}: use one of {', '.join(ORTHOGONALIZERS)}"
+                         f"{nearest_hint(hp.optim.orthogonalizer, list(ORTHOGONALIZERS))}")
     check_layer_layout(hp.model)
     check_ngram_settings(hp)
 
@@ -3949,9 +3952,40 @@ POLAR_EXPRESS_COEFFS = (
 )
 # Classic Muon Newton-Schulz quintic (#3): singular values land in about [0.68, 1.13].
 NEWTON_SCHULZ_COEFFS = ((3.4445, -4.7750, 2.0315),) * 5
+# Polar Express's greedy construction (Amsel et al. 2025), re-derived here (bench/quintic_maps.py; T2.3):
+# each map the odd quintic closest to 1 on the interval its input can reach from a floor ℓ on
+# σ_i(G)/‖G‖_F, that interval raised 2^-7 at the top and cut to at least 0.02 x its top (bf16 guards).
+# Exact-arithmetic envelopes for σ_i(G)/‖G‖_F in [ℓ, 1] (polar_express: [0.8467, 1.1411] from 1e-3):
+# five maps from 3e-3: [0.9931, 1.0069]; six from 1e-3: [0.9984, 1.0016]; six from 3e-4: [0.9121, 1.0879].
+GREEDY5_FLOOR_3E3_COEFFS = (
+    (7.710969245867679, -22.113754790481156, 16.24874301773847),
+    (4.144837788446324, -3.434457866214604, 0.7291428289304236),
+    (3.6219906611071337, -2.841498004519581, 0.5932121716542422),
+    (2.520263341903864, -1.837610522467476, 0.4271193069501146),
+    (1.9194472142571712, -1.2898333752956908, 0.3719505132726187),
+)
+GREEDY6_FLOOR_1E3_COEFFS = (
+    (7.710969245867679, -22.113754790481156, 16.24874301773847),
+    (4.144837788446324, -3.434457866214604, 0.7291428289304236),
+    (4.144837788446322, -3.4344578662146046, 0.7291428289304237),
+    (3.3560303012080364, -2.541572879938223, 0.5246292136245726),
+    (2.3102284902353314, -1.65940986242455, 0.4084250711127023),
+    (1.8865792407578812, -1.2552319779128345, 0.36896876001506157),
+)
+GREEDY6_FLOOR_3E4_COEFFS = (
+    (7.710969245867679, -22.113754790481156, 16.24874301773847),
+    (4.144837788446324, -3.434457866214604, 0.7291428289304236),
+    (4.144837788446322, -3.4344578662146046, 0.7291428289304237),
+    (4.12645868223001, -3.413555682612789, 0.7243452639561597),
+    (3.1657177848996447, -2.340118382992727, 0.4814640317675152),
+    (2.1907616171925604, -1.5529037214894479, 0.39749933657357994),
+)
 ORTHOGONALIZERS = {  # name: (coefficients, norm safety factor, norm epsilon)
     "polar_express": (POLAR_EXPRESS_COEFFS, 1.02, 1e-6),
     "newton_schulz": (NEWTON_SCHULZ_COEFFS, 1.0, 1e-7),
+    "polar_express5_l3e3": (GREEDY5_FLOOR_3E3_COEFFS, 1.02, 1e-6),
+    "polar_express6_l1e3": (GREEDY6_FLOOR_1E3_COEFFS, 1.02, 1e-6),
+    "polar_express6_l3e4": (GREEDY6_FLOOR_3E4_COEFFS, 1.02, 1e-6),
 }
 
 

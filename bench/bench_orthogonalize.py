@@ -3,6 +3,7 @@ symmetric Triton kernels, each eager and compiled as one graph (as the optimizer
 variant is first checked against a float64 run of the same iteration.
 
     python bench/bench_orthogonalize.py            # variants per shape
+    python bench/bench_orthogonalize.py --method polar_express6_l1e3   # another ORTHOGONALIZERS set
     python bench/bench_orthogonalize.py --sweep    # launch configurations per kernel and size, then
                                                    # the variants again with the fastest ones
 
@@ -44,19 +45,19 @@ def rotating(fn, inputs):
     return call
 
 
-def variants():
+def variants(method="polar_express"):
     torch._dynamo.config.recompile_limit = 64  # one graph per shape and path
     compiled = torch.compile(T.orthogonalize, dynamic=False, fullgraph=True)
-    return {"torch": lambda G: T.orthogonalize(G, use_triton=False),
-            "triton": lambda G: T.orthogonalize(G, use_triton=True),
-            "torch compiled": lambda G: compiled(G, "polar_express", False),
-            "triton compiled": lambda G: compiled(G, "polar_express", True)}
+    return {"torch": lambda G: T.orthogonalize(G, method, use_triton=False),
+            "triton": lambda G: T.orthogonalize(G, method, use_triton=True),
+            "torch compiled": lambda G: compiled(G, method, False),
+            "triton compiled": lambda G: compiled(G, method, True)}
 
 
-def profile(dtype):
+def profile(dtype, method="polar_express"):
     """GPU time per kernel of one compiled call (torch.profiler), per reference shape and compiled path."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
-    compiled = {name: fn for name, fn in variants().items() if "compiled" in name}
+    compiled = {name: fn for name, fn in variants(method).items() if "compiled" in name}
     for shape in REFERENCE_MS:
         G = torch.randn(shape, device="cuda", dtype=dtype)
         for name, fn in compiled.items():
@@ -75,20 +76,20 @@ def profile(dtype):
                 print(f"    {e.device_time_total / 10 / 1000:7.4f} ms  x{e.count // 10:<3} {e.key[:90]}")
 
 
-def compare_variants(dtype=torch.float32):
+def compare_variants(dtype=torch.float32, method="polar_express"):
     rows = []
     for shape in SHAPES:
         G = torch.randn(shape, device="cuda", dtype=dtype)
-        ref = T.orthogonalize_float64(G)
+        ref = T.orthogonalize_float64(G, method)
         inputs = [torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4)]
         row = {"shape": shape}
-        for name, fn in variants().items():
+        for name, fn in variants(method).items():
             out = fn(G)
             row[name] = (((out.double() - ref).norm() / ref.norm()).item(),
                          do_bench(rotating(fn, inputs), warmup=50, rep=300, return_mode="median"),
                          do_bench_cudagraph(rotating(fn, inputs), rep=300, return_mode="median"))
         rows.append(row)
-    names = list(variants())
+    names = list(variants(method))
     print("ms per call, median; events (launch-bound caller) / graph (GPU only); rel. error vs float64 per path")
     print(f"{'shape':>16} | " + " | ".join(f"{n:>20}" for n in names) + " | ref torch / triton | error per path")
     for row in rows:
@@ -144,11 +145,14 @@ if __name__ == "__main__":
     parser.add_argument("--sweep", action="store_true", help="time launch configurations per kernel and size")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the bank's dtype")
     parser.add_argument("--profile", action="store_true", help="GPU time per kernel of the compiled paths")
+    parser.add_argument("--method", choices=list(T.ORTHOGONALIZERS), default="polar_express",
+                        help="the set of maps (ORTHOGONALIZER) the variants run")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  input {args.dtype}")
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  input {args.dtype}  "
+          f"method {args.method} ({len(T.ORTHOGONALIZERS[args.method][0])} maps)")
     if args.sweep:
         T.SYMMETRIC_KERNEL_CONFIGS.update(sweep())
     if args.profile:
-        profile(dtype)
-    compare_variants(dtype)
+        profile(dtype, args.method)
+    compare_variants(dtype, args.method)
