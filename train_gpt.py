@@ -1808,7 +1808,7 @@ class NorMuonAdam:
 NGRAM_STATE_GIB = 28
 
 
-def ngram_bytes_per_row(dim: int) -> int:
+def lazy_table_bytes_per_row(dim: int) -> int:
     """One table row's bytes: the bf16 weight, the fp32 first and second moments, its last update's step (int32)."""
     return dim * (2 + 4 + 4) + 4
 
@@ -2855,10 +2855,10 @@ def check_ngram_memory(hp: Hyperparameters, world_size: int):
     """Each process holds ⌈NGRAM_ROWS / world size⌉ rows of the n-gram table with their Adam state (rank-slice
     mode, at world size 1, the whole table): at most NGRAM_STATE_GIB beside the model (T3.19)."""
     rows, dim = hp.model.ngram_rows, hp.model.model_dim
-    largest = NGRAM_STATE_GIB * 2**30 // ngram_bytes_per_row(dim) * world_size
+    largest = NGRAM_STATE_GIB * 2**30 // lazy_table_bytes_per_row(dim) * world_size
     if rows > largest:
         holds = "rank-slice mode holds the whole table" if hp.run.rank_slice else f"world size {world_size}"
-        raise SetupError(f"NGRAM_ROWS={rows} does not fit: {ngram_bytes_per_row(dim)} bytes per row with its Adam "
+        raise SetupError(f"NGRAM_ROWS={rows} does not fit: {lazy_table_bytes_per_row(dim)} bytes per row with its Adam "
                          f"state, at most {NGRAM_STATE_GIB} GiB per process beside the model ({holds}); "
                          f"the largest that fits: NGRAM_ROWS={largest}")
 
@@ -3367,7 +3367,7 @@ class Trainer:
         if not hp.model.ngram_rows:
             return None
         table = NgramTable(hp.model, hp.optim, self.schedule.total_steps, self.device, self.rank, self.world_size)
-        gib = table.shard_rows * ngram_bytes_per_row(hp.model.model_dim) / 2**30
+        gib = table.shard_rows * lazy_table_bytes_per_row(hp.model.model_dim) / 2**30
         self.log(f"n-gram table (T3.19): {hp.model.ngram_rows} rows, orders {','.join(map(str, hp.model.ngram_orders))}; "
                  f"{table.shard_rows} rows per process, {gib:.2f} GiB with their Adam state; lazy sparse Adam")
         return table
@@ -3381,7 +3381,7 @@ class Trainer:
         table = ValueEmbedTable(hp.model, hp.optim, self.schedule.total_steps, self.model.initial_value_embeds,
                                 self.device, self.rank, self.world_size)
         del self.model.initial_value_embeds
-        gib = table.shard_rows * ngram_bytes_per_row(table.weight.size(1)) / 2**30
+        gib = table.shard_rows * lazy_table_bytes_per_row(table.weight.size(1)) / 2**30
         self.log(f"value embeddings (T3.20): sparse, {table.shard_rows} rows per process, {gib:.2f} GiB with their "
                  f"Adam state; lazy sparse Adam on the rows each step touches")
         return table

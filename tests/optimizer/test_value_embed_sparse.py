@@ -107,6 +107,8 @@ def test_with_weight_decay_the_sparse_path_skips_only_the_decay_of_the_steps_a_r
 
 
 def exchange_worker(rank: int, world: int, port: int, out_path: str):
+    # forked after earlier tests ran torch's OpenMP pool, which a forked child cannot use: one thread, no pool
+    torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
