@@ -93,6 +93,8 @@ def test_lazy_sparse_adam_equals_dense_adam_with_zero_gradients_on_untouched_ste
 
 
 def exchange_worker(rank: int, world: int, port: int, out_path: str):
+    # forked after earlier tests ran torch's OpenMP pool, which a forked child cannot use: one thread, no pool
+    torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
