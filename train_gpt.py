@@ -173,6 +173,7 @@ class ModelConfig:
     ngram_rows: int = 0  # >0: the bigram injection's rows come from a hashed n-gram table this large (T3.19)
     ngram_orders: tuple[int, ...] = (2, 3)  # with NGRAM_ROWS: the n-gram lengths hashed into it (2: bigram, 3: trigram)
     value_embeds: bool = True
+    value_embed_sparse: bool = False  # the value embeddings' gradient and Adam on the step's rows only (T3.20)
     skip_connection: bool = True
     residual_lambdas: bool = True  # 0: residual and sublayer weights fixed at 1
     attn_lambdas: bool = True  # 0: attention weights unscaled
@@ -816,6 +817,15 @@ class GPT(nn.Module):
                              persistent=False)  # narrow Q/K heads' (T3.18)
         self.set_long_windows([1])
 
+    def _apply(self, fn, recurse=True):
+        """Module.to and the like, the row caches (ngram_cache, ve_cache) kept leaves whose .grad the backward
+        fills: Module moves buffers with autograd on, which would leave a moved cache the output of a copy."""
+        super()._apply(fn, recurse)
+        for name in ("ngram_cache", "ve_cache"):
+            if hasattr(self, name):
+                getattr(self, name).detach_().requires_grad_()
+        return self
+
     def _init_matrices(self, cfg: ModelConfig):
         d, H, hd, V = cfg.model_dim, cfg.num_heads, cfg.head_dim, cfg.vocab_size
         n_attn, bf16 = len(cfg.attention_layers), dict(dtype=torch.bfloat16)
@@ -839,7 +849,17 @@ class GPT(nn.Module):
         d, H, V, bf16 = cfg.model_dim, cfg.num_heads, cfg.vocab_size, dict(dtype=torch.bfloat16)
         if cfg.value_embeds:  # (#14, #63, #70; T3.3) token-major (V, layers·d): one gather serves every
             # layer, and the gradient is one scatter into the table
-            self.value_embeds = nn.Parameter(torch.empty(V, len(cfg.value_embed_layers) * d, **bf16).normal_(0, 0.01))
+            table = torch.empty(V, len(cfg.value_embed_layers) * d, **bf16).normal_(0, 0.01)
+            if cfg.value_embed_sparse:  # record #92 (PR #360); T3.20: the table lives in a ValueEmbedTable, which
+                # takes `initial_value_embeds` (drawn as the parameter is) and fills the row cache before each forward
+                self.initial_value_embeds = table
+                rows = min(max_tokens, V)  # a forward has at most this many distinct ids
+                self.register_buffer("ve_cache", torch.zeros(rows, table.size(1), **bf16).requires_grad_(), persistent=False)
+                self.register_buffer("ve_inverse", torch.zeros(max_tokens, 1, dtype=torch.long), persistent=False)
+                self.value_embedding = self.cached_value_embedding
+            else:
+                self.value_embeds = nn.Parameter(table)
+                self.value_embedding = self.gathered_value_embedding
             gated = sum(plan.value_gate is not None for plan in self.layers)
             self.ve_gate_bank = nn.Parameter(torch.zeros(gated, H, GATE_INPUTS, **bf16))
         if cfg.ngram_rows:  # the n-gram table's rows of one forward, which NgramTable.load fills (#92; T3.19):
@@ -1008,7 +1028,7 @@ class GPT(nn.Module):
         if cfg.bigram_embed:  # (#62, T3.4)
             bigram = self.bigram_embedding(ids)
             x_input = x0 + gates["bigram", 0] * bigram
-        value_embeds = self.value_embeds[ids].split(cfg.model_dim, -1) if cfg.value_embeds else ()
+        value_embeds = self.value_embedding(ids).split(cfg.model_dim, -1) if cfg.value_embeds else ()
         attn, rope, attn_paired, rope_paired = self.attention_layout(ids.size(0), cu_seqlens, shape, execution)
         n_attn, d = len(cfg.attention_layers), cfg.model_dim
         mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
@@ -1038,6 +1058,13 @@ class GPT(nn.Module):
     def hashed_bigram_embedding(self, ids: Tensor) -> Tensor:
         """The bigram table's row of each (previous, current) token pair times its sign row (T3.4)."""
         return self.bigram_embed[bigram_ids(ids, self.config.bigram_rows)] * self.bigram_signs[bigram_sign_ids(ids)]
+
+    def gathered_value_embedding(self, ids: Tensor) -> Tensor:
+        return self.value_embeds[ids]
+
+    def cached_value_embedding(self, ids: Tensor) -> Tensor:
+        """With VALUE_EMBED_SPARSE: each position's row from the row cache ValueEmbedTable.load fills (T3.20)."""
+        return self.ve_cache[self.ve_inverse[: ids.size(0), 0]]
 
     def ngram_embedding(self, ids: Tensor) -> Tensor:
         """With NGRAM_ROWS: the sum over the orders of each position's n-gram rows, read from the row cache
@@ -1194,7 +1221,7 @@ class ParamSpec:
     """How one parameter is optimized and communicated (T2.1)."""
     optimizer: str  # "normuon" | "adam"
     comm: str  # "sharded": reduce-scatter + all-gather along dim 0 | "replicated": all-reduce (flat, per dtype)
-    # | "sparse": (row id, row sum) pairs to the rows' owners (NgramTable, not a parameter of NorMuonAdam)
+    # | "sparse": (row id, row sum) pairs to the rows' owners (a LazyAdamTable, not a parameter of NorMuonAdam)
     lr_mul: float = 1.0
     wd_mul: float = 0.0
     betas: tuple[float, float] = (0.9, 0.99)
@@ -1228,7 +1255,8 @@ def param_table(cfg: ModelConfig) -> dict[str, ParamSpec]:
         "ngram_table": ParamSpec("adam", "sparse", lr_mul=75.0, betas=(0.75, 0.95)),
         "post_lambdas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
         "resid_lambdas": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.95)),
-        "value_embeds": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
+        "value_embeds": ParamSpec("adam", "sparse" if cfg.value_embed_sparse else "sharded", lr_mul=75.0, wd_mul=5.0,
+                                  betas=(0.75, 0.95)),
         "embed": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
         "mudd.w1": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
         "mudd.w2": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
@@ -1812,48 +1840,53 @@ class NorMuonAdam:
                     self.state[label][key] = value
 
 
-# --- Hashed n-gram table with lazy sparse Adam (#92; T3.19) -----------------------------------------
+# --- Tables with lazy sparse Adam: the hashed n-gram table, the sparse value embeddings (#92; T3.19, T3.20) --
 # What one process may hold of the table and its Adam state: an 80 GB GPU less the model's peak (about 45 GB
 # in rank-slice mode) and room for the row cache and the kept gradients
 NGRAM_STATE_GIB = 28
 
 
-def ngram_bytes_per_row(dim: int) -> int:
+def lazy_table_bytes_per_row(dim: int) -> int:
     """One table row's bytes: the bf16 weight, the fp32 first and second moments, its last update's step (int32)."""
     return dim * (2 + 4 + 4) + 4
 
 
-class NgramTable:
-    """The hashed n-gram table (T3.19) and its lazy sparse Adam. It is no parameter: no dense gradient of it
-    exists, and NorMuonAdam never sees it.
+class LazyAdamTable:
+    """A table trained on the rows each step touches, with a lazy sparse Adam and no dense gradient (record #92,
+    PR #360; T3.19, T3.20). It is no parameter: NorMuonAdam never sees it. A subclass says which rows a
+    forward's ids read (row_ids: (T, k) row ids, k per position) and names the model's row cache and inverse.
 
     Sharding: rank r owns the rows [r·S, (r+1)·S), S = ⌈rows / world⌉, with their Adam state, and one scratch
     row (local index S) that padded_unique's padding reads and writes. load (before each forward): the ids'
-    rows per order (ngram_ids), the distinct ones and each position's place among them (padded_unique: static
-    shapes) into the model's row cache with their current weights; at world size 1 one gather, above it the
-    distinct row ids go to their owners and the weights come back. add_gradient (after each backward) keeps the
-    cache's gradient: one sum per distinct row. step (on an Adam step): the kept (row, gradient) pairs of every
-    micro-batch, and with ADAM_EVERY_OTHER_STEP of the step before (T2.7), are summed per row here, sent to the
-    rows' owners and summed there; each owner updates its rows. Above world size 1 every exchange is two
-    all_to_all_single of compact lists, their sizes sent first (one host sync each).
+    rows, the distinct ones and each position's place among them (padded_unique: static shapes) into the
+    model's row cache with their current weights; at world size 1 one gather, above it the distinct row ids go
+    to their owners and the weights come back. add_gradient (after each backward) keeps the cache's gradient:
+    one sum per distinct row. step (on an Adam step): the kept (row, gradient) pairs of every micro-batch, and
+    with ADAM_EVERY_OTHER_STEP of the step before (T2.7), are summed per row here, sent to the rows' owners and
+    summed there; each owner updates its rows. Above world size 1 every exchange is two all_to_all_single of
+    compact lists, their sizes sent first (one host sync each).
 
-    Lazy Adam (no weight decay): a row last updated at Adam step s and untouched since has had zero gradients,
-    so at step t dense Adam has moved it over the steps k = s+1 .. t-1 by a_k·β1^(k-s)·m / (β2^((k-s)/2)·√v +
-    eps) (a_k: the step size, with the schedule's lr multiplier and the bias correction) and decayed its moments
-    by β1^(t-1-s), β2^(t-1-s). That is C_s·m / (√v + eps) with C_s = Σ_k a_k·r^(k-s), r = β1/√β2: `replay[s]`,
-    which every Adam step adds its term to for every s (one fp64 vector op). Every read (load) and the row's
-    next update apply it, so a forward sees dense Adam's weights. Exact in fp32 except for eps: the replay adds
-    eps to √v where dense Adam's step k adds eps·β2^(-(k-s)/2) (the same when eps = 0; no difference while
-    √v ≫ eps). In bf16 the weight is rounded once per update instead of once per step."""
+    Lazy Adam: a row last updated at Adam step s and untouched since has had zero gradients, so at step t dense
+    Adam has moved it over the steps k = s+1 .. t-1 by a_k·β1^(k-s)·m / (β2^((k-s)/2)·√v + eps) (a_k: the step
+    size, with the schedule's lr multiplier and the bias correction) and decayed its moments by β1^(t-1-s),
+    β2^(t-1-s). That is C_s·m / (√v + eps) with C_s = Σ_k a_k·r^(k-s), r = β1/√β2: `replay[s]`, which every
+    Adam step adds its term to for every s (one fp64 vector op). Every read (load) and the row's next update
+    apply it, so a forward sees dense Adam's weights. Exact in fp32 except for eps: the replay adds eps to √v
+    where dense Adam's step k adds eps·β2^(-(k-s)/2) (the same when eps = 0; no difference while √v ≫ eps). In
+    bf16 the weight is rounded once per update instead of once per step. Weight decay (the spec's wd_mul): the
+    cautious, lr-coupled decay of adam_update (T2.5) on the rows an Adam step updates, as dense Adam decays
+    them then; none on the steps a row misses, where dense Adam decays each weight whose sign is the update's
+    until it crosses zero (a crossing per weight, no closed form of the replay's kind)."""
+    cache_buffer: str  # the model's row cache (a leaf whose gradient is the per-row sums) that load fills
+    inverse_buffer: str  # ... and each position's places in it
 
-    def __init__(self, cfg: ModelConfig, optim: OptimConfig, max_steps: int, device: torch.device,
-                 rank: int = 0, world_size: int = 1, dtype: torch.dtype = torch.bfloat16):
-        self.rows, self.orders, self.optim = cfg.ngram_rows, cfg.ngram_orders, optim
-        self.spec = param_table(cfg)["ngram_table"]
+    def __init__(self, rows: int, dim: int, spec: ParamSpec, optim: OptimConfig, max_steps: int,
+                 device: torch.device, rank: int, world_size: int, dtype: torch.dtype):
+        self.rows, self.spec, self.optim = rows, spec, optim
         self.world = world_size
         self.shard_rows = -(-self.rows // world_size)
         self.start = rank * self.shard_rows
-        local = (self.shard_rows + 1, cfg.model_dim)  # the owned rows and the scratch row
+        local = (self.shard_rows + 1, dim)  # the owned rows and the scratch row
         self.weight = torch.zeros(local, dtype=dtype, device=device)
         self.exp_avg = torch.zeros(local, device=device)
         self.exp_avg_sq = torch.zeros(local, device=device)
@@ -1863,17 +1896,22 @@ class NgramTable:
         self.step_count = 0  # Adam steps taken
         self.kept: list[tuple[Tensor, Tensor]] = []  # (row ids, their gradient sums) since the last Adam step
 
+    def buffers(self, model: nn.Module) -> tuple[Tensor, Tensor]:
+        """The model's row cache and inverse that load fills."""
+        return getattr(model, self.cache_buffer), getattr(model, self.inverse_buffer)
+
     # --- forward and backward -----------------------------------------------------------------------
     @torch.no_grad()
     def load(self, ids: Tensor, cache: Tensor, inverse: Tensor) -> Tensor:
-        """Fill the model's row cache for a forward on `ids`: each position's place per order in `inverse`, the
-        distinct rows' current weights in `cache`. Returns the distinct row ids (then `rows` as padding),
-        which add_gradient takes with the cache's gradient."""
-        T, k = ids.size(0), len(self.orders)
-        distinct, places = padded_unique(ngram_ids(ids, self.rows, self.orders).flatten(), self.rows)
-        inverse[:T].copy_(places.view(T, k))
+        """Fill the model's row cache for a forward on `ids`: each position's places in `inverse`, the distinct
+        rows' current weights in `cache`. Returns the distinct row ids (then `rows` as padding), as many as the
+        cache holds (the forward's distinct rows always fit), which add_gradient takes with the cache's gradient."""
+        row_ids = self.row_ids(ids)
+        distinct, places = padded_unique(row_ids.flatten(), self.rows)
+        distinct = distinct[: cache.size(0)]
+        inverse[: ids.size(0)].copy_(places.view_as(row_ids))
         if self.world == 1:
-            cache[: T * k].copy_(self.current(distinct))  # the padding reads the scratch row
+            cache[: distinct.numel()].copy_(self.current(distinct))  # the padding reads the scratch row
         else:
             owned = distinct[: int((distinct < self.rows).sum())]
             cache[: owned.numel()].copy_(self.fetch(owned))
@@ -1916,6 +1954,7 @@ class NgramTable:
         t = self.step_count
         lr = self.optim.adam_lr * self.spec.lr_mul * lr_multiplier
         step_size = lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+        wd_lr2 = lr * lr * self.optim.adam_weight_decay * self.spec.wd_mul  # adam_update's decay (T2.5)
         missed = (t - 1 - self.last_step[local]).float()[:, None]
         weight = self.replayed(local)
         exp_avg = self.exp_avg[local] * beta1 ** missed
@@ -1923,7 +1962,9 @@ class NgramTable:
         g = sums * (1.0 / self.world)
         exp_avg.lerp_(g, 1 - beta1)
         exp_avg_sq.lerp_(g.square(), 1 - beta2)
-        self.weight[local] = (weight - step_size * exp_avg / (exp_avg_sq.sqrt() + self.optim.adam_eps)).to(self.weight.dtype)
+        u = step_size * exp_avg / (exp_avg_sq.sqrt() + self.optim.adam_eps)
+        u = u + (u * weight > 0) * weight * wd_lr2
+        self.weight[local] = (weight - u).to(self.weight.dtype)
         self.exp_avg[local], self.exp_avg_sq[local] = exp_avg, exp_avg_sq
         self.last_step[local] = t
         self.replay[:t] += step_size * (beta1 / math.sqrt(beta2)) ** (t - self.step_numbers[:t])
@@ -1977,10 +2018,47 @@ class NgramTable:
         self.step_count, self.kept = state["step_count"], [(r.clone(), g.clone()) for r, g in state["kept"]]
 
     def reset(self):
-        """The initial state: zero rows (as the bigram table starts, T3.4), zero moments, no step taken."""
+        """Zero rows and moments, no step taken."""
         for t in self.tensors().values():
             t.zero_()
         self.step_count, self.kept = 0, []
+
+
+class NgramTable(LazyAdamTable):
+    """The hashed n-gram table (T3.19): rows zero at init (as the bigram table starts, T3.4), each position
+    reading one row per order (ngram_ids); no weight decay (its spec)."""
+    cache_buffer, inverse_buffer = "ngram_cache", "ngram_inverse"
+
+    def __init__(self, cfg: ModelConfig, optim: OptimConfig, max_steps: int, device: torch.device,
+                 rank: int = 0, world_size: int = 1, dtype: torch.dtype = torch.bfloat16):
+        super().__init__(cfg.ngram_rows, cfg.model_dim, param_table(cfg)["ngram_table"], optim, max_steps, device,
+                         rank, world_size, dtype)
+        self.orders = cfg.ngram_orders
+
+    def row_ids(self, ids: Tensor) -> Tensor:
+        return ngram_ids(ids, self.rows, self.orders)
+
+
+class ValueEmbedTable(LazyAdamTable):
+    """The value embeddings with VALUE_EMBED_SPARSE (record #92, PR #360; T3.20): the (V, planes·d) table of
+    T3.3, drawn as the dense parameter is (GPT.initial_value_embeds), each position reading its token's row;
+    Adam with value_embeds' spec, its cautious decay on the rows each Adam step updates (LazyAdamTable)."""
+    cache_buffer, inverse_buffer = "ve_cache", "ve_inverse"
+
+    def __init__(self, cfg: ModelConfig, optim: OptimConfig, max_steps: int, initial: Tensor, device: torch.device,
+                 rank: int = 0, world_size: int = 1, dtype: torch.dtype = torch.bfloat16):
+        super().__init__(cfg.vocab_size, initial.size(1), param_table(cfg)["value_embeds"], optim, max_steps, device,
+                         rank, world_size, dtype)
+        self.reset(initial)
+
+    def row_ids(self, ids: Tensor) -> Tensor:
+        return ids.long()[:, None]
+
+    def reset(self, initial: Tensor):
+        """The initial state: this rank's rows of `initial` (a fresh GPT's initial_value_embeds), zero moments."""
+        super().reset()
+        owned = initial[self.start: self.start + self.shard_rows]
+        self.weight[: owned.size(0)].copy_(owned)
 
 # =============================================================================================
 # Data
@@ -2828,6 +2906,7 @@ def check_hyperparameters(hp: Hyperparameters):
                          f"{nearest_hint(hp.optim.orthogonalizer, list(ORTHOGONALIZERS))}")
     check_layer_layout(hp.model)
     check_ngram_settings(hp)
+    check_value_embed_sparse(hp)
 
 
 def check_taper(cfg: ScheduleConfig):
@@ -2860,14 +2939,27 @@ def check_ngram_settings(hp: Hyperparameters):
                          "set CUDA_GRAPHS=0")
 
 
+def check_value_embed_sparse(hp: Hyperparameters):
+    """VALUE_EMBED_SPARSE (T3.20): it trains the value embeddings, whose rows are gathered between micro-batches,
+    outside the step's CUDA graphs."""
+    if not hp.model.value_embed_sparse:
+        return
+    if not hp.model.value_embeds:
+        raise SetupError("VALUE_EMBED_SPARSE trains the value embeddings' rows (T3.20): set VALUE_EMBEDS=1, "
+                         "or VALUE_EMBED_SPARSE=0")
+    if hp.run.device == "cuda" and hp.execution.cuda_graphs:
+        raise SetupError("VALUE_EMBED_SPARSE gathers its rows between micro-batches, outside the step's CUDA graphs: "
+                         "set CUDA_GRAPHS=0")
+
+
 def check_ngram_memory(hp: Hyperparameters, world_size: int):
     """Each process holds ⌈NGRAM_ROWS / world size⌉ rows of the n-gram table with their Adam state (rank-slice
     mode, at world size 1, the whole table): at most NGRAM_STATE_GIB beside the model (T3.19)."""
     rows, dim = hp.model.ngram_rows, hp.model.model_dim
-    largest = NGRAM_STATE_GIB * 2**30 // ngram_bytes_per_row(dim) * world_size
+    largest = NGRAM_STATE_GIB * 2**30 // lazy_table_bytes_per_row(dim) * world_size
     if rows > largest:
         holds = "rank-slice mode holds the whole table" if hp.run.rank_slice else f"world size {world_size}"
-        raise SetupError(f"NGRAM_ROWS={rows} does not fit: {ngram_bytes_per_row(dim)} bytes per row with its Adam "
+        raise SetupError(f"NGRAM_ROWS={rows} does not fit: {lazy_table_bytes_per_row(dim)} bytes per row with its Adam "
                          f"state, at most {NGRAM_STATE_GIB} GiB per process beside the model ({holds}); "
                          f"the largest that fits: NGRAM_ROWS={largest}")
 
@@ -3336,6 +3428,8 @@ class Trainer:
         self.model = GPT(hp.model, longest_forward(hp)).to(device)
         self._share_initialization()
         self.ngram = self.ngram_table()
+        self.value_table = self.value_embed_table()
+        self.row_tables = [table for table in (self.ngram, self.value_table) if table is not None]
         specs = param_specs(self.model)
         self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), specs, hp.optim, rank, world_size,
                                      tied=("embed", "lm_head"), compile=hp.execution.compile,
@@ -3375,10 +3469,35 @@ class Trainer:
         if not hp.model.ngram_rows:
             return None
         table = NgramTable(hp.model, hp.optim, self.schedule.total_steps, self.device, self.rank, self.world_size)
-        gib = table.shard_rows * ngram_bytes_per_row(hp.model.model_dim) / 2**30
+        gib = table.shard_rows * lazy_table_bytes_per_row(hp.model.model_dim) / 2**30
         self.log(f"n-gram table (T3.19): {hp.model.ngram_rows} rows, orders {','.join(map(str, hp.model.ngram_orders))}; "
                  f"{table.shard_rows} rows per process, {gib:.2f} GiB with their Adam state; lazy sparse Adam")
         return table
+
+    def value_embed_table(self) -> "ValueEmbedTable | None":
+        """With VALUE_EMBED_SPARSE: the value embeddings' table this rank owns a share of, from the model's
+        initial draw (T3.20); the log says its size."""
+        hp = self.hp
+        if not (hp.model.value_embeds and hp.model.value_embed_sparse):
+            return None
+        table = ValueEmbedTable(hp.model, hp.optim, self.schedule.total_steps, self.model.initial_value_embeds,
+                                self.device, self.rank, self.world_size)
+        del self.model.initial_value_embeds
+        gib = table.shard_rows * lazy_table_bytes_per_row(table.weight.size(1)) / 2**30
+        self.log(f"value embeddings (T3.20): sparse, {table.shard_rows} rows per process, {gib:.2f} GiB with their "
+                 f"Adam state; lazy sparse Adam on the rows each step touches")
+        return table
+
+    def load_rows(self, inputs: Tensor) -> list[Tensor]:
+        """Fill each row table's cache in the model for a forward on `inputs` (T3.19, T3.20); their distinct rows."""
+        return [table.load(inputs, *table.buffers(self.model)) for table in self.row_tables]
+
+    def keep_row_gradients(self, distincts: list[Tensor]):
+        """After a backward: each row table keeps its cache's gradient (the per-row sums), which is then cleared."""
+        for table, distinct in zip(self.row_tables, distincts):
+            cache, _ = table.buffers(self.model)
+            table.add_gradient(distinct, cache.grad)
+            cache.grad = None
 
     def load_validation_mask(self) -> Tensor | None:
         """Validation masking's table on the device (VAL_MASK=1, T4.5), else None; the log says which
@@ -3438,6 +3557,8 @@ class Trainer:
         self.optimizer.reset()
         if self.ngram is not None:
             self.ngram.reset()
+        if self.value_table is not None:
+            self.value_table.reset(fresh.initial_value_embeds)
         self._clear_run_state()
         if self.step_graphs is not None:
             self.step_graphs.check_addresses()
@@ -3450,8 +3571,8 @@ class Trainer:
         periodic checks and the candidate shortfall they read (T4.6)."""
         for p in self.model.parameters():
             p.grad = None
-        if self.ngram is not None:
-            self.model.ngram_cache.grad = None
+        for table in self.row_tables:
+            table.buffers(self.model)[0].grad = None
         self.losses.zero_()
         self.model.candidate_shortfall.zero_()
         self.long_windows = None
@@ -3478,24 +3599,21 @@ class Trainer:
 
     def eager_optimizer_step(self, plan: StepPlan):
         self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, fast_rail=plan.fast_rail)
-        if self.ngram is not None:
-            self.ngram.step(plan.lr_multiplier, plan.adam_step)
+        for table in self.row_tables:
+            table.step(plan.lr_multiplier, plan.adam_step)
 
     def eager_forward_backward(self, plan: StepPlan, loader: "TrainLoader", target_weights: Tensor) -> Tensor:
-        """The step's micro-batches forward and backward, their gradients summed in .grad (the n-gram table's
-        kept per micro-batch, T3.19); the mean CE."""
+        """The step's micro-batches forward and backward, their gradients summed in .grad (the row tables' kept
+        per micro-batch, T3.19, T3.20); the mean CE."""
         mean_ce = torch.zeros((), device=self.device)
         for _ in range(self.grad_accum):
             inputs, targets, cu_seqlens = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len,
                                                             attention_cap=plan.attention_cap)
-            if self.ngram is not None:
-                distinct = self.ngram.load(inputs, self.model.ngram_cache, self.model.ngram_inverse)
+            distincts = self.load_rows(inputs)
             loss, ce = self.training_loss(inputs, targets, cu_seqlens, plan.shape, self.stage_execution[plan.stage],
                                           target_weights, self.grad_scale)
             loss.backward()
-            if self.ngram is not None:
-                self.ngram.add_gradient(distinct, self.model.ngram_cache.grad)
-                self.model.ngram_cache.grad = None
+            self.keep_row_gradients(distincts)
             mean_ce += ce / self.grad_accum
         return mean_ce
 
@@ -3552,8 +3670,7 @@ class Trainer:
         for i, (inputs, targets, cu_seqlens) in enumerate(self.val_set):
             if max_batches is not None and i >= max_batches:
                 break
-            if self.ngram is not None:
-                self.ngram.load(inputs, self.model.ngram_cache, self.model.ngram_inverse)
+            self.load_rows(inputs)
             totals += self.evaluation_loss(inputs, targets, cu_seqlens, shape, self.validation_execution,
                                            min(32768, self.hp.data.val_seq_len))
             count += inputs.numel()
@@ -3636,7 +3753,7 @@ class Trainer:
         self.position = "during the warm-up"
         initial_model = copy.deepcopy(self.model.state_dict())
         initial_optimizer = self.optimizer.state_dict()
-        initial_ngram = self.ngram.state_dict() if self.ngram is not None else None
+        initial_tables = [table.state_dict() for table in self.row_tables]
         loader = TrainLoader(self.hp.data.train_files, self.rank, self.world_size, self.device, log=lambda _: None,
                              grad_accum=self.grad_accum)
         start = time.perf_counter()
@@ -3656,8 +3773,8 @@ class Trainer:
             torch.compiler.set_stance(skip_guard_eval_unsafe=True)
         self.model.load_state_dict(initial_model)
         self.optimizer.load_state_dict(initial_optimizer)
-        if self.ngram is not None:
-            self.ngram.load_state_dict(initial_ngram)
+        for table, initial in zip(self.row_tables, initial_tables):
+            table.load_state_dict(initial)
         self._clear_run_state()
         if self.step_graphs is not None:
             self.step_graphs.check_addresses()
@@ -3756,8 +3873,9 @@ class Trainer:
             torch.save({"hyperparameters": self.hp.flat(), "model": self.model.state_dict()},
                        os.path.join(folder, "model.pt"))
         torch.save(self.optimizer.state_dict(), os.path.join(folder, f"optimizer_rank{self.rank}.pt"))
-        if self.ngram is not None:  # this rank's rows of the n-gram table and their Adam state (T3.19)
-            torch.save(self.ngram.state_dict(), os.path.join(folder, f"ngram_rank{self.rank}.pt"))
+        for name, table in (("ngram", self.ngram), ("value_embeds", self.value_table)):
+            if table is not None:  # this rank's rows of the table and their Adam state (T3.19, T3.20)
+                torch.save(table.state_dict(), os.path.join(folder, f"{name}_rank{self.rank}.pt"))
         self.log(f"checkpoint: {folder}/")
 
     def _sync(self):

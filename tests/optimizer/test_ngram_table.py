@@ -93,6 +93,8 @@ def test_lazy_sparse_adam_equals_dense_adam_with_zero_gradients_on_untouched_ste
 
 
 def exchange_worker(rank: int, world: int, port: int, out_path: str):
+    # forked after earlier tests ran torch's OpenMP pool, which a forked child cannot use: one thread, no pool
+    torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
@@ -210,7 +212,7 @@ def test_settings_the_table_cannot_take_are_one_line(settings, message):
 
 
 def test_a_table_too_large_for_a_process_names_the_largest_that_fits():
-    largest = T.NGRAM_STATE_GIB * 2**30 // T.ngram_bytes_per_row(768)
+    largest = T.NGRAM_STATE_GIB * 2**30 // T.lazy_table_bytes_per_row(768)
     T.check_ngram_memory(T.Hyperparameters.of(ngram_rows=largest, rank_slice=True), 1)
     with pytest.raises(T.SetupError, match=f"rank-slice mode holds the whole table.*NGRAM_ROWS={largest}$"):
         T.check_ngram_memory(T.Hyperparameters.of(ngram_rows=largest + 1, rank_slice=True), 1)
