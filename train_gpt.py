@@ -244,7 +244,7 @@ class ExecutionConfig:
     fp8_lm_head: bool = True  # CUDA only
     fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
     fused_mlp_min_tokens: int = 32768  # per-rank tokens per eager forward below which the plain MLP runs (launch-bound)
-    fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
+    fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward bf16 unless FP8_MLP_BACKWARD)
     fp8_mlp_backward: bool = False  # with fp8_mlp: the MLP backward's four products in FP8 too (T6.5)
     fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
     fp8_qkv_min_tokens: int = 49152  # per-rank tokens per eager forward below which it stays bf16 (host-bound there)
@@ -4981,7 +4981,7 @@ def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool) -> Te
 
 
 # --- FP8 MLP forward (the reference's #84, #89; T6.2) -------------------------------------------------
-# The training forward's two MLP products in e4m3 with fp32 accumulation; the backward stays bf16
+# The training forward's two MLP products in e4m3 with fp32 accumulation; the backward bf16 (FP8: T6.5)
 # (it reads the bf16 x, fc, proj and post). Tensorwise scales: x, RMS-normalized without weights so
 # that no element exceeds √d, at the static scale √d/448 (no amax pass; the reference measures the
 # amax per call); each layer's fc and proj by their amax per forward (one pass over the bank: the
