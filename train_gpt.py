@@ -1528,6 +1528,7 @@ class NorMuonAdam:
         self.use_triton = triton_applies(next(iter(params.values())))  # symmetric kernels on every bank
         bank_step = rails_bank_step if config.muon_rails else normuon_bank_step
         if on_cuda and compile:  # one graph per bank and table shape
+            allow_graph_per_shape()
             self._normuon_fn = torch.compile(bank_step, dynamic=False, fullgraph=True)
             self._adam_fn = torch.compile(adam_update, dynamic=False, fullgraph=True)
             self._tail_ema_fn = torch.compile(tail_ema_update, dynamic=False, fullgraph=True)
@@ -3437,6 +3438,8 @@ class Trainer:
         # TAIL_EMA_FRAC (T5.4): the run blends the EMA in at its end when its last step is past the window's start
         start = self.schedule.tail_ema_start
         self.blend_tail_ema = bool(self.optimizer.tail_ema_blends) and start is not None and start < self.last_step
+        if hp.execution.compile:  # one graph per stage shape
+            allow_graph_per_shape()
         compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.execution.compile else (lambda f: f)
         self.training_loss = compiled(self.model.training_loss)
         self.evaluation_loss = self.validation_function(compiled)
@@ -4011,7 +4014,6 @@ def main():
             check_inputs(hp)
             return print(f"settings and inputs ok ({data_label(hp.data)})")
         rank, world_size, device = init_process(hp)
-        allow_graph_per_shape()
         runs = planned_runs(hp, world_size)
         log = open_run_log(runs[0], rank, world_size, device)
         trainer = Trainer(runs[0], rank, world_size, device, log)

@@ -336,6 +336,18 @@ def test_skipped_guard_checks_after_the_warmup_pick_the_same_graphs(corpus, monk
     assert results[True] == results[False]
 
 
+def test_a_compiling_trainer_allows_a_graph_per_shape(corpus, monkeypatch):
+    """The compiled steps and optimizer keep one dynamo graph per stage shape and per Adam table shape
+    (more than dynamo's default 8 with VALUE_EMBED_SPARSE): the Trainer raises the limit itself, so tests
+    and tools that build one without main() do not stop at a recompile (found on the GPU, 2026-11-27)."""
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    monkeypatch.setattr(torch._dynamo.config, limit, 8)
+    hp = T.Hyperparameters.of(**{**TINY, "compile": True}, train_files=str(corpus / "tiny_train_*.bin"),
+                              val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus))
+    T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
+    assert getattr(torch._dynamo.config, limit) == 64
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
 def test_check_without_a_gpu_is_one_line_before_torchrun(tmp_path, corpus):
     """run.sh's --check fails on a machine without CUDA GPUs (DEVICE is cuda by default): one line,
