@@ -195,7 +195,7 @@ class OptimConfig:
     muon_lr: float = 0.017  # the reference: 0.023 (tuned on the proxy, docs/TECHNIQUES.md T2.4)
     muon_beta2: float = 0.9
     muon_weight_decay: float = 1.2
-    orthogonalizer: str = "polar_express"  # a name in ORTHOGONALIZERS: newton_schulz, polar_express6_l1e3, ... (T2.3)
+    orthogonalizer: str = "polar_express"  # a name in ORTHOGONALIZERS: newton_schulz, polar_express5_l3e3, ... (T2.3)
     mantissa_tracking: bool = True  # bf16 banks with an exact fp32 master (T2.6)
     muon_rails: bool = False  # two EMA rails of the bank gradients in place of one (T2.9)
     muon_rails_slow_beta: float = 0.98  # with MUON_RAILS: the slow rail's constant beta (record #92)
@@ -251,7 +251,7 @@ class ExecutionConfig:
     qk_rope_kernel: str = "0"  # QK-norm + rotary in Triton (CUDA, T6.4): 1 both ways, forward: the forward only; 0 off
     compile: bool = True
     cuda_graphs: bool = True  # each training step's forward and backward replayed from a CUDA graph (CUDA only)
-    optimizer_graphs: bool = False  # with cuda_graphs at world size 1: the optimizer step replayed from CUDA graphs too
+    optimizer_graphs: bool = True  # with cuda_graphs at world size 1: the optimizer step replayed from CUDA graphs too (T5.3)
     skip_guard_checks: bool = True  # after the warm-up, dynamo checks only the guards that tell its graphs apart
 
 
@@ -4084,14 +4084,6 @@ GREEDY5_FLOOR_3E3_COEFFS = (
     (2.520263341903864, -1.837610522467476, 0.4271193069501146),
     (1.9194472142571712, -1.2898333752956908, 0.3719505132726187),
 )
-GREEDY6_FLOOR_1E3_COEFFS = (
-    (7.710969245867679, -22.113754790481156, 16.24874301773847),
-    (4.144837788446324, -3.434457866214604, 0.7291428289304236),
-    (4.144837788446322, -3.4344578662146046, 0.7291428289304237),
-    (3.3560303012080364, -2.541572879938223, 0.5246292136245726),
-    (2.3102284902353314, -1.65940986242455, 0.4084250711127023),
-    (1.8865792407578812, -1.2552319779128345, 0.36896876001506157),
-)
 GREEDY6_FLOOR_3E4_COEFFS = (
     (7.710969245867679, -22.113754790481156, 16.24874301773847),
     (4.144837788446324, -3.434457866214604, 0.7291428289304236),
@@ -4104,7 +4096,6 @@ ORTHOGONALIZERS = {  # name: (coefficients, norm safety factor, norm epsilon)
     "polar_express": (POLAR_EXPRESS_COEFFS, 1.02, 1e-6),
     "newton_schulz": (NEWTON_SCHULZ_COEFFS, 1.0, 1e-7),
     "polar_express5_l3e3": (GREEDY5_FLOOR_3E3_COEFFS, 1.02, 1e-6),
-    "polar_express6_l1e3": (GREEDY6_FLOOR_1E3_COEFFS, 1.02, 1e-6),
     "polar_express6_l3e4": (GREEDY6_FLOOR_3E4_COEFFS, 1.02, 1e-6),
 }
 

@@ -3,7 +3,7 @@ symmetric Triton kernels, each eager and compiled as one graph (as the optimizer
 variant is first checked against a float64 run of the same iteration.
 
     python bench/bench_orthogonalize.py            # variants per shape
-    python bench/bench_orthogonalize.py --method polar_express6_l1e3   # another ORTHOGONALIZERS set
+    python bench/bench_orthogonalize.py --method polar_express6_l3e4   # another ORTHOGONALIZERS set
     python bench/bench_orthogonalize.py --sweep    # launch configurations per kernel and size, then
                                                    # the variants again with the fastest ones
 

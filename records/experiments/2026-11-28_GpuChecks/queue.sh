@@ -21,4 +21,4 @@ check step_graph_tests 420 python -m pytest -q -m gpu tests/training/test_step_g
 check ve_sparse_test 600 python -m pytest -q -m gpu tests/optimizer/test_value_embed_sparse.py
 check orthogonalize_tests 420 python -m pytest -q -m gpu tests/kernels/test_kernels.py -k triton_orthogonalize
 check bench_polar_express 240 python bench/bench_orthogonalize.py
-check bench_polar_express6 240 python bench/bench_orthogonalize.py --method polar_express6_l1e3
+check bench_polar_express6 240 python bench/bench_orthogonalize.py --method polar_express6_l3e4
