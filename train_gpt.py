@@ -168,7 +168,8 @@ class ModelConfig:
     mlp_hidden: int = 3072
     attention_layers: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)  # the others are MLP only (T3.1)
     value_embed_layers: tuple[int, ...] = (1, 2, 8, 9, 10)  # attention layers given a value-embedding plane (T3.3)
-    narrow_qk_layers: tuple[int, ...] = ()  # attention layers with Q/K heads HEAD_DIM/2 wide, fully rotated (T3.18)
+    # attention layers with Q/K heads HEAD_DIM/2 wide, fully rotated (T3.18, record #92): all but layers 3 and 10
+    narrow_qk_layers: tuple[int, ...] = (0, 1, 2, 4, 5, 7, 8, 9)
     bigram_rows: int = 50304 * 15 // 2
     ngram_rows: int = 0  # >0: the bigram injection's rows come from a hashed n-gram table this large (T3.19)
     ngram_orders: tuple[int, ...] = (2, 3)  # with NGRAM_ROWS: the n-gram lengths hashed into it (2: bigram, 3: trigram)
@@ -381,8 +382,8 @@ def _parse_env_value(name: str, raw: str, kind):
             return float(raw)
         if kind is str:
             return raw
-        item = typing.get_args(kind)[0]  # tuple[int, ...] / tuple[float, ...]: comma separated
-        return tuple(item(x.replace("_", "")) for x in raw.split(","))
+        item = typing.get_args(kind)[0]  # tuple[int, ...] / tuple[float, ...]: comma separated, empty: ()
+        return tuple(item(x.replace("_", "")) for x in raw.split(",")) if raw.strip() else ()
     except ValueError as error:
         raise SetupError(f"environment variable {name}={raw!r} is not a valid {kind}: {error}") from None
 
@@ -535,7 +536,7 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         backend = fa4_small_forward_backend(narrow_qk)
     if backend == "varlen" and narrow_qk:
         raise SetupError("NARROW_QK_LAYERS needs q and k narrower than v, which torch's varlen attention does not "
-                         "take: use ATTENTION_BACKEND=fa3, fa4 or flex")
+                         "take: use ATTENTION_BACKEND=fa4 or flex, or set NARROW_QK_LAYERS= (empty) for full-width heads")
     fused_mlp = cfg.fused_mlp and (graphed or tokens >= cfg.fused_mlp_min_tokens)
     mlp_e4m3 = training and cfg.fp8_mlp and fused_mlp and hopper
     if cfg.qk_rope_kernel not in QK_ROPE_KERNEL_VALUES:
@@ -3002,8 +3003,9 @@ def check_narrow_qk_layers(model: ModelConfig):
     narrow = model.narrow_qk_layers
     stray = [layer for layer in narrow if layer not in model.attention_layers]
     if stray:
-        raise SetupError(f"NARROW_QK_LAYERS names layer(s) {','.join(map(str, stray))} without attention "
-                         f"(ATTENTION_LAYERS={','.join(map(str, model.attention_layers))})")
+        raise SetupError(f"NARROW_QK_LAYERS={','.join(map(str, narrow))} names layer(s) {','.join(map(str, stray))} "
+                         f"without attention (ATTENTION_LAYERS={','.join(map(str, model.attention_layers))}): set "
+                         "NARROW_QK_LAYERS to attention layers only (empty: every head full width)")
     if narrow and model.head_dim % 4:
         raise SetupError(f"NARROW_QK_LAYERS needs HEAD_DIM divisible by 4 (narrow heads are HEAD_DIM/2 wide), "
                          f"got {model.head_dim}")

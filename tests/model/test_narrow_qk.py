@@ -49,7 +49,9 @@ def test_narrow_layers_have_their_own_bank_and_every_slot_gets_a_gradient():
     assert specs["qk_narrow_bank"].matrix_shape == (hd, d) and specs["qk_narrow_bank"].optimizer == "normuon"
     assert list(specs).index("qk_narrow_bank") < list(specs).index("mlp_bank")  # the big bank stays in the middle
     assert [slots for _, slots in model.qk_banks()] == [[3, 9], [0, 1, 2, 4, 5, 6, 7, 8]]
-    assert not hasattr(small_model(), "qk_narrow_bank")  # the default model has no narrow bank
+    assert not hasattr(small_model(narrow_qk_layers=()), "qk_narrow_bank")  # full width: no narrow bank
+    assert T.Hyperparameters.of().model.narrow_qk_layers == NARROW  # the default
+    assert T.Hyperparameters.from_env({"NARROW_QK_LAYERS": ""}).model.narrow_qk_layers == ()
     with torch.no_grad():
         model.mlp_bank.normal_(0, 0.05)
         model.ve_gate_bank.normal_()
