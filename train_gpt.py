@@ -245,8 +245,7 @@ class ExecutionConfig:
     fp8_lm_head: bool = True  # CUDA only
     fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
     fused_mlp_min_tokens: int = 32768  # per-rank tokens per eager forward below which the plain MLP runs (launch-bound)
-    fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward bf16 unless FP8_MLP_BACKWARD)
-    fp8_mlp_backward: bool = False  # with fp8_mlp: the MLP backward's four products in FP8 too (T6.5)
+    fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
     fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
     fp8_qkv_min_tokens: int = 49152  # per-rank tokens per eager forward below which it stays bf16 (host-bound there)
     qk_rope_kernel: str = "0"  # QK-norm + rotary in Triton (CUDA, T6.4): 1 both ways, forward: the forward only; 0 off
@@ -506,7 +505,6 @@ class ExecutionPlan:
     mlp_fused: bool  # the ReLU² MLP's custom backward (T6.1); False: the plain expression
     mlp_kernel: bool  # ... with the Triton TMA GEMM (Hopper or newer); False: torch matmuls
     mlp_e4m3: bool  # the fused MLP's forward in e4m3 (T6.2)
-    mlp_fp8_backward: bool  # ... and its backward's products in FP8 (T6.5); False: the bf16 backward
     qkv_e4m3: bool  # the Q/K/V projection in e4m3 (T6.3)
     lm_head_fp8: bool  # the lm_head and its gradients in FP8 (T4.4)
     ce_candidates: int  # the training cross-entropy's columns (T4.6): a sampled softmax; 0: the full one
@@ -538,7 +536,6 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         raise SetupError("NARROW_QK_LAYERS needs q and k narrower than v, which torch's varlen attention does not "
                          "take: use ATTENTION_BACKEND=fa4 or flex, or set NARROW_QK_LAYERS= (empty) for full-width heads")
     fused_mlp = cfg.fused_mlp and (graphed or tokens >= cfg.fused_mlp_min_tokens)
-    mlp_e4m3 = training and cfg.fp8_mlp and fused_mlp and hopper
     if cfg.qk_rope_kernel not in QK_ROPE_KERNEL_VALUES:
         raise SetupError(f"QK_ROPE_KERNEL={cfg.qk_rope_kernel}: use 0 (torch), 1 (Triton forward and backward) or "
                          "forward (Triton forward, torch backward)")
@@ -547,7 +544,7 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
                       and qk_rope_kernel_supports(model.head_dim // 2 if narrow_qk else model.head_dim))
     return ExecutionPlan(
         attention=backend, mlp_fused=fused_mlp, mlp_kernel=fused_mlp and hopper,
-        mlp_e4m3=mlp_e4m3, mlp_fp8_backward=mlp_e4m3 and cfg.fp8_mlp_backward,
+        mlp_e4m3=training and cfg.fp8_mlp and fused_mlp and hopper,
         qkv_e4m3=training and cfg.fp8_qkv and hopper and (graphed or tokens >= cfg.fp8_qkv_min_tokens),
         lm_head_fp8=training and cfg.fp8_lm_head and cuda, ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
@@ -1042,8 +1039,7 @@ class GPT(nn.Module):
             shape=shape, execution=execution, attn=attn, attn_paired=attn_paired, rope=rope, rope_paired=rope_paired,
             qk=tuple(qk), vo=self.vo_bank.view(n_attn, 2, d, d).unbind(0), mlp_fc=mlp_fc, mlp_proj=mlp_proj,
             qkv8=QKVBankFP8.quantize(qk_banks, self.vo_bank) if execution.qkv_e4m3 else None,
-            mlp8=MLPBankFP8.quantize(self.mlp_bank, execution.mlp_fp8_backward) if execution.mlp_e4m3 else None,
-            outputs={})
+            mlp8=MLPBankFP8.quantize(self.mlp_bank) if execution.mlp_e4m3 else None, outputs={})
 
     def qk_banks(self) -> list[tuple[Tensor, list[int]]]:
         """Each Q/K bank with the attention slots whose Q/K matrices it holds, in its order: qk_bank
@@ -1136,13 +1132,11 @@ class GPT(nn.Module):
 
     def mlp(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext) -> Tensor:
         """The ReLU² MLP (#5) on the normalized input x: plain, fused (T6.1) or its e4m3 forward,
-        which refreshes the layer's delayed scale of post (T6.2), with a bf16 or FP8 backward (T6.5),
-        as the plan says."""
+        which refreshes the layer's delayed scale of post (T6.2), as the plan says."""
         fc, proj, execution = ctx.mlp_fc[layer.index], ctx.mlp_proj[layer.index], ctx.execution
         if execution.mlp_e4m3:
             post_scale = getattr(self, f"fp8_post_scale{layer.index}")
-            out, post_amax = fp8_relu_square_mlp(x, fc, proj, ctx.mlp8, layer.index, post_scale,
-                                                 execution.mlp_fp8_backward)
+            out, post_amax = fp8_relu_square_mlp(x, fc, proj, ctx.mlp8, layer.index, post_scale)
             post_scale.copy_(post_amax.clamp_min(1e-12).view(()) * (FP8_POST_MARGIN / E4M3_MAX))
             return out
         if execution.mlp_fused:
@@ -4605,11 +4599,6 @@ def to_e4m3(t: Tensor, scale: Tensor | float) -> Tensor:
     return (t.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
-def to_e5m2(t: Tensor, scale: Tensor | float) -> Tensor:
-    """t / scale in e5m2, saturated at ±57344 (scale broadcasts against t)."""
-    return (t.float() / scale).clamp(-E5M2_MAX, E5M2_MAX).to(torch.float8_e5m2)
-
-
 class _LMHeadSoftcapCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, grad_scale: float, fp8: bool):
@@ -4734,9 +4723,8 @@ def relu_square_mlp_reference(x: Tensor, fc: Tensor, proj: Tensor) -> Tensor:
 # Fused MLP up-projection + ReLU² (#59, #87; T6.1): one persistent TMA GEMM C = A·Bᵀ
 # (A (M, K), B (N, K), both row-major bf16) with fp32 accumulation and the activation in the
 # epilogue. Forward: post = relu(x·fcᵀ)², so the pre-activation never reaches memory. Backward:
-# dpre = (grad·projᵀ)·2·√post, as √post = relu(pre); with FP8_MLP_BACKWARD (T6.5) from e5m2 grad and
-# e4m3 proj, dpre written in e5m2 both row-major and transposed. TMA zero-fills out-of-bounds loads
-# and clips out-of-bounds stores, so ragged M, N, K need no masks.
+# dpre = (grad·projᵀ)·2·√post, as √post = relu(pre). TMA zero-fills out-of-bounds loads and clips
+# out-of-bounds stores, so ragged M, N, K need no masks.
 if triton is not None:
     @triton.jit
     def _grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
@@ -4747,33 +4735,26 @@ if triton is not None:
         return first_m + (tile % per_group) % rows, (tile % per_group) // rows
 
     @triton.jit
-    def _relu_square_epilogue(c_desc, aux_desc, c8_desc, c8t_desc, amax_ptr, acc, m, n, inv_act_scale,
+    def _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, acc, m, n, inv_act_scale,
                               EPILOGUE: tl.constexpr):
-        if EPILOGUE == "relu_square_grad_fp8":  # dpre / its scale in e5m2 (57344: e5m2's largest), C and Cᵀ
-            acc = acc * (2.0 * tl.sqrt(aux_desc.load([m, n]).to(tl.float32))) * inv_act_scale
-            acc = tl.minimum(tl.maximum(acc, -57344.0), 57344.0)
-            c8_desc.store([m, n], acc.to(c8_desc.dtype))
-            c8t_desc.store([n, m], tl.trans(acc).to(c8t_desc.dtype))
+        if EPILOGUE == "relu_square_grad":  # aux holds post
+            acc = acc * (2.0 * tl.sqrt(aux_desc.load([m, n]).to(tl.float32)))
         else:
-            if EPILOGUE == "relu_square_grad":  # aux holds post
-                acc = acc * (2.0 * tl.sqrt(aux_desc.load([m, n]).to(tl.float32)))
-            else:
-                acc = tl.maximum(acc, 0.0)
-                acc = acc * acc
-            c_desc.store([m, n], acc.to(tl.bfloat16))
-            if EPILOGUE == "relu_square_fp8":  # also post in e4m3 at the given scale, and its running amax
-                c8_desc.store([m, n], tl.minimum(acc * inv_act_scale, 448.0).to(c8_desc.dtype))
-                tl.atomic_max(amax_ptr, tl.max(tl.max(acc, 1), 0), sem="relaxed")
+            acc = tl.maximum(acc, 0.0)
+            acc = acc * acc
+        c_desc.store([m, n], acc.to(tl.bfloat16))
+        if EPILOGUE == "relu_square_fp8":  # also post in e4m3 at the given scale, and its running amax
+            c8_desc.store([m, n], tl.minimum(acc * inv_act_scale, 448.0).to(c8_desc.dtype))
+            tl.atomic_max(amax_ptr, tl.max(tl.max(acc, 1), 0), sem="relaxed")
 
     @triton.jit
-    def _relu_square_gemm_kernel(a_desc, b_desc, c_desc, aux_desc, c8_desc, c8t_desc, scale_ptr, act_scale_ptr,
-                                 amax_ptr, M, N, K, num_programs,
+    def _relu_square_gemm_kernel(a_desc, b_desc, c_desc, aux_desc, c8_desc, scale_ptr, act_scale_ptr, amax_ptr,
+                                 M, N, K, num_programs,
                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                  GROUP_M: tl.constexpr, EPILOGUE: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
                                  FLATTEN: tl.constexpr, UPCAST: tl.constexpr):
         tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-        if EPILOGUE == "relu_square_fp8" or EPILOGUE == "relu_square_grad_fp8":
-            # FP8 operands: the product's scale, and the FP8 output's inverse scale
+        if EPILOGUE == "relu_square_fp8":  # e4m3 operands: the product's scale, and post's inverse scale
             product_scale = tl.load(scale_ptr)
             inv_act_scale = 1.0 / tl.load(act_scale_ptr)
         else:
@@ -4790,20 +4771,18 @@ if triton is not None:
                 if UPCAST:
                     a, b = a.to(tl.float32), b.to(tl.float32)
                 acc = tl.dot(a, tl.trans(b), acc)
-            if EPILOGUE == "relu_square_fp8" or EPILOGUE == "relu_square_grad_fp8":
+            if EPILOGUE == "relu_square_fp8":
                 acc = acc * product_scale
             epilogue_tile += num_programs
             pid_m, pid_n = _grouped_tile(epilogue_tile, tiles_m, tiles_n, GROUP_M)
             m, n = pid_m * BLOCK_M, pid_n * BLOCK_N
             if SPLIT_EPILOGUE:  # two (BLOCK_M, BLOCK_N/2) halves: half the shared memory for C and aux
                 left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-                _relu_square_epilogue(c_desc, aux_desc, c8_desc, c8t_desc, amax_ptr, left, m, n, inv_act_scale,
-                                      EPILOGUE)
-                _relu_square_epilogue(c_desc, aux_desc, c8_desc, c8t_desc, amax_ptr, right, m, n + BLOCK_N // 2,
+                _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, left, m, n, inv_act_scale, EPILOGUE)
+                _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, right, m, n + BLOCK_N // 2,
                                       inv_act_scale, EPILOGUE)
             else:
-                _relu_square_epilogue(c_desc, aux_desc, c8_desc, c8t_desc, amax_ptr, acc, m, n, inv_act_scale,
-                                      EPILOGUE)
+                _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, acc, m, n, inv_act_scale, EPILOGUE)
 
 
 @dataclass(frozen=True)
@@ -4821,7 +4800,7 @@ class GemmConfig:
 
 
 RELU_SQUARE_GEMM_CONFIGS = {"relu_square": GemmConfig(), "relu_square_grad": GemmConfig(),
-                            "relu_square_fp8": GemmConfig(block_k=128), "relu_square_grad_fp8": GemmConfig(block_k=128)}
+                            "relu_square_fp8": GemmConfig(block_k=128)}
 
 
 def _tma_ready(t: Tensor) -> bool:
@@ -4856,7 +4835,7 @@ def relu_square_gemm(a: Tensor, b: Tensor, aux: Tensor | None = None, config: Ge
         out = a.new_empty((M, N))
     elif not _tma_ready(out):
         raise ValueError("out must be contiguous from a 16-byte aligned address")
-    _launch_relu_square_gemm(a, b, out, aux, None, None, None, None, None, epilogue, config)
+    _launch_relu_square_gemm(a, b, out, aux, None, None, None, None, epilogue, config)
     return out
 
 
@@ -4876,48 +4855,24 @@ def relu_square_fp8_gemm(a: Tensor, b: Tensor, product_scale: Tensor, act_scale:
     post = a.new_empty((M, N), dtype=torch.bfloat16)
     post8 = a.new_empty((M, N), dtype=torch.float8_e4m3fn)
     amax = torch.zeros(1, dtype=torch.float32, device=a.device)
-    _launch_relu_square_gemm(a, b, post, None, post8, None, product_scale.float(), act_scale.float(), amax,
+    _launch_relu_square_gemm(a, b, post, None, post8, product_scale.float(), act_scale.float(), amax,
                              "relu_square_fp8", config)
     return post, post8, amax
 
 
-def relu_square_grad_fp8_gemm(grad8: Tensor, w8: Tensor, post: Tensor, product_scale: Tensor, out_scale: Tensor,
-                              config: GemmConfig | None = None) -> tuple[Tensor, Tensor]:
-    """Triton (T6.5): dpre = (product_scale·grad8·w8ᵀ)·2·√post in e5m2 as dpre / out_scale, saturated at
-    ±57344, both (M, N) and transposed (N, M) contiguous; grad8 (M, K) e5m2, w8 (N, K) e4m3, post
-    (M, N) bf16, the scales fp32 one-element tensors. M, N and K must be multiples of 16."""
-    config = config or RELU_SQUARE_GEMM_CONFIGS["relu_square_grad_fp8"]
-    (M, K), N = grad8.shape, w8.size(0)
-    if (w8.size(1) != K or post.shape != (M, N) or grad8.dtype != torch.float8_e5m2
-            or w8.dtype != torch.float8_e4m3fn or post.dtype != torch.bfloat16):
-        raise ValueError(f"expected e5m2 grad8 (M, K), e4m3 w8 (N, K), bf16 post (M, N), got {grad8.dtype} "
-                         f"{tuple(grad8.shape)}, {w8.dtype} {tuple(w8.shape)}, {post.dtype} {tuple(post.shape)}")
-    if M % 16 or N % 16 or K % 16:
-        raise ValueError(f"M={M}, N={N} and K={K} must be multiples of 16 (16-byte TMA row strides)")
-    dpre8 = grad8.new_empty((M, N))
-    dpre8_t = grad8.new_empty((N, M))
-    _launch_relu_square_gemm(grad8, w8, dpre8, post, dpre8, dpre8_t, product_scale.float(), out_scale.float(), None,
-                             "relu_square_grad_fp8", config)
-    return dpre8, dpre8_t
-
-
-def _launch_relu_square_gemm(a, b, out, aux, out8, out8_t, scale, act_scale, amax, epilogue, config):
-    """out: the bf16 output (M, N), except in relu_square_grad_fp8, which writes only out8 (out is out8,
-    for the shape and its descriptor) and out8_t."""
+def _launch_relu_square_gemm(a, b, out, aux, out8, scale, act_scale, amax, epilogue, config):
     c_block = [config.block_m, config.block_n // 2 if config.split_epilogue else config.block_n]
     a_desc = TensorDescriptor.from_tensor(_tma_operand(a), [config.block_m, config.block_k])
     b_desc = TensorDescriptor.from_tensor(_tma_operand(b), [config.block_n, config.block_k])
     aux_desc = None if aux is None else TensorDescriptor.from_tensor(_tma_operand(aux), c_block)
     out8_desc = None if out8 is None else TensorDescriptor.from_tensor(out8, c_block)
-    out8_t_desc = None if out8_t is None else TensorDescriptor.from_tensor(out8_t, c_block[::-1])
     M, N = out.shape
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
     # persistent: one program per SM (a few on the CPU interpreter, so each still loops over tiles)
     slots = _sm_count(a.device) if a.is_cuda else 4
     programs = min(tiles, slots) if config.persistent else tiles
     _relu_square_gemm_kernel[(programs,)](
-        a_desc, b_desc, TensorDescriptor.from_tensor(out, c_block), aux_desc, out8_desc, out8_t_desc, scale,
-        act_scale, amax,
+        a_desc, b_desc, TensorDescriptor.from_tensor(out, c_block), aux_desc, out8_desc, scale, act_scale, amax,
         M, N, a.size(1), programs,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         EPILOGUE=epilogue, SPLIT_EPILOGUE=config.split_epilogue, FLATTEN=config.flatten,
@@ -4976,7 +4931,7 @@ def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool) -> Te
 
 
 # --- FP8 MLP forward (the reference's #84, #89; T6.2) -------------------------------------------------
-# The training forward's two MLP products in e4m3 with fp32 accumulation; the backward bf16 (FP8: T6.5)
+# The training forward's two MLP products in e4m3 with fp32 accumulation; the backward stays bf16
 # (it reads the bf16 x, fc, proj and post). Tensorwise scales: x, RMS-normalized without weights so
 # that no element exceeds √d, at the static scale √d/448 (no amax pass; the reference measures the
 # amax per call); each layer's fc and proj by their amax per forward (one pass over the bank: the
@@ -4999,24 +4954,16 @@ def quantize_normed_e4m3(x: Tensor) -> tuple[Tensor, float]:
 
 @dataclass
 class MLPBankFP8:
-    """The MLP bank (L, 2, hidden, d) in e4m3, each layer's fc and proj with its own scale; with
-    `backward`, also what the FP8 backward (T6.5) reads."""
+    """The MLP bank (L, 2, hidden, d) in e4m3, each layer's fc and proj with its own scale."""
     fc: Tensor  # (L, hidden, d)
-    proj: Tensor  # (L, hidden, d): the backward's dpre GEMM reads it row-major (a view, no copy)
     proj_t: Tensor  # (L, d, hidden): proj transposed, so proj_t[i].t() is the column-major operand cuBLAS takes
     scales: Tensor  # (L, 2, 4) fp32: [i, 0, 0] fc's, [i, 1, 0] proj's; 16 bytes apart, as cuBLASLt wants
-    fc_t: Tensor | None = None  # with backward: (L, d, hidden), fc transposed, dx's column-major operand
-    proj_row_l1: Tensor | None = None  # with backward: (L,) fp32, the largest Σ_k |proj8[i, j, k]| over rows j
 
     @classmethod
-    def quantize(cls, bank: Tensor, backward: bool = False) -> "MLPBankFP8":
+    def quantize(cls, bank: Tensor) -> "MLPBankFP8":
         bank = bank.detach()
         q, scale = quantize_e4m3(bank, bank.abs().amax(dim=(2, 3), keepdim=True))
-        bank8 = cls(q[:, 0], q[:, 1], q[:, 1].transpose(1, 2).contiguous(), F.pad(scale.view(-1, 2, 1), (0, 3)))
-        if backward:
-            bank8.fc_t = q[:, 0].transpose(1, 2).contiguous()
-            bank8.proj_row_l1 = q[:, 1].float().abs().sum(-1).amax(-1)
-        return bank8
+        return cls(q[:, 0], q[:, 1].transpose(1, 2).contiguous(), F.pad(scale.view(-1, 2, 1), (0, 3)))
 
 
 def fp8_relu_square_mlp_reference(x: Tensor, fc: Tensor, proj: Tensor, post_scale: Tensor) -> tuple[Tensor, Tensor]:
@@ -5070,125 +5017,13 @@ class FP8ReluSquareMLP(torch.autograd.Function):
         return *relu_square_mlp_backward(grad, *ctx.saved_tensors, True), None, None, None, None, None
 
 
-# --- FP8 MLP backward (record #92, PR #360; T6.5) ----------------------------------------------------
-# FP8_MLP_BACKWARD: the backward's four products from FP8 operands, fp32 accumulation, bf16 results
-# (the bank's gradient dtype, as the bf16 backward's). Gradients in e5m2, activations and weights in
-# e4m3, one tensorwise scale each, every one chosen so that nothing clips:
-#   grad (T, d): its amax, one reduction over grad before the first GEMM (a kernel boundary on the
-#     device, no host sync). grad has no a-priori bound and a delayed scale could clip; grad is the
-#     smallest of the tensors quantized, so its extra read is the cheap one.
-#   dpre = (grad·projᵀ)·2√post (T, hidden): written in e5m2 by the GEMM's epilogue, so its scale must
-#     be known before the GEMM: a bound, not an amax. |grad8·proj8ᵀ|_ij ≤ amax(grad)·‖proj_j‖₁ (the
-#     dequantized grad is at most its amax: the largest value maps to 57344 exactly) and
-#     √post ≤ √(amax(post)·(1 + 2⁻⁷)) (the forward's epilogue measured post's fp32 amax; bf16's
-#     rounding adds at most 2⁻⁸). The bound times FP8_BACKWARD_MARGIN, which absorbs the accumulation's
-#     rounding (K = d products, < 10 % even at 13-bit sums), maps to 57344. The bound is loose by ~√d
-#     and more: it spends a few of e5m2's ~31 binades (subnormals included), where the amax would need
-#     a bf16 dpre in memory and a second pass.
-#   post (hidden-major copy for dW_proj): the forward's own amax of post (no new reduction), × (1 + 2⁻⁷)
-#     for bf16's rounding. The forward's e4m3 post cannot be reused: its delayed scale clamps.
-#   x: the forward's e4m3 x at the static √d/448 (an RMS-normalized row cannot exceed √d; T6.2).
-# Layouts (cuBLASLt: first operand row-major, second column-major, both K-contiguous): dpre is written
-# row-major (dx's first operand) and transposed (dW_fc's) by one epilogue; grad8 row-major feeds the
-# dpre GEMM (Triton, both operands K-contiguous), its transposed copy dW_proj; fc transposed once per
-# forward in MLPBankFP8; x8 and post transposed in the backward. The saturating casts stay as a guard.
-FP8_BACKWARD_MARGIN = 2.0
-BF16_ROUNDING_MARGIN = 1 + 2.0 ** -7  # above bf16's largest relative rounding, 2^-8
-
-
-def fp8_mlp_backward_scales(grad_amax: Tensor, post_amax: Tensor, proj_scale: Tensor,
-                            proj_row_l1: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(grad's, dpre's, post's) fp32 scales of the FP8 backward (see above): grad's amax maps to 57344,
-    dpre's bound to 57344, post's amax to 448. proj_row_l1: the largest row sum of |proj8| (e4m3 units)."""
-    grad_scale = grad_amax.float().clamp_min(1e-30) / E5M2_MAX
-    post_bound = post_amax.float().reshape(()) * BF16_ROUNDING_MARGIN
-    dpre_bound = (FP8_BACKWARD_MARGIN * 2 * post_bound.sqrt() * (grad_scale * E5M2_MAX)
-                  * (proj_row_l1.float() * proj_scale.float()))
-    return grad_scale, dpre_bound.clamp_min(1e-30) / E5M2_MAX, post_bound.clamp_min(1e-30) / E4M3_MAX
-
-
-def fp8_relu_square_mlp_backward_reference(grad: Tensor, x: Tensor, fc: Tensor, proj: Tensor, post: Tensor,
-                                           post_amax: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(dx, dfc, dproj) in bf16: the FP8 backward's arithmetic in fp32 on the dequantized FP8 values
-    (CPU or GPU); x RMS-normalized, post and post_amax the forward's."""
-    bank8 = MLPBankFP8.quantize(torch.stack([fc, proj])[None], backward=True)
-    fc_scale, proj_scale = bank8.scales[0, 0, 0], bank8.scales[0, 1, 0]
-    grad_scale, dpre_scale, post_scale = fp8_mlp_backward_scales(grad.abs().amax(), post_amax, proj_scale,
-                                                                 bank8.proj_row_l1[0])
-    x8, x_scale = quantize_normed_e4m3(x)
-    grad_q = to_e5m2(grad, grad_scale).float() * grad_scale
-    dpre = (grad_q @ (bank8.proj[0].float() * proj_scale).t()) * (2 * post.float().sqrt())
-    dpre_q = to_e5m2(dpre, dpre_scale).float() * dpre_scale
-    post_q = to_e4m3(post, post_scale).float() * post_scale
-    return ((dpre_q @ (bank8.fc[0].float() * fc_scale)).bfloat16(), (dpre_q.t() @ (x8.float() * x_scale)).bfloat16(),
-            (post_q.t() @ grad_q).bfloat16())
-
-
-# dx, dW_fc and dW_proj as one custom op, for the reason fp8_down_projection is one.
-@torch.library.custom_op("speedrun::fp8_mlp_backward_products", mutates_args=())
-def fp8_mlp_backward_products(dpre8: Tensor, dpre8_t: Tensor, fc8_t: Tensor, x8_t: Tensor, post8_t: Tensor,
-                              grad8_t: Tensor, scales: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(dx, dfc, dproj) in bf16 = (dpre8·fc8, dpre8ᵀ·x8, post8ᵀ·grad8) × their scales: dpre8 (T, hidden)
-    and dpre8_t (hidden, T) e5m2, fc8_t (d, hidden), x8_t (d, T), post8_t (hidden, T) e4m3, grad8_t
-    (d, T) e5m2; scales (4, 4) fp32, [i, 0] the three products' scales and 1, 16 bytes apart."""
-    def product(a: Tensor, b_t: Tensor, i: int) -> Tensor:
-        return torch._scaled_mm(a, b_t.t(), scale_a=scales[3, 0], scale_b=scales[i, 0], out_dtype=torch.bfloat16)
-    return product(dpre8, fc8_t, 0), product(dpre8_t, x8_t, 1), product(post8_t, grad8_t, 2)
-
-
-@fp8_mlp_backward_products.register_fake
-def _fp8_mlp_backward_products_fake(dpre8, dpre8_t, fc8_t, x8_t, post8_t, grad8_t, scales):
-    (T, hidden), d = dpre8.shape, fc8_t.size(0)
-    return (dpre8.new_empty((T, d), dtype=torch.bfloat16), dpre8.new_empty((hidden, d), dtype=torch.bfloat16),
-            dpre8.new_empty((hidden, d), dtype=torch.bfloat16))
-
-
-def fp8_relu_square_mlp_backward(grad: Tensor, x8: Tensor, post: Tensor, post_amax: Tensor, proj8: Tensor,
-                                 fc8_t: Tensor, fc_scale: Tensor, proj_scale: Tensor,
-                                 proj_row_l1: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(dx, dfc, dproj) from the forward's e4m3 x8 (static scale), post and its amax, and the layer's
-    e4m3 weights (fp8_relu_square_mlp_backward_reference's arithmetic, on the GPU)."""
-    grad_scale, dpre_scale, post_scale = fp8_mlp_backward_scales(grad.abs().amax(), post_amax, proj_scale,
-                                                                 proj_row_l1)
-    grad8 = to_e5m2(grad, grad_scale)
-    dpre8, dpre8_t = relu_square_grad_fp8_gemm(grad8, proj8, post, grad_scale * proj_scale, dpre_scale)
-    x_scale = x8.size(1) ** 0.5 / E4M3_MAX
-    scales = torch.stack([dpre_scale * fc_scale, dpre_scale * x_scale, post_scale * grad_scale,
-                          torch.ones_like(dpre_scale)]).view(4, 1)
-    return fp8_mlp_backward_products(dpre8, dpre8_t, fc8_t, x8.t().contiguous(),
-                                     to_e4m3(post, post_scale).t().contiguous(), grad8.t().contiguous(),
-                                     F.pad(scales, (0, 3)))
-
-
-class FP8BackwardReluSquareMLP(torch.autograd.Function):
-    """FP8ReluSquareMLP's e4m3 forward with the FP8 backward (T6.5): saves x8, post and post's amax
-    (no bf16 x, fc or proj)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, fc: Tensor, proj: Tensor, fc8: Tensor, proj8_t: Tensor, fc_scale: Tensor,
-                proj_scale: Tensor, post_scale: Tensor, proj8: Tensor, fc8_t: Tensor, proj_row_l1: Tensor):
-        x8, x_scale = quantize_normed_e4m3(x)
-        out, post, amax = fp8_relu_square_mlp_forward(x8, fc8, x_scale * fc_scale, post_scale, proj8_t, proj_scale)
-        ctx.save_for_backward(x8, post, amax, proj8, fc8_t, fc_scale, proj_scale, proj_row_l1)
-        ctx.mark_non_differentiable(amax)
-        return out, amax
-
-    @staticmethod
-    def backward(ctx, grad: Tensor, _amax_grad):
-        return *fp8_relu_square_mlp_backward(grad, *ctx.saved_tensors), *[None] * 8
-
-
 def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, layer: int,
-                        post_scale: Tensor, fp8_backward: bool = False) -> tuple[Tensor, Tensor]:
+                        post_scale: Tensor) -> tuple[Tensor, Tensor]:
     """(out, amax of post) of layer `layer`'s MLP with the e4m3 forward; x RMS-normalized (norm), fc
-    and proj the bf16 weights the gradients reach (the bf16 backward reads them), post_scale a
-    one-element fp32 tensor of its own (16-byte aligned). fp8_backward: the FP8 backward (T6.5),
-    bank8 quantized with backward=True."""
-    forward = (x, fc, proj, bank8.fc[layer], bank8.proj_t[layer], bank8.scales[layer, 0, 0],
-               bank8.scales[layer, 1, 0], post_scale)
-    if fp8_backward:
-        return FP8BackwardReluSquareMLP.apply(*forward, bank8.proj[layer], bank8.fc_t[layer], bank8.proj_row_l1[layer])
-    return FP8ReluSquareMLP.apply(*forward)
+    and proj the bf16 weights the backward reads, post_scale a one-element fp32 tensor of its own
+    (16-byte aligned)."""
+    return FP8ReluSquareMLP.apply(x, fc, proj, bank8.fc[layer], bank8.proj_t[layer], bank8.scales[layer, 0, 0],
+                                  bank8.scales[layer, 1, 0], post_scale)
 
 
 # --- FP8 Q/K/V projections (T6.3) ----------------------------------------------------------------------

@@ -3,15 +3,12 @@ against cuBLAS on the real shapes (T tokens x 768 -> 3072) at the three stage ba
 forward epilogue, the backward (fused-gradient) epilogue, the whole MLP forward+backward against
 the torch.compile'd plain expression, and the FP8 forward (T6.2: e4m3 up-projection with its
 quantizations, e4m3 down-projection) against the bf16 one. Every variant is checked first: bf16
-against float64, FP8 against its e4m3 reference. --fp8-backward: the FP8 MLP's forward+backward
-with the FP8 backward (T6.5) against the bf16 backward, gradients checked against the FP8 reference.
+against float64, FP8 against its e4m3 reference.
 
     python bench/bench_mlp.py                                   # the comparison table
-    python bench/bench_mlp.py --fp8-backward                    # the two backwards of the FP8 MLP
     python bench/bench_mlp.py --sweep [--epilogue relu_square]  # time a grid of GemmConfigs, best per T
 """
 import argparse
-import functools
 import itertools
 import os
 import sys
@@ -201,69 +198,17 @@ def compare(tokens_list):
         print(f"{t:>6} | {name:<48} | {ms:7.3f} | {tflops(ms, gemms, t):7.0f}")
 
 
-def compare_fp8_backward(tokens_list):
-    """Both arms of FP8_MLP_BACKWARD, compiled as the model runs them: the FP8 MLP forward+backward
-    (one layer's share of the bank quantization included), and the dpre GEMM alone in both forms."""
-    post_scale = torch.ones((), device="cuda")
-
-    def fp8_mlp(x, fc, proj, fp8_backward):
-        bank8 = T.MLPBankFP8.quantize(torch.stack([fc, proj])[None], fp8_backward)
-        return T.fp8_relu_square_mlp(x, fc, proj, bank8, 0, post_scale, fp8_backward)
-
-    arms = {fp8_backward: torch.compile(lambda x, fc, proj, b=fp8_backward: fp8_mlp(x, fc, proj, b)[0],
-                                        dynamic=False, fullgraph=True) for fp8_backward in (False, True)}
-
-    def fwd_bwd(mlp, v):
-        x, fc, proj = (v[k].detach().requires_grad_() for k in ("x", "fc", "proj"))
-        return torch.autograd.grad(mlp(x, fc, proj), (x, fc, proj), v["grad"])
-
-    rows = []
-    for t in tokens_list:
-        data = [make_inputs(t) for _ in range(ROTATE)]
-        v = data[0]
-        post_scale.fill_(float64_epilogues(v)["relu_square"].max().item() * T.FP8_POST_MARGIN / T.E4M3_MAX)
-        bf16, fp8 = fwd_bwd(arms[False], v), fwd_bwd(arms[True], v)
-        x8, x_scale = T.quantize_normed_e4m3(v["x"])
-        bank8 = T.MLPBankFP8.quantize(torch.stack([v["fc"], v["proj"]])[None], backward=True)
-        post, _, post_amax = T.relu_square_fp8_gemm(x8, bank8.fc[0], x_scale * bank8.scales[0, 0, 0], post_scale)
-        want = T.fp8_relu_square_mlp_backward_reference(v["grad"], v["x"], v["fc"], v["proj"], post, post_amax)
-        errors = {f"d{n} vs reference": rel_err(g, w) for n, g, w in zip(("x", "fc", "proj"), fp8, want)}
-        errors.update({f"d{n} vs bf16 backward": rel_err(g, b) for n, g, b in zip(("x", "fc", "proj"), fp8, bf16)})
-        print(f"T={t} FP8 backward: " + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()), flush=True)
-        if not all(e < 3e-2 for k, e in errors.items() if k.endswith("reference")):
-            raise SystemExit(f"wrong FP8 backward at T={t}: {errors}")
-        grad_scale = v["grad"].abs().amax() / T.E5M2_MAX
-        grad8 = T.to_e5m2(v["grad"], grad_scale)
-        fp8_grad_gemm = functools.partial(T.relu_square_grad_fp8_gemm, grad8, bank8.proj[0], post,
-                                          grad_scale * bank8.scales[0, 1, 0], torch.ones((), device="cuda"))
-        rows += [
-            (t, "grad GEMM + ReLU² grad (fused Triton, bf16)", timed(lambda v: run_gemm("relu_square_grad", v), data), 1),
-            (t, "grad GEMM + ReLU² grad (fused Triton, e5m2 x2)", timed(lambda v, f=fp8_grad_gemm: f(), data), 1),
-            (t, "FP8 MLP fwd+bwd, bf16 backward (compiled)", timed(lambda v: fwd_bwd(arms[False], v), data), 6),
-            (t, "FP8 MLP fwd+bwd, FP8 backward (compiled)", timed(lambda v: fwd_bwd(arms[True], v), data), 6),
-        ]
-        del data, v
-        torch.cuda.empty_cache()
-    print(f"{'T':>6} | {'variant':<48} | {'ms':>7} | {'TFLOP/s':>7}")
-    for t, name, ms, gemms in rows:
-        print(f"{t:>6} | {name:<48} | {ms:7.3f} | {tflops(ms, gemms, t):7.0f}")
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="time a grid of GemmConfigs instead of the comparison")
     parser.add_argument("--epilogue", choices=EPILOGUES + ("both",), default="both", help="sweep only this epilogue")
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="token counts (M)")
     parser.add_argument("--top", type=int, default=5, help="configs shown per token count in the sweep")
-    parser.add_argument("--fp8-backward", action="store_true",
-                        help="time the FP8 MLP with the FP8 backward (T6.5) against the bf16 backward")
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {T.triton.__version__}")
     torch.manual_seed(0)
     if args.sweep:
         sweep(EPILOGUES if args.epilogue == "both" else (args.epilogue,), args.tokens, args.top)
-    elif args.fp8_backward:
-        compare_fp8_backward(args.tokens)
     else:
         compare(args.tokens)
 

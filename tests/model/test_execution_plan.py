@@ -48,17 +48,6 @@ def test_a_switched_off_setting_turns_its_path_off_at_every_size(hopper, setting
     assert not getattr(plan(hopper, 49152, **{setting: False}), field)
 
 
-def test_the_fp8_mlp_backward_is_opt_in_and_needs_the_e4m3_forward(hopper):
-    """FP8_MLP_BACKWARD (T6.5): off by default; on, wherever the MLP's forward is e4m3 and nowhere else."""
-    assert plan(hopper, 49152).mlp_e4m3 and not plan(hopper, 49152).mlp_fp8_backward
-    assert plan(hopper, 49152, fp8_mlp_backward=True).mlp_fp8_backward
-    assert not plan(hopper, 49152, fp8_mlp_backward=True, fp8_mlp=False).mlp_fp8_backward
-    assert not plan(hopper, 16384, fp8_mlp_backward=True, cuda_graphs=False).mlp_fp8_backward  # plain MLP there
-    assert not plan(hopper, 49152, training=False, fp8_mlp_backward=True).mlp_fp8_backward
-    assert not plan(torch.device("cpu"), 49152, fp8_mlp_backward=True).mlp_fp8_backward
-    assert T.Hyperparameters.from_env({"FP8_MLP_BACKWARD": "1"}).execution.fp8_mlp_backward
-
-
 def test_thresholds_are_settings(hopper):
     assert not plan(hopper, 49152, fp8_qkv_min_tokens=49153, cuda_graphs=False).qkv_e4m3
     assert plan(hopper, 1024, fused_mlp_min_tokens=1024, fa4_min_tokens=1024).attention == "fa4"
@@ -125,13 +114,11 @@ def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
                               fused_mlp_min_tokens=512)
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), lines.append)
     plans = [line for line in lines if line.startswith("execution plan")]
-    assert plans == ["execution plan (stage 1): attention=sdpa mlp_fused=0 mlp_kernel=0 mlp_e4m3=0 "
-                     "mlp_fp8_backward=0 qkv_e4m3=0 "
+    assert plans == ["execution plan (stage 1): attention=sdpa mlp_fused=0 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 "
                      "lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 qk_rope_kernel=0 qk_rope_backward_kernel=0 "
                      "cuda_graph=0",  # 256 tokens per forward: below the fused MLP's 512
                      "execution plan (stage 2, stage 3, extension, validation): attention=sdpa mlp_fused=1 "
-                     "mlp_kernel=0 mlp_e4m3=0 mlp_fp8_backward=0 qkv_e4m3=0 lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 "
-                     "qk_rope_kernel=0 "
+                     "mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 qk_rope_kernel=0 "
                      "qk_rope_backward_kernel=0 cuda_graph=0"]
     assert trainer.stage_execution[1] == trainer.validation_execution != trainer.stage_execution[0]
 
