@@ -244,7 +244,8 @@ def test_prefix_weight_schedule():
 # --- optimizer table and compile --------------------------------------------------------------------
 
 REFERENCE_TABLE = {  # label: (optimizer, comm, betas, lr_mul, wd_mul), as the reference optimizes them
-    "qk_bank": ("normuon", "sharded", None, 1, 1), "vo_bank": ("normuon", "sharded", None, 1, 1),
+    "qk_bank": ("normuon", "sharded", None, 1, 1), "qk_narrow_bank": ("normuon", "sharded", None, 1, 1),
+    "vo_bank": ("normuon", "sharded", None, 1, 1),
     "mlp_bank": ("normuon", "sharded", None, 1, 1),
     "scalars": ("adam", "replicated", (0.9, 0.99), 5, 0), "smear_gate": ("adam", "replicated", (0.9, 0.99), 0.01, 0),
     "ve_gate_bank": ("adam", "replicated", (0.9, 0.99), 1, 1), "lm_head": ("adam", "sharded", (0.5, 0.95), 1, 150),
@@ -352,7 +353,8 @@ def test_attention_and_value_embeddings_can_be_dropped_from_layers(corpus):
     layers 4 and 9 and one value-embedding plane): those layers run their MLP only, the banks hold 8
     attention slots, the table 4 planes, the gates nothing for the dropped layers, and the model
     trains; a layout that drops a layer whose attention has a role of its own stops at set-up."""
-    layout = {"attention_layers": (0, 1, 2, 3, 5, 7, 8, 10), "value_embed_layers": (1, 2, 8, 10)}
+    layout = {"attention_layers": (0, 1, 2, 3, 5, 7, 8, 10), "value_embed_layers": (1, 2, 8, 10),
+              "narrow_qk_layers": ()}  # every head full width: the attention slots in one bank
     model = make_model(**layout)
     plans = {plan.index: plan for plan in model.layers}
     assert [i for i, plan in plans.items() if plan.attn_slot is None] == [4, 6, 9]
@@ -379,7 +381,9 @@ def test_attention_and_value_embeddings_can_be_dropped_from_layers(corpus):
     assert torch.isfinite(trainer.losses[:4]).all() and trainer.losses[3] < trainer.losses[0]
     for env, message in (({"ATTENTION_LAYERS": "0,1,2,4,5,7,8,9,10"}, r"drops the attention of layer\(s\) 3"),
                          ({"VALUE_EMBED_LAYERS": "1,2,6"}, r"names layer\(s\) 6 without attention"),
-                         ({"ATTENTION_LAYERS": "0,3,2,10"}, "give increasing layer indices from 0 to 10")):
+                         ({"ATTENTION_LAYERS": "0,3,2,10"}, "give increasing layer indices from 0 to 10"),
+                         ({"ATTENTION_LAYERS": "0,1,2,3,5,7,8,10", "VALUE_EMBED_LAYERS": "1,2,8,10"},  # narrow: 4, 9
+                          r"NARROW_QK_LAYERS=0,1,2,4,5,7,8,9 names layer\(s\) 4,9 without attention .*: set NARROW_QK_LAYERS")):
         with pytest.raises(T.SetupError, match=message):
             T.check_hyperparameters(T.Hyperparameters.from_env(env))
 

@@ -52,7 +52,8 @@ def test_fa4_hands_small_forwards_to_fa3_else_varlen(machine, tokens, fa3, expec
     """FA4_MIN_TOKENS: forwards of fewer tokens (stage 1's, host-bound) take FA3 where installed, else
     varlen; the paired-head layers' doubled layout follows the plain one."""
     machine(fa3=fa3, fa4=True)
-    hp = T.Hyperparameters.of(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=101)
+    hp = T.Hyperparameters.of(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=101,
+                              narrow_qk_layers=())  # full width: narrow layers keep FA4 (test_narrow_qk.py)
     hp = hp.replace(attention_backend="fa4", fa4_min_tokens=512)
     plan = T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), tokens, training=True)
     model = T.GPT(hp.model, T.longest_forward(hp))
