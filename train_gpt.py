@@ -213,6 +213,8 @@ class ScheduleConfig:
     stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216 etc.
     taper_fraction: float = 0.0  # >0: this share of the scheduled steps cut from the last stage into a taper row
     # before the STAGE_<COLUMN> overrides, which then take an entry for it (cut_taper, T5.5); 0: no taper row
+    sampled_ce_correction: bool = False  # with STAGE_CE_CANDIDATES: each swept negative's exponential weighted by
+    # its inverse inclusion probability in the sampled normalizer (T4.7)
     final_long_window: int = 32  # long window of the last validation, in blocks (no YaRN update); the reference: 20
     window_block_size: int = 128
     sliding_windows: bool = True
@@ -508,6 +510,7 @@ class ExecutionPlan:
     qkv_e4m3: bool  # the Q/K/V projection in e4m3 (T6.3)
     lm_head_fp8: bool  # the lm_head and its gradients in FP8 (T4.4)
     ce_candidates: int  # the training cross-entropy's columns (T4.6): a sampled softmax; 0: the full one
+    ce_correction: bool  # ... with the swept negatives weighted by their inverse inclusion probability (T4.7)
     dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
     qk_rope_kernel: bool  # QK-norm, rotary, key offset and q's scale in a Triton forward (T6.4); False: torch
     qk_rope_backward_kernel: bool  # ... and its Triton backward; False: its backward as torch expressions
@@ -518,12 +521,13 @@ QK_ROPE_KERNEL_VALUES = ("0", "1", "forward")  # the QK-norm + rotary's Triton k
 
 
 def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.device, tokens: int,
-                      training: bool, ce_candidates: int = 0) -> ExecutionPlan:
+                      training: bool, ce_candidates: int = 0, ce_correction: bool = False) -> ExecutionPlan:
     """The plan of a forward of `tokens` tokens on one rank: the settings, what the device has, and
     the size thresholds below which a forward launched from the host (the host-bound stage 1 without
     CUDA graphs) keeps the paths that launch faster. A graphed step launches nothing from the host, so
     the fused MLP and e4m3 Q/K/V thresholds do not apply to it (T5.3). ce_candidates: the stage's
-    candidate budget (T4.6). Evaluation (training=False) stays bf16 and takes the full softmax."""
+    candidate budget (T4.6); ce_correction: SAMPLED_CE_CORRECTION, which applies where the budget is
+    not 0 (T4.7). Evaluation (training=False) stays bf16 and takes the full softmax."""
     cuda = device.type == "cuda" and torch.cuda.is_available()
     kernels = cuda and triton is not None
     hopper = kernels and torch.cuda.get_device_capability(device)[0] >= 9  # TMA, e4m3 GEMMs
@@ -547,6 +551,7 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         mlp_e4m3=training and cfg.fp8_mlp and fused_mlp and hopper,
         qkv_e4m3=training and cfg.fp8_qkv and hopper and (graphed or tokens >= cfg.fp8_qkv_min_tokens),
         lm_head_fp8=training and cfg.fp8_lm_head and cuda, ce_candidates=ce_candidates if training else 0,
+        ce_correction=training and ce_candidates > 0 and ce_correction,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
         qk_rope_kernel=qk_rope_kernel, qk_rope_backward_kernel=qk_rope_kernel and cfg.qk_rope_kernel == "1",
         cuda_graph=graphed)
@@ -916,13 +921,14 @@ class GPT(nn.Module):
         (t+1 ... t+n_predict, then the prefix target); the fused lm_head + soft-capped cross-entropy
         (FP8 where the plan says, T4.4) scores every column at once, against the whole vocabulary or,
         where the plan gives a candidate budget, against the step's candidates (T4.6; the mean CE
-        is then the candidates' too)."""
+        is then the candidates' too; with the plan's ce_correction, T4.7, their corrected one)."""
         x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
         targets = self.target_columns(target_ids.long(), shape)
         if execution.ce_candidates:
             loss, ce, shortfall = sampled_lm_head_softcap_ce(x, self.lm_head, targets, target_weights,
                                                              execution.ce_candidates, self.candidate_step,
-                                                             grad_scale, execution.lm_head_fp8)
+                                                             grad_scale, execution.lm_head_fp8,
+                                                             execution.ce_correction)
             self.candidate_shortfall.copy_(torch.maximum(self.candidate_shortfall, shortfall))
             return loss, ce
         return lm_head_softcap_ce(x, self.lm_head, targets, target_weights, grad_scale, execution.lm_head_fp8)
@@ -2897,6 +2903,8 @@ def check_hyperparameters(hp: Hyperparameters):
         if stage.attention_cap < 0:
             raise SetupError(f"STAGE_ATTENTION_CAP entry {stage.attention_cap}: give the longest attention span in "
                              f"tokens, or 0 for no cap")
+    if hp.schedule.sampled_ce_correction and not any(stage.ce_candidates for stage in stages):
+        raise SetupError("SAMPLED_CE_CORRECTION=1 needs a STAGE_CE_CANDIDATES budget > 0 in some stage")
     if hp.optim.orthogonalizer not in ORTHOGONALIZERS:
         raise SetupError(f"ORTHOGONALIZER={hp.optim.orthogonalizer}: use one of {', '.join(ORTHOGONALIZERS)}"
                          f"{nearest_hint(hp.optim.orthogonalizer, list(ORTHOGONALIZERS))}")
@@ -3524,7 +3532,8 @@ class Trainer:
         once here; the log gets one line per distinct plan."""
         hp, tokens = self.hp, [stage.batch_tokens // RANKS_PER_STEP for stage in self.hp.schedule.stages]
         stages = tuple(resolve_execution(hp.execution, hp.model, self.device, n, training=True,
-                                         ce_candidates=stage.ce_candidates)
+                                         ce_candidates=stage.ce_candidates,
+                                         ce_correction=hp.schedule.sampled_ce_correction)
                        for n, stage in zip(tokens, hp.schedule.stages))
         validation = resolve_execution(hp.execution, hp.model, self.device, hp.data.val_seq_len, training=False)
         users = {}
