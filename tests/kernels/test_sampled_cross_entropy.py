@@ -251,8 +251,8 @@ def test_the_corrected_op_passes_opcheck_and_traces_whole():
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     compiled = torch.compile(corrected, backend="aot_eager", fullgraph=True, dynamic=False)
     for step in range(2):
-        out = grads_of(lambda x, w: compiled(x, w, torch.tensor(step)), x, w)
-        eager = grads_of(lambda x, w: corrected(x, w, torch.tensor(step)), x, w)
+        out = grads_of(lambda x, w, step=step: compiled(x, w, torch.tensor(step)), x, w)
+        eager = grads_of(lambda x, w, step=step: corrected(x, w, torch.tensor(step)), x, w)
         for a, b in zip(out, eager):
             assert rel_err(a, b) < 1e-6
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 1
