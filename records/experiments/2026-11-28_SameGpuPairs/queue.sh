@@ -2,8 +2,8 @@
 # A 4-GPU lease (nvidia-h100-x4 or nvidia-h200-x4; ~27 minutes with staging). The GPUs of one host
 # ran a few % apart in clock on 2026-11-27 (../2026-11-27_FourGpuLevers), so every time here is
 # compared on its own GPU: two arms one after the other, SEEDS=1,2,3 each, rank-slice, proxy.
-#   GPU 0: main (narrow Q/K and the optimizer graphs now default)  then NARROW_QK_LAYERS= (full width):
-#          narrow's time and loss against full width on one GPU (T3.18, issue #51)
+#   GPU 0: main (narrow Q/K and the optimizer graphs now default)  then CUDA_GRAPHS=0 NGRAM_ROWS=1000000:
+#          the n-gram table's second dose (T3.19, issue #48; loss against main, time against GPU 2's eager)
 #   GPU 1: MUON_RAILS=1  then main: the rails' cost on one GPU (T2.9, issue #48); main again
 #          beside GPU 0's gives the two GPUs' offset
 #   GPU 2: CUDA_GRAPHS=0  then CUDA_GRAPHS=0 NGRAM_ROWS=3900000: the hashed n-gram table at the most
@@ -28,19 +28,19 @@ check() {  # check NAME SECONDS COMMAND...: on GPU 3, log to $L/NAME.out, note i
     note "$name rc=$?"
 }
 
-note "same-GPU pairs: narrow/wide, rails/main, eager/n-gram, corrected sampled CE + checks"
-( arm 0 main; arm 0 wide NARROW_QK_LAYERS= ) &
+note "same-GPU pairs: main/n-gram 1M, rails/main, eager/n-gram 3.9M, corrected sampled CE + checks"
+( arm 0 main; arm 0 ngram1m CUDA_GRAPHS=0 NGRAM_ROWS=1000000 ) &
 ( arm 1 rails MUON_RAILS=1; arm 1 main_gpu1 ) &
 ( arm 2 eager CUDA_GRAPHS=0; arm 2 ngram CUDA_GRAPHS=0 NGRAM_ROWS=3900000 ) &
 ( arm 3 sampled_corrected SAMPLED_CE_CORRECTION=1 TAPER_FRACTION=0.08 STAGE_CE_CANDIDATES=10240,14336,24576,0,0
-  check narrow_tests 300 python -m pytest -q -m gpu tests/model/test_narrow_qk.py
-  check step_graph_tests 420 python -m pytest -q -m gpu tests/training/test_step_graphs.py
-  check ve_sparse_test 300 python -m pytest -q -m gpu tests/optimizer/test_value_embed_sparse.py
-  check sampled_ce_tests 300 python -m pytest -q -m gpu tests/kernels/test_sampled_cross_entropy.py ) &
+  check narrow_tests 240 python -m pytest -q -m gpu tests/model/test_narrow_qk.py
+  check step_graph_tests 360 python -m pytest -q -m gpu tests/training/test_step_graphs.py
+  check ve_sparse_test 240 python -m pytest -q -m gpu tests/optimizer/test_value_embed_sparse.py
+  check sampled_ce_tests 180 python -m pytest -q -m gpu tests/kernels/test_sampled_cross_entropy.py ) &
 wait -n; wait -n; wait -n; wait -n
 kill $clock_pid 2>/dev/null
-python records/tool.py ablation $L/main_s[123].txt $L/wide_s*.txt $L/rails_s*.txt $L/sampled_corrected_s*.txt \
+python records/tool.py ablation $L/main_s[123].txt $L/rails_s*.txt $L/sampled_corrected_s*.txt \
     > $L/ablation_graphs.md 2>&1
 note "ablation (graphed arms against GPU 0's main) rc=$?"
-python records/tool.py ablation $L/eager_s*.txt $L/ngram_s*.txt > $L/ablation_eager.md 2>&1
+python records/tool.py ablation $L/eager_s*.txt $L/ngram_s*.txt $L/ngram1m_s*.txt > $L/ablation_eager.md 2>&1
 note "ablation (n-gram against eager) rc=$?"
