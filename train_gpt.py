@@ -5122,7 +5122,9 @@ class QKVBankFP8:
         weights, scales = [None] * n_attn, [None] * n_attn
         for qk_bank, slots in qk_banks:
             v = vo_bank.detach().view(n_attn, 2, d, d)[:, 0]
-            v = v if len(slots) == n_attn else v[slots]  # a narrow layout's: the bank's slots only
+            # a narrow layout's: the bank's slots only, as views (a list index would copy it from the host,
+            # which a CUDA graph capture refuses)
+            v = v if len(slots) == n_attn else torch.stack([v[slot] for slot in slots])
             w = torch.cat([qk_bank.detach().view(len(slots), -1, d), v], 1)
             w8, scale = quantize_e4m3(w, w.abs().amax(dim=(1, 2), keepdim=True))
             for slot, slot_w8, slot_scale in zip(slots, w8.unbind(0), scale.view(len(slots)).unbind(0)):
