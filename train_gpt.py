@@ -198,7 +198,7 @@ class OptimConfig:
     muon_weight_decay: float = 1.2
     orthogonalizer: str = "polar_express"  # a name in ORTHOGONALIZERS: newton_schulz, polar_express5_l3e3, ... (T2.3)
     mantissa_tracking: bool = True  # bf16 banks with an exact fp32 master (T2.6)
-    muon_rails: bool = False  # two EMA rails of the bank gradients in place of one (T2.9)
+    muon_rails: bool = True  # two EMA rails of the bank gradients in place of one (T2.9)
     muon_rails_slow_beta: float = 0.98  # with MUON_RAILS: the slow rail's constant beta (record #92)
     adam_lr: float = 0.008
     adam_eps: float = 1e-10
@@ -2009,15 +2009,20 @@ class LazyAdamTable:
         return {"weight": self.weight, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq,
                 "last_step": self.last_step, "replay": self.replay}
 
-    def state_dict(self) -> dict:
-        """This rank's rows, their Adam state, the replay sums, the step count and the kept gradients."""
-        return {"step_count": self.step_count, "kept": [(r.clone(), g.clone()) for r, g in self.kept],
-                **{name: t.clone() for name, t in self.tensors().items()}}
+    def state_dict(self, device: torch.device | str | None = None) -> dict:
+        """This rank's rows, their Adam state, the replay sums, the step count and the kept gradients: copies,
+        on `device` (None: where they are; the warm-up keeps its copy in host memory, as large as the table)."""
+        def copy(t: Tensor) -> Tensor:
+            return t.to(device, copy=True) if device is not None else t.clone()
+        return {"step_count": self.step_count, "kept": [(copy(r), copy(g)) for r, g in self.kept],
+                **{name: copy(t) for name, t in self.tensors().items()}}
 
     def load_state_dict(self, state: dict):
         for name, t in self.tensors().items():
             t.copy_(state[name])
-        self.step_count, self.kept = state["step_count"], [(r.clone(), g.clone()) for r, g in state["kept"]]
+        device = self.weight.device
+        self.step_count, self.kept = state["step_count"], [(r.to(device, copy=True), g.to(device, copy=True))
+                                                           for r, g in state["kept"]]
 
     def reset(self):
         """Zero rows and moments, no step taken."""
@@ -3761,7 +3766,7 @@ class Trainer:
         self.position = "during the warm-up"
         initial_model = copy.deepcopy(self.model.state_dict())
         initial_optimizer = self.optimizer.state_dict()
-        initial_tables = [table.state_dict() for table in self.row_tables]
+        initial_tables = [table.state_dict("cpu") for table in self.row_tables]  # a 3.9M-row table's copy: 28 GiB
         loader = TrainLoader(self.hp.data.train_files, self.rank, self.world_size, self.device, log=lambda _: None,
                              grad_accum=self.grad_accum)
         start = time.perf_counter()

@@ -219,3 +219,29 @@ def test_a_table_too_large_for_a_process_names_the_largest_that_fits():
     T.check_ngram_memory(T.Hyperparameters.of(ngram_rows=8 * largest), 8)  # one eighth per rank
     with pytest.raises(T.SetupError, match=f"NGRAM_ROWS={8 * largest}$"):
         T.check_ngram_memory(T.Hyperparameters.of(ngram_rows=8 * largest + 1), 8)
+
+
+def test_the_warm_up_keeps_the_tables_initial_state_in_host_memory_and_restores_it(corpus, monkeypatch):
+    """The warm-up's copy of each row table (as large as the table: 28 GiB at 3.9M rows, which beside the model
+    overflowed an 80 GB GPU) goes to host memory, and the reset after the warm-up brings the table back from it."""
+    hp = T.Hyperparameters.of(**dict(TINY, ngram_rows=3001, rank_slice=True),
+                              train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
+                              tokenizer_dir=str(corpus))
+    trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
+    tab, copies, state_dict = trainer.ngram, [], T.LazyAdamTable.state_dict
+
+    def spy(self, device=None):
+        copies.append(device)
+        return state_dict(self, device)
+
+    def fake_step(plan, loader):  # what a step leaves in the table: moved rows, a step, a kept gradient
+        tab.weight.add_(1.0), tab.exp_avg.add_(2.0), tab.last_step.fill_(3), tab.replay.add_(0.5)
+        tab.step_count += 1
+        tab.kept.append((torch.arange(2), torch.ones(2, DIM)))
+
+    monkeypatch.setattr(T.LazyAdamTable, "state_dict", spy)
+    monkeypatch.setattr(trainer, "train_step", fake_step)
+    monkeypatch.setattr(trainer, "evaluate", lambda *args, **kwargs: (0.0, None))
+    trainer.warmup()
+    assert copies == ["cpu"]
+    assert tab.step_count == 0 and tab.kept == [] and all((t == 0).all() for t in tab.tensors().values())

@@ -6,7 +6,7 @@ import torch
 
 import train_gpt as T
 
-CONFIG = T.Hyperparameters.of(compile=False).optim
+CONFIG = T.Hyperparameters.of(compile=False, muon_rails=False).optim  # T2.2's single EMA
 RAILS = dataclasses.replace(CONFIG, muon_rails=True, muon_rails_slow_beta=0.9)
 SPECS = {
     "qk_bank": T.ParamSpec("normuon", "sharded", matrix_shape=(8, 12), wd_mul=1.0),
