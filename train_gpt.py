@@ -213,8 +213,6 @@ class ScheduleConfig:
     stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216 etc.
     taper_fraction: float = 0.0  # >0: this share of the scheduled steps cut from the last stage into a taper row
     # before the STAGE_<COLUMN> overrides, which then take an entry for it (cut_taper, T5.5); 0: no taper row
-    sampled_ce_correction: bool = False  # with STAGE_CE_CANDIDATES: each swept negative's exponential weighted by
-    # its inverse inclusion probability in the sampled normalizer (T4.7)
     final_long_window: int = 32  # long window of the last validation, in blocks (no YaRN update); the reference: 20
     window_block_size: int = 128
     sliding_windows: bool = True
@@ -510,7 +508,6 @@ class ExecutionPlan:
     qkv_e4m3: bool  # the Q/K/V projection in e4m3 (T6.3)
     lm_head_fp8: bool  # the lm_head and its gradients in FP8 (T4.4)
     ce_candidates: int  # the training cross-entropy's columns (T4.6): a sampled softmax; 0: the full one
-    ce_correction: bool  # ... with the swept negatives weighted by their inverse inclusion probability (T4.7)
     dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
     qk_rope_kernel: bool  # QK-norm, rotary, key offset and q's scale in a Triton forward (T6.4); False: torch
     qk_rope_backward_kernel: bool  # ... and its Triton backward; False: its backward as torch expressions
@@ -521,13 +518,12 @@ QK_ROPE_KERNEL_VALUES = ("0", "1", "forward")  # the QK-norm + rotary's Triton k
 
 
 def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.device, tokens: int,
-                      training: bool, ce_candidates: int = 0, ce_correction: bool = False) -> ExecutionPlan:
+                      training: bool, ce_candidates: int = 0) -> ExecutionPlan:
     """The plan of a forward of `tokens` tokens on one rank: the settings, what the device has, and
     the size thresholds below which a forward launched from the host (the host-bound stage 1 without
     CUDA graphs) keeps the paths that launch faster. A graphed step launches nothing from the host, so
     the fused MLP and e4m3 Q/K/V thresholds do not apply to it (T5.3). ce_candidates: the stage's
-    candidate budget (T4.6); ce_correction: SAMPLED_CE_CORRECTION, which applies where the budget is
-    not 0 (T4.7). Evaluation (training=False) stays bf16 and takes the full softmax."""
+    candidate budget (T4.6). Evaluation (training=False) stays bf16 and takes the full softmax."""
     cuda = device.type == "cuda" and torch.cuda.is_available()
     kernels = cuda and triton is not None
     hopper = kernels and torch.cuda.get_device_capability(device)[0] >= 9  # TMA, e4m3 GEMMs
@@ -551,7 +547,6 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         mlp_e4m3=training and cfg.fp8_mlp and fused_mlp and hopper,
         qkv_e4m3=training and cfg.fp8_qkv and hopper and (graphed or tokens >= cfg.fp8_qkv_min_tokens),
         lm_head_fp8=training and cfg.fp8_lm_head and cuda, ce_candidates=ce_candidates if training else 0,
-        ce_correction=training and ce_candidates > 0 and ce_correction,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
         qk_rope_kernel=qk_rope_kernel, qk_rope_backward_kernel=qk_rope_kernel and cfg.qk_rope_kernel == "1",
         cuda_graph=graphed)
@@ -921,14 +916,13 @@ class GPT(nn.Module):
         (t+1 ... t+n_predict, then the prefix target); the fused lm_head + soft-capped cross-entropy
         (FP8 where the plan says, T4.4) scores every column at once, against the whole vocabulary or,
         where the plan gives a candidate budget, against the step's candidates (T4.6; the mean CE
-        is then the candidates' too; with the plan's ce_correction, T4.7, their corrected one)."""
+        is then the candidates' too)."""
         x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
         targets = self.target_columns(target_ids.long(), shape)
         if execution.ce_candidates:
             loss, ce, shortfall = sampled_lm_head_softcap_ce(x, self.lm_head, targets, target_weights,
                                                              execution.ce_candidates, self.candidate_step,
-                                                             grad_scale, execution.lm_head_fp8,
-                                                             execution.ce_correction)
+                                                             grad_scale, execution.lm_head_fp8)
             self.candidate_shortfall.copy_(torch.maximum(self.candidate_shortfall, shortfall))
             return loss, ce
         return lm_head_softcap_ce(x, self.lm_head, targets, target_weights, grad_scale, execution.lm_head_fp8)
@@ -2908,8 +2902,6 @@ def check_hyperparameters(hp: Hyperparameters):
         if stage.attention_cap < 0:
             raise SetupError(f"STAGE_ATTENTION_CAP entry {stage.attention_cap}: give the longest attention span in "
                              f"tokens, or 0 for no cap")
-    if hp.schedule.sampled_ce_correction and not any(stage.ce_candidates for stage in stages):
-        raise SetupError("SAMPLED_CE_CORRECTION=1 needs a STAGE_CE_CANDIDATES budget > 0 in some stage")
     if hp.optim.orthogonalizer not in ORTHOGONALIZERS:
         raise SetupError(f"ORTHOGONALIZER={hp.optim.orthogonalizer}: use one of {', '.join(ORTHOGONALIZERS)}"
                          f"{nearest_hint(hp.optim.orthogonalizer, list(ORTHOGONALIZERS))}")
@@ -3537,8 +3529,7 @@ class Trainer:
         once here; the log gets one line per distinct plan."""
         hp, tokens = self.hp, [stage.batch_tokens // RANKS_PER_STEP for stage in self.hp.schedule.stages]
         stages = tuple(resolve_execution(hp.execution, hp.model, self.device, n, training=True,
-                                         ce_candidates=stage.ce_candidates,
-                                         ce_correction=hp.schedule.sampled_ce_correction)
+                                         ce_candidates=stage.ce_candidates)
                        for n, stage in zip(tokens, hp.schedule.stages))
         validation = resolve_execution(hp.execution, hp.model, self.device, hp.data.val_seq_len, training=False)
         users = {}
@@ -4342,33 +4333,20 @@ def softcap(logits: Tensor) -> Tensor:
     return SOFTCAP_SCALE * torch.sigmoid((u + SOFTCAP_SHIFT) / SOFTCAP_TEMPERATURE)
 
 
-def negative_log_weights(columns: int, correction: tuple[Tensor, Tensor], dtype: torch.dtype) -> Tensor:
-    """(columns,): log c for the columns from n on, 0 before them, of a correction (n, c) (T4.7)."""
-    first, weight = correction
-    index = torch.arange(columns, device=weight.device)
-    return torch.where(index >= first, weight.to(dtype).log(), 0.0)
-
-
 def softcap_ce_reference(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float,
-                         grad_dtype: torch.dtype,
-                         correction: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                         grad_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     """Plain-torch form of the fused kernel. logits u (T, V); targets (T, N) int, −1 = none;
     weights (N,). Returns per row loss_t = Σ_k w_k·[y_tk ≥ 0]·(lse − z[y_tk]), ce0_t = lse − z[y_t0]
-    (0 where y_t0 = −1) and grad_mul·∂(Σ_t loss_t)/∂u in grad_dtype (e5m2: saturated).
-    correction (n, c), 0-d tensors (T4.7): lse = log(Σ_{j<n} e^{z_j} + c·Σ_{j≥n} e^{z_j})."""
+    (0 where y_t0 = −1) and grad_mul·∂(Σ_t loss_t)/∂u in grad_dtype (e5m2: saturated)."""
     z = softcap(logits)
-    if correction is not None:  # log c added to the exponents of the columns from n on
-        z_sum = z + negative_log_weights(z.size(-1), correction, z.dtype)
-    else:
-        z_sum = z
-    lse = torch.logsumexp(z_sum, -1, keepdim=True)
+    lse = torch.logsumexp(z, -1, keepdim=True)
     valid = targets >= 0
     safe_targets = targets.clamp_min(0)
     ce = lse - z.gather(1, safe_targets)
     w_valid = weights.to(z.dtype) * valid
     loss_rows = (ce * w_valid).sum(-1)
     ce0_rows = torch.where(valid[:, 0], ce[:, 0], 0.0)
-    dz = torch.exp(z_sum - lse) * w_valid.sum(-1, keepdim=True)
+    dz = torch.exp(z - lse) * w_valid.sum(-1, keepdim=True)
     dz = dz.scatter_add(1, safe_targets, -w_valid)  # duplicate targets add up
     sigma = z / SOFTCAP_SCALE
     grad = (grad_mul * SOFTCAP_SCALE / SOFTCAP_TEMPERATURE) * sigma * (1 - sigma) * dz
@@ -4383,8 +4361,7 @@ def softcap_ce_reference(logits: Tensor, targets: Tensor, weights: Tensor, grad_
 # for GPT-2's 50,304, the last one masked): sweep 1 sums exp(z − 23) (z < 23: no running max),
 # sweep 2 writes the logit gradient from the held logits, then the ≤ MAX_TARGETS target columns are
 # rewritten after a barrier. With tanh: z = h + h·t, t = tanh((u+5)/15), h = 23/2;
-# dz/du = 23/(4·7.5)·(1 − t²). NEGATIVE_WEIGHT (T4.7): the columns from n on weigh c in both sweeps
-# and in the targets' rewrite, n and c loaded once per program; off, the kernel compiles as before.
+# dz/du = 23/(4·7.5)·(1 − t²).
 if triton is not None:
     @triton.jit
     def _tanh(x, FAST: tl.constexpr):
@@ -4407,34 +4384,24 @@ if triton is not None:
             return tl.load(u_row + offs)
 
     @triton.jit
-    def _softcap_exp_sum(u, offs, V, first_weighted, negative_weight, SHIFT: tl.constexpr,
-                         TEMPERATURE: tl.constexpr, HALF: tl.constexpr, MASKED: tl.constexpr,
-                         FAST_TANH: tl.constexpr, NEGATIVE_WEIGHT: tl.constexpr):
-        """Σ exp(z − 23) over a part of one row's logits u (masked-off columns excluded); with
-        NEGATIVE_WEIGHT, the columns from first_weighted on weigh negative_weight (T4.7). Each term is
-        at most 1 (z < 23) and c = (V − n)/max(budget − n, 1) at most V, so a row's sum stays below
-        V² ≈ 2.5e9 for GPT-2's vocabulary, far from fp32's 3.4e38."""
+    def _softcap_exp_sum(u, offs, V, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr, HALF: tl.constexpr,
+                         MASKED: tl.constexpr, FAST_TANH: tl.constexpr):
+        """Σ exp(z − 23) over a part of one row's logits u (masked-off columns excluded)."""
         LOG2E: tl.constexpr = 1.4426950408889634
         t = _softcap_tanh(u, SHIFT, TEMPERATURE, FAST_TANH)
         e = tl.exp2((t - 1) * (HALF * LOG2E))
-        if NEGATIVE_WEIGHT:
-            e = tl.where(offs >= first_weighted, e * negative_weight, e)
         if MASKED:
             e = tl.where(offs < V, e, 0.0)
         return tl.sum(e, axis=0)
 
     @triton.jit
-    def _softcap_grad_store(u, g_row, offs, V, scale, bias, first_weighted, negative_weight, SHIFT: tl.constexpr,
-                            TEMPERATURE: tl.constexpr, HALF: tl.constexpr, SATURATE_AT: tl.constexpr,
-                            MASKED: tl.constexpr, FAST_TANH: tl.constexpr, NEGATIVE_WEIGHT: tl.constexpr):
-        """Writes scale·(1 − t²)·exp(z − lse) for a part of one row (bias: (h − lse)·log2 e), times
-        negative_weight from column first_weighted on with NEGATIVE_WEIGHT (T4.7: c·e^z ≤ e^lse, so
-        the weighted softmax term stays at most 1)."""
+    def _softcap_grad_store(u, g_row, offs, V, scale, bias, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr,
+                            HALF: tl.constexpr, SATURATE_AT: tl.constexpr, MASKED: tl.constexpr,
+                            FAST_TANH: tl.constexpr):
+        """Writes scale·(1 − t²)·exp(z − lse) for a part of one row (bias: (h − lse)·log2 e)."""
         LOG2E: tl.constexpr = 1.4426950408889634
         t = _softcap_tanh(u, SHIFT, TEMPERATURE, FAST_TANH)
         g = scale * (1 - t * t) * tl.exp2(t * (HALF * LOG2E) + bias)
-        if NEGATIVE_WEIGHT:
-            g = tl.where(offs >= first_weighted, g * negative_weight, g)
         if SATURATE_AT > 0:  # e5m2: saturate, never overflow to inf
             g = tl.minimum(tl.maximum(g, -SATURATE_AT), SATURATE_AT)
         if MASKED:
@@ -4444,22 +4411,14 @@ if triton is not None:
 
     @triton.jit
     def _softcap_ce_kernel(logits_ptr, targets_ptr, weights_ptr, loss_ptr, ce0_ptr, grad_ptr,
-                           first_weighted_ptr, negative_weight_ptr,
                            n_rows, V, stride_logits, stride_targets, stride_grad, grad_mul,
                            CAP: tl.constexpr, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr,
                            N_TARGETS: tl.constexpr, N_PAD: tl.constexpr, PART_A: tl.constexpr, PART_B: tl.constexpr,
-                           PART_C: tl.constexpr, SATURATE_AT: tl.constexpr, FAST_TANH: tl.constexpr,
-                           NEGATIVE_WEIGHT: tl.constexpr):
+                           PART_C: tl.constexpr, SATURATE_AT: tl.constexpr, FAST_TANH: tl.constexpr):
         LOG2E: tl.constexpr = 1.4426950408889634
         HALF: tl.constexpr = CAP * 0.5
         k = tl.arange(0, N_PAD)
         weights = tl.load(weights_ptr + k, mask=k < N_TARGETS, other=0.0).to(tl.float32)
-        if NEGATIVE_WEIGHT:  # T4.7: the columns from n on weigh c (0-d tensors on the device)
-            first_weighted = tl.load(first_weighted_ptr)
-            negative_weight = tl.load(negative_weight_ptr).to(tl.float32)
-        else:  # unused
-            first_weighted = 0
-            negative_weight = 1.0
         coef = grad_mul * (CAP / (4 * TEMPERATURE))
         # parts A and B are whole; C is the masked rest (B and C may be absent: size 0)
         offs_a = tl.arange(0, PART_A)
@@ -4477,14 +4436,11 @@ if triton is not None:
                 u_b = _load_part(u_row, offs_b, V, False)
             if PART_C > 0:
                 u_c = _load_part(u_row, offs_c, V, True)
-            total = _softcap_exp_sum(u_a, offs_a, V, first_weighted, negative_weight, SHIFT, TEMPERATURE, HALF,
-                                     False, FAST_TANH, NEGATIVE_WEIGHT)
+            total = _softcap_exp_sum(u_a, offs_a, V, SHIFT, TEMPERATURE, HALF, False, FAST_TANH)
             if PART_B > 0:
-                total += _softcap_exp_sum(u_b, offs_b, V, first_weighted, negative_weight, SHIFT, TEMPERATURE, HALF,
-                                          False, FAST_TANH, NEGATIVE_WEIGHT)
+                total += _softcap_exp_sum(u_b, offs_b, V, SHIFT, TEMPERATURE, HALF, False, FAST_TANH)
             if PART_C > 0:
-                total += _softcap_exp_sum(u_c, offs_c, V, first_weighted, negative_weight, SHIFT, TEMPERATURE, HALF,
-                                          True, FAST_TANH, NEGATIVE_WEIGHT)
+                total += _softcap_exp_sum(u_c, offs_c, V, SHIFT, TEMPERATURE, HALF, True, FAST_TANH)
             lse = CAP + tl.log(total)
             ys = tl.load(targets_ptr + row * stride_targets + k, mask=k < N_TARGETS, other=-1).to(tl.int32)
             valid = ys >= 0
@@ -4495,21 +4451,18 @@ if triton is not None:
             tl.store(ce0_ptr + row, tl.sum(tl.where((k == 0) & valid, ce, 0.0), axis=0))
             weight_sum = tl.sum(w_valid, axis=0)
             bias = (HALF - lse) * LOG2E  # z − lse = h·t + h − lse
-            _softcap_grad_store(u_a, g_row, offs_a, V, coef * weight_sum, bias, first_weighted, negative_weight,
-                                SHIFT, TEMPERATURE, HALF, SATURATE_AT, False, FAST_TANH, NEGATIVE_WEIGHT)
+            _softcap_grad_store(u_a, g_row, offs_a, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+                                SATURATE_AT, False, FAST_TANH)
             if PART_B > 0:
-                _softcap_grad_store(u_b, g_row, offs_b, V, coef * weight_sum, bias, first_weighted, negative_weight,
-                                    SHIFT, TEMPERATURE, HALF, SATURATE_AT, False, FAST_TANH, NEGATIVE_WEIGHT)
+                _softcap_grad_store(u_b, g_row, offs_b, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+                                    SATURATE_AT, False, FAST_TANH)
             if PART_C > 0:
-                _softcap_grad_store(u_c, g_row, offs_c, V, coef * weight_sum, bias, first_weighted, negative_weight,
-                                    SHIFT, TEMPERATURE, HALF, SATURATE_AT, True, FAST_TANH, NEGATIVE_WEIGHT)
+                _softcap_grad_store(u_c, g_row, offs_c, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+                                    SATURATE_AT, True, FAST_TANH)
             tl.debug_barrier()  # the sweep's stores to the target columns land before their rewrite
             t_y = _softcap_tanh(u_y, SHIFT, TEMPERATURE, FAST_TANH)
             same_target = tl.sum(tl.where(ys[:, None] == ys[None, :], w_valid[None, :], 0.0), axis=1)
-            p_y = tl.exp2(t_y * (HALF * LOG2E) + bias)
-            if NEGATIVE_WEIGHT:  # a target among the weighted columns weighs c too (candidate_set's never are)
-                p_y = tl.where(ys >= first_weighted, p_y * negative_weight, p_y)
-            g_y = coef * (1 - t_y * t_y) * (weight_sum * p_y - same_target)
+            g_y = coef * (1 - t_y * t_y) * (weight_sum * tl.exp2(t_y * (HALF * LOG2E) + bias) - same_target)
             if SATURATE_AT > 0:
                 g_y = tl.minimum(tl.maximum(g_y, -SATURATE_AT), SATURATE_AT)
             tl.store(g_row + ys, g_y.to(grad_ptr.dtype.element_ty), mask=valid)
@@ -4537,16 +4490,13 @@ def vocab_parts(V: int) -> tuple[int, int, int]:
 
 def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float, grad_dtype: torch.dtype,
                use_triton: bool | None = None, num_warps: int = 16, programs: int | None = None,
-               fast_tanh: bool | None = None,
-               correction: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+               fast_tanh: bool | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """softcap_ce_reference's function; the fused Triton kernel where use_triton (default: on CUDA).
     programs: persistent programs (default one per SM: a 50,304-logit row takes all of an SM's
     registers at 16 warps, 128 per thread; larger vocabularies spill; T4.4).
-    fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter).
-    correction: (n, c), a 0-d integer and a 0-d fp32 tensor on the logits' device: the columns from
-    n on weigh c in the normalizer (T4.7); None: the plain softmax."""
+    fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter)."""
     if not (triton_applies(logits) if use_triton is None else use_triton):
-        return softcap_ce_reference(logits, targets, weights, grad_mul, grad_dtype, correction)
+        return softcap_ce_reference(logits, targets, weights, grad_mul, grad_dtype)
     T, V = logits.shape
     N = targets.size(1)
     if not 1 <= N <= MAX_TARGETS or weights.numel() != N or logits.stride(1) != 1 or targets.stride(1) != 1:
@@ -4561,13 +4511,12 @@ def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float
     if fast_tanh is None:
         fast_tanh = not interpreting
     part_a, part_b, part_c = vocab_parts(V)
-    first_weighted, negative_weight = correction if correction is not None else (loss_rows, loss_rows)  # unread
     _softcap_ce_kernel[(max(1, min(T, programs)),)](
-        logits, targets, weights.contiguous(), loss_rows, ce0_rows, grad, first_weighted, negative_weight, T, V,
-        logits.stride(0), targets.stride(0), grad.stride(0), float(grad_mul), CAP=SOFTCAP_SCALE, SHIFT=SOFTCAP_SHIFT,
+        logits, targets, weights.contiguous(), loss_rows, ce0_rows, grad, T, V, logits.stride(0),
+        targets.stride(0), grad.stride(0), float(grad_mul), CAP=SOFTCAP_SCALE, SHIFT=SOFTCAP_SHIFT,
         TEMPERATURE=SOFTCAP_TEMPERATURE, N_TARGETS=N, N_PAD=max(2, triton.next_power_of_2(N)), PART_A=part_a,
         PART_B=part_b, PART_C=part_c, SATURATE_AT=E5M2_MAX if grad_dtype == torch.float8_e5m2 else 0.0,
-        FAST_TANH=fast_tanh, NEGATIVE_WEIGHT=correction is not None, num_warps=num_warps)
+        FAST_TANH=fast_tanh, num_warps=num_warps)
     return loss_rows, ce0_rows, grad
 
 
@@ -4607,9 +4556,8 @@ def _scale_tensor(value: float, device: torch.device) -> Tensor:
 # FP8 (#19, #67; T4.4): e4m3 x and W inputs select it; logits = x8·W8ᵀ (fast accumulation),
 # gradient e5m2, dx = g8·W8 and dW = g8ᵀ·x8 in FP8 with transposed copies for the K-major operands.
 @torch.library.custom_op("speedrun::lm_head_softcap_ce", mutates_args=())
-def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, grad_scale: float,
-                                first_weighted: Tensor | None = None,
-                                negative_weight: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: Tensor,
+                                grad_scale: float) -> tuple[Tensor, Tensor, Tensor]:
     if x.dtype == torch.float8_e4m3fn:
         logits = torch._scaled_mm(x, w.t(), scale_a=_scale_tensor(FP8_X_SCALE, x.device),
                                   scale_b=_scale_tensor(FP8_W_SCALE, x.device), out_dtype=torch.bfloat16,
@@ -4618,13 +4566,12 @@ def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: 
     else:
         logits = vocab_matmul(x, w.t())
         grad_dtype, grad_mul = logits.dtype, grad_scale
-    correction = None if first_weighted is None else (first_weighted, negative_weight)  # T4.7
-    loss_rows, ce0_rows, grad = softcap_ce(logits, targets, weights, grad_mul, grad_dtype, correction=correction)
+    loss_rows, ce0_rows, grad = softcap_ce(logits, targets, weights, grad_mul, grad_dtype)
     return loss_rows.sum() * grad_scale, ce0_rows.mean(), grad
 
 
 @_lm_head_softcap_ce_forward.register_fake
-def _(x, w, targets, weights, grad_scale, first_weighted=None, negative_weight=None):
+def _(x, w, targets, weights, grad_scale):
     fp8 = x.dtype == torch.float8_e4m3fn
     logits_dtype = torch.bfloat16 if fp8 else x.dtype
     loss_dtype = torch.promote_types(logits_dtype, torch.float32)
@@ -4659,12 +4606,10 @@ def to_e4m3(t: Tensor, scale: Tensor | float) -> Tensor:
 
 class _LMHeadSoftcapCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, grad_scale: float, fp8: bool,
-                first_weighted: Tensor | None = None, negative_weight: Tensor | None = None):
+    def forward(ctx, x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, grad_scale: float, fp8: bool):
         if fp8:  # quantized in the compiled graph, where inductor fuses the scale and cast
             x, w = to_e4m3(x, FP8_X_SCALE), to_e4m3(w, FP8_W_SCALE)
-        loss, ce0_mean, grad_logits = _lm_head_softcap_ce_forward(x, w, targets, weights, grad_scale,
-                                                                  first_weighted, negative_weight)
+        loss, ce0_mean, grad_logits = _lm_head_softcap_ce_forward(x, w, targets, weights, grad_scale)
         ctx.save_for_backward(x, w, grad_logits)
         ctx.grad_scale = grad_scale
         ctx.mark_non_differentiable(ce0_mean)
@@ -4674,21 +4619,18 @@ class _LMHeadSoftcapCE(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor, _grad_ce0: Tensor):
         x, w, grad_logits = ctx.saved_tensors
         grad_x, grad_w = _lm_head_softcap_ce_backward(grad_loss, grad_logits, x, w, ctx.grad_scale)
-        return grad_x, grad_w, None, None, None, None, None, None
+        return grad_x, grad_w, None, None, None, None
 
 
 def lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, grad_scale: float = 1.0,
-                       fp8: bool = False, correction: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+                       fp8: bool = False) -> tuple[Tensor, Tensor]:
     """Training loss of the lm_head (V, d) on hidden states x (T, d): (Σ_t loss_t · grad_scale as a
     0-d fp32 tensor, mean ce0_t), with loss_t, ce0_t of softcap_ce_reference for targets (T, N ≤ 4)
-    (−1: none) and weights (N,). fp8 applies on CUDA (needs T % 16 == 0); elsewhere the plain path.
-    correction: (n, c) 0-d device tensors, the lm_head rows from n on weighted by c in the normalizer (T4.7)."""
+    (−1: none) and weights (N,). fp8 applies on CUDA (needs T % 16 == 0); elsewhere the plain path."""
     fp8 = fp8 and x.is_cuda
     if fp8 and x.size(0) % 16:
         raise ValueError(f"the FP8 lm_head needs a multiple of 16 tokens, got {x.size(0)}")
-    first_weighted, negative_weight = correction if correction is not None else (None, None)
-    return _LMHeadSoftcapCE.apply(x.contiguous(), lm_head, targets, weights, grad_scale, fp8, first_weighted,
-                                  negative_weight)
+    return _LMHeadSoftcapCE.apply(x.contiguous(), lm_head, targets, weights, grad_scale, fp8)
 
 
 # --- Sampled (shared-negative) soft-capped cross-entropy for training (#92, T4.6) ----------------------
@@ -4711,13 +4653,11 @@ def sweep_stride(vocab_size: int) -> tuple[int, int]:
     return stride, pow(stride, -1, vocab_size)
 
 
-def candidate_set(targets: Tensor, vocab_size: int, budget: int,
-                  step: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def candidate_set(targets: Tensor, vocab_size: int, budget: int, step: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The candidate columns of one forward (T4.6): (candidates (budget,) token ids, each once; the
     targets (T, N) as indices into candidates, −1 where none; shortfall, 0-d: how many distinct
-    targets did not fit; target slots, 0-d: how many of the first slots hold targets, min(distinct
-    targets, budget), the rest holding negatives). `step` is a 0-d integer tensor, so the set changes
-    from step to step without a host sync, a new shape or a recompile.
+    targets did not fit). `step` is a 0-d integer tensor, so the set changes from step to step
+    without a host sync, a new shape or a recompile.
 
     The distinct targets take the first slots, in token order; the other budget − n slots take the
     non-targets in the order of this step's sweep, whose position j holds token ((s + j)·G) mod V
@@ -4745,52 +4685,35 @@ def candidate_set(targets: Tensor, vocab_size: int, budget: int,
     candidates = torch.empty(budget + 1, dtype=torch.long, device=device).scatter_(0, slot, tokens)[:budget]
     target_slot = slot[targets.clamp_min(0)]
     candidate_targets = torch.where((targets >= 0) & (target_slot < budget), target_slot, -1)
-    return candidates, candidate_targets, (n_targets - budget).clamp_min(0), n_targets.clamp_max(budget)
-
-
-def sampled_ce_correction(target_slots: Tensor, vocab_size: int, budget: int) -> tuple[Tensor, Tensor]:
-    """The inclusion correction of a candidate set (T4.7): (n, c) with n = target_slots (0-d, the
-    first slot of the negatives) and c = (V − n)/(budget − n), a 0-d fp32 tensor: the inverse of the
-    chance that a non-target is one of the budget − n swept negatives. On the device, no host sync;
-    with no negatives (budget − n = 0) no column carries c, and the clamp only avoids 0/0."""
-    n = target_slots
-    return n, (vocab_size - n).float() / (budget - n).clamp_min(1).float()
+    return candidates, candidate_targets, (n_targets - budget).clamp_min(0)
 
 
 def sampled_softcap_ce_reference(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, candidates: Tensor,
-                                 grad_scale: float = 1.0,
-                                 correction: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+                                 grad_scale: float = 1.0) -> tuple[Tensor, Tensor]:
     """The sampled cross-entropy by its definition, for autograd: logits z = softcap(x·W[c]ᵀ) of the
     candidate rows c only, each target looked up among the candidates (one not among them counts as
     none), then (Σ_t Σ_k w_k·(lse_t − z_t[y_tk])·grad_scale, mean ce0_t) as lm_head_softcap_ce's.
-    The gradient reaches x and, through the gather, W's candidate rows only. correction (n, c)
-    (T4.7): lse_t = log(Σ_{j<n} e^{z_tj} + c·Σ_{j≥n} e^{z_tj}) over the candidates' slots j."""
+    The gradient reaches x and, through the gather, W's candidate rows only."""
     z = softcap(vocab_matmul(x, lm_head[candidates].t()))
     slot_of = torch.full((lm_head.size(0),), -1, dtype=torch.long, device=x.device)
     slot_of[candidates] = torch.arange(candidates.numel(), device=x.device)
     slots = torch.where(targets >= 0, slot_of[targets.clamp_min(0)], -1)
     valid = slots >= 0
-    z_sum = z if correction is None else z + negative_log_weights(z.size(-1), correction, z.dtype)
-    ce = torch.logsumexp(z_sum, -1, keepdim=True) - z.gather(1, slots.clamp_min(0))
+    ce = torch.logsumexp(z, -1, keepdim=True) - z.gather(1, slots.clamp_min(0))
     loss = (ce * weights.to(z.dtype) * valid).sum() * grad_scale
     return loss, torch.where(valid[:, 0], ce[:, 0], 0.0).mean().detach()
 
 
 def sampled_lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, budget: int,
-                               step: Tensor, grad_scale: float = 1.0, fp8: bool = False,
-                               correction: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                               step: Tensor, grad_scale: float = 1.0, fp8: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """lm_head_softcap_ce against `budget` candidate columns (candidate_set's for `step`): the
     candidates' rows of the lm_head gathered (with fp8, the e4m3 weight's rows: the fixed-scale
     quantization commutes with the gather, so only the gathered rows are quantized), the fused
     kernel on the (T, budget) logits (its exponent sums already take the soft-cap's bound, 23, in
     place of a running maximum) with the targets remapped; the gradient reaches W's candidate rows
-    only (autograd's scatter of the gather). correction: the swept negatives' exponentials weighted
-    by their inverse inclusion probability in the normalizer (sampled_ce_correction, T4.7).
-    (loss, mean ce0 over the candidates, shortfall)."""
-    V = lm_head.size(0)
-    candidates, candidate_targets, shortfall, target_slots = candidate_set(targets, V, budget, step)
-    weighting = sampled_ce_correction(target_slots, V, budget) if correction else None
-    loss, ce0 = lm_head_softcap_ce(x, lm_head[candidates], candidate_targets, weights, grad_scale, fp8, weighting)
+    only (autograd's scatter of the gather). (loss, mean ce0 over the candidates, shortfall)."""
+    candidates, candidate_targets, shortfall = candidate_set(targets, lm_head.size(0), budget, step)
+    loss, ce0 = lm_head_softcap_ce(x, lm_head[candidates], candidate_targets, weights, grad_scale, fp8)
     return loss, ce0, shortfall
 
 

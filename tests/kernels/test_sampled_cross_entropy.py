@@ -2,9 +2,7 @@
 the budget filled, deterministic per step, a sweep that covers the vocabulary, the shortfall when the
 targets exceed the budget, traced whole), the op against its definition (sampled_softcap_ce_reference)
 in float64, the fused kernel on the candidates in Triton's CPU interpreter, and at full size on a GPU
-(bf16 and FP8, under inductor, without host syncs; marked gpu). The inclusion correction (T4.7): its
-definition against a brute-force weighted logsumexp, a weight of 1 as the plain path bit for bit, its
-normalizer averaged over the sweep's steps against the full softmax's, and the kernel with it."""
+(bf16 and FP8, under inductor, without host syncs; marked gpu)."""
 
 import math
 import textwrap
@@ -33,14 +31,14 @@ def random_targets(T_rows, N, V, device="cpu", seed=0, distinct=None):
 def check_candidate_set(targets, V, budget, step):
     """candidate_set's contract: each slot a distinct token, every target among them (first, in
     token order), the remapped targets pointing at them, −1 kept; returns the candidates."""
-    candidates, candidate_targets, shortfall, target_slots = T.candidate_set(targets, V, budget, torch.tensor(step))
+    candidates, candidate_targets, shortfall = T.candidate_set(targets, V, budget, torch.tensor(step))
     assert candidates.shape == (budget,) and candidate_targets.shape == targets.shape
     assert candidates.min() >= 0 and candidates.max() < V and candidates.unique().numel() == budget
     valid = targets >= 0
     assert torch.equal(candidates[candidate_targets[valid]], targets[valid])
     assert (candidate_targets[~valid] == -1).all() and shortfall.item() == 0
     distinct = targets[valid].unique()  # sorted
-    assert torch.equal(candidates[: distinct.numel()], distinct) and target_slots.item() == distinct.numel()
+    assert torch.equal(candidates[: distinct.numel()], distinct)
     return candidates
 
 
@@ -79,8 +77,8 @@ def test_targets_beyond_the_budget_fill_it_and_count_the_rest():
     """300 distinct targets, budget 256: the 256 lowest-numbered targets, no negatives; the rest
     leave the loss (−1) and the shortfall says how many."""
     targets = torch.arange(300).view(100, 3).flip(0)
-    candidates, candidate_targets, shortfall, target_slots = T.candidate_set(targets, 1000, 256, torch.tensor(5))
-    assert torch.equal(candidates, torch.arange(256)) and shortfall.item() == 44 and target_slots.item() == 256
+    candidates, candidate_targets, shortfall = T.candidate_set(targets, 1000, 256, torch.tensor(5))
+    assert torch.equal(candidates, torch.arange(256)) and shortfall.item() == 44
     assert torch.equal(candidate_targets, torch.where(targets < 256, targets, -1))
 
 
@@ -152,137 +150,6 @@ def test_sampled_op_matches_the_reference_in_float64(N):
     assert op[0] < full[0]  # fewer columns in every row's normalizer
 
 
-# ---- the inclusion correction (T4.7) -----------------------------------------------------------
-
-def brute_force_corrected_loss(x, w, targets, weights, candidates, n, c, grad_scale):
-    """The corrected sampled loss written out: lse over the candidate slots with weight 1 for the
-    first n and c for the rest, Σ_j weight_j·e^{z_j} summed explicitly."""
-    z = T.softcap(x @ w[candidates].t())
-    slot_weight = torch.where(torch.arange(candidates.numel()) < n, 1.0, c.double()).to(z.dtype)
-    lse = (slot_weight * z.exp()).sum(-1, keepdim=True).log()
-    slot_of = {int(token): slot for slot, token in enumerate(candidates)}
-    slots = torch.tensor([[slot_of.get(int(y), -1) if y >= 0 else -1 for y in row] for row in targets])
-    valid = slots >= 0
-    ce = lse - z.gather(1, slots.clamp_min(0))
-    return (ce * weights * valid).sum() * grad_scale, torch.where(valid[:, 0], ce[:, 0], 0).mean()
-
-
-@pytest.mark.parametrize("targets_fill_the_budget", [False, True])
-def test_corrected_reference_and_op_are_the_weighted_logsumexp_in_float64(targets_fill_the_budget):
-    """c = (V − n)/(budget − n) on the negatives' slots: the definition and the op (the kernel's torch
-    form here) against the brute force, values and gradients; with no negatives (the targets take
-    every slot) c weighs nothing and stays finite."""
-    V, budget = 300, 48 if targets_fill_the_budget else 96
-    x, w = random_head(40, V, 16, torch.float64)
-    targets = random_targets(40, 3, V, distinct=200 if targets_fill_the_budget else 60)
-    weights = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)
-    step = torch.tensor(5)
-    candidates, _, shortfall, target_slots = T.candidate_set(targets, V, budget, step)
-    n, c = T.sampled_ce_correction(target_slots, V, budget)
-    assert (shortfall.item() > 0) == targets_fill_the_budget and n.item() == min(budget, targets.unique().numel() - 1)
-    assert c.dtype == torch.float32 and torch.isfinite(c) and math.isclose(c.item(), (V - n.item()) / max(budget - n.item(), 1), rel_tol=1e-6)
-    brute = grads_of(lambda x, w: brute_force_corrected_loss(x, w, targets, weights, candidates, n, c, 0.5), x, w)
-    ref = grads_of(lambda x, w: T.sampled_softcap_ce_reference(x, w, targets, weights, candidates, 0.5, (n, c)), x, w)
-    op = grads_of(lambda x, w: T.sampled_lm_head_softcap_ce(x, w, targets, weights, budget, step, 0.5,
-                                                            correction=True), x, w)
-    for a, b, d in zip(ref, op, brute):
-        assert rel_err(a, d) < 1e-12 and rel_err(b, d) < 1e-10
-    if not targets_fill_the_budget:
-        plain = T.sampled_lm_head_softcap_ce(x, w, targets, weights, budget, step, 0.5)
-        assert c > 1 and op[0] > plain[0]  # the negatives weigh more in every row's normalizer
-
-
-def test_the_kernels_torch_form_weighs_a_target_among_the_weighted_columns_too():
-    """softcap_ce_reference with a correction on targets anywhere (candidate_set's never sit at n or
-    beyond, but the kernel's contract does not assume it): its explicit gradient is autograd's."""
-    gen = torch.Generator().manual_seed(2)
-    logits = torch.randn(12, 50, dtype=torch.float64, generator=gen) * 8
-    targets = torch.randint(0, 50, (12, 2), generator=gen)
-    targets[0] = torch.tensor([45, 45])  # a repeated target, among the weighted columns
-    targets[1, 1] = -1
-    weights = torch.tensor([1.0, 0.5], dtype=torch.float64)
-    correction = (torch.tensor(20), torch.tensor(3.5))
-    loss_rows, ce0_rows, grad = T.softcap_ce_reference(logits, targets, weights, 0.75, torch.float64, correction)
-    u = logits.clone().requires_grad_()
-    z = T.softcap(u)
-    lse = (torch.where(torch.arange(50) >= 20, 3.5, 1.0) * z.exp()).sum(-1, keepdim=True).log()
-    ce = lse - z.gather(1, targets.clamp_min(0))
-    brute = (ce * weights * (targets >= 0)).sum(-1)
-    (autograd,) = torch.autograd.grad(brute.sum() * 0.75, u)
-    assert rel_err(loss_rows, brute) < 1e-12 and rel_err(ce0_rows, ce[:, 0]) < 1e-12
-    assert rel_err(grad, autograd) < 1e-12
-
-
-def test_a_weight_of_one_is_the_plain_path_bit_for_bit():
-    """c = 1 changes nothing, in the kernel's torch form, the op and the definition."""
-    x, w = random_head(32, 200, 16, torch.float32)
-    targets, weights = random_targets(32, 3, 200, distinct=40), torch.tensor([1.0, 0.5, 0.25])
-    candidates = T.candidate_set(targets, 200, 64, torch.tensor(2))[0]
-    candidate_targets = T.candidate_set(targets, 200, 64, torch.tensor(2))[1]
-    one = (torch.tensor(7), torch.tensor(1.0))
-    logits = x @ w[candidates].t()
-    for a, b in zip(T.softcap_ce_reference(logits, candidate_targets, weights, 0.5, torch.float32, one),
-                    T.softcap_ce_reference(logits, candidate_targets, weights, 0.5, torch.float32)):
-        assert torch.equal(a, b)
-    corrected = grads_of(lambda x, w: T.lm_head_softcap_ce(x, w[candidates], candidate_targets, weights, 0.5,
-                                                           correction=one), x, w)
-    plain = grads_of(lambda x, w: T.lm_head_softcap_ce(x, w[candidates], candidate_targets, weights, 0.5), x, w)
-    for a, b in zip(corrected, plain):
-        assert torch.equal(a, b)
-    for a, b in zip(T.sampled_softcap_ce_reference(x, w, targets, weights, candidates, 0.5, one),
-                    T.sampled_softcap_ce_reference(x, w, targets, weights, candidates, 0.5)):
-        assert torch.equal(a, b)
-
-
-def test_the_corrected_op_passes_opcheck_and_traces_whole():
-    """The custom op with its correction tensors (fake registration included), and the corrected sampled
-    op under torch.compile (fullgraph, one graph: n and c stay on the device) against eager."""
-    x, w = random_head(32, 200, 16, torch.float32)
-    targets, weights = random_targets(32, 2, 200, distinct=40), torch.tensor([1.0, 0.5])
-    candidates, candidate_targets, _, target_slots = T.candidate_set(targets, 200, 64, torch.tensor(2))
-    n, c = T.sampled_ce_correction(target_slots, 200, 64)
-    torch.library.opcheck(torch.ops.speedrun.lm_head_softcap_ce.default,
-                          (x, w[candidates], candidate_targets, weights, 0.5, n, c))
-
-    def corrected(x, w, step):
-        return T.sampled_lm_head_softcap_ce(x, w, targets, weights, 64, step, 0.5, correction=True)
-
-    torch._dynamo.reset()
-    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    compiled = torch.compile(corrected, backend="aot_eager", fullgraph=True, dynamic=False)
-    for step in range(2):
-        out = grads_of(lambda x, w, step=step: compiled(x, w, torch.tensor(step)), x, w)
-        eager = grads_of(lambda x, w, step=step: corrected(x, w, torch.tensor(step)), x, w)
-        for a, b in zip(out, eager):
-            assert rel_err(a, b) < 1e-6
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 1
-    torch._dynamo.reset()
-
-
-def test_the_corrected_normalizer_averages_to_the_full_softmax_over_the_sweep():
-    """For fixed x and W, each row's sampled normalizer Σ_{targets} e^z + c·Σ_{negatives} e^z averaged
-    over the sweep's successive steps (two turns of the vocabulary) lands within a few percent
-    of the full softmax's Σ_v e^z; without c it falls short by about the inclusion chance p = 1/c
-    (the bias T4.7 removes). Read off the kernel's torch form: e^{lse} = e^{loss + z_y}."""
-    V, budget, rows, steps = 1000, 96, 16, 84  # two turns of the sweep: ⌈1000/24⌉ = 42 steps each
-    x, w = random_head(rows, V, 16, torch.float64)
-    w = w * 40  # logits spread over most of the soft-cap's range
-    targets = random_targets(rows, 1, V, distinct=V)
-    full = T.softcap(x @ w.t()).exp().sum(-1)
-    sums = {"corrected": torch.zeros(rows, dtype=torch.float64), "plain": torch.zeros(rows, dtype=torch.float64)}
-    for step in range(steps):
-        candidates, candidate_targets, _, target_slots = T.candidate_set(targets, V, budget, torch.tensor(step))
-        logits = x @ w[candidates].t()
-        z_y = T.softcap(logits).gather(1, candidate_targets)[:, 0]
-        for name, correction in (("corrected", T.sampled_ce_correction(target_slots, V, budget)), ("plain", None)):
-            loss_rows = T.softcap_ce_reference(logits, candidate_targets, torch.ones(1, dtype=torch.float64), 1.0,
-                                               torch.float64, correction)[0]
-            sums[name] += (loss_rows + z_y).exp() / steps
-    corrected, plain = sums["corrected"] / full, sums["plain"] / full
-    assert (corrected - 1).abs().max() < 0.05, corrected
-    assert plain.max() < 0.25, plain  # p = 80/984 ≈ 0.08 of the negatives' share, plus the 16 targets'
-
-
 INTERPRETER_CHECK = textwrap.dedent("""
     import torch
     import train_gpt as T
@@ -317,49 +184,6 @@ def test_fused_kernel_on_the_candidates_in_the_triton_interpreter():
     run_in_triton_interpreter(INTERPRETER_CHECK, timeout=300)
 
 
-INTERPRETER_CORRECTION_CHECK = textwrap.dedent("""
-    import torch
-    import train_gpt as T
-    from helpers import rel_err
-    T.triton_applies = lambda t: True  # the fused kernel on CPU tensors, in the interpreter
-    torch.manual_seed(0)
-    V, budget, rows = 400, 144, 8  # 144 = 128 + a masked 16 (T.vocab_parts)
-    x = T.norm(torch.randn(rows, 32))
-    w = torch.randn(V, 32) * 0.5
-    targets = torch.randint(0, 40, (rows, 2))
-    targets[-1, 1] = -1
-    weights = torch.tensor([1.0, 0.5])
-    step = torch.tensor(11)
-    candidates, _, _, target_slots = T.candidate_set(targets, V, budget, step)
-    correction = T.sampled_ce_correction(target_slots, V, budget)
-    assert correction[1] > 2
-    results = []
-    for fn in (lambda x, w: T.sampled_lm_head_softcap_ce(x, w, targets, weights, budget, step, 0.5, correction=True),
-               lambda x, w: T.sampled_softcap_ce_reference(x, w, targets, weights, candidates, 0.5, correction)):
-        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
-        loss, ce0 = fn(xg, wg)[:2]
-        loss.backward()
-        results.append((loss, ce0, xg.grad, wg.grad))
-    for name, a, b in zip(("loss", "ce0", "grad x", "grad W"), *results):
-        assert rel_err(a, b) < 1e-4, (name, rel_err(a, b))
-    # the kernel alone, with targets among the weighted columns too (their softmax term weighs c)
-    logits = torch.randn(rows, budget) * 8
-    targets = torch.randint(0, budget, (rows, 2))
-    targets[0] = torch.tensor([budget - 1, budget - 1])
-    correction = (torch.tensor(30), torch.tensor(4.25))
-    for a, b in zip(T.softcap_ce(logits, targets, weights, 0.5, torch.float32, correction=correction),
-                    T.softcap_ce_reference(logits, targets, weights, 0.5, torch.float32, correction)):
-        assert rel_err(a, b) < 1e-4, rel_err(a, b)
-""")
-
-
-@pytest.mark.skipif(T.triton is None, reason="Triton not installed")
-def test_fused_kernel_with_the_correction_in_the_triton_interpreter():
-    """T4.7 in the fused kernel (Triton's CPU interpreter): the corrected sampled op against its
-    definition (loss, ce0, the gradients to x and W) and the kernel alone against its torch form."""
-    run_in_triton_interpreter(INTERPRETER_CORRECTION_CHECK, timeout=300)
-
-
 # ---- GPU --------------------------------------------------------------------------------------
 
 RECORD_BUDGET = 10_240  # the record's first-stage budget (#92)
@@ -382,31 +206,6 @@ def test_sampled_lm_head_bf16_and_fp8_match_the_reference_on_gpu(N):
     for fp8, value_tol, grad_tol in ((False, 1e-3, 1e-2), (True, 1e-2, 8e-2)):  # e5m2 gradient: 2 mantissa bits
         out = grads_of(lambda x, w: T.sampled_lm_head_softcap_ce(x, w, targets, weights, RECORD_BUDGET, step, 0.5,
                                                                  fp8=fp8), x, w)
-        assert rel_err(out[0], ref[0]) < value_tol and rel_err(out[1], ref[1]) < value_tol, fp8
-        assert rel_err(out[2], ref[2]) < grad_tol and rel_err(out[3], ref[3]) < grad_tol, fp8
-
-
-@cuda
-@pytest.mark.gpu
-@pytest.mark.parametrize("N", [1, 4])
-def test_corrected_sampled_lm_head_bf16_and_fp8_match_the_reference_on_gpu(N):
-    """T4.7 at full size: the fused kernel with the correction (bf16 and FP8) against the corrected
-    definition in fp32 on the same candidates, values and gradients; c ≈ 11 at these budgets."""
-    V = 50304
-    x, w = random_head(4096, V, 768, torch.bfloat16, "cuda")
-    targets = random_targets(4096, N, V, "cuda", distinct=6000)
-    weights = torch.tensor([1.0, 0.5, 0.25, 0.25][:N], device="cuda")
-    step = torch.tensor(17, device="cuda")
-    candidates, _, _, target_slots = T.candidate_set(targets, V, RECORD_BUDGET, step)
-    correction = T.sampled_ce_correction(target_slots, V, RECORD_BUDGET)
-    assert 5 < correction[1].item() < 50
-    ref = grads_of(lambda x, w: T.sampled_softcap_ce_reference(x.float(), w.float(), targets, weights, candidates,
-                                                               0.5, correction), x, w)
-    plain = T.sampled_softcap_ce_reference(x.float(), w.float(), targets, weights, candidates, 0.5)[0]
-    assert ref[0] > plain * 1.05  # the correction is visible at this tolerance
-    for fp8, value_tol, grad_tol in ((False, 1e-3, 1e-2), (True, 1e-2, 8e-2)):  # e5m2 gradient: 2 mantissa bits
-        out = grads_of(lambda x, w, fp8=fp8: T.sampled_lm_head_softcap_ce(x, w, targets, weights, RECORD_BUDGET, step,
-                                                                          0.5, fp8=fp8, correction=True), x, w)
         assert rel_err(out[0], ref[0]) < value_tol and rel_err(out[1], ref[1]) < value_tol, fp8
         assert rel_err(out[2], ref[2]) < grad_tol and rel_err(out[3], ref[3]) < grad_tol, fp8
 

@@ -115,11 +115,11 @@ def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), lines.append)
     plans = [line for line in lines if line.startswith("execution plan")]
     assert plans == ["execution plan (stage 1): attention=sdpa mlp_fused=0 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 "
-                     "lm_head_fp8=0 ce_candidates=0 ce_correction=0 dc_mha_kernel=0 qk_rope_kernel=0 "
-                     "qk_rope_backward_kernel=0 cuda_graph=0",  # 256 tokens per forward: below the fused MLP's 512
+                     "lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 qk_rope_kernel=0 qk_rope_backward_kernel=0 "
+                     "cuda_graph=0",  # 256 tokens per forward: below the fused MLP's 512
                      "execution plan (stage 2, stage 3, extension, validation): attention=sdpa mlp_fused=1 "
-                     "mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0 ce_candidates=0 ce_correction=0 dc_mha_kernel=0 "
-                     "qk_rope_kernel=0 qk_rope_backward_kernel=0 cuda_graph=0"]
+                     "mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 qk_rope_kernel=0 "
+                     "qk_rope_backward_kernel=0 cuda_graph=0"]
     assert trainer.stage_execution[1] == trainer.validation_execution != trainer.stage_execution[0]
 
 

@@ -2,8 +2,7 @@
 (0: today's full-softmax path, bit for bit), its checks, the execution plan naming each stage's
 budget (validation: the full softmax), a tiny run that trains with it, and the one-line stop when a
 forward's targets exceed the budget (the op itself: tests/kernels/test_sampled_cross_entropy.py; with
-CUDA graphs: tests/training/test_step_graphs.py). SAMPLED_CE_CORRECTION (T4.7): its setting, check and
-plan field, the model passing it to the op, and a tiny run that trains with it."""
+CUDA graphs: tests/training/test_step_graphs.py)."""
 
 import dataclasses
 import math
@@ -86,59 +85,6 @@ def test_a_tiny_run_with_sampled_cross_entropy_trains(corpus):
     assert torch.isfinite(losses).all() and losses[0] > 6.9 and losses[4] < losses[0] - 0.2, losses  # ln 1024 = 6.93
     assert trainer.model.candidate_shortfall.item() == 0
     assert trainer.evaluate(5, max_batches=1)[0] < math.log(50304) - 0.3  # (val loss, unmasked: None)
-
-
-def test_the_correction_setting_its_check_and_its_plan_field():
-    """SAMPLED_CE_CORRECTION: a bool from the environment, off by default; on with every budget 0 it stops
-    in one line; the plan carries it in training where the stage's budget is not 0, and only there."""
-    assert not T.Hyperparameters().schedule.sampled_ce_correction
-    hp = T.Hyperparameters.from_env({"SAMPLED_CE_CORRECTION": "1", "STAGE_CE_CANDIDATES": RECORD_BUDGETS})
-    assert hp.schedule.sampled_ce_correction
-    T.check_hyperparameters(hp)
-    with pytest.raises(T.SetupError, match="SAMPLED_CE_CORRECTION='maybe' is not a valid"):
-        T.Hyperparameters.from_env({"SAMPLED_CE_CORRECTION": "maybe"})
-    with pytest.raises(T.SetupError) as error:
-        T.check_hyperparameters(T.Hyperparameters.from_env({"SAMPLED_CE_CORRECTION": "true"}))
-    assert str(error.value) == "SAMPLED_CE_CORRECTION=1 needs a STAGE_CE_CANDIDATES budget > 0 in some stage"
-
-    def plan(training, budget, on=True):
-        return T.resolve_execution(hp.execution, hp.model, torch.device("cpu"), 49152, training, ce_candidates=budget,
-                                   ce_correction=on)
-    assert plan(True, 10240).ce_correction and not plan(True, 10240, on=False).ce_correction
-    assert not plan(True, 0).ce_correction and not plan(False, 10240).ce_correction
-
-
-def test_the_model_passes_the_plans_correction_to_the_sampled_op(monkeypatch):
-    """GPT.training_loss hands the plan's ce_correction to sampled_lm_head_softcap_ce; corrected, the
-    loss on the same candidates is larger (the negatives weigh more in the normalizer)."""
-    hp = T.Hyperparameters.of(**dict(TINY, vocab_size=1024))
-    torch.manual_seed(0)
-    model = T.GPT(hp.model, T.longest_forward(hp))
-    inputs, targets, cu = random_batch(vocab=1024)
-    shape, weights = T.ForwardShape(32, 96, 128, n_predict=3), torch.tensor([1.0, 0.5, 0.25])
-    plan = dataclasses.replace(cpu_execution(hp), ce_candidates=256)
-    calls = []
-    sampled = T.sampled_lm_head_softcap_ce
-    monkeypatch.setattr(T, "sampled_lm_head_softcap_ce", lambda *args: calls.append(args) or sampled(*args))
-    plain, _ = model.training_loss(inputs, targets, cu, shape, plan, weights, 0.5)
-    corrected, _ = model.training_loss(inputs, targets, cu, shape, dataclasses.replace(plan, ce_correction=True),
-                                       weights, 0.5)
-    assert [call[-1] for call in calls] == [False, True] and corrected > plain
-
-
-def test_a_tiny_run_with_the_corrected_sampled_cross_entropy_trains(corpus):
-    """Two steps of stage 1 on 1,024 candidates with SAMPLED_CE_CORRECTION (kept short: CPU steps are slow):
-    finite losses that fall, the first near ln 50304 = 10.83, the full softmax's at initialization (nearly
-    equal logits: the corrected sum n·e^z + c·(budget − n)·e^z is V·e^z), where the uncorrected
-    candidates' loss starts near ln 1024 = 6.93 (test_a_tiny_run_with_sampled_cross_entropy_trains)."""
-    hp = tiny_hp(corpus, (1024, 1024, 1024, 0), rank_slice=True, sampled_ce_correction=True)
-    trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
-    assert all(plan.ce_correction for plan in trainer.stage_execution[:3]) and not trainer.stage_execution[3].ce_correction
-    loader = T.TrainLoader(trainer.hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None)
-    for step in range(2):
-        trainer.train_step(trainer.schedule.plan(step), loader)
-    losses = trainer.losses[:2]
-    assert torch.isfinite(losses).all() and abs(losses[0] - math.log(50304)) < 0.1 and losses[1] < losses[0], losses
 
 
 def test_a_budget_below_a_forwards_targets_stops_the_run_in_one_line(tmp_path, corpus):
