@@ -34,8 +34,11 @@
 # RANK_SLICE=1; a full-batch torchrun queue sets RANK_SLICE=0), PYTHONPATH with $SITE and the CuTe
 # DSL's dsl_packages (its .pth files are not read from a --target folder), PYTHONUNBUFFERED=1,
 # FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1, the three cache folders under $CACHE_DIR, NVLink multicast off (NCCL_NVLS_ENABLE=0,
-# TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), L=LEASE_DIR=the log folder and a
-# function `note TEXT` that appends "HH:MM:SS TEXT" to $L/status. Stop a queue and everything it
+# TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), L=LEASE_DIR=the log folder and three
+# functions: `note TEXT` appends "HH:MM:SS TEXT" to $L/status; `arm GPU NAME [VAR=VALUE ...]` runs
+# train_gpt.py alone on GPU with RUN_ID=NAME, SEEDS=1,2,3 (unless given) and LOG_DIR=$L, its output in
+# $L/NAME.out, and notes its rc; `check GPU NAME SECONDS COMMAND...` runs COMMAND on GPU under a timeout,
+# its output in $L/NAME.out, and notes its rc. Stop a queue and everything it
 # started: kill -- -$(cat $LEASE_DIR/queue.pid).
 #
 # Variables (environment, default in brackets):
@@ -273,7 +276,20 @@ cmd_start() {
     export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=${FLASH_ATTENTION_CUTE_DSL_CACHE_DIR:-$CACHE_DIR/cute}
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     note() { echo "$(date +%H:%M:%S) $*" >> "$L/status"; }
-    export -f note
+    # arm GPU NAME [VAR=VALUE ...]: train_gpt.py alone on GPU (SEEDS 1,2,3 unless given), its output in $L/NAME.out
+    arm() {
+        local gpu=$1 name=$2; shift 2
+        env CUDA_VISIBLE_DEVICES="$gpu" RUN_ID="$name" SEEDS="${SEEDS:-1,2,3}" LOG_DIR="$L" "$@" python train_gpt.py \
+            > "$L/$name.out" 2>&1
+        note "$name (GPU$gpu) rc=$?"
+    }
+    # check GPU NAME SECONDS COMMAND...: COMMAND on GPU under a timeout of SECONDS, its output in $L/NAME.out
+    check() {
+        local gpu=$1 name=$2 seconds=$3; shift 3
+        CUDA_VISIBLE_DEVICES="$gpu" timeout "$seconds" "$@" > "$L/$name.out" 2>&1
+        note "$name rc=$?"
+    }
+    export -f note arm check
     local runner='echo $$ > "$1/queue.pid"; cd "$2" || exit 1
 note "lease: queue start ($2)"; bash "$1/queue.sh"; rc=$?
 note "lease: queue end rc=$rc"; echo "$rc" > "$1/queue.rc.part"; mv "$1/queue.rc.part" "$1/queue.rc"; exit "$rc"'

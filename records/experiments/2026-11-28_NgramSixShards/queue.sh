@@ -11,30 +11,20 @@
 #   GPU 3: the step graph GPU tests (the narrow bank's capture fix), then bench/profile_stages.py: main's
 #          step eager and graphed (issue #47's wall against kernel sums), then eager with the 3.9M-row
 #          table (where its +6-9 ms/step go)
+# arm, check and note come from bench/lease.sh.
 for i in 1 2 3 4 5 6; do [ -f /tmp/d/proxy_train_00000$i.bin ] || { note "shard $i missing: give setup SHARDS"; exit 1; }; done
 nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm,power.limit,memory.total --format=csv > $L/gpus.txt 2>&1
 ( while sleep 60; do nvidia-smi --query-gpu=index,clocks.sm,power.draw,temperature.gpu --format=csv,noheader \
       >> $L/clocks.txt 2>&1; done ) &
 clock_pid=$!
 
-arm() {  # arm GPU NAME [VAR=VALUE ...]: one 3-seed process alone on GPU
-    local gpu=$1 name=$2; shift 2
-    env CUDA_VISIBLE_DEVICES=$gpu RUN_ID=$name SEEDS=1,2,3 LOG_DIR=$L "$@" python train_gpt.py > $L/$name.out 2>&1
-    note "$name (GPU$gpu) rc=$?"
-}
-check() {  # check NAME SECONDS COMMAND...: on GPU 3, log to $L/NAME.out, note its rc
-    local name=$1 seconds=$2; shift 2
-    CUDA_VISIBLE_DEVICES=3 timeout "$seconds" "$@" > "$L/$name.out" 2>&1
-    note "$name rc=$?"
-}
-
 note "six shards: main/main 1150, eager/n-gram 3.9M, n-gram 1M/0.38M, step graph tests + n-gram profile"
 ( arm 0 main; arm 0 main1150 NUM_SCHEDULED_ITERATIONS=1135 ) &
 ( arm 1 eager CUDA_GRAPHS=0; arm 1 ngram CUDA_GRAPHS=0 NGRAM_ROWS=3900000 ) &
 ( arm 2 ngram1m CUDA_GRAPHS=0 NGRAM_ROWS=1000000; arm 2 ngram377k CUDA_GRAPHS=0 NGRAM_ROWS=377280 ) &
-( check step_graph_tests 300 python -m pytest -q -m gpu tests/training/test_step_graphs.py
-  check profile_graphs 480 python bench/profile_stages.py --graphs both --stages 1,2,3 --out $L/prof_graphs
-  check profile_ngram 360 env CUDA_GRAPHS=0 NGRAM_ROWS=3900000 python bench/profile_stages.py --graphs off --stages 1,3 \
+( check 3 step_graph_tests 300 python -m pytest -q -m gpu tests/training/test_step_graphs.py
+  check 3 profile_graphs 480 python bench/profile_stages.py --graphs both --stages 1,2,3 --out $L/prof_graphs
+  check 3 profile_ngram 360 env CUDA_GRAPHS=0 NGRAM_ROWS=3900000 python bench/profile_stages.py --graphs off --stages 1,3 \
       --out $L/prof_ngram ) &
 wait -n; wait -n; wait -n; wait -n
 kill $clock_pid 2>/dev/null
