@@ -8,9 +8,9 @@
 #   GPU 0: main (rails on)  then main at 1150 steps (issue #48's step budget)
 #   GPU 1: CUDA_GRAPHS=0  then CUDA_GRAPHS=0 NGRAM_ROWS=3900000 (the table's time and loss, same GPU)
 #   GPU 2: CUDA_GRAPHS=0 NGRAM_ROWS=1000000  then CUDA_GRAPHS=0 NGRAM_ROWS=377280 (the bigram table's rows)
-#   GPU 3: the step graph GPU tests (the narrow bank's capture fix), then bench/profile_stages.py: main's
-#          step eager and graphed (issue #47's wall against kernel sums), then eager with the 3.9M-row
-#          table (where its +6-9 ms/step go)
+#   GPU 3: the step graph GPU tests (the narrow bank's capture fix; the row tables' loads in the graphs),
+#          then bench/profile_stages.py: main's step eager and graphed (issue #47's wall against kernel
+#          sums), then the same with the 3.9M-row table (where its +6-9 ms/step go, and what graphs save)
 # arm, check and note come from bench/lease.sh.
 for i in 1 2 3 4 5 6; do [ -f /tmp/d/proxy_train_00000$i.bin ] || { note "shard $i missing: give setup SHARDS"; exit 1; }; done
 nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm,power.limit,memory.total --format=csv > $L/gpus.txt 2>&1
@@ -24,7 +24,7 @@ note "six shards: main/main 1150, eager/n-gram 3.9M, n-gram 1M/0.38M, step graph
 ( arm 2 ngram1m CUDA_GRAPHS=0 NGRAM_ROWS=1000000; arm 2 ngram377k CUDA_GRAPHS=0 NGRAM_ROWS=377280 ) &
 ( check 3 step_graph_tests 300 python -m pytest -q -m gpu tests/training/test_step_graphs.py
   check 3 profile_graphs 480 python bench/profile_stages.py --graphs both --stages 1,2,3 --out $L/prof_graphs
-  check 3 profile_ngram 360 env CUDA_GRAPHS=0 NGRAM_ROWS=3900000 python bench/profile_stages.py --graphs off --stages 1,3 \
+  check 3 profile_ngram 420 env NGRAM_ROWS=3900000 python bench/profile_stages.py --graphs both --stages 1,3 \
       --out $L/prof_ngram ) &
 wait -n; wait -n; wait -n; wait -n
 kill $clock_pid 2>/dev/null
