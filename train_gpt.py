@@ -2922,8 +2922,7 @@ def check_taper(cfg: ScheduleConfig):
 
 
 def check_ngram_settings(hp: Hyperparameters):
-    """NGRAM_ROWS and NGRAM_ORDERS (T3.19): the table replaces the bigram table, so the bigram injection must be on;
-    its rows are gathered between micro-batches, outside the step's CUDA graphs."""
+    """NGRAM_ROWS and NGRAM_ORDERS (T3.19): the table replaces the bigram table, so the bigram injection must be on."""
     model = hp.model
     if not model.ngram_rows:
         return
@@ -2935,27 +2934,28 @@ def check_ngram_settings(hp: Hyperparameters):
                          f"row each) and at most {NGRAM_PRIME}, or 0 for the bigram table")
     if not model.bigram_embed:
         raise SetupError("NGRAM_ROWS supplies the bigram injection's rows (T3.19): set BIGRAM_EMBED=1, or NGRAM_ROWS=0")
-    if hp.run.device == "cuda" and hp.execution.cuda_graphs:
-        raise SetupError("NGRAM_ROWS gathers its rows between micro-batches, outside the step's CUDA graphs: "
-                         "set CUDA_GRAPHS=0")
 
 
 def check_value_embed_sparse(hp: Hyperparameters):
-    """VALUE_EMBED_SPARSE (T3.20): it trains the value embeddings, whose rows are gathered between micro-batches,
-    outside the step's CUDA graphs."""
+    """VALUE_EMBED_SPARSE (T3.20): it trains the value embeddings' rows, so they must be on."""
     if not hp.model.value_embed_sparse:
         return
     if not hp.model.value_embeds:
         raise SetupError("VALUE_EMBED_SPARSE trains the value embeddings' rows (T3.20): set VALUE_EMBEDS=1, "
                          "or VALUE_EMBED_SPARSE=0")
-    if hp.run.device == "cuda" and hp.execution.cuda_graphs:
-        raise SetupError("VALUE_EMBED_SPARSE gathers its rows between micro-batches, outside the step's CUDA graphs: "
-                         "set CUDA_GRAPHS=0")
 
 
-def check_ngram_memory(hp: Hyperparameters, world_size: int):
-    """Each process holds ⌈NGRAM_ROWS / world size⌉ rows of the n-gram table with their Adam state (rank-slice
-    mode, at world size 1, the whole table): at most NGRAM_STATE_GIB beside the model (T3.19)."""
+def check_row_tables(hp: Hyperparameters, world_size: int):
+    """The row tables at this world size (T3.19, T3.20). Above world size 1 their loads exchange rows with the
+    rows' owners, sizes first (a host sync), so they run between the step's micro-batches, not in its CUDA
+    graphs (T5.3). Each process holds ⌈NGRAM_ROWS / world size⌉ rows of the n-gram table with their Adam
+    state (rank-slice mode, at world size 1, the whole table): at most NGRAM_STATE_GIB beside the model."""
+    tables = [name for name, on in (("NGRAM_ROWS", hp.model.ngram_rows),
+                                    ("VALUE_EMBED_SPARSE", hp.model.value_embeds and hp.model.value_embed_sparse)) if on]
+    if tables and world_size > 1 and hp.run.device == "cuda" and hp.execution.cuda_graphs:
+        raise SetupError(f"{' and '.join(tables)} at world size {world_size} exchange rows between processes with a "
+                         f"host sync, which the step's CUDA graphs cannot hold: set CUDA_GRAPHS=0 (or run in "
+                         f"rank-slice mode on one GPU)")
     rows, dim = hp.model.ngram_rows, hp.model.model_dim
     largest = NGRAM_STATE_GIB * 2**30 // lazy_table_bytes_per_row(dim) * world_size
     if rows > largest:
@@ -3055,6 +3055,10 @@ class CapturedStep:
     accumulate: CudaGraph | None  # each further micro-batch (gradient accumulation): adds into them
     ce: Tensor
     grads: dict[str, Tensor]
+    # each row table's (distinct rows, row cache's gradient) of the first micro-batch's graph, then of the
+    # accumulating one's: per micro-batch, handed to the table after each replay (T3.19, T3.20)
+    rows: list[tuple[Tensor, Tensor]]
+    accumulate_rows: list[tuple[Tensor, Tensor]]
 
 
 class GraphMismatch(RuntimeError):
@@ -3069,13 +3073,18 @@ class StepGraphs:
     step (T2.7) survives that step's replay. Each capture is checked against eager execution on the
     same batch (CE and every gradient's norm); every parameter and buffer must stay where the graphs
     read it (check_addresses). The optimizer and its collectives run outside the graphs, so any world
-    size works; `max_over_ranks` makes every rank stop together when one rank's check fails."""
+    size works; `max_over_ranks` makes every rank stop together when one rank's check fails.
+    Row tables (T3.19, T3.20; world size 1, where a load is device work alone): each graph loads the
+    micro-batch's rows into the model's row caches before the forward and leaves the caches' gradients
+    as outputs; after each replay `run` hands them to the tables, whose Adam steps run outside."""
 
     def __init__(self, loss_fn, model: nn.Module, grad_accum: int, grad_scale: float, new_graph=None,
-                 rtol: float = 1e-2, grad_rtol: float = 5e-2, max_over_ranks=lambda t: t):
+                 rtol: float = 1e-2, grad_rtol: float = 5e-2, max_over_ranks=lambda t: t,
+                 row_tables: "list[LazyAdamTable]" = ()):
         self.loss_fn, self.model, self.grad_accum, self.grad_scale = loss_fn, model, grad_accum, grad_scale
         self.rtol, self.grad_rtol, self.max_over_ranks = rtol, grad_rtol, max_over_ranks
         self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        self.row_tables = list(row_tables)
         if new_graph is None:
             pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
             new_graph = lambda: CudaGraph(pool, stream)  # noqa: E731
@@ -3096,33 +3105,39 @@ class StepGraphs:
         tokens, cu_seqlens = torch.cat([inputs, targets[-1:]]), cu_seqlens.clone()
         inputs, targets = tokens[:-1], tokens[1:]
         weights, names = target_weights.clone(), list(self.params)
+        caches = [table.buffers(self.model)[0] for table in self.row_tables]
 
-        def forward_backward() -> tuple[Tensor, dict[str, Tensor]]:
+        def forward_backward() -> tuple[Tensor, dict[str, Tensor], list[tuple[Tensor, Tensor]]]:
+            distincts = [table.load(inputs, *table.buffers(self.model)) for table in self.row_tables]
             loss, ce = self.loss_fn(inputs, targets, cu_seqlens, plan.shape, execution, weights, self.grad_scale)
-            grads = torch.autograd.grad(loss, [self.params[name] for name in names], allow_unused=True)
-            return ce.float() * self.grad_scale, {name: g for name, g in zip(names, grads) if g is not None}
+            grads = torch.autograd.grad(loss, [*(self.params[name] for name in names), *caches], allow_unused=True)
+            rows = [(distinct, cache_grad) for distinct, cache_grad in zip(distincts, grads[len(names):])]
+            return (ce.float() * self.grad_scale, {name: g for name, g in zip(names, grads) if g is not None},
+                    rows)
 
         first = self.new_graph()
-        (eager_ce, eager_grads), (ce, grads) = first.capture(forward_backward)
-        reference = self.summary(eager_ce, eager_grads)
-        del eager_ce, eager_grads
+        (eager_ce, eager_grads, eager_rows), (ce, grads, rows) = first.capture(forward_backward)
+        reference = self.summary(eager_ce, eager_grads, eager_rows)
+        del eager_ce, eager_grads, eager_rows
         # eager execution's own spread on this batch (kernels that reduce with atomics differ run to run)
         noise = (self.summary(*forward_backward()) - reference).abs()
-        step = CapturedStep(tokens, cu_seqlens, weights, first, None, ce, grads)
+        step = CapturedStep(tokens, cu_seqlens, weights, first, None, ce, grads, rows, [])
         first.replay()
-        self.compare(plan, "", self.summary(ce, grads), reference, noise, grads)
+        self.compare(plan, "", self.summary(ce, grads, rows), reference, noise, self.labels(grads))
         if self.grad_accum > 1:
-            def accumulate():
-                more_ce, more = forward_backward()
+            def accumulate() -> list[tuple[Tensor, Tensor]]:
+                more_ce, more, more_rows = forward_backward()
                 ce.add_(more_ce)
                 torch._foreach_add_(list(grads.values()), [more[name] for name in grads])
+                return more_rows  # a micro-batch's rows are its own: not added into the first's
 
             step.accumulate = self.new_graph()
-            step.accumulate.capture(accumulate)
+            _, step.accumulate_rows = step.accumulate.capture(accumulate)
             first.replay()
-            step.accumulate.replay()  # the same micro-batch twice: twice the reference
-            self.compare(plan, " with an accumulated micro-batch", self.summary(ce, grads), 2 * reference, 2 * noise,
-                         grads)
+            step.accumulate.replay()  # the same micro-batch twice: twice the reference, the same rows
+            twice = torch.cat([2 * reference[:len(grads) + 1], reference[len(grads) + 1:]])
+            self.compare(plan, " with an accumulated micro-batch", self.summary(ce, grads, step.accumulate_rows),
+                         twice, 2 * noise, self.labels(grads))
         self.steps[self.key(plan)] = step
 
     @staticmethod
@@ -3165,17 +3180,27 @@ class StepGraphs:
             raise GraphMismatch(f"the CUDA graphs overwrite a gradient kept for the next Adam step ({where}): "
                                 f"their shared memory overlaps; run with CUDA_GRAPHS=0 and report it")
 
+    def read_tensors(self) -> list[tuple[str, Tensor]]:
+        """What the graphs read besides their inputs: the model's parameters and buffers, the row tables' state."""
+        tables = [(f"{type(table).__name__}.{name}", t) for table in self.row_tables for name, t in table.tensors().items()]
+        return [*self.model.named_parameters(), *self.model.named_buffers(), *tables]
+
     def record_addresses(self):
-        """Where every parameter and buffer is now: where the graphs read them."""
-        tensors = [*self.model.named_parameters(), *self.model.named_buffers()]
-        self.addresses = {name: t.data_ptr() for name, t in tensors}
+        """Where every parameter, buffer and row table tensor is now: where the graphs read them."""
+        self.addresses = {name: t.data_ptr() for name, t in self.read_tensors()}
 
     @staticmethod
-    def summary(ce: Tensor, grads: dict[str, Tensor]) -> Tensor:
-        return torch.stack([ce.float(), *(g.float().norm() for g in grads.values())])
+    def summary(ce: Tensor, grads: dict[str, Tensor], rows: list[tuple[Tensor, Tensor]] = ()) -> Tensor:
+        """The CE, each gradient's norm, each row cache's gradient norm."""
+        return torch.stack([ce.float(), *(g.float().norm() for g in grads.values()),
+                            *(cache_grad.float().norm() for _, cache_grad in rows)])
 
-    def compare(self, plan: StepPlan, what: str, got: Tensor, expected: Tensor, noise: Tensor,
-                grads: dict[str, Tensor]):
+    def labels(self, grads: dict[str, Tensor]) -> list[str]:
+        """What summary's entries are, for a mismatch's line."""
+        return ["CE", *(f"{name}'s gradient norm" for name in grads),
+                *(f"{type(table).__name__}'s row gradient norm" for table in self.row_tables)]
+
+    def compare(self, plan: StepPlan, what: str, got: Tensor, expected: Tensor, noise: Tensor, labels: list[str]):
         """The CE within rtol of `expected`, each gradient norm within grad_rtol (a norm sums roundings
         that a graph's other memory layout may order differently), both widened by four times eager
         execution's own spread; keeps the worst share of its tolerance any value used, for the log."""
@@ -3192,27 +3217,29 @@ class StepGraphs:
             raise GraphMismatch(f"{graph} differs from eager execution on another rank (see its log); "
                                 f"run with CUDA_GRAPHS=0 and report it")
         i = int(shares.argmax())
-        name = ["CE", *(f"{name}'s gradient norm" for name in grads)][i]
+        name = labels[i]
         raise GraphMismatch(f"{graph} gives {name} {got[i].item():.6g} where eager execution gives "
                             f"{expected[i].item():.6g}; run with CUDA_GRAPHS=0 and report it")
 
     def check_addresses(self):
-        """Stop unless every parameter and buffer is where the graphs read it (state is restored
-        with copy_, never by assigning new tensors)."""
-        for name, t in [*self.model.named_parameters(), *self.model.named_buffers()]:
+        """Stop unless every parameter, buffer and row table tensor is where the graphs read it (state is
+        restored with copy_, never by assigning new tensors)."""
+        for name, t in self.read_tensors():
             if self.addresses.get(name) != t.data_ptr():
                 raise GraphMismatch(f"{name} is no longer at the address the CUDA graphs read: restore state "
                                     f"in place (copy_), or run with CUDA_GRAPHS=0")
 
     def run(self, plan: StepPlan, loader: "TrainLoader", target_weights: Tensor) -> Tensor:
-        """The step's micro-batches from `loader` through its key's graphs; sets each parameter's .grad
-        to its static gradient and returns the mean CE."""
+        """The step's micro-batches from `loader` through its key's graphs, each row table given each micro-batch's
+        rows and their gradients; sets each parameter's .grad to its static gradient and returns the mean CE."""
         step = self.steps[self.key(plan)]
         step.target_weights.copy_(target_weights)
         for k in range(self.grad_accum):
             loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len, into=(step.tokens, step.cu_seqlens),
                               attention_cap=plan.attention_cap)
             (step.first if k == 0 else step.accumulate).replay()
+            for table, (distinct, cache_grad) in zip(self.row_tables, step.rows if k == 0 else step.accumulate_rows):
+                table.add_gradient(distinct, cache_grad)  # a copy: the next replay rewrites them
         self.set_grads(self.key(plan))
         return step.ce
 
@@ -3447,7 +3474,7 @@ class Trainer:
         # the graphs are captured by the warm-up, before the clock (T5.3)
         graphs = hp.run.warmup and all(plan.cuda_graph for plan in self.stage_execution)
         self.step_graphs = StepGraphs(self.training_loss, self.model, self.grad_accum, self.grad_scale,
-                                      max_over_ranks=self.max_over_ranks) if graphs else None
+                                      max_over_ranks=self.max_over_ranks, row_tables=self.row_tables) if graphs else None
         self.forward_backward = self.eager_forward_backward  # StepGraphs.run once they are captured
         optimizer_graphs = graphs and hp.execution.optimizer_graphs and world_size == 1  # collectives stay eager
         self.optimizer_graphs = OptimizerGraphs(self.optimizer, self.step_graphs) if optimizer_graphs else None
@@ -3594,6 +3621,8 @@ class Trainer:
             self.model.candidate_step.copy_(self.candidate_steps[plan.step])
         mean_ce = self.forward_backward(plan, loader, self.target_weights[plan.step])
         self.optimizer_step(plan)
+        for table in self.row_tables:  # their Adam on the rows the step touched, eagerly (T3.19, T3.20)
+            table.step(plan.lr_multiplier, plan.adam_step)
         if plan.untie and self.optimizer.tied:
             self.optimizer.untie()
         if plan.tail_ema_rate:  # the last TAIL_EMA_FRAC of the steps (T5.4)
@@ -3603,8 +3632,6 @@ class Trainer:
 
     def eager_optimizer_step(self, plan: StepPlan):
         self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, fast_rail=plan.fast_rail)
-        for table in self.row_tables:
-            table.step(plan.lr_multiplier, plan.adam_step)
 
     def eager_forward_backward(self, plan: StepPlan, loader: "TrainLoader", target_weights: Tensor) -> Tensor:
         """The step's micro-batches forward and backward, their gradients summed in .grad (the row tables' kept
@@ -3932,7 +3959,7 @@ def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     check_world_size(hp, world_size)
-    check_ngram_memory(hp, world_size)
+    check_row_tables(hp, world_size)
     if hp.run.device == "cuda":
         check_gpus(hp, world_size)
         torch.cuda.set_device(local_rank)
@@ -4010,7 +4037,7 @@ def main():
         if sys.argv[1:] == ["--check"]:
             world_size = int(os.environ.get("WORLD_SIZE", 1))
             check_world_size(hp, world_size)
-            check_ngram_memory(hp, world_size)
+            check_row_tables(hp, world_size)
             check_gpus(hp, world_size)
             check_inputs(hp)
             return print(f"settings and inputs ok ({data_label(hp.data)})")

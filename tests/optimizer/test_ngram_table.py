@@ -201,7 +201,6 @@ def test_a_tiny_model_trains_with_the_table_as_dense_adam_would_without_a_dense_
 
 @pytest.mark.parametrize("settings, message", [
     ({"ngram_rows": 1001, "bigram_embed": False}, "set BIGRAM_EMBED=1"),
-    ({"ngram_rows": 1001, "device": "cuda"}, "set CUDA_GRAPHS=0"),
     ({"ngram_rows": 1001, "ngram_orders": (3, 2)}, "NGRAM_ORDERS=3,2"),
     ({"ngram_rows": 2}, "NGRAM_ROWS=2"),
 ])
@@ -213,12 +212,24 @@ def test_settings_the_table_cannot_take_are_one_line(settings, message):
 
 def test_a_table_too_large_for_a_process_names_the_largest_that_fits():
     largest = T.NGRAM_STATE_GIB * 2**30 // T.lazy_table_bytes_per_row(768)
-    T.check_ngram_memory(T.Hyperparameters.of(ngram_rows=largest, rank_slice=True), 1)
+    T.check_row_tables(T.Hyperparameters.of(ngram_rows=largest, rank_slice=True), 1)
     with pytest.raises(T.SetupError, match=f"rank-slice mode holds the whole table.*NGRAM_ROWS={largest}$"):
-        T.check_ngram_memory(T.Hyperparameters.of(ngram_rows=largest + 1, rank_slice=True), 1)
-    T.check_ngram_memory(T.Hyperparameters.of(ngram_rows=8 * largest), 8)  # one eighth per rank
+        T.check_row_tables(T.Hyperparameters.of(ngram_rows=largest + 1, rank_slice=True), 1)
+    eager = {"device": "cuda", "cuda_graphs": False}
+    T.check_row_tables(T.Hyperparameters.of(ngram_rows=8 * largest, **eager), 8)  # one eighth per rank
     with pytest.raises(T.SetupError, match=f"NGRAM_ROWS={8 * largest}$"):
-        T.check_ngram_memory(T.Hyperparameters.of(ngram_rows=8 * largest + 1), 8)
+        T.check_row_tables(T.Hyperparameters.of(ngram_rows=8 * largest + 1, **eager), 8)
+
+
+@pytest.mark.parametrize("settings", [{"ngram_rows": 1001}, {"value_embed_sparse": True},
+                                      {"ngram_rows": 1001, "value_embed_sparse": True}])
+def test_row_tables_take_the_step_graphs_at_world_size_one_only(settings):
+    """Above world size 1 a load exchanges rows with a host sync, which a CUDA graph cannot hold (T5.3)."""
+    T.check_row_tables(T.Hyperparameters.of(**settings, device="cuda", rank_slice=True), 1)
+    T.check_row_tables(T.Hyperparameters.of(**settings, device="cuda", cuda_graphs=False), 4)
+    with pytest.raises(T.SetupError, match=r"at world size 4 .* set CUDA_GRAPHS=0 \(or run in rank-slice mode") as error:
+        T.check_row_tables(T.Hyperparameters.of(**settings, device="cuda"), 4)
+    assert "\n" not in str(error.value)
 
 
 def test_the_warm_up_keeps_the_tables_initial_state_in_host_memory_and_restores_it(corpus, monkeypatch):

@@ -17,8 +17,9 @@ import train_gpt as T
 
 class EagerGraph:
     """CudaGraph's contract on the CPU: capture(fn) returns (fn(), fn()) and keeps the second
-    result as the static outputs; replay() runs fn again and copies its result into them (the
-    accumulating graph returns nothing: it adds into the first graph's outputs itself)."""
+    result as the static outputs; replay() runs fn again and copies every tensor of its result into
+    them (the accumulating graph returns only its row tables' outputs: it adds into the first
+    graph's CE and gradients itself)."""
 
     def capture(self, fn):
         self.fn = fn
@@ -26,12 +27,11 @@ class EagerGraph:
         return eager, self.outputs
 
     def replay(self):
-        fresh = self.fn()
-        if fresh is not None:
-            (ce, grads), (static_ce, static_grads) = fresh, self.outputs
-            static_ce.copy_(ce)
-            for name, grad in grads.items():
-                static_grads[name].copy_(grad)
+        fresh, _ = torch.utils._pytree.tree_flatten(self.fn())
+        static, _ = torch.utils._pytree.tree_flatten(self.outputs)
+        for out, new in zip(static, fresh, strict=True):
+            if isinstance(out, torch.Tensor):  # the optimizer's graphs return None
+                out.copy_(new)
 
 
 class DriftingGraph(EagerGraph):
@@ -41,7 +41,7 @@ class DriftingGraph(EagerGraph):
 
     def replay(self):
         super().replay()
-        ce, grads = self.outputs
+        ce, grads, _ = self.outputs
         (ce if self.gradient is None else grads[self.gradient]).mul_(self.factor)
 
 
@@ -62,7 +62,7 @@ def overlapping() -> type:
         def replay(self):
             super().replay()
             if self is not made[0]:
-                ce, grads = made[0].outputs
+                ce, grads, _ = made[0].outputs
                 for t in (ce, *grads.values()):
                     t.mul_(1.5)
 
@@ -80,7 +80,7 @@ def graphed_trainer(hp, graph=EagerGraph, optimizer_graph=None) -> T.Trainer:
     `optimizer_graph` (a function of the trainer giving the stand-in's class) its optimizer steps too."""
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
     trainer.step_graphs = T.StepGraphs(trainer.training_loss, trainer.model, trainer.grad_accum,
-                                       trainer.grad_scale, new_graph=graph)
+                                       trainer.grad_scale, new_graph=graph, row_tables=trainer.row_tables)
     if optimizer_graph is not None:
         trainer.optimizer_graphs = T.OptimizerGraphs(trainer.optimizer, trainer.step_graphs,
                                                      new_graph=optimizer_graph(trainer))
@@ -143,6 +143,61 @@ def test_accumulated_micro_batches_sum_their_gradients_as_eager_backward_does(co
     assert torch.equal(static.cu_seqlens, batch[2])
     for name, p in trainer.model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_graphed_steps_with_row_tables_train_as_eager_ones(corpus):
+    """NGRAM_ROWS and VALUE_EMBED_SPARSE under the step graphs (T3.19, T3.20): each graph loads its micro-batch's
+    rows and leaves the caches' gradients, which the tables take after each replay; every step's loss, the
+    weights and both tables as eager steps leave them. The tables' state is among what the graphs read."""
+    hp = tiny_hp(corpus, rank_slice=True, ngram_rows=3001, value_embed_sparse=True)
+    eager, graphed = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None)), graphed_trainer(hp)
+    assert [type(t) for t in graphed.step_graphs.row_tables] == [T.NgramTable, T.ValueEmbedTable]
+    for table in graphed.row_tables:  # the capture's loads and replays left no kept gradients and no update
+        assert table.kept == [] and table.step_count == 0
+    loaders = [T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None) for _ in range(2)]
+    for step in range(eager.schedule.total_steps):
+        plan = eager.schedule.plan(step)
+        eager.train_step(plan, loaders[0])
+        graphed.train_step(plan, loaders[1])
+    torch.testing.assert_close(graphed.losses, eager.losses, rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(eager.model.named_parameters(), graphed.model.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    for a, b in zip(eager.row_tables, graphed.row_tables):
+        assert a.step_count == b.step_count > 0 and torch.equal(a.last_step, b.last_step)
+        rows = torch.arange(a.rows)
+        torch.testing.assert_close(b.replayed(rows), a.replayed(rows), rtol=1e-4, atol=1e-5)
+    graphed.ngram.weight = graphed.ngram.weight.clone()  # a table tensor the graphs read, replaced
+    with pytest.raises(T.GraphMismatch, match="NgramTable.weight is no longer at the address"):
+        graphed.step_graphs.check_addresses()
+
+
+def test_accumulated_micro_batches_keep_their_own_rows(corpus):
+    """With gradient accumulation each micro-batch's rows and row gradients reach the tables as they are (the
+    accumulating graph's own outputs, not summed into the first's), as eager micro-batches keep them."""
+    hp = tiny_hp(corpus, rank_slice=True, ngram_rows=3001)
+    trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
+    graphs = T.StepGraphs(trainer.training_loss, trainer.model, 2, 0.5, new_graph=EagerGraph,
+                          row_tables=trainer.row_tables)
+    plan, weights = trainer.schedule.plan(0), trainer.target_weights[0]
+    loader = lambda: T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None,
+                                   grad_accum=2)
+    graphs.capture(plan, trainer.stage_execution[0], loader().next_batch(plan.tokens_per_rank, plan.shape.max_seq_len),
+                   weights)
+    graphs.run(plan, loader(), weights)
+    got, trainer.ngram.kept = trainer.ngram.kept, []
+    batches = loader()
+    for _ in range(2):
+        inputs, targets, cu_seqlens = batches.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)
+        distincts = trainer.load_rows(inputs)
+        loss, _ = trainer.training_loss(inputs, targets, cu_seqlens, plan.shape, trainer.stage_execution[0], weights,
+                                        0.5)
+        loss.backward()
+        trainer.keep_row_gradients(distincts)
+    assert len(got) == len(trainer.ngram.kept) == 2
+    assert not torch.equal(got[0][0], got[1][0])  # two micro-batches, two row sets
+    for (rows, grad), (eager_rows, eager_grad) in zip(got, trainer.ngram.kept):
+        assert torch.equal(rows, eager_rows)
+        torch.testing.assert_close(grad, eager_grad, rtol=1e-5, atol=1e-6)
 
 
 def test_graphed_steps_with_sampled_cross_entropy_sweep_each_steps_candidates(corpus):
@@ -438,5 +493,26 @@ def test_captured_optimizer_graphs_train_as_eager_optimizer_steps_without_host_s
             plans = [trainer.schedule.plan(step) for step in range(trainer.schedule.total_steps)]
             assert set(trainer.optimizer_graphs.graphs) == set(trainer.optimizer_graphs.planned_keys(plans))
         runs[optimizer_graphs] = losses_without_host_syncs(trainer)
+    assert torch.isfinite(runs[True]).all()
+    torch.testing.assert_close(runs[True], runs[False], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("rank_slice", [True, False])  # one micro-batch; eight accumulated, each with its rows
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_captured_cuda_graphs_with_row_tables_train_as_eager_steps_without_host_syncs(corpus, rank_slice):
+    """NGRAM_ROWS and VALUE_EMBED_SPARSE under the step and optimizer graphs (T3.19, T3.20): the loads captured
+    in each step graph, the tables' Adam eager between replays; the steps train as eager ones, within bf16
+    tolerance, and never wait for the GPU."""
+    hp = tiny_hp(corpus, device="cuda", rank_slice=rank_slice, warmup=True, num_scheduled_iterations=12,
+                 num_extension_iterations=2, ngram_rows=3001, value_embed_sparse=True)
+    T.check_row_tables(hp, 1)
+    cuda = torch.device("cuda")
+    runs = {}
+    for graphs in (False, True):
+        trainer = T.Trainer(hp.replace(cuda_graphs=graphs), 0, 1, cuda, T.RunLog(None))
+        assert (trainer.step_graphs is not None) == graphs and len(trainer.row_tables) == 2
+        trainer.warmup()
+        runs[graphs] = losses_without_host_syncs(trainer)
     assert torch.isfinite(runs[True]).all()
     torch.testing.assert_close(runs[True], runs[False], rtol=2e-2, atol=2e-2)
