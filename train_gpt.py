@@ -394,7 +394,12 @@ def grad_accum_steps(hp: Hyperparameters, world_size: int) -> int:
 
 def longest_forward(hp: Hyperparameters) -> int:
     """Tokens of the longest forward on one rank (sizes the rotary tables)."""
-    return max(hp.data.val_seq_len, max(stage.batch_tokens for stage in hp.schedule.stages) // RANKS_PER_STEP)
+    return max(hp.data.val_seq_len, longest_training_forward(hp))
+
+
+def longest_training_forward(hp: Hyperparameters) -> int:
+    """Tokens of the longest training forward (one micro-batch) on one rank (sizes the n-gram row cache, T3.19)."""
+    return max(stage.batch_tokens for stage in hp.schedule.stages) // RANKS_PER_STEP
 
 # =============================================================================================
 # Model
@@ -786,9 +791,10 @@ class ForwardContext:
 class GPT(nn.Module):
     """GPT with banked weights: Q/K, V/O and MLP matrices of all layers live in 3-D parameters
     (#61, T3.1) that the optimizer orthogonalizes batch-wise. Activations are bf16. `max_tokens`:
-    the longest forward on one rank (sizes the rotary tables)."""
+    the longest forward on one rank (sizes the rotary tables); `max_train_tokens`: the longest training
+    forward (sizes the n-gram row cache whose gradient the backward fills; None: max_tokens)."""
 
-    def __init__(self, cfg: ModelConfig, max_tokens: int):
+    def __init__(self, cfg: ModelConfig, max_tokens: int, max_train_tokens: int | None = None):
         super().__init__()
         if cfg.num_heads * cfg.head_dim != cfg.model_dim or cfg.num_heads % 2:
             raise SetupError(f"need NUM_HEADS * HEAD_DIM == MODEL_DIM and an even NUM_HEADS, got "
@@ -796,7 +802,7 @@ class GPT(nn.Module):
         self.config = cfg
         self.layers = layer_plans(cfg)
         self._init_matrices(cfg)  # parameters in the order they draw from the random generator
-        self._init_embeddings(cfg, max_tokens)
+        self._init_embeddings(cfg, max_tokens, max_train_tokens or max_tokens)
         self._init_scalars(cfg)
         self.mudd = MuddBlock(cfg.model_dim, mudd_connection_outputs(cfg), MUDD_SCALE, learned_scale=False)
         self.gates = MuddBlock(cfg.model_dim, mudd_gate_outputs(cfg), MUDD_GATE_SCALE_INIT, learned_scale=True)
@@ -843,7 +849,7 @@ class GPT(nn.Module):
         mlp[:, 1].zero_()
         self.mlp_bank = nn.Parameter(mlp)
 
-    def _init_embeddings(self, cfg: ModelConfig, max_tokens: int):
+    def _init_embeddings(self, cfg: ModelConfig, max_tokens: int, max_train_tokens: int):
         d, H, V, bf16 = cfg.model_dim, cfg.num_heads, cfg.vocab_size, dict(dtype=torch.bfloat16)
         if cfg.value_embeds:  # (#14, #63, #70; T3.3) token-major (V, layers·d): one gather serves every
             # layer, and the gradient is one scatter into the table
@@ -861,11 +867,15 @@ class GPT(nn.Module):
             gated = sum(plan.value_gate is not None for plan in self.layers)
             self.ve_gate_bank = nn.Parameter(torch.zeros(gated, H, GATE_INPUTS, **bf16))
         if cfg.ngram_rows:  # the n-gram table's rows of one forward, which NgramTable.load fills (#92; T3.19):
-            # `ngram_cache` holds the distinct rows (a leaf whose gradient is the per-row sums), `ngram_inverse`
-            # each position's place in it per order; sized for the longest forward
+            # `ngram_cache` holds a training forward's distinct rows (a leaf whose gradient is the per-row sums),
+            # `ngram_eval_cache` those of a longer forward (validation's, no gradient), `ngram_inverse` each
+            # position's place per order
             orders = len(cfg.ngram_orders)
-            cache = torch.zeros(max_tokens * orders, d, **bf16).requires_grad_()
+            self.ngram_train_tokens = max_train_tokens
+            cache = torch.zeros(max_train_tokens * orders, d, **bf16).requires_grad_()
             self.register_buffer("ngram_cache", cache, persistent=False)
+            if max_tokens > max_train_tokens:
+                self.register_buffer("ngram_eval_cache", torch.zeros(max_tokens * orders, d, **bf16), persistent=False)
             self.register_buffer("ngram_inverse", torch.zeros(max_tokens, orders, dtype=torch.long), persistent=False)
             self.bigram_embedding = self.ngram_embedding
         elif cfg.bigram_embed:  # hashed bigram table with random sign rows (#62, #83, #85; T3.4)
@@ -1066,7 +1076,13 @@ class GPT(nn.Module):
     def ngram_embedding(self, ids: Tensor) -> Tensor:
         """With NGRAM_ROWS: the sum over the orders of each position's n-gram rows, read from the row cache
         NgramTable.load filled for these ids (T3.19)."""
-        return self.ngram_cache[self.ngram_inverse[: ids.size(0)]].sum(1)
+        return self.ngram_cache_for(ids.size(0))[self.ngram_inverse[: ids.size(0)]].sum(1)
+
+    def ngram_cache_for(self, tokens: int) -> Tensor:
+        """The n-gram row cache of a forward of `tokens` tokens: the training one (its gradient is the per-row
+        sums) up to the longest training forward, beyond it (validation's) one without a gradient, so that each
+        backward fills a gradient of the training forward's size, not validation's (T3.19)."""
+        return self.ngram_cache if tokens <= self.ngram_train_tokens else self.ngram_eval_cache
 
     def attention_layout(self, T: int, cu_seqlens: Tensor, shape: ForwardShape, execution: ExecutionPlan) -> tuple:
         """(AttnArgs, rotary tables) of the plain sequence, then of the doubled one (paired heads) or Nones."""
@@ -1892,9 +1908,13 @@ class LazyAdamTable:
         self.step_count = 0  # Adam steps taken
         self.kept: list[tuple[Tensor, Tensor]] = []  # (row ids, their gradient sums) since the last Adam step
 
-    def buffers(self, model: nn.Module) -> tuple[Tensor, Tensor]:
-        """The model's row cache and inverse that load fills."""
-        return getattr(model, self.cache_buffer), getattr(model, self.inverse_buffer)
+    def buffers(self, model: nn.Module, tokens: int) -> tuple[Tensor, Tensor]:
+        """The model's row cache and inverse that load fills for a forward of `tokens` tokens."""
+        return self.training_cache(model), getattr(model, self.inverse_buffer)
+
+    def training_cache(self, model: nn.Module) -> Tensor:
+        """The model's row cache of training forwards: the leaf whose gradient is the per-row sums."""
+        return getattr(model, self.cache_buffer)
 
     # --- forward and backward -----------------------------------------------------------------------
     @torch.no_grad()
@@ -2038,6 +2058,9 @@ class NgramTable(LazyAdamTable):
 
     def row_ids(self, ids: Tensor) -> Tensor:
         return ngram_ids(ids, self.rows, self.orders)
+
+    def buffers(self, model: nn.Module, tokens: int) -> tuple[Tensor, Tensor]:
+        return model.ngram_cache_for(tokens), model.ngram_inverse
 
 
 class ValueEmbedTable(LazyAdamTable):
@@ -3105,10 +3128,10 @@ class StepGraphs:
         tokens, cu_seqlens = torch.cat([inputs, targets[-1:]]), cu_seqlens.clone()
         inputs, targets = tokens[:-1], tokens[1:]
         weights, names = target_weights.clone(), list(self.params)
-        caches = [table.buffers(self.model)[0] for table in self.row_tables]
+        caches = [table.training_cache(self.model) for table in self.row_tables]
 
         def forward_backward() -> tuple[Tensor, dict[str, Tensor], list[tuple[Tensor, Tensor]]]:
-            distincts = [table.load(inputs, *table.buffers(self.model)) for table in self.row_tables]
+            distincts = [table.load(inputs, *table.buffers(self.model, inputs.size(0))) for table in self.row_tables]
             loss, ce = self.loss_fn(inputs, targets, cu_seqlens, plan.shape, execution, weights, self.grad_scale)
             grads = torch.autograd.grad(loss, [*(self.params[name] for name in names), *caches], allow_unused=True)
             rows = [(distinct, cache_grad) for distinct, cache_grad in zip(distincts, grads[len(names):])]
@@ -3454,7 +3477,7 @@ class Trainer:
         self.banned_next_table = self.load_validation_mask()
         self.stage_execution, self.validation_execution = self.resolve_executions()
         torch.manual_seed(hp.run.seed)
-        self.model = GPT(hp.model, longest_forward(hp)).to(device)
+        self.model = GPT(hp.model, longest_forward(hp), longest_training_forward(hp)).to(device)
         self._share_initialization()
         self.ngram = self.ngram_table()
         self.value_table = self.value_embed_table()
@@ -3521,12 +3544,12 @@ class Trainer:
 
     def load_rows(self, inputs: Tensor) -> list[Tensor]:
         """Fill each row table's cache in the model for a forward on `inputs` (T3.19, T3.20); their distinct rows."""
-        return [table.load(inputs, *table.buffers(self.model)) for table in self.row_tables]
+        return [table.load(inputs, *table.buffers(self.model, inputs.size(0))) for table in self.row_tables]
 
     def keep_row_gradients(self, distincts: list[Tensor]):
         """After a backward: each row table keeps its cache's gradient (the per-row sums), which is then cleared."""
         for table, distinct in zip(self.row_tables, distincts):
-            cache, _ = table.buffers(self.model)
+            cache = table.training_cache(self.model)
             table.add_gradient(distinct, cache.grad)
             cache.grad = None
 
@@ -3579,7 +3602,7 @@ class Trainer:
         the parameters and buffers of a fresh model, a fresh optimizer's state; the compiled graphs stay."""
         self.hp, self.log = hp, log
         torch.manual_seed(hp.run.seed)
-        fresh = GPT(self.model.config, longest_forward(hp))
+        fresh = GPT(self.model.config, longest_forward(hp), longest_training_forward(hp))
         own = {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
         with torch.no_grad():  # every tensor, the non-persistent random ones too (bigram signs)
             for name, tensor in [*fresh.named_parameters(), *fresh.named_buffers()]:
@@ -3603,7 +3626,7 @@ class Trainer:
         for p in self.model.parameters():
             p.grad = None
         for table in self.row_tables:
-            table.buffers(self.model)[0].grad = None
+            table.training_cache(self.model).grad = None
         self.losses.zero_()
         self.model.candidate_shortfall.zero_()
         self.long_windows = None

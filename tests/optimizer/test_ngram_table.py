@@ -181,6 +181,13 @@ def test_a_tiny_model_trains_with_the_table_as_dense_adam_would_without_a_dense_
     finally:
         torch.set_num_threads(threads)
     assert math.isfinite(val_loss) and len(updates) == 2 and tab.weight.grad is None and trainer.model.ngram_cache.grad is None
+    # the cache a backward fills is the longest training forward's (512 tokens, 2 orders); validation's longer
+    # forward (1024) reads its own, without a gradient, which the evaluation's load filled
+    model = trainer.model
+    assert model.ngram_cache.shape[0] == 2 * T.longest_training_forward(hp) == 2 * 512
+    assert model.ngram_eval_cache.shape[0] == 2 * 1024 and not model.ngram_eval_cache.requires_grad
+    assert model.ngram_cache_for(512) is model.ngram_cache and model.ngram_cache_for(1024) is model.ngram_eval_cache
+    assert (model.ngram_eval_cache[:1024] != 0).any(1).sum() > 100
     W, m, v = tab.weight[:3001].float().clone().zero_(), torch.zeros(3001, 128), torch.zeros(3001, 128)
     beta1, beta2 = tab.spec.betas
     touched = torch.zeros(3001, dtype=torch.bool)
