@@ -871,7 +871,6 @@ class GPT(nn.Module):
             # `ngram_eval_cache` those of a longer forward (validation's, no gradient), `ngram_inverse` each
             # position's place per order
             orders = len(cfg.ngram_orders)
-            self.ngram_train_tokens = max_train_tokens
             cache = torch.zeros(max_train_tokens * orders, d, **bf16).requires_grad_()
             self.register_buffer("ngram_cache", cache, persistent=False)
             if max_tokens > max_train_tokens:
@@ -1082,7 +1081,8 @@ class GPT(nn.Module):
         """The n-gram row cache of a forward of `tokens` tokens: the training one (its gradient is the per-row
         sums) up to the longest training forward, beyond it (validation's) one without a gradient, so that each
         backward fills a gradient of the training forward's size, not validation's (T3.19)."""
-        return self.ngram_cache if tokens <= self.ngram_train_tokens else self.ngram_eval_cache
+        orders = self.ngram_inverse.size(1)
+        return self.ngram_cache if tokens * orders <= self.ngram_cache.size(0) else self.ngram_eval_cache
 
     def attention_layout(self, T: int, cu_seqlens: Tensor, shape: ForwardShape, execution: ExecutionPlan) -> tuple:
         """(AttnArgs, rotary tables) of the plain sequence, then of the doubled one (paired heads) or Nones."""
@@ -3134,9 +3134,8 @@ class StepGraphs:
             distincts = [table.load(inputs, *table.buffers(self.model, inputs.size(0))) for table in self.row_tables]
             loss, ce = self.loss_fn(inputs, targets, cu_seqlens, plan.shape, execution, weights, self.grad_scale)
             grads = torch.autograd.grad(loss, [*(self.params[name] for name in names), *caches], allow_unused=True)
-            rows = [(distinct, cache_grad) for distinct, cache_grad in zip(distincts, grads[len(names):])]
             return (ce.float() * self.grad_scale, {name: g for name, g in zip(names, grads) if g is not None},
-                    rows)
+                    list(zip(distincts, grads[len(names):])))
 
         first = self.new_graph()
         (eager_ce, eager_grads, eager_rows), (ce, grads, rows) = first.capture(forward_backward)

@@ -92,6 +92,18 @@ def graphed_trainer(hp, graph=EagerGraph, optimizer_graph=None) -> T.Trainer:
     return trainer
 
 
+def train_side_by_side(hp, eager: T.Trainer, graphed: T.Trainer):
+    """Every step of the schedule in both trainers on the same batches; the same losses and weights after."""
+    loaders = [T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None) for _ in range(2)]
+    for step in range(eager.schedule.total_steps):
+        plan = eager.schedule.plan(step)
+        eager.train_step(plan, loaders[0])
+        graphed.train_step(plan, loaders[1])
+    torch.testing.assert_close(graphed.losses, eager.losses, rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(eager.model.named_parameters(), graphed.model.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+
+
 def test_graphed_steps_train_exactly_as_eager_ones(corpus):
     """Every stage, Adam and non-Adam steps (the kept gradient of T2.7 must survive the next
     replay), the untie step: the same losses and weights as the eager steps. Then the address
@@ -101,14 +113,7 @@ def test_graphed_steps_train_exactly_as_eager_ones(corpus):
     graphed = graphed_trainer(hp)
     assert sorted(graphed.step_graphs.steps) == [(s, adam) for s in range(4) for adam in (False, True)][:7]
     assert all(p.grad is None for p in graphed.model.parameters())  # the capture left no gradients
-    loaders = [T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None) for _ in range(2)]
-    for step in range(eager.schedule.total_steps):
-        plan = eager.schedule.plan(step)
-        eager.train_step(plan, loaders[0])
-        graphed.train_step(plan, loaders[1])
-    torch.testing.assert_close(graphed.losses, eager.losses, rtol=1e-5, atol=1e-6)
-    for (name, a), b in zip(eager.model.named_parameters(), graphed.model.parameters()):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    train_side_by_side(hp, eager, graphed)
     graphed.model.load_state_dict(eager.model.state_dict())  # a reset as the warm-up's: copies in place
     graphed.step_graphs.check_addresses()
     graphed.model.rope_cos = graphed.model.rope_cos.clone()  # a tensor the graphs read, replaced
@@ -154,14 +159,7 @@ def test_graphed_steps_with_row_tables_train_as_eager_ones(corpus):
     assert [type(t) for t in graphed.step_graphs.row_tables] == [T.NgramTable, T.ValueEmbedTable]
     for table in graphed.row_tables:  # the capture's loads and replays left no kept gradients and no update
         assert table.kept == [] and table.step_count == 0
-    loaders = [T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None) for _ in range(2)]
-    for step in range(eager.schedule.total_steps):
-        plan = eager.schedule.plan(step)
-        eager.train_step(plan, loaders[0])
-        graphed.train_step(plan, loaders[1])
-    torch.testing.assert_close(graphed.losses, eager.losses, rtol=1e-5, atol=1e-6)
-    for (name, a), b in zip(eager.model.named_parameters(), graphed.model.parameters()):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    train_side_by_side(hp, eager, graphed)
     for a, b in zip(eager.row_tables, graphed.row_tables):
         assert a.step_count == b.step_count > 0 and torch.equal(a.last_step, b.last_step)
         rows = torch.arange(a.rows)
