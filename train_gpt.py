@@ -1982,7 +1982,7 @@ class LazyAdamTable:
         u = u + (u * weight > 0) * weight * wd_lr2
         self.weight[local] = (weight - u).to(self.weight.dtype)
         self.exp_avg[local], self.exp_avg_sq[local] = exp_avg, exp_avg_sq
-        self.last_step[local] = t
+        self.last_step.index_fill_(0, local, t)  # a Python scalar put by index would copy it to the GPU
         self.replay[:t] += step_size * (beta1 / math.sqrt(beta2)) ** (t - self.step_numbers[:t])
 
     def replayed(self, local: Tensor) -> Tensor:
