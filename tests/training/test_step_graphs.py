@@ -171,28 +171,31 @@ def test_graphed_steps_with_row_tables_train_as_eager_ones(corpus):
 
 def test_accumulated_micro_batches_keep_their_own_rows(corpus):
     """With gradient accumulation each micro-batch's rows and row gradients reach the tables as they are (the
-    accumulating graph's own outputs, not summed into the first's), as eager micro-batches keep them."""
+    accumulating graph's own outputs, not summed into the first's), as eager micro-batches keep them; three
+    micro-batches, so the accumulating graph replays twice and its second replay must not rewrite the rows
+    its first one handed over."""
     hp = tiny_hp(corpus, rank_slice=True, ngram_rows=3001)
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
-    graphs = T.StepGraphs(trainer.training_loss, trainer.model, 2, 0.5, new_graph=EagerGraph,
-                          row_tables=trainer.row_tables)
+    micro_batches = 3
+    graphs = T.StepGraphs(trainer.training_loss, trainer.model, micro_batches, 1 / micro_batches,
+                          new_graph=EagerGraph, row_tables=trainer.row_tables)
     plan, weights = trainer.schedule.plan(0), trainer.target_weights[0]
     loader = lambda: T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None,
-                                   grad_accum=2)
+                                   grad_accum=micro_batches)
     graphs.capture(plan, trainer.stage_execution[0], loader().next_batch(plan.tokens_per_rank, plan.shape.max_seq_len),
                    weights)
     graphs.run(plan, loader(), weights)
     got, trainer.ngram.kept = trainer.ngram.kept, []
     batches = loader()
-    for _ in range(2):
+    for _ in range(micro_batches):
         inputs, targets, cu_seqlens = batches.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)
         distincts = trainer.load_rows(inputs)
         loss, _ = trainer.training_loss(inputs, targets, cu_seqlens, plan.shape, trainer.stage_execution[0], weights,
-                                        0.5)
+                                        1 / micro_batches)
         loss.backward()
         trainer.keep_row_gradients(distincts)
-    assert len(got) == len(trainer.ngram.kept) == 2
-    assert not torch.equal(got[0][0], got[1][0])  # two micro-batches, two row sets
+    assert len(got) == len(trainer.ngram.kept) == micro_batches
+    assert not torch.equal(got[1][0], got[2][0])  # the accumulating graph's two replays, two row sets
     for (rows, grad), (eager_rows, eager_grad) in zip(got, trainer.ngram.kept):
         assert torch.equal(rows, eager_rows)
         torch.testing.assert_close(grad, eager_grad, rtol=1e-5, atol=1e-6)
