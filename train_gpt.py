@@ -3880,6 +3880,9 @@ class Trainer:
             self.model.prefix_ids.copy_(prefix_token_ids(self.token_bytes, self.hp.model.vocab_size))
         val_loss = float("nan")
         validation_steps = set(self.validation_steps())
+        # each stage's first step line waits for the GPU, so its train_time is the GPU's and the ms/step
+        # per stage (records/tool.py stages) hold with the step graphs too, where the host runs ahead (T5.3)
+        stage_edges = set(self.schedule.stage_starts[1:])
         self.position = "at step 0"
         for step in range(self.last_step + 1):
             last = step == self.last_step
@@ -3900,6 +3903,8 @@ class Trainer:
             ce = self.train_step(self.schedule.plan(step), loader)
             if run.nonfinite_check_every and (step + 1) % run.nonfinite_check_every == 0:
                 self.check_finite(step + 1, wait=False)
+            if step + 1 in stage_edges:
+                self._sync()
             self.log_step(step + 1, training_ms + 1000 * (time.perf_counter() - t0), ce)
             self.position = f"at step {step + 1}"
         return val_loss

@@ -424,6 +424,25 @@ def test_the_collector_is_off_on_the_clock_and_collects_after(corpus):
     assert enabled and not any(enabled) and gc.isenabled() and gc.get_freeze_count() == 0
 
 
+def test_the_timed_loop_waits_for_the_gpu_only_at_validations_and_stage_edges(corpus):
+    """The host waits for the GPU at the clock's start, before and after each validation, and before the step
+    line that starts each stage (so per-stage ms/step are the GPU's when the graphed host runs ahead), nowhere
+    else; each wait is named by the steps trained before it."""
+    trainer = T.Trainer(tiny_hp(corpus, rank_slice=True, val_loss_every=4), 0, 1, torch.device("cpu"),
+                        T.RunLog(None))
+    trained, waits, step = [], [], trainer.train_step
+    trainer.train_step = lambda plan, loader: (trained.append(plan.step), step(plan, loader))[1]
+    trainer._sync = lambda: waits.append(len(trained))
+    trainer.run()
+    edges, validations = trainer.schedule.stage_starts[1:], trainer.validation_steps()
+    assert len(edges) >= 3 and len(trained) == trainer.last_step == trainer.schedule.total_steps
+    expected = [0]
+    for s in range(trainer.last_step + 1):
+        expected += [s, s] if s in validations else []
+        expected += [s + 1] if s + 1 in edges and s < trainer.last_step else []
+    assert waits == expected
+
+
 def test_the_run_log_buffers_step_lines_until_a_console_line(tmp_path):
     path = tmp_path / "run.txt"
     log = T.RunLog(str(path))
