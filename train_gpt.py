@@ -1863,6 +1863,36 @@ def lazy_table_bytes_per_row(dim: int) -> int:
     return dim * (2 + 4 + 4) + 4
 
 
+def lazy_adam_replayed(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, last_step: Tensor, replay: Tensor,
+                       local: Tensor, eps: float) -> Tensor:
+    """The fp32 weights of a LazyAdamTable's local rows as dense Adam has them now: the stored ones moved by
+    the replay sum of the steps since each row's last update (T3.19)."""
+    coefficient = replay[last_step[local].long()].float()[:, None]
+    return weight[local].float() - coefficient * exp_avg[local] / (exp_avg_sq[local].sqrt() + eps)
+
+
+def lazy_adam_rows(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, last_step: Tensor, replay: Tensor,
+                   step_numbers: Tensor, local: Tensor, sums: Tensor, scalars: Tensor, beta1: float, beta2: float,
+                   eps: float, grad_scale: float):
+    """One Adam step of a LazyAdamTable's rows `local` (T3.19), in place: replay the steps each row missed,
+    update it with its gradient sum, then give every replay sum this step's term. scalars: float64 on the
+    device, (t, the step size with its bias correction, lr²·wd), so one compiled graph serves every step."""
+    t, step_size, wd_lr2 = scalars[0], scalars[1], scalars[2]
+    missed = (t - 1 - last_step[local]).float()[:, None]
+    w = lazy_adam_replayed(weight, exp_avg, exp_avg_sq, last_step, replay, local, eps)
+    m = exp_avg[local] * beta1 ** missed
+    v = exp_avg_sq[local] * beta2 ** missed
+    g = sums * grad_scale
+    m = m.lerp(g, 1 - beta1)
+    v = v.lerp(g.square(), 1 - beta2)
+    u = step_size.float() * m / (v.sqrt() + eps)
+    u = u + (u * w > 0) * w * wd_lr2.float()  # adam_update's cautious decay (T2.5)
+    weight[local] = (w - u).to(weight.dtype)
+    exp_avg[local], exp_avg_sq[local] = m, v
+    last_step[local] = t.to(last_step.dtype)
+    replay.add_(torch.where(step_numbers < t, step_size * (beta1 / math.sqrt(beta2)) ** (t - step_numbers), 0.0))
+
+
 class LazyAdamTable:
     """A table trained on the rows each step touches, with a lazy sparse Adam and no dense gradient (record #92,
     PR #360; T3.19, T3.20). It is no parameter: NorMuonAdam never sees it. A subclass says which rows a
@@ -1893,7 +1923,7 @@ class LazyAdamTable:
     inverse_buffer: str  # ... and each position's places in it
 
     def __init__(self, rows: int, dim: int, spec: ParamSpec, optim: OptimConfig, max_steps: int,
-                 device: torch.device, rank: int, world_size: int, dtype: torch.dtype):
+                 device: torch.device, rank: int, world_size: int, dtype: torch.dtype, compile: bool = False):
         self.rows, self.spec, self.optim = rows, spec, optim
         self.world = world_size
         self.shard_rows = -(-self.rows // world_size)
@@ -1907,6 +1937,13 @@ class LazyAdamTable:
         self.step_numbers = torch.arange(max_steps + 1, dtype=torch.float64, device=device)
         self.step_count = 0  # Adam steps taken
         self.kept: list[tuple[Tensor, Tensor]] = []  # (row ids, their gradient sums) since the last Adam step
+        self.scalars = torch.zeros(3, dtype=torch.float64, device=device)  # lazy_adam_rows' (t, step size, lr²·wd)
+        if compile and device.type == "cuda":  # the update's and the read's gathers and arithmetic fused
+            allow_graph_per_shape()  # one graph per stage's row count; above world size 1 the counts vary
+            fuse = lambda f: torch.compile(f, dynamic=world_size > 1, fullgraph=True)  # noqa: E731
+            self._rows_fn, self._replayed_fn = fuse(lazy_adam_rows), fuse(lazy_adam_replayed)
+        else:
+            self._rows_fn, self._replayed_fn = lazy_adam_rows, lazy_adam_replayed
 
     def buffers(self, model: nn.Module, tokens: int) -> tuple[Tensor, Tensor]:
         """The model's row cache and inverse that load fills for a forward of `tokens` tokens."""
@@ -1965,32 +2002,22 @@ class LazyAdamTable:
     def update(self, local: Tensor, sums: Tensor, lr_multiplier: float):
         """One Adam step of the table: the rows `local` (duplicates only of the scratch row) with their
         gradients summed over the ranks, after replaying the steps they missed; then every replay sum takes
-        this step's term."""
+        this step's term (lazy_adam_rows)."""
         beta1, beta2 = self.spec.betas
         self.step_count += 1
         t = self.step_count
         lr = self.optim.adam_lr * self.spec.lr_mul * lr_multiplier
         step_size = lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
         wd_lr2 = lr * lr * self.optim.adam_weight_decay * self.spec.wd_mul  # adam_update's decay (T2.5)
-        missed = (t - 1 - self.last_step[local]).float()[:, None]
-        weight = self.replayed(local)
-        exp_avg = self.exp_avg[local] * beta1 ** missed
-        exp_avg_sq = self.exp_avg_sq[local] * beta2 ** missed
-        g = sums * (1.0 / self.world)
-        exp_avg.lerp_(g, 1 - beta1)
-        exp_avg_sq.lerp_(g.square(), 1 - beta2)
-        u = step_size * exp_avg / (exp_avg_sq.sqrt() + self.optim.adam_eps)
-        u = u + (u * weight > 0) * weight * wd_lr2
-        self.weight[local] = (weight - u).to(self.weight.dtype)
-        self.exp_avg[local], self.exp_avg_sq[local] = exp_avg, exp_avg_sq
-        self.last_step.index_fill_(0, local, t)  # a Python scalar put by index would copy it to the GPU
-        self.replay[:t] += step_size * (beta1 / math.sqrt(beta2)) ** (t - self.step_numbers[:t])
+        host = torch.tensor([t, step_size, wd_lr2], dtype=torch.float64, pin_memory=self.scalars.is_cuda)
+        self.scalars.copy_(host, non_blocking=True)
+        self._rows_fn(self.weight, self.exp_avg, self.exp_avg_sq, self.last_step, self.replay, self.step_numbers,
+                      local, sums, self.scalars, beta1, beta2, self.optim.adam_eps, 1.0 / self.world)
 
     def replayed(self, local: Tensor) -> Tensor:
         """The fp32 weights of local rows as dense Adam has them now: the stored ones moved by their replay sum."""
-        coefficient = self.replay[self.last_step[local].long()].float()[:, None]
-        return self.weight[local].float() - coefficient * self.exp_avg[local] / (
-            self.exp_avg_sq[local].sqrt() + self.optim.adam_eps)
+        return self._replayed_fn(self.weight, self.exp_avg, self.exp_avg_sq, self.last_step, self.replay, local,
+                                 self.optim.adam_eps)
 
     def current(self, local: Tensor) -> Tensor:
         return self.replayed(local).to(self.weight.dtype)
@@ -2052,9 +2079,9 @@ class NgramTable(LazyAdamTable):
     cache_buffer, inverse_buffer = "ngram_cache", "ngram_inverse"
 
     def __init__(self, cfg: ModelConfig, optim: OptimConfig, max_steps: int, device: torch.device,
-                 rank: int = 0, world_size: int = 1, dtype: torch.dtype = torch.bfloat16):
+                 rank: int = 0, world_size: int = 1, dtype: torch.dtype = torch.bfloat16, compile: bool = False):
         super().__init__(cfg.ngram_rows, cfg.model_dim, param_table(cfg)["ngram_table"], optim, max_steps, device,
-                         rank, world_size, dtype)
+                         rank, world_size, dtype, compile)
         self.orders = cfg.ngram_orders
 
     def row_ids(self, ids: Tensor) -> Tensor:
@@ -2071,9 +2098,9 @@ class ValueEmbedTable(LazyAdamTable):
     cache_buffer, inverse_buffer = "ve_cache", "ve_inverse"
 
     def __init__(self, cfg: ModelConfig, optim: OptimConfig, max_steps: int, initial: Tensor, device: torch.device,
-                 rank: int = 0, world_size: int = 1, dtype: torch.dtype = torch.bfloat16):
+                 rank: int = 0, world_size: int = 1, dtype: torch.dtype = torch.bfloat16, compile: bool = False):
         super().__init__(cfg.vocab_size, initial.size(1), param_table(cfg)["value_embeds"], optim, max_steps, device,
-                         rank, world_size, dtype)
+                         rank, world_size, dtype, compile)
         self.reset(initial)
 
     def row_ids(self, ids: Tensor) -> Tensor:
@@ -3522,7 +3549,8 @@ class Trainer:
         hp = self.hp
         if not hp.model.ngram_rows:
             return None
-        table = NgramTable(hp.model, hp.optim, self.schedule.total_steps, self.device, self.rank, self.world_size)
+        table = NgramTable(hp.model, hp.optim, self.schedule.total_steps, self.device, self.rank, self.world_size,
+                           compile=hp.execution.compile)
         gib = table.shard_rows * lazy_table_bytes_per_row(hp.model.model_dim) / 2**30
         self.log(f"n-gram table (T3.19): {hp.model.ngram_rows} rows, orders {','.join(map(str, hp.model.ngram_orders))}; "
                  f"{table.shard_rows} rows per process, {gib:.2f} GiB with their Adam state; lazy sparse Adam")
@@ -3535,7 +3563,7 @@ class Trainer:
         if not (hp.model.value_embeds and hp.model.value_embed_sparse):
             return None
         table = ValueEmbedTable(hp.model, hp.optim, self.schedule.total_steps, self.model.initial_value_embeds,
-                                self.device, self.rank, self.world_size)
+                                self.device, self.rank, self.world_size, compile=hp.execution.compile)
         del self.model.initial_value_embeds
         gib = table.shard_rows * lazy_table_bytes_per_row(table.weight.size(1)) / 2**30
         self.log(f"value embeddings (T3.20): sparse, {table.shard_rows} rows per process, {gib:.2f} GiB with their "

@@ -17,6 +17,11 @@
 #   bench/lease.sh pack-cache DEST [FIRST]     the compile caches ($CACHE_DIR) as cache.tar.xz.partNN
 #                                              of 15 MiB, packed once per lease; copies parts FIRST
 #                                              (0) to FIRST+7 into DEST and says how many there are
+#   bench/lease.sh carry [DEST]                here, before a lease (not on the GPU machine): the shards
+#                                              ($SHARDS of $DATA_SRC), the GPU wheels and the cu13
+#                                              libraries as one tar split into DEST/pN/ (.bench), each part
+#                                              as large as the room beside the working tree allows; says
+#                                              which call carries which part. setup reassembles them.
 #
 # Compile caches: a fresh machine compiles for ~6 minutes. The queue writes inductor's, Triton's and
 # FlashAttention-4's caches under $CACHE_DIR; `pack-cache` at the end of a lease brings them back in
@@ -62,6 +67,10 @@
 #   CACHE_DIR      the compile caches: TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and
 #                  FLASH_ATTENTION_CUTE_DSL_CACHE_DIR below it, unless set [/tmp/cc]; setup unpacks
 #                  $STAGE/cache.tar.xz.part* into it (once per machine)
+#   GPU_WHEELS     carry: the wheels pip downloads for the GPU machine (Python 3.12, manylinux x86-64)
+#                  [requirements-gpu.txt's pins, nvidia-cutlass-dsl-libs-base and -libs-cu13]; "none":
+#                  the shards alone; a folder: its *.whl as they are
+#   PART_MIB       carry: the size of a part [64 MiB less the working tree that travels, less 1]
 set -euo pipefail
 
 SHARDS=${SHARDS:-"proxy_train_00000[123].bin.xz proxy_val_000000.bin.xz"}
@@ -201,7 +210,24 @@ EOF
     if command -v nvidia-smi > /dev/null; then nvidia-smi -L; else echo "nvidia-smi: not on this machine"; fi
 }
 
+# carry's parts (blob.tar.partNN-of-MM), each brought by a call into $STAGE: all there, reassembled into $STAGE
+unpack_carried() {
+    local parts total have missing=() i
+    compgen -G "$STAGE/blob.tar.part*-of-*" > /dev/null || return 0
+    parts=("$STAGE"/blob.tar.part*-of-*)
+    total=${parts[0]##*-of-}
+    for (( i = 0; i < 10#$total; i++ )); do
+        have=$(printf '%s/blob.tar.part%02d-of-%s' "$STAGE" "$i" "$total")
+        [ -e "$have" ] || missing+=("$(basename "$have")")
+    done
+    [ ${#missing[@]} -eq 0 ] || die "carry: missing ${missing[*]} in $STAGE: carry those calls' parts first"
+    cat "${parts[@]}" | tar -xf - -C "$STAGE" || die "carry: the parts in $STAGE do not unpack"
+    rm -f "${parts[@]}"
+    echo "carry: reassembled $((10#$total)) parts into $STAGE"
+}
+
 cmd_setup() {
+    unpack_carried
     local src=${1:-${DATA_SRC:-}}
     if [ -z "$src" ]; then
         src=$(first_dir_with "$SHARDS" shared/data/proxy .bench "$STAGE") \
@@ -382,7 +408,73 @@ cmd_collect() {
     fi
 }
 
+# The wheels requirements-gpu.txt pins, by name==version, with the two that nvidia-cutlass-dsl[cu13] pulls in
+gpu_wheel_pins() {
+    local pins
+    pins=$(sed -e 's/#.*//' -e 's/\[[a-z0-9]*\]//' requirements-gpu.txt | grep '==' | tr -d ' ') \
+        || die "carry: no pins in requirements-gpu.txt"
+    local dsl
+    dsl=$(printf '%s\n' "$pins" | sed -n 's/^nvidia-cutlass-dsl==//p')
+    [ -n "$dsl" ] || die "carry: requirements-gpu.txt pins no nvidia-cutlass-dsl"
+    printf '%s\n' "$pins" "nvidia-cutlass-dsl-libs-base==$dsl" "nvidia-cutlass-dsl-libs-cu13==$dsl"
+}
+
+cmd_carry() {
+    local dest=${1:-.bench} src=${DATA_SRC:-} wheels=${GPU_WHEELS:-} work tree room part n i p f patterns
+    [ -n "$src" ] && [ -d "$src" ] || die "carry: give DATA_SRC, the folder of the proxy shards (*.bin.xz)"
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' RETURN
+    mkdir -p "$work/blob/whl"
+    read -r -a patterns <<< "$SHARDS"
+    for p in "${patterns[@]}"; do
+        for f in "$src"/$p; do
+            [ -e "$f" ] || die "carry: no $src/$p"
+            cp "$f" "$work/blob/"
+        done
+    done
+    if [ "$wheels" != none ]; then
+        if [ -z "$wheels" ]; then
+            wheels=$work/download
+            # shellcheck disable=SC2046
+            python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+                $(for n in 17 24 27 28 31 34 35; do echo --platform "manylinux_2_${n}_x86_64"; done) \
+                --platform manylinux2014_x86_64 -d "$wheels" $(gpu_wheel_pins) \
+                || die "carry: pip download failed (a package registry is needed here)"
+        fi
+        compgen -G "$wheels/*.whl" > /dev/null || die "carry: no wheels in $wheels"
+        for f in "$wheels"/*.whl; do
+            case $(basename "$f") in
+                nvidia_cutlass_dsl_libs_cu13-*)  # installed by unpacking after pip (pip --target replaces folders)
+                    mkdir -p "$work/cu13" && (cd "$work/cu13" && python3 -m zipfile -e "$f" .)
+                    tar -C "$work/cu13" -cf - . | xz -T0 -9 > "$work/blob/whl/cu13.tar.xz.part00" ;;
+                *) cp "$f" "$work/blob/whl/" ;;
+            esac
+        done
+    fi
+    if [ -n "${PART_MIB:-}" ]; then
+        part=$(( PART_MIB * 1048576 ))
+    else
+        tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
+        room=$(( 64 * 1048576 - tree - 1048576 ))
+        [ "$room" -gt 1048576 ] || die "carry: the working tree ($tree bytes) leaves no room under 64 MiB"
+        part=$room
+    fi
+    rm -rf "$dest"/p[0-9]*
+    tar -C "$work/blob" -cf - . | split -b "$part" -d -a 2 - "$work/blob.tar.part"
+    n=$(ls "$work"/blob.tar.part* | wc -l)
+    i=0
+    for f in "$work"/blob.tar.part*; do
+        mkdir -p "$dest/p$i"
+        mv "$f" "$dest/p$i/$(basename "$f")-of-$(printf %02d "$n")"
+        i=$((i + 1))
+    done
+    echo "carry: $n parts of at most $((part / 1048576)) MiB in $dest/p0-p$((n - 1)); one call each, on one machine:"
+    echo "  carry [\"$dest/pK\"], run: mkdir -p $STAGE && cp $dest/pK/* $STAGE/"
+    echo "  after the last: SHARDS='$SHARDS' bash bench/lease.sh setup (it reassembles them), then start"
+}
+
 case "${1:-}" in
+    carry) shift; cmd_carry "$@" ;;
     setup) shift; cmd_setup "$@" ;;
     start) shift; cmd_start "$@" ;;
     poll) shift; cmd_poll "$@" ;;

@@ -69,6 +69,39 @@ def dense_adam_steps(steps, rows: int, weight: torch.Tensor, optim, betas) -> tu
     return W, m, v
 
 
+def test_the_table_compiles_its_update_only_on_the_gpu():
+    """Decided once at construction: on the CPU the table runs lazy_adam_rows and lazy_adam_replayed as they are."""
+    cfg = T.ModelConfig(model_dim=DIM, ngram_rows=40)
+    cpu = T.NgramTable(cfg, T.Hyperparameters.of().optim, 12, torch.device("cpu"), compile=True)
+    assert cpu._rows_fn is T.lazy_adam_rows and cpu._replayed_fn is T.lazy_adam_replayed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_compiled_lazy_adam_equals_the_eager_one_on_the_gpu():
+    """The compiled update and read (one graph each for a fixed row count) give the eager functions' rows,
+    moments, steps and replay sums over ten steps of random row sets with repeats and padding."""
+    torch.manual_seed(0)
+    cfg, cuda = T.ModelConfig(model_dim=DIM, ngram_rows=40), torch.device("cuda")
+    optim = T.Hyperparameters.of().optim
+    eager, fused = (T.NgramTable(cfg, optim, 12, cuda, dtype=torch.float32, compile=c) for c in (False, True))
+    assert fused._rows_fn is not T.lazy_adam_rows
+    start = torch.randn(40, DIM, device=cuda)
+    for tab in (eager, fused):
+        tab.weight[:40].copy_(start)
+    for t in range(10):
+        ids = torch.cat([torch.randint(0, 30, (27,)), torch.full((3,), 40)]).to(cuda)
+        grads = torch.randn(30, DIM, device=cuda)
+        for tab in (eager, fused):
+            tab.update(*tab.owner_sums(ids, grads), 1.0 - 0.08 * t)
+    rows = torch.arange(40, device=cuda)
+    torch.testing.assert_close(fused.replayed(rows), eager.replayed(rows), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused.exp_avg[:40], eager.exp_avg[:40], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(fused.exp_avg_sq[:40], eager.exp_avg_sq[:40], rtol=1e-5, atol=1e-9)
+    assert torch.equal(fused.last_step, eager.last_step)
+    torch.testing.assert_close(fused.replay, eager.replay, rtol=1e-12, atol=0)
+
+
 def test_lazy_sparse_adam_equals_dense_adam_with_zero_gradients_on_untouched_steps():
     """Random row sets (repeats, padding, rows left out for many steps, rows never touched), a varying lr."""
     torch.manual_seed(0)

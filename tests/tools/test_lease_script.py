@@ -7,6 +7,7 @@ import signal
 import subprocess
 import tarfile
 import time
+import zipfile
 
 import pytest
 
@@ -159,3 +160,48 @@ def test_compile_caches_round_trip_through_parts(tmp_path):
     assert "cache: unpacked 1 parts" in setup.stdout
     assert (fresh / "inductor" / "fx" / "graph.so").read_bytes() == payload
     assert (fresh / "triton" / "k.cubin").read_bytes() == b"cubin"
+
+
+def test_carry_splits_shards_and_wheels_into_parts_that_setup_reassembles(tmp_path):
+    """carry (here) packs the shards, the small wheels and the cu13 libraries' tarball into parts of PART_MIB
+    in .bench/pN; setup (there) refuses an incomplete set with one line naming what is missing, then
+    reassembles them into the stage folder, where the shards and the wheels are found as before."""
+    src, wheels = tmp_path / "proxy", tmp_path / "wheels"
+    src.mkdir(), wheels.mkdir()
+    payload = os.urandom(5 << 19)  # 2.5 MiB, incompressible: three 1 MiB parts
+    for name, data in (("tiny_train_000001.bin", payload), ("tiny_val_000000.bin", b"\0" * 16)):
+        (src / name).write_bytes(data)
+        subprocess.run(["xz", "-0", str(src / name)], check=True)
+    library = os.urandom(1000)
+    with zipfile.ZipFile(wheels / "nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl", "w") as z:
+        z.writestr("nvidia_cutlass_dsl/lib/libcute.so", library)
+    with zipfile.ZipFile(wheels / "small-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("small/__init__.py", "")
+    carried = lease_env(tmp_path, {"DATA_SRC": str(src), "SHARDS": "tiny_*.bin.xz", "GPU_WHEELS": str(wheels),
+                                   "PART_MIB": "1"}, "carry", timeout=120)
+    assert carried.returncode == 0, carried.stderr
+    folders = sorted((tmp_path / ".bench").iterdir())
+    assert [f.name for f in folders] == [f"p{i}" for i in range(len(folders))] and len(folders) >= 3
+    parts = [next(f.iterdir()) for f in folders]
+    assert all(p.stat().st_size <= 1 << 20 for p in parts) and f"{len(parts)} parts" in carried.stdout
+    assert [p.name for p in parts] == [f"blob.tar.part{i:02d}-of-{len(parts):02d}" for i in range(len(parts))]
+
+    stage, empty = tmp_path / "stage", tmp_path / "no_wheels"
+    stage.mkdir(), empty.mkdir()
+    (tmp_path / "tok").mkdir()
+    for name in ("encoder.json", "vocab.bpe"):
+        (tmp_path / "tok" / name).write_text("{}")
+    env = {"STAGE": str(stage), "SHARDS": "tiny_*.bin.xz", "DATA_DIR": str(tmp_path / "data"),
+           "TOKENIZER_SRC": str(tmp_path / "tok"), "WHEEL_DIR": str(empty), "CACHE_DIR": str(tmp_path / "cc")}
+    for p in parts[:-1]:
+        shutil.copy(p, stage)
+    incomplete = lease_env(tmp_path, env, "setup", timeout=120)
+    assert incomplete.returncode != 0 and f"missing {parts[-1].name}" in incomplete.stderr
+    shutil.copy(parts[-1], stage)
+    setup = lease_env(tmp_path, env, "setup", timeout=120)
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    assert f"reassembled {len(parts)} parts" in setup.stdout and not list(stage.glob("blob.tar.part*"))
+    assert (tmp_path / "data" / "tiny_train_000001.bin").read_bytes() == payload
+    assert sorted(p.name for p in (stage / "whl").iterdir()) == ["cu13.tar.xz.part00", "small-1.0-py3-none-any.whl"]
+    with tarfile.open(stage / "whl" / "cu13.tar.xz.part00") as tar:
+        assert tar.extractfile("./nvidia_cutlass_dsl/lib/libcute.so").read() == library
