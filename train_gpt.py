@@ -1940,8 +1940,8 @@ class LazyAdamTable:
         self.scalars = torch.zeros(3, dtype=torch.float64, device=device)  # lazy_adam_rows' (t, step size, lr²·wd)
         if compile and device.type == "cuda":  # the update's and the read's gathers and arithmetic fused
             allow_graph_per_shape()  # one graph per stage's row count; above world size 1 the counts vary
-            fuse = lambda f: torch.compile(f, dynamic=world_size > 1, fullgraph=True)  # noqa: E731
-            self._rows_fn, self._replayed_fn = fuse(lazy_adam_rows), fuse(lazy_adam_replayed)
+            self._rows_fn, self._replayed_fn = (torch.compile(f, dynamic=world_size > 1, fullgraph=True)
+                                                for f in (lazy_adam_rows, lazy_adam_replayed))
         else:
             self._rows_fn, self._replayed_fn = lazy_adam_rows, lazy_adam_replayed
 
