@@ -1971,9 +1971,8 @@ class LazyAdamTable:
         return distinct
 
     def add_gradient(self, distinct: Tensor, cache_grad: Tensor):
-        """Keep a backward's per-row gradient sums (the row cache's gradient) for the next Adam step: copies of
-        both, since a graph's replay rewrites its outputs (the accumulating graph's with every micro-batch)."""
-        self.kept.append((distinct.clone(), cache_grad[: distinct.numel()].clone()))
+        """Keep a backward's per-row gradient sums (the row cache's gradient) for the next Adam step."""
+        self.kept.append((distinct, cache_grad[: distinct.numel()].clone()))
 
     # --- optimizer ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -3289,7 +3288,7 @@ class StepGraphs:
                               attention_cap=plan.attention_cap)
             (step.first if k == 0 else step.accumulate).replay()
             for table, (distinct, cache_grad) in zip(self.row_tables, step.rows if k == 0 else step.accumulate_rows):
-                table.add_gradient(distinct, cache_grad)  # copies: the next replay rewrites them
+                table.add_gradient(distinct.clone(), cache_grad)  # the next replay rewrites both; add_gradient copies the gradient
         self.set_grads(self.key(plan))
         return step.ce
 

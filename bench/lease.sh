@@ -442,6 +442,7 @@ cmd_carry() {
                 || die "carry: pip download failed (a package registry is needed here)"
         fi
         compgen -G "$wheels/*.whl" > /dev/null || die "carry: no wheels in $wheels"
+        wheels=$(cd "$wheels" && pwd)  # the cu13 wheel is unzipped from another folder
         for f in "$wheels"/*.whl; do
             case $(basename "$f") in
                 nvidia_cutlass_dsl_libs_cu13-*)  # installed by unpacking after pip (pip --target replaces folders)
