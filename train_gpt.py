@@ -943,7 +943,7 @@ class GPT(nn.Module):
         targets = target_ids.long()
         total = x.new_zeros((), dtype=torch.float32)
         for i in range(0, x.size(0), chunk):
-            z = softcap(vocab_matmul(x[i: i + chunk], self.lm_head.t()))
+            z = softcap(x[i: i + chunk] @ self.lm_head.t())
             total = total + (torch.logsumexp(z, -1) - z.gather(1, targets[i: i + chunk, None])[:, 0]).sum()
         return total
 
@@ -956,7 +956,7 @@ class GPT(nn.Module):
         targets = target_ids.long()
         totals = x.new_zeros(2, dtype=torch.float32)
         for i in range(0, x.size(0), chunk):
-            z = softcap(vocab_matmul(x[i: i + chunk], self.lm_head.t()))
+            z = softcap(x[i: i + chunk] @ self.lm_head.t())
             banned = banned_next(banned_next_table, input_ids[i: i + chunk], z.size(1))
             columns = targets[i: i + chunk, None]
             target_logits = z.gather(1, columns)[:, 0]
@@ -4009,6 +4009,37 @@ def check_gpus(hp: Hyperparameters, world_size: int):
                          f"(fewer GPUs accumulate gradients: the same training)")
 
 
+# CPU runs (tests, SMOKE=1): torch's bf16 and fp16 matrix products on a CPU without bf16 GEMM instructions
+# (AVX512-BF16, AMX: the CI runners') are scalar loops, ~25x slower than MKL's fp32 GEMM on the same operands.
+_CPU_GEMMS = None
+
+
+def cpu_16bit_gemms_in_fp32() -> None:
+    """From now on in this process, aten::mm and aten::bmm on the CPU multiply bf16/fp16 operands as fp32
+    and round the result once to their dtype: a bf16 GEMM's fp32-accumulated products (summation order
+    aside), the same on every CPU, autograd's backward products included (they dispatch to the same ops).
+    Other dtypes and devices are untouched. Called by init_process on the CPU and by tests/helpers.py."""
+    global _CPU_GEMMS
+    if _CPU_GEMMS is not None:
+        return
+
+    def kernel(op):
+        def product(a: Tensor, b: Tensor) -> Tensor:
+            shape = (*a.shape[:-1], b.size(-1))
+            if a.dtype in (torch.bfloat16, torch.float16) and b.dtype == a.dtype:
+                out = torch.empty(shape, dtype=torch.float32)
+                return op(a.float(), b.float(), out=out).to(a.dtype)
+            return op(a, b, out=torch.empty(shape, dtype=torch.promote_types(a.dtype, b.dtype)))  # the .out kernels
+        return product
+
+    library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # "Overriding a previously registered kernel": the point
+        warnings.simplefilter("ignore")
+        library.impl("mm", kernel(torch.mm), "CPU")
+        library.impl("bmm", kernel(torch.bmm), "CPU")
+    _CPU_GEMMS = library  # the registration lives as long as the Library object
+
+
 def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
     """(rank, world size, device) of this process; the process group when several run."""
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -4021,6 +4052,8 @@ def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device(hp.run.device)
+        if device.type == "cpu":
+            cpu_16bit_gemms_in_fp32()
     if world_size > 1:
         cuda = device.type == "cuda"
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
@@ -4617,15 +4650,6 @@ def transpose_copy(src: Tensor, use_triton: bool | None = None, block_m: int = 6
     return dst
 
 
-def vocab_matmul(a: Tensor, b: Tensor) -> Tensor:
-    """a @ b for the vocabulary-sized lm_head products. On the CPU, 16-bit operands are multiplied
-    in fp32 and the result rounded back: the same fp32-accumulated exact products as a bf16 GEMM,
-    without CPU bf16 kernels that run ~60x slower where AVX512-BF16 is missing (CI, tests)."""
-    if a.is_cuda or a.dtype not in (torch.bfloat16, torch.float16):
-        return a @ b
-    return (a.float() @ b.float()).to(a.dtype)
-
-
 def _scale_tensor(value: float, device: torch.device) -> Tensor:
     """A 0-d float32 scale in its own allocation: cuBLASLt (CUDA 13) rejects scale pointers that
     are not 16-byte aligned, e.g. views into a shared buffer."""
@@ -4646,7 +4670,7 @@ def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: 
                                   use_fast_accum=True)
         grad_dtype, grad_mul = torch.float8_e5m2, 1 / FP8_GRAD_SCALE  # stores du/grad_s
     else:
-        logits = vocab_matmul(x, w.t())
+        logits = x @ w.t()
         grad_dtype, grad_mul = logits.dtype, grad_scale
     loss_rows, ce0_rows, grad = softcap_ce(logits, targets, weights, grad_mul, grad_dtype)
     return loss_rows.sum() * grad_scale, ce0_rows.mean(), grad
@@ -4672,7 +4696,7 @@ def _lm_head_softcap_ce_backward(g: Tensor, grad_logits: Tensor, x: Tensor, w: T
                                   scale_b=_scale_tensor(FP8_X_SCALE, x.device), out_dtype=torch.bfloat16)
         return grad_x, grad_w
     g = g.to(grad_logits.dtype)
-    return vocab_matmul(grad_logits, w).mul_(g), vocab_matmul(grad_logits.t(), x).mul_(g)
+    return (grad_logits @ w).mul_(g), (grad_logits.t() @ x).mul_(g)
 
 
 @_lm_head_softcap_ce_backward.register_fake
@@ -4776,7 +4800,7 @@ def sampled_softcap_ce_reference(x: Tensor, lm_head: Tensor, targets: Tensor, we
     candidate rows c only, each target looked up among the candidates (one not among them counts as
     none), then (Σ_t Σ_k w_k·(lse_t − z_t[y_tk])·grad_scale, mean ce0_t) as lm_head_softcap_ce's.
     The gradient reaches x and, through the gather, W's candidate rows only."""
-    z = softcap(vocab_matmul(x, lm_head[candidates].t()))
+    z = softcap(x @ lm_head[candidates].t())
     slot_of = torch.full((lm_head.size(0),), -1, dtype=torch.long, device=x.device)
     slot_of[candidates] = torch.arange(candidates.numel(), device=x.device)
     slots = torch.where(targets >= 0, slot_of[targets.clamp_min(0)], -1)

@@ -9,6 +9,12 @@ import pytest
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config):
+    """helpers' set-up before any test module is collected: CPU bf16/fp16 GEMMs as fp32 products rounded
+    once, as every CPU run of train_gpt.py has them (train_gpt.cpu_16bit_gemms_in_fp32)."""
+    import helpers  # noqa: F401
+
+
 def _glibc():
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

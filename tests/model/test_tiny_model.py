@@ -120,7 +120,7 @@ def test_masked_validation_loss_matches_a_dense_reference():
     shape, execution = T.ForwardShape(32, 96, 256), cpu_execution(hp, tokens=inputs.numel(), training=False)
     with torch.no_grad():
         masked, plain = model.masked_evaluation_loss(inputs, targets, cu, shape, execution, 100, table)
-        z = T.softcap(T.vocab_matmul(model.hidden_states(inputs, cu, shape, execution), model.lm_head.t())).double()
+        z = T.softcap(model.hidden_states(inputs, cu, shape, execution) @ model.lm_head.t()).double()
         dense = -torch.log_softmax(z.masked_fill(banned[inputs.long()], float("-inf")), -1)
         expected = dense.gather(1, targets.long()[:, None]).sum()
         assert plain == model.evaluation_loss(inputs, targets, cu, shape, execution, 100)

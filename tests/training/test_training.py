@@ -386,8 +386,11 @@ def test_ctrl_c_ends_with_one_interrupted_line_and_keeps_the_log(tmp_path, corpu
     import time
     env = tiny_env(tmp_path, corpus, rank_slice=True, num_scheduled_iterations=3000, run_id="ctrlc")
     log_path = tmp_path / "logs" / "ctrlc.txt"
+    # SIGINT's default action in the child: a pytest started in the background by a non-interactive shell
+    # (`pytest &`) has SIGINT ignored, which its children inherit, and Python then never raises KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train_gpt.py")], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 300
         while time.time() < deadline and not (log_path.exists() and "step:5/" in log_path.read_text()):

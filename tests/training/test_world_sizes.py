@@ -3,8 +3,9 @@ through the real main() on the tiny configuration and corpus.
 
 Full-batch mode computes the same training at every world size: world W accumulates 8 // W
 micro-batches per rank, so the runs differ only in the order of the bf16 gradient sums (local
-accumulation against gloo's reduction). Per-step losses then agree to a few 1e-3, while a wrong
-data slice, a missed reduction or a wrong gradient scale moves them by more than 1e-1.
+accumulation against gloo's reduction). Per-step losses then agree to a few 1e-3 (the train losses to
+3e-4; step 4's validation, after the largest steps, to 6e-3 at most as measured on 2026-11-27), while a
+wrong data slice, a missed reduction or a wrong gradient scale moves them by more than 1e-1.
 """
 import os
 import re
@@ -24,7 +25,7 @@ TINY = dict(DEVICE="cpu", COMPILE=0, WARMUP=0, MODEL_DIM=128, NUM_HEADS=2, HEAD_
             NUM_EXTENSION_ITERATIONS=1, STOP_AFTER=STEPS, VAL_LOSS_EVERY=2, TRAIN_LOSS_EVERY=1,
             MUON_MOMENTUM_WARMUP_STEPS=5, MUON_MOMENTUM_COOLDOWN_STEPS=2)
 HYPERPARAMETERS = set(T.hyperparameter_variables())
-TOLERANCE = 5e-3
+TOLERANCE = 1e-2
 
 
 @pytest.fixture(scope="module")
