@@ -4010,7 +4010,7 @@ def check_gpus(hp: Hyperparameters, world_size: int):
 
 
 # CPU runs (tests, SMOKE=1): torch's bf16 and fp16 matrix products on a CPU without bf16 GEMM instructions
-# (AVX512-BF16, AMX: the CI runners') are scalar loops, ~25x slower than MKL's fp32 GEMM on the same operands.
+# (AVX512-BF16, AMX: the CI runners') are scalar loops, far slower than MKL's fp32 GEMM (README, Tests).
 _CPU_GEMMS = None
 
 

@@ -39,11 +39,13 @@
 # RANK_SLICE=1; a full-batch torchrun queue sets RANK_SLICE=0), PYTHONPATH with $SITE and the CuTe
 # DSL's dsl_packages (its .pth files are not read from a --target folder), PYTHONUNBUFFERED=1,
 # FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1, the three cache folders under $CACHE_DIR, NVLink multicast off (NCCL_NVLS_ENABLE=0,
-# TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), L=LEASE_DIR=the log folder and three
+# TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), L=LEASE_DIR=the log folder and five
 # functions: `note TEXT` appends "HH:MM:SS TEXT" to $L/status; `arm GPU NAME [VAR=VALUE ...]` runs
 # train_gpt.py alone on GPU with RUN_ID=NAME, SEEDS=1,2,3 (unless given) and LOG_DIR=$L, its output in
 # $L/NAME.out, and notes its rc; `check GPU NAME SECONDS COMMAND...` runs COMMAND on GPU under a timeout,
-# its output in $L/NAME.out, and notes its rc. Stop a queue and everything it
+# its output in $L/NAME.out, and notes its rc; `need_shards N...` ends the queue unless $DATA_DIR holds those
+# proxy train shards; `watch_gpus SECONDS` writes $L/gpus.txt and samples the clocks into $L/clocks.txt
+# every SECONDS until the queue ends. Stop a queue and everything it
 # started: kill -- -$(cat $LEASE_DIR/queue.pid).
 #
 # Variables (environment, default in brackets):
@@ -315,9 +317,27 @@ cmd_start() {
         CUDA_VISIBLE_DEVICES="$gpu" timeout "$seconds" "$@" > "$L/$name.out" 2>&1
         note "$name rc=$?"
     }
-    export -f note arm check
+    # need_shards N...: end the queue (rc 1, noted) unless $DATA_DIR holds proxy train shard N for every N
+    need_shards() {
+        local i
+        for i in "$@"; do
+            [ -f "$DATA_DIR/proxy_train_$(printf %06d "$i").bin" ] || { note "shard $i missing: give setup SHARDS"; exit 1; }
+        done
+    }
+    # watch_gpus SECONDS: the GPUs into $L/gpus.txt, then each one's clock, power, temperature and memory every
+    # SECONDS into $L/clocks.txt, until the queue ends
+    watch_gpus() {
+        nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm,power.limit,memory.total --format=csv \
+            > "$L/gpus.txt" 2>&1
+        ( while sleep "$1"; do nvidia-smi --query-gpu=index,clocks.sm,power.draw,temperature.gpu,memory.used \
+              --format=csv,noheader >> "$L/clocks.txt" 2>&1; done ) &
+        echo "$!" > "$L/watch.pid"
+    }
+    export DATA_DIR
+    export -f note arm check need_shards watch_gpus
     local runner='echo $$ > "$1/queue.pid"; cd "$2" || exit 1
 note "lease: queue start ($2)"; bash "$1/queue.sh"; rc=$?
+[ -s "$1/watch.pid" ] && kill "$(cat "$1/watch.pid")" 2>/dev/null
 note "lease: queue end rc=$rc"; echo "$rc" > "$1/queue.rc.part"; mv "$1/queue.rc.part" "$1/queue.rc"; exit "$rc"'
     if command -v setsid > /dev/null; then
         setsid nohup bash -c "$runner" lease-queue "$dir" "$workdir" > "$dir/queue.log" 2>&1 < /dev/null &

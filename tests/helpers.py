@@ -13,7 +13,7 @@ import train_gpt as T
 
 # Every test process multiplies CPU bf16 operands as train_gpt.py's CPU runs do (cpu_16bit_gemms_in_fp32):
 # pytest's (conftest imports this module) and the workers that mp.spawn starts, which import their test
-# module and so this one. Without it a tiny CPU step takes ~2x as long on CPUs lacking bf16 GEMM instructions.
+# module and so this one.
 T.cpu_16bit_gemms_in_fp32()
 
 TESTS = os.path.dirname(os.path.abspath(__file__))

@@ -101,6 +101,32 @@ def test_the_queue_runs_arms_and_checks_on_their_gpus(tmp_path):
         stop_queue(tmp_path)
 
 
+def test_need_shards_ends_the_queue_and_the_gpu_watch_ends_with_it(tmp_path):
+    """`need_shards` passes where $DATA_DIR holds the shards and ends the queue (rc 1, noted) where one is
+    missing; `watch_gpus` writes gpus.txt at once and its sampler stops when the queue ends."""
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "proxy_train_000001.bin").write_bytes(b"")
+    queue = tmp_path / "queue.sh"
+    queue.write_text('watch_gpus 1\nneed_shards 1\nnote "shard 1 there"\nneed_shards 1 2\nnote "not reached"\n')
+    try:
+        assert lease_env(tmp_path, {"DATA_DIR": str(data)}, "start", str(queue)).returncode == 0
+        done = lease(tmp_path, "poll", "20")
+        assert done.returncode == 0, done.stdout + done.stderr
+        q = tmp_path / "q"
+        status = (q / "status").read_text()
+        assert "shard 1 there" in status and "shard 2 missing" in status and "not reached" not in status
+        assert "queue end rc=1" in status and (q / "gpus.txt").exists()
+        watcher = int((q / "watch.pid").read_text())
+        for _ in range(50):
+            if not os.path.exists(f"/proc/{watcher}"):
+                break
+            time.sleep(0.1)
+        assert not os.path.exists(f"/proc/{watcher}"), "the GPU sampler outlived its queue"
+    finally:
+        stop_queue(tmp_path)
+
+
 def test_many_logs_come_back_as_one_archive(tmp_path):
     queue = tmp_path / "queue.sh"
     queue.write_text('mkdir -p "$L/full"\n'

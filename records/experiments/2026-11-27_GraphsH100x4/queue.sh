@@ -4,18 +4,14 @@
 # spread cancels (GPU 0 and 3 main, 1 and 2 eager; seeds 1-3 on GPUs 0-1, 4-6 on GPUs 2-3, paired by
 # seed). Proxy train shards 1-4 (setup:
 #   SHARDS='proxy_train_00000[1-4].bin.xz proxy_val_000000.bin.xz' bash bench/lease.sh setup).
-# arm, note: bench/lease.sh. The 1-GPU queue (../2026-11-28_GraphsSparseH100) lost its machine mid-run.
-for i in 1 2 3 4; do [ -f /tmp/d/proxy_train_00000$i.bin ] || { note "shard $i missing: give setup SHARDS"; exit 1; }; done
-nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm,power.limit,memory.total --format=csv > $L/gpus.txt 2>&1
-( while sleep 60; do nvidia-smi --query-gpu=index,clocks.sm,power.draw,temperature.gpu,memory.used --format=csv,noheader \
-      >> $L/clocks.txt 2>&1; done ) &
-clock_pid=$!
+# arm, note, need_shards, watch_gpus: bench/lease.sh. The 1-GPU queue (../2026-11-28_GraphsSparseH100) lost its machine mid-run.
+need_shards 1 2 3 4
+watch_gpus 60
 note "graphs on H100: main on GPU 0 and 3, CUDA_GRAPHS=0 on GPU 1 and 2"
 ( arm 0 mainA ) &
 ( arm 1 eagerA CUDA_GRAPHS=0 ) &
 ( SEEDS=4,5,6 arm 2 eagerB CUDA_GRAPHS=0 ) &
 ( SEEDS=4,5,6 arm 3 mainB ) &
 wait -n; wait -n; wait -n; wait -n
-kill $clock_pid 2>/dev/null
 python records/tool.py ablation $L/main?_s*.txt $L/eager?_s*.txt > $L/ablation_graphs.md 2>&1
 note "ablation (CUDA_GRAPHS=0 against main, 6 seeds each) rc=$?"

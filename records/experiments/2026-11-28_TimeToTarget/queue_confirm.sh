@@ -8,11 +8,8 @@
 #   GPU 1: both at 1365      then main
 #   GPU 2: both at 1415      then both at 1365
 #   GPU 3: CUDA_GRAPHS=0     then main            (issue #47's pair on one GPU, an H100 where the lease is one)
-for i in 1 2 3 4; do [ -f /tmp/d/proxy_train_00000$i.bin ] || { note "shard $i missing: give setup SHARDS"; exit 1; }; done
-nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm,power.limit,memory.total --format=csv > $L/gpus.txt 2>&1
-( while sleep 30; do nvidia-smi --query-gpu=index,clocks.sm,power.draw,temperature.gpu,memory.used --format=csv,noheader \
-      >> $L/clocks.txt 2>&1; done ) &
-clock_pid=$!
+need_shards 1 2 3 4
+watch_gpus 30
 both="TAPER_FRACTION=0.08 STAGE_CE_CANDIDATES=10240,14336,24576,0,0 ATTENTION_LAYERS=0,1,2,3,5,7,8,10"
 both="$both VALUE_EMBED_LAYERS=1,2,8,10 NARROW_QK_LAYERS=0,1,2,5,7,8"
 note "confirm: main/both1365, both1365/main, both1415/both1365, eager/main"
@@ -21,7 +18,6 @@ note "confirm: main/both1365, both1365/main, both1415/both1365, eager/main"
 ( arm 2 both1415 $both NUM_SCHEDULED_ITERATIONS=1400; arm 2 both1365_c $both NUM_SCHEDULED_ITERATIONS=1350 ) &
 ( arm 3 eager CUDA_GRAPHS=0; arm 3 main_c ) &
 wait -n; wait -n; wait -n; wait -n
-kill $clock_pid 2>/dev/null
 python records/tool.py ablation $L/main_?_s*.txt $L/both13*_s*.txt $L/both1415_s*.txt > $L/ablation.md 2>&1
 note "ablation rc=$?"
 python records/tool.py ablation $L/main_c_s*.txt $L/eager_s*.txt > $L/ablation_graphs.md 2>&1
