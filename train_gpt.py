@@ -98,11 +98,14 @@ class Stage:
     taper: bool = False  # the taper row TAPER_FRACTION cuts from the stage before it (T5.5)
 
 
+# The last 8 % of the scheduled steps are a taper row of stage 3's with the full softmax (TAPER_FRACTION, T5.5)
+TAPER = 0.08
 #       fraction  batch    seq   short long  lr    MTP weights: t+1, t+2, t+3          prefix        CE cands  cap
 STAGES = (
-    Stage(1 / 3, 131_072, 896, 1, 3, 1.00, ((1.0, 1.0), (0.5, 0.5), (0.25, 0.0)), (0.25, 0.25), 0, 0),
-    Stage(1 / 3, 262_144, 2048, 3, 7, 1.52, ((1.0, 1.0), (0.5, 0.0)), (0.25, 0.0), 0, 0),
-    Stage(1 / 3, 393_216, 2048, 5, 11, 1.73, ((1.0, 1.0),), None, 0, 0),
+    Stage(1 / 3, 131_072, 896, 1, 3, 1.00, ((1.0, 1.0), (0.5, 0.5), (0.25, 0.0)), (0.25, 0.25), 10_240, 0),
+    Stage(1 / 3, 262_144, 2048, 3, 7, 1.52, ((1.0, 1.0), (0.5, 0.0)), (0.25, 0.0), 14_336, 0),
+    Stage(1 / 3 - TAPER, 393_216, 2048, 5, 11, 1.73, ((1.0, 1.0),), None, 24_576, 0),
+    Stage(TAPER, 393_216, 2048, 5, 11, 1.73, ((1.0, 1.0),), None, 0, 0, taper=True),
     Stage(None, 393_216, 2048, 6, 13, 1.73, ((1.0, 1.0),), None, 0, 0),
 )
 # The columns that environment variables STAGE_<COLUMN> override, one comma-separated entry per row;
@@ -117,23 +120,33 @@ def stage_names(stages: tuple[Stage, ...]) -> list[str]:
             for i, stage in enumerate(stages)]
 
 
-def cut_taper(stages: tuple[Stage, ...], fraction: float) -> tuple[Stage, ...]:
-    """The table with the last `fraction` of the scheduled steps cut out of the last fractional stage
-    into a taper row of its own, a copy of that stage's row (record #92, PR #360; T5.5): a stage boundary
-    late in the run where STAGE_<COLUMN> entries can change the batch or the candidate budget."""
-    *rows, last, extension = stages
+def set_taper(stages: tuple[Stage, ...], fraction: float) -> tuple[Stage, ...]:
+    """The table with its taper row (record #92, PR #360; T5.5) holding the last `fraction` of the scheduled
+    steps, cut from the stage before it: a stage boundary late in the run where the batch or the candidate
+    budget can change. A table with a taper row keeps that row's columns and moves the boundary; one without
+    gets a copy of its last stage's row; 0 removes the row, its steps going back to that stage."""
+    *rows, extension = stages
+    if rows[-1].taper:
+        *rows, taper = rows
+        rows[-1] = dataclasses.replace(rows[-1], fraction=rows[-1].fraction + taper.fraction)
+    else:
+        taper = dataclasses.replace(rows[-1], taper=True)
+    if not fraction:
+        return (*rows, extension)
+    last = rows[-1]
     if not 0 < fraction < last.fraction:
         raise SetupError(f"TAPER_FRACTION={fraction}: give a share of the scheduled steps in [0, {last.fraction:.6g}) "
-                         f"(the last stage's fraction, which the taper row is cut from; 0: no taper row)")
-    return (*rows, dataclasses.replace(last, fraction=last.fraction - fraction),
-            dataclasses.replace(last, fraction=fraction, taper=True), extension)
+                         f"(stage {len(rows)}'s fraction, which the taper row is cut from; 0: no taper row)")
+    return (*rows[:-1], dataclasses.replace(last, fraction=last.fraction - fraction),
+            dataclasses.replace(taper, fraction=fraction), extension)
 
 
 def replace_stage_columns(stages: tuple[Stage, ...], **columns: tuple) -> tuple[Stage, ...]:
     """The table with whole columns replaced, e.g. batch_tokens=(2048, 4096, 4096, 4096); `fraction`
     takes an entry for every row but the extension."""
     names = stage_names(stages)
-    taper_hint = "" if any(stage.taper for stage in stages) else "; TAPER_FRACTION>0 adds a taper row"
+    taper_hint = "; TAPER_FRACTION=0 removes the taper row" if any(stage.taper for stage in stages) else \
+        "; TAPER_FRACTION>0 adds a taper row"
     for name, values in columns.items():
         if name not in ("fraction", *STAGE_COLUMNS):
             raise SetupError(f"unknown stage column {name!r} (one of fraction, {', '.join(STAGE_COLUMNS)})")
@@ -166,10 +179,11 @@ class ModelConfig:
     num_heads: int = 6
     head_dim: int = 128
     mlp_hidden: int = 3072
-    attention_layers: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)  # the others are MLP only (T3.1)
-    value_embed_layers: tuple[int, ...] = (1, 2, 8, 9, 10)  # attention layers given a value-embedding plane (T3.3)
+    # the others are MLP only: 4 and 9 too, as in record #92 (T3.1)
+    attention_layers: tuple[int, ...] = (0, 1, 2, 3, 5, 7, 8, 10)
+    value_embed_layers: tuple[int, ...] = (1, 2, 8, 10)  # attention layers given a value-embedding plane (T3.3)
     # attention layers with Q/K heads HEAD_DIM/2 wide, fully rotated (T3.18, record #92): all but layers 3 and 10
-    narrow_qk_layers: tuple[int, ...] = (0, 1, 2, 4, 5, 7, 8, 9)
+    narrow_qk_layers: tuple[int, ...] = (0, 1, 2, 5, 7, 8)
     bigram_rows: int = 50304 * 15 // 2
     ngram_rows: int = 0  # >0: the bigram injection's rows come from a hashed n-gram table this large (T3.19)
     ngram_orders: tuple[int, ...] = (2, 3)  # with NGRAM_ROWS: the n-gram lengths hashed into it (2: bigram, 3: trigram)
@@ -208,11 +222,11 @@ class OptimConfig:
 @dataclass(frozen=True)
 class ScheduleConfig:
     """The stage table and what changes along the run (T5, T2.7, T2.8, T4)."""
-    num_scheduled_iterations: int = 1255  # the reference: 1270 (T5.1)
+    num_scheduled_iterations: int = 1400  # the reference: 1270 in all (T5.1)
     num_extension_iterations: int = 15
-    stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216 etc.
-    taper_fraction: float = 0.0  # >0: this share of the scheduled steps cut from the last stage into a taper row
-    # before the STAGE_<COLUMN> overrides, which then take an entry for it (cut_taper, T5.5); 0: no taper row
+    stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216,393216 etc.
+    taper_fraction: float = TAPER  # the taper row's share of the scheduled steps, set before the STAGE_<COLUMN>
+    # overrides (set_taper, T5.5); 0: no taper row, and the columns take an entry fewer
     final_long_window: int = 32  # long window of the last validation, in blocks (no YaRN update); the reference: 20
     window_block_size: int = 128
     sliding_windows: bool = True
@@ -227,7 +241,7 @@ class ScheduleConfig:
     # fast rail's beta is MUON_RAILS_FAST_BETA and the blend weighs it MUON_RAILS_FAST_WEIGHT (T2.9)
     muon_rails_fast_beta: float = 0.85
     muon_rails_fast_weight: float = 0.4385
-    tail_ema_frac: float = 0.236  # an fp32 EMA of the weights over this share of all steps (300 of 1270), blended in before the final validation; 0: off (T5.4)
+    tail_ema_frac: float = 0.236  # an fp32 EMA of the weights over this share of all steps (334 of 1415), blended in before the final validation; 0: off (T5.4)
     tail_ema_rate: float = 0.0  # the tail EMA's rate per step; 0: 2/(its steps + 1)
     tail_ema_bank_blend: float = 0.55  # the EMA's share of the NorMuon banks after the blend (0: not averaged)
     tail_ema_embed_blend: float = 0.65  # the EMA's share of embed and lm_head after the blend (0: not averaged)
@@ -325,8 +339,8 @@ class Hyperparameters:
             if name in environ:
                 kind = float if column == "fraction" else typing.get_type_hints(Stage)[column]
                 columns[column] = _parse_env_value(name, environ[name], tuple[kind, ...])
-        taper = values.get("taper_fraction", ScheduleConfig.taper_fraction)
-        stages = cut_taper(STAGES, taper) if taper else STAGES  # first, so that the columns count its row
+        taper = values.get("taper_fraction")
+        stages = STAGES if taper is None else set_taper(STAGES, taper)  # first, so that the columns count its row
         return cls.of(**values, stages=replace_stage_columns(stages, **columns))
 
 
@@ -2962,13 +2976,13 @@ def check_hyperparameters(hp: Hyperparameters):
 
 def check_taper(cfg: ScheduleConfig):
     """TAPER_FRACTION (T5.5) and the table agree: with a fraction > 0, one taper row right before the
-    extension (from_env cuts it with cut_taper); with 0, none."""
+    extension (from_env sets it with set_taper; STAGE_FRACTION may then give it another share); with 0, none."""
     tapers = [i for i, stage in enumerate(cfg.stages) if stage.taper]
     if cfg.taper_fraction < 0:
         raise SetupError(f"TAPER_FRACTION={cfg.taper_fraction}: give a share of the scheduled steps >= 0 (0: no taper row)")
     if tapers != ([len(cfg.stages) - 2] if cfg.taper_fraction else []):
         raise SetupError(f"TAPER_FRACTION={cfg.taper_fraction} but the stage table has {len(tapers)} taper rows: "
-                         f"build the table with cut_taper(stages, TAPER_FRACTION), as from_env does")
+                         f"build the table with set_taper(stages, TAPER_FRACTION), as from_env does")
 
 
 def check_ngram_settings(hp: Hyperparameters):

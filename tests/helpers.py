@@ -26,10 +26,15 @@ ROOT = os.path.dirname(TESTS)
 CPU_MALLOC = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"
 
 # The tiny CPU configuration of the training tests (and of the tools run on it).
-TINY_STAGES = dict(batch_tokens=(2048, 4096, 4096, 4096), max_seq_len=(128, 256, 256, 256))
+TINY_STAGES = dict(batch_tokens=(2048, 4096, 4096, 4096, 4096), max_seq_len=(128, 256, 256, 256, 256))
 TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
             bigram_rows=1001, stages=T.replace_stage_columns(T.STAGES, **TINY_STAGES), window_block_size=16,
             val_tokens=2048, val_seq_len=1024, muon_momentum_warmup_steps=5, muon_momentum_cooldown_steps=2)
+
+# The layout before the 2026-11-28 defaults: attention on every layer but 6, five value-embedding planes,
+# narrow Q/K on all attention layers but 3 and 10 (tests that pin what each layer carries use it)
+FULL_LAYOUT = dict(attention_layers=(0, 1, 2, 3, 4, 5, 7, 8, 9, 10), value_embed_layers=(1, 2, 8, 9, 10),
+                   narrow_qk_layers=(0, 1, 2, 4, 5, 7, 8, 9))
 
 
 def model_of(hp: T.Hyperparameters) -> T.GPT:

@@ -30,7 +30,7 @@ STAMP = "sample.sha256"  # in the cache: the sha256 of the sample its shards wer
 # validation loss falls from 10.8 to about 6.8, in 90 s of one CPU core's time (a step's cost grows
 # with its tokens, so more steps of fewer tokens teach more per second).
 PRESET = dict(MODEL_DIM=128, NUM_HEADS=2, HEAD_DIM=64, MLP_HIDDEN=256, BIGRAM_ROWS=1001,
-              STAGE_BATCH_TOKENS="2048,2048,2048,2048", STAGE_MAX_SEQ_LEN="128,256,256,256", WINDOW_BLOCK_SIZE=16,
+              STAGE_BATCH_TOKENS="2048,2048,2048,2048,2048", STAGE_MAX_SEQ_LEN="128,256,256,256,256", WINDOW_BLOCK_SIZE=16,
               NUM_SCHEDULED_ITERATIONS=21, NUM_EXTENSION_ITERATIONS=1, VAL_TOKENS=VAL_TOKENS, VAL_SEQ_LEN=1024,
               VAL_LOSS_EVERY=7, TRAIN_LOSS_EVERY=1, MUON_MOMENTUM_WARMUP_STEPS=7, MUON_MOMENTUM_COOLDOWN_STEPS=2,
               COMPILE=0, WARMUP=0, LOG_DIR="logs")

@@ -660,7 +660,7 @@ def test_a_run_that_reads_more_tokens_than_its_train_files_hold_is_warned(shards
     val loss rose from step 500 on): the run says so at its start, with the remedy; rank-slice reads
     an eighth as much, STOP_AFTER fewer steps."""
     corpus = Corpus(shards, tmp_path, "train", [20000, 10000], seed=3)
-    stages = tg.replace_stage_columns(tg.STAGES, batch_tokens=(2048, 4096, 8192, 8192))
+    stages = tg.replace_stage_columns(tg.STAGES, batch_tokens=(2048, 4096, 8192, 8192, 8192))
     hp = tg.Hyperparameters.of(stages=stages, num_scheduled_iterations=6, num_extension_iterations=1,
                                train_files=corpus.pattern, rank_slice=False)
     need = 2 * 2048 + 2 * 4096 + 3 * 8192  # steps 0-1, 2-3, 4-5 and the extension's step 6

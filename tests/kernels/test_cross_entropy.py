@@ -163,7 +163,8 @@ def test_model_loss_and_gradients_match_the_previous_formulation():
     assert abs(loss.item() - loss_prev.item()) < 1e-5 * loss_prev.item()
     assert abs(ce.item() - ce_prev[:, 0].mean().item()) < 1e-5 * ce.item()
     assert grads.keys() == {name for name, p in model.named_parameters() if p.grad is not None}
-    assert rel_err(grads["lm_head"], model.lm_head.grad) < 1e-5  # the same logit gradient, up to fp32 rounding
+    # the same logit gradient up to fp32 rounding, which flips a few of the bf16 gradient's roundings
+    assert rel_err(grads["lm_head"], model.lm_head.grad) < 1e-3
     for name, grad in grads.items():  # deeper, bf16 rounding flips spread: a few bf16 ulps, which do
         # not average out in a single scalar (e.g. the MUDD gate scale)
         assert rel_err(grad, model.get_parameter(name).grad) < (1e-2 if grad.numel() > 64 else 5e-2), name

@@ -59,7 +59,7 @@ QK_ROPE_INTERPRETER_CHECK = textwrap.dedent("""
     # kernels' own launches); all layers wide with the Triton forward only, record #92's narrow layers (T3.18)
     # with the kernels both ways
     T.QK_ROPE_FORWARD_LAUNCH = T.QK_ROPE_BACKWARD_LAUNCH = {"BLOCK": 512, "num_warps": 4}
-    for narrow, backward_kernel in (((), False), ((0, 1, 2, 4, 5, 7, 8, 9), True)):
+    for narrow, backward_kernel in (((), False), (T.ModelConfig.narrow_qk_layers, True)):
         hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, vocab_size=1024,
                                   bigram_rows=1001, narrow_qk_layers=narrow)
         torch.manual_seed(0)

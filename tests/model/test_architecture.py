@@ -11,13 +11,14 @@ import pytest
 import torch
 
 import train_gpt as T
-from helpers import cpu_execution, dc_mha_dense, rel_err
+from helpers import FULL_LAYOUT, cpu_execution, dc_mha_dense, rel_err
 
 # A tiny model with a small vocabulary (the CPU is slow with 50304-row tables).
 SMALL = dict(device="cpu", compile=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, vocab_size=1024,
              bigram_rows=1001, window_block_size=16, val_tokens=2048, val_seq_len=1024,
-             stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096),
-                                            max_seq_len=(128, 256, 256, 256)))
+             stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096, 4096),
+                                            max_seq_len=(128, 256, 256, 256, 256),
+                                            ce_candidates=(0,) * 5))  # the vocabulary: below the budgets
 DOCS = (0, 40, 41, 200)  # document starts in a 256-token batch
 SHAPE = T.ForwardShape(short_window=32, long_window=96, max_seq_len=256)
 
@@ -82,7 +83,7 @@ def test_dc_mha_matches_the_dense_definition(tokens, window):
 
 def test_mudd_layouts_match_the_reference():
     """The MUDD gates' and connections' output layouts and initial biases, as the reference lays them out."""
-    cfg = T.Hyperparameters.of(device="cpu").model  # every feature on
+    cfg = T.Hyperparameters.of(device="cpu", **FULL_LAYOUT).model  # every feature on, every layer
     pre, post = T.mudd_gate_outputs(cfg)
     assert all(layer < T.POST_GATE_LAYER for (_, layer), *_ in pre) and all(layer >= T.POST_GATE_LAYER for (_, layer), *_ in post)
     assert sum(width for _, width, _ in pre) == 26 and sum(width for _, width, _ in post) == 41
@@ -115,9 +116,9 @@ def make_live(*models):
             values = torch.randn(getattr(models[0], name).shape, generator=g) * std
             for m in models:
                 getattr(m, name).copy_(values)
-        rows = torch.randn(4, *models[0].ve_gate_bank.shape[1:], generator=g)  # layers 1, 2, 8, 9
+        rows = torch.randn(models[0].ve_gate_bank.shape, generator=g)  # every gated value-embedding layer
         for m in models:
-            m.ve_gate_bank[:4].copy_(rows)
+            m.ve_gate_bank.copy_(rows)
             m.mlp_bank[:, 0] *= 4  # larger activations
 
 
@@ -297,7 +298,7 @@ def test_compiled_model_with_every_feature_matches_eager_on_cuda():
     tokens = 4096  # per forward: one eighth of the step's batch (sizes the rotary tables)
     hp = T.Hyperparameters.of(**dict(SMALL, device="cuda", model_dim=768, num_heads=6, head_dim=128, mlp_hidden=3072,
                                   vocab_size=50304, bigram_rows=377280, dc_mha=True, fp8_lm_head=False,
-                                  stages=T.replace_stage_columns(T.STAGES, batch_tokens=(8 * tokens,) * 4)))
+                                  stages=T.replace_stage_columns(T.STAGES, batch_tokens=(8 * tokens,) * 5)))
     torch.manual_seed(0)
     model = T.GPT(hp.model, T.longest_forward(hp)).cuda()
     plan = T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), tokens, training=True)
@@ -382,7 +383,7 @@ def test_attention_and_value_embeddings_can_be_dropped_from_layers(corpus):
     for env, message in (({"ATTENTION_LAYERS": "0,1,2,4,5,7,8,9,10"}, r"drops the attention of layer\(s\) 3"),
                          ({"VALUE_EMBED_LAYERS": "1,2,6"}, r"names layer\(s\) 6 without attention"),
                          ({"ATTENTION_LAYERS": "0,3,2,10"}, "give increasing layer indices from 0 to 10"),
-                         ({"ATTENTION_LAYERS": "0,1,2,3,5,7,8,10", "VALUE_EMBED_LAYERS": "1,2,8,10"},  # narrow: 4, 9
+                         ({"ATTENTION_LAYERS": "0,1,2,3,5,7,8,10", "NARROW_QK_LAYERS": "0,1,2,4,5,7,8,9"},
                           r"NARROW_QK_LAYERS=0,1,2,4,5,7,8,9 names layer\(s\) 4,9 without attention .*: set NARROW_QK_LAYERS")):
         with pytest.raises(T.SetupError, match=message):
             T.check_hyperparameters(T.Hyperparameters.from_env(env))

@@ -109,18 +109,19 @@ def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
     hp = T.Hyperparameters.of(device="cpu", compile=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
                               bigram_rows=1001, train_files=str(corpus / "tiny_train_*.bin"), val_tokens=2048,
                               val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus), val_seq_len=1024,
-                              stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096),
-                                                             max_seq_len=(128, 256, 256, 256)),
+                              stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096, 4096),
+                                                             max_seq_len=(128, 256, 256, 256, 256)),
                               fused_mlp_min_tokens=512)
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), lines.append)
     plans = [line for line in lines if line.startswith("execution plan")]
+    rest = "dc_mha_kernel=0 qk_rope_kernel=0 qk_rope_backward_kernel=0 cuda_graph=0"
+    fused = "attention=sdpa mlp_fused=1 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0"
     assert plans == ["execution plan (stage 1): attention=sdpa mlp_fused=0 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 "
-                     "lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 qk_rope_kernel=0 qk_rope_backward_kernel=0 "
-                     "cuda_graph=0",  # 256 tokens per forward: below the fused MLP's 512
-                     "execution plan (stage 2, stage 3, extension, validation): attention=sdpa mlp_fused=1 "
-                     "mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0 ce_candidates=0 dc_mha_kernel=0 qk_rope_kernel=0 "
-                     "qk_rope_backward_kernel=0 cuda_graph=0"]
-    assert trainer.stage_execution[1] == trainer.validation_execution != trainer.stage_execution[0]
+                     f"lm_head_fp8=0 ce_candidates=10240 {rest}",  # 256 tokens per forward: below the fused MLP's 512
+                     f"execution plan (stage 2): {fused} ce_candidates=14336 {rest}",
+                     f"execution plan (stage 3): {fused} ce_candidates=24576 {rest}",
+                     f"execution plan (taper, extension, validation): {fused} ce_candidates=0 {rest}"]
+    assert trainer.stage_execution[3] == trainer.validation_execution != trainer.stage_execution[2]
 
 
 # --- the settings tree ------------------------------------------------------------------------------

@@ -68,10 +68,11 @@ def test_schedule_rates_start_the_ema_then_tick_at_two_over_n_plus_one():
     assert T.tail_ema_blends(T.Hyperparameters.of(tail_ema_frac=0.0).schedule, SPECS) == {}
 
 
-def test_the_default_window_is_the_measured_300_of_1270_steps_and_a_bad_share_stops():
+def test_the_default_window_is_the_measured_share_of_all_steps_and_a_bad_share_stops():
+    """0.236 of all steps: measured as 300 of 1270, now 334 of 1415."""
     default = T.Schedule(T.Hyperparameters().schedule)
-    assert (default.total_steps, default.tail_ema_steps, default.tail_ema_start) == (1270, 300, 970)
-    assert [default.tail_ema_rate(step) for step in (969, 970, 971)] == [0.0, 1.0, 2 / 301]
+    assert (default.total_steps, default.tail_ema_steps, default.tail_ema_start) == (1415, 334, 1081)
+    assert [default.tail_ema_rate(step) for step in (1080, 1081, 1082)] == [0.0, 1.0, 2 / 335]
     with pytest.raises(T.SetupError, match="TAIL_EMA_FRAC=1.5"):
         T.check_hyperparameters(T.Hyperparameters.of(tail_ema_frac=1.5))
 

@@ -17,12 +17,14 @@ import torch
 import train_gpt as T
 from helpers import ROOT, TINY, cpu_execution, random_batch, tiny_env
 
-RECORD_BUDGETS = "10240,14336,24576,0"  # record #92's budgets on our stages (README, T4.6)
+RECORD_BUDGETS = [10240, 14336, 24576, 0, 0]  # record #92's budgets on our stages, the default (README, T4.6)
 
 
 def tiny_hp(corpus, budgets, **overrides) -> T.Hyperparameters:
-    stages = T.replace_stage_columns(TINY["stages"], ce_candidates=budgets)
-    return T.Hyperparameters.of(**{**TINY, "stages": stages, **overrides}, train_files=str(corpus / "tiny_train_*.bin"),
+    """The tiny run without the taper row (TAPER_FRACTION=0): one budget per stage and the extension."""
+    stages = T.replace_stage_columns(T.set_taper(TINY["stages"], 0), ce_candidates=budgets)
+    return T.Hyperparameters.of(**{**TINY, "stages": stages, "taper_fraction": 0, **overrides},
+                                train_files=str(corpus / "tiny_train_*.bin"),
                                 val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus),
                                 num_scheduled_iterations=6, num_extension_iterations=1)
 
@@ -35,7 +37,7 @@ def test_budget_zero_is_todays_full_softmax_path_bit_for_bit(monkeypatch):
     model = T.GPT(hp.model, T.longest_forward(hp))
     inputs, targets, cu = random_batch(vocab=1024)
     shape, weights, plan = T.ForwardShape(32, 96, 128, n_predict=3), torch.tensor([1.0, 0.5, 0.25]), cpu_execution(hp)
-    assert plan.ce_candidates == 0 and all(stage.ce_candidates == 0 for stage in T.STAGES)
+    assert plan.ce_candidates == 0 and [stage.ce_candidates for stage in T.STAGES] == RECORD_BUDGETS
     calls = []
     sampled = T.sampled_lm_head_softcap_ce
     monkeypatch.setattr(T, "sampled_lm_head_softcap_ce", lambda *args: calls.append(args) or sampled(*args))
@@ -51,10 +53,11 @@ def test_budget_zero_is_todays_full_softmax_path_bit_for_bit(monkeypatch):
 
 
 def test_the_stage_column_comes_from_the_environment_and_is_checked():
-    hp = T.Hyperparameters.from_env({"STAGE_CE_CANDIDATES": RECORD_BUDGETS})
-    assert [stage.ce_candidates for stage in hp.schedule.stages] == [10240, 14336, 24576, 0]
+    assert [stage.ce_candidates for stage in T.Hyperparameters.from_env({}).schedule.stages] == RECORD_BUDGETS
+    hp = T.Hyperparameters.from_env({"STAGE_CE_CANDIDATES": "0,0,0,0,0"})  # the full softmax throughout
+    assert [stage.ce_candidates for stage in hp.schedule.stages] == [0] * 5
     T.check_hyperparameters(hp)
-    for budgets in ((50320, 0, 0, 0), (1000, 0, 0, 0), (-16, 0, 0, 0)):  # past the vocabulary, not x16, negative
+    for budgets in ((50320, 0, 0, 0, 0), (1000, 0, 0, 0, 0), (-16, 0, 0, 0, 0)):  # past the vocabulary, not x16, negative
         bad = T.Hyperparameters.of(stages=T.replace_stage_columns(T.STAGES, ce_candidates=budgets))
         with pytest.raises(T.SetupError, match=f"STAGE_CE_CANDIDATES entry {budgets[0]}: use a multiple of 16 "
                                                f"\\(the FP8 lm_head's GEMM\\) up to VOCAB_SIZE=50304, or 0"):
@@ -90,13 +93,13 @@ def test_a_tiny_run_with_sampled_cross_entropy_trains(corpus):
 def test_a_budget_below_a_forwards_targets_stops_the_run_in_one_line(tmp_path, corpus):
     """16 candidates for a forward with hundreds of distinct targets: the periodic check (queued
     after step 1, read after step 2) stops the run naming the setting and the fix."""
-    env = tiny_env(tmp_path, corpus, rank_slice=True, stage_ce_candidates=(16, 16, 16, 0), nonfinite_check_every=1,
+    env = tiny_env(tmp_path, corpus, rank_slice=True, stage_ce_candidates=(16, 16, 16, 0, 0), nonfinite_check_every=1,
                    val_loss_every=0, val_tokens=1024, run_id="short")
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "train_gpt.py")], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     log = (tmp_path / "logs" / "short.txt").read_text()
     assert re.search(r"^error: a training forward had \d+ more distinct targets than its stage's cross-entropy "
-                     r"candidates \(STAGE_CE_CANDIDATES=16,16,16,0; detected at step 2\); raise that stage's "
+                     r"candidates \(STAGE_CE_CANDIDATES=16,16,16,0,0; detected at step 2\); raise that stage's "
                      r"entry, or 0 for the full softmax$", log, re.M), log[-1000:]
     assert "step:3/7" not in log

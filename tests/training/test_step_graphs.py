@@ -111,7 +111,8 @@ def test_graphed_steps_train_exactly_as_eager_ones(corpus):
     hp = tiny_hp(corpus, rank_slice=True)
     eager = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
     graphed = graphed_trainer(hp)
-    assert sorted(graphed.step_graphs.steps) == [(s, adam) for s in range(4) for adam in (False, True)][:7]
+    # graph stages 0-2 and the extension's, 4 (the taper row, 3, has no step in a 6-step schedule)
+    assert sorted(graphed.step_graphs.steps) == [(s, adam) for s in (0, 1, 2, 4) for adam in (False, True)][:7]
     assert all(p.grad is None for p in graphed.model.parameters())  # the capture left no gradients
     train_side_by_side(hp, eager, graphed)
     graphed.model.load_state_dict(eager.model.state_dict())  # a reset as the warm-up's: copies in place
@@ -204,7 +205,7 @@ def test_accumulated_micro_batches_keep_their_own_rows(corpus):
 def test_graphed_steps_with_sampled_cross_entropy_sweep_each_steps_candidates(corpus):
     """With a candidate budget (T4.6) the trainer sets the model's candidate_step, which the graphs
     read, before each step's micro-batches: the same losses as eager steps, step for step."""
-    budgets = T.replace_stage_columns(TINY["stages"], ce_candidates=(1024, 1024, 1024, 0))
+    budgets = T.replace_stage_columns(TINY["stages"], ce_candidates=(1024, 1024, 1024, 0, 0))
     hp = tiny_hp(corpus, rank_slice=True, stop_after=2, stages=budgets)
     eager, graphed = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None)), graphed_trainer(hp)
     loaders = [T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None) for _ in range(2)]
@@ -250,9 +251,9 @@ def test_non_adam_graphs_are_captured_first_in_stage_order():
 def optimizer_hp(corpus, **overrides) -> T.Hyperparameters:
     """Stages of 3 steps: stage 2 starts on an Adam step (the gradient it keeps comes from stage 1's
     non-Adam graph), stage 3 on a non-Adam one, the extension on an Adam step; untied after step 7."""
-    stages = T.replace_stage_columns(TINY["stages"], batch_tokens=(1024, 2048, 2048, 2048))  # half: CI's time
+    stages = T.replace_stage_columns(T.set_taper(TINY["stages"], 0), batch_tokens=(1024, 2048, 2048, 2048))  # half: CI's time
     return tiny_hp(corpus, rank_slice=True, num_scheduled_iterations=9, num_extension_iterations=1, stages=stages,
-                   **overrides)
+                   taper_fraction=0, **overrides)
 
 
 def test_graphed_optimizer_steps_train_bit_for_bit_as_eager_ones(corpus):
@@ -480,7 +481,7 @@ def test_captured_cuda_graphs_train_as_eager_steps_without_host_syncs(corpus, ra
     """The warm-up captures every key's graph on the GPU (each checked against eager there); the
     graphed steps then train as the eager ones do, within bf16 tolerance, and never wait for the GPU;
     with a candidate budget in the three stages too (each step's sweep read from the device)."""
-    budgets = T.replace_stage_columns(TINY["stages"], ce_candidates=(ce_candidates,) * 3 + (0,))
+    budgets = T.replace_stage_columns(TINY["stages"], ce_candidates=(ce_candidates,) * 3 + (0, 0))
     hp = tiny_hp(corpus, device="cuda", rank_slice=rank_slice, warmup=True, num_scheduled_iterations=12,
                  num_extension_iterations=2, stages=budgets)
     cuda = torch.device("cuda")

@@ -23,7 +23,7 @@ def _worker(rank: int, world: int, port: int, corpus, out_path: str):
         # plans two slices a step; accumulation is tested at one rank), half the tiny batches, no
         # value-embedding table (the embeddings and the bigram table are the kept Adam gradients),
         # stopped after the untie (step 5, stage 3)
-        stages = T.replace_stage_columns(TINY["stages"], batch_tokens=(1024, 2048, 2048, 2048))
+        stages = T.replace_stage_columns(TINY["stages"], batch_tokens=(1024, 2048, 2048, 2048, 2048))
         hp = tiny_hp(corpus, rank_slice=True, stages=stages, stop_after=6, value_embeds=False)
         cpu = torch.device("cpu")
         eager = T.Trainer(hp, rank, world, cpu, T.RunLog(None))

@@ -22,8 +22,9 @@ def schedule_of(hp: T.Hyperparameters) -> T.Schedule:
 
 def test_schedule_matches_the_recipe():
     """The reference's schedule (its LR examples with its 1270 scheduled steps and cooldown 0.60), and ours:
-    1255 scheduled steps, cooldown 0.55, final window 32."""
-    reference = schedule_of(T.Hyperparameters.of(num_scheduled_iterations=1270, cooldown_frac=0.60, final_long_window=20))
+    1400 scheduled steps with the 8 % taper row, cooldown 0.55, final window 32."""
+    reference = schedule_of(T.Hyperparameters.of(num_scheduled_iterations=1270, cooldown_frac=0.60, final_long_window=20,
+                                                 stages=T.set_taper(T.STAGES, 0), taper_fraction=0))
     for step, expected in [(0, 1.0), (423, 1.52), (600, 1.355), (846, 0.912), (847, 1.027), (1000, 0.710),
                            (1269, 0.152), (1280, 0.15)]:
         assert abs(reference.plan(step).lr_multiplier - expected) < 2e-3, step
@@ -31,22 +32,23 @@ def test_schedule_matches_the_recipe():
     assert reference.plan(1285, final=True).shape.long_window == 2560
     s = schedule_of(T.Hyperparameters())
     plan = s.plan
-    assert s.stage_starts == [0, 418, 837, 1255] and s.total_steps == 1270 and s.untie_step == 837
-    assert [step for step in range(1270) if plan(step).untie] == [837]
-    assert s.cooldown_start == 564
-    for step, expected in [(0, 1.0), (418, 1.52), (564, 1.52), (600, 1.449), (836, 0.981), (837, 1.106),
-                           (1000, 0.733), (1254, 0.152), (1265, 0.15)]:
+    assert s.stage_starts == [0, 467, 933, 1288, 1400] and s.total_steps == 1415 and s.untie_step == 933
+    assert [step for step in range(1415) if plan(step).untie] == [933]
+    assert s.cooldown_start == 629  # int(1400 · 0.45): the float product is 629.99...
+    for step, expected in [(0, 1.0), (467, 1.52), (630, 1.518), (700, 1.394), (932, 0.982), (933, 1.107),
+                           (1000, 0.970), (1288, 0.380), (1399, 0.152), (1410, 0.15)]:
         assert abs(plan(step).lr_multiplier - expected) < 2e-3, step
-    assert plan(0).momentum == 0.85 and abs(plan(300).momentum - 0.95) < 1e-12 and abs(plan(1270).momentum - 0.85) < 1e-12
+    assert plan(0).momentum == 0.85 and abs(plan(300).momentum - 0.95) < 1e-12 and abs(plan(1415).momentum - 0.85) < 1e-12
     assert [plan(step).adam_step for step in range(4)] == [False, True, False, True]
     assert (plan(0).shape.short_window, plan(0).shape.long_window) == (128, 384)
-    assert (plan(1265).shape.short_window, plan(1265).shape.long_window) == (768, 1664)
-    assert plan(1270, final=True).shape.long_window == 4096 and plan(1265).long_windows == (384, 896, 1408, 1664)
+    assert (plan(1410).shape.short_window, plan(1410).shape.long_window) == (768, 1664)
+    assert plan(1415, final=True).shape.long_window == 4096 and plan(1410).long_windows == (384, 896, 1408, 1664)
     assert plan(0).target_weights[:3] == (1.0, 0.5, 0.25) and plan(500).shape.n_predict == 2
-    assert plan(900).shape.n_predict == 1 and plan(900).target_weights == (1.0,)
+    assert plan(1000).shape.n_predict == 1 and plan(1000).target_weights == (1.0,)
     assert plan(0).tokens_per_rank == 16384 and plan(1000).tokens_per_rank == 49152
     assert plan(0).shape.max_seq_len == 896 and plan(1000).shape.max_seq_len == 2048
-    assert s.warmup_steps() == [0, 1, 416, 417, 418, 419, 835, 836, 837, 838, 1253, 1254, 1255, 1256]
+    assert s.warmup_steps() == [0, 1, 465, 466, 467, 468, 931, 932, 933, 934, 1286, 1287, 1288, 1289,
+                                1398, 1399, 1400, 1401]
     off = schedule_of(T.Hyperparameters.of(sliding_windows=False, multi_token_prediction=False, adam_every_other_step=False))
     assert off.plan(0).shape.short_window == T.NO_WINDOW and off.plan(0).target_weights == (1.0, 0.25)
     assert all(off.plan(step).adam_step for step in range(4))
@@ -54,23 +56,23 @@ def test_schedule_matches_the_recipe():
 
 def test_stage_table_fractions_and_columns():
     """Stage boundaries follow the table's fractions; STAGE_* variables replace whole columns."""
-    stages = tuple(T.dataclasses.replace(stage, fraction=f) for stage, f in zip(T.STAGES, (0.5, 0.25, 0.25, None)))
-    assert schedule_of(T.Hyperparameters.of(stages=stages, num_scheduled_iterations=100)).stage_starts == [0, 50, 75, 100]
-    hp = T.Hyperparameters.from_env({"STAGE_BATCH_TOKENS": "8,16,24,32", "STAGE_LR_MUL": "1,2,3,4"})
+    stages = tuple(T.dataclasses.replace(stage, fraction=f) for stage, f in zip(T.set_taper(T.STAGES, 0), (0.5, 0.25, 0.25, None)))
+    assert schedule_of(T.Hyperparameters.of(stages=stages, taper_fraction=0, num_scheduled_iterations=100)).stage_starts == [0, 50, 75, 100]
+    hp = T.Hyperparameters.from_env({"STAGE_BATCH_TOKENS": "8,16,24,32,40", "STAGE_LR_MUL": "1,2,3,4,5"})
     stages_env = hp.schedule.stages
-    assert [s.batch_tokens for s in stages_env] == [8, 16, 24, 32] and stages_env[3].lr_mul == 4.0
+    assert [s.batch_tokens for s in stages_env] == [8, 16, 24, 32, 40] and stages_env[3].lr_mul == 4.0
     assert [s.max_seq_len for s in stages_env] == [s.max_seq_len for s in T.STAGES]
     with pytest.raises(ValueError, match="add up to 1"):
-        T.check_hyperparameters(T.Hyperparameters.of(stages=stages[:1] + stages[2:]))
+        T.check_hyperparameters(T.Hyperparameters.of(stages=stages[:1] + stages[2:], taper_fraction=0))
     with pytest.raises(ValueError, match="not divisible by 8"):
-        T.check_hyperparameters(T.Hyperparameters.of(stages=T.replace_stage_columns(T.STAGES, batch_tokens=(8, 12, 16, 16))))
+        T.check_hyperparameters(T.Hyperparameters.of(stages=T.replace_stage_columns(T.STAGES, batch_tokens=(8, 12, 16, 16, 16))))
 
 
 def test_env_overrides():
     hp = T.Hyperparameters.from_env({"NUM_SCHEDULED_ITERATIONS": "1_000", "MUON_LR": "0.05", "YARN": "false",
-                                     "STAGE_LR_MUL": "1,2,3,4", "ATTENTION_BACKEND": "flex", "UNRELATED": "x"})
+                                     "STAGE_LR_MUL": "1,2,3,4,5", "ATTENTION_BACKEND": "flex", "UNRELATED": "x"})
     assert hp.schedule.num_scheduled_iterations == 1000 and hp.optim.muon_lr == 0.05 and hp.model.yarn is False
-    assert [s.lr_mul for s in hp.schedule.stages] == [1.0, 2.0, 3.0, 4.0] and hp.execution.attention_backend == "flex"
+    assert [s.lr_mul for s in hp.schedule.stages] == [1.0, 2.0, 3.0, 4.0, 5.0] and hp.execution.attention_backend == "flex"
     assert T.Hyperparameters.from_env({}) == T.Hyperparameters()
     with pytest.raises(ValueError, match="VAL_LOSS_EVERY"):
         T.Hyperparameters.from_env({"VAL_LOSS_EVERY": "often"})
