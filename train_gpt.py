@@ -2146,9 +2146,9 @@ class ShardError(SetupError):
 
 
 def read_shard_header(path: str) -> int:
-    """Check a shard's magic, version and size; return its token count. The format's one reader:
-    data/shards.py (the data scripts' writer) imports it from here. A folder is an error here, not
-    at its first read: its size would pass the size check."""
+    """Check a shard's magic, version and size; return its token count. data/shards.py keeps a copy for
+    the data scripts (tests/data/test_shards.py holds them equal). A folder is an error here, not at its
+    first read: its size would pass the size check."""
     if not os.path.isfile(path):
         kind = "a folder" if os.path.isdir(path) else "not a regular file"
         raise ShardError(path, f"{kind}, not a token shard: give a pattern of .bin files, e.g. "
