@@ -222,7 +222,7 @@ class OptimConfig:
 @dataclass(frozen=True)
 class ScheduleConfig:
     """The stage table and what changes along the run (T5, T2.7, T2.8, T4)."""
-    num_scheduled_iterations: int = 1400  # the reference: 1270 in all (T5.1)
+    num_scheduled_iterations: int = 1350  # the reference: 1270 in all (T5.1)
     num_extension_iterations: int = 15
     stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216,393216 etc.
     taper_fraction: float = TAPER  # the taper row's share of the scheduled steps, set before the STAGE_<COLUMN>

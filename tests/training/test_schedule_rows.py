@@ -12,8 +12,9 @@ from helpers import tiny_env
 
 import train_gpt as T
 
-TAPER = {"TAPER_FRACTION": "0.08"}  # the default
-NO_TAPER = {"TAPER_FRACTION": "0"}
+# the default taper, on the 1400 scheduled steps whose boundaries the tests below spell out
+TAPER = {"TAPER_FRACTION": "0.08", "NUM_SCHEDULED_ITERATIONS": "1400"}
+NO_TAPER = {"TAPER_FRACTION": "0", "NUM_SCHEDULED_ITERATIONS": "1400"}
 
 
 def plans(hp: T.Hyperparameters) -> list[T.StepPlan]:
@@ -26,7 +27,7 @@ def without_row_indices(plan: T.StepPlan) -> T.StepPlan:
 
 
 def test_a_taper_row_leaves_every_plan_as_it_was():
-    """The default TAPER_FRACTION=0.08 holds steps 1288-1399 in a row of their own, named taper, stage 3's
+    """The default TAPER_FRACTION=0.08 holds steps 1288-1399 of 1400 scheduled ones in a row of their own, named taper, stage 3's
     row with the full softmax: the plans (steps, lr, windows, MTP weights, YaRN's long windows, cap) stay
     those of the table without it (TAPER_FRACTION=0, stage 3 to the end), the taper's other candidate
     budget gives it graphs of its own, and the warm-up compiles both sides of its start."""
@@ -79,7 +80,7 @@ def test_the_taper_continues_its_stages_weights_and_takes_its_own_columns():
     assert [without_row_indices(p) for p in plans(tapered)] == [without_row_indices(p) for p in plans(base)]
     assert plans(tapered)[80].stage == 3 and 0 < plans(tapered)[80].target_weights[1] < 0.5
     env = dict(TAPER, STAGE_BATCH_TOKENS="131072,262144,393216,262144,393216", STAGE_LONG_WINDOW="3,7,11,12,13")
-    changed, today = plans(T.Hyperparameters.from_env(env)), plans(T.Hyperparameters())
+    changed, today = plans(T.Hyperparameters.from_env(env)), plans(T.Hyperparameters.from_env(TAPER))
     taper = [p.step for p in changed if p.stage == 3]
     assert all(p.tokens_per_rank == 32768 and p.shape.long_window == 1536 for p in changed if p.stage == 3)
     assert changed[1300].long_windows == (384, 896, 1408, 1536) and changed[1405].long_windows == (384, 896, 1408, 1536, 1664)
@@ -95,7 +96,7 @@ def test_stage_fractions_come_from_the_environment():
     hp = T.Hyperparameters.from_env(dict(NO_TAPER, STAGE_FRACTION="0.3,0.3,0.4"))
     T.check_hyperparameters(hp)
     assert T.Schedule(hp.schedule).stage_starts == [0, 420, 840, 1400]
-    hp = T.Hyperparameters.from_env({"STAGE_FRACTION": "0.3,0.3,0.34,0.06"})  # the taper's entry wins
+    hp = T.Hyperparameters.from_env(dict(TAPER, STAGE_FRACTION="0.3,0.3,0.34,0.06"))  # the taper's entry wins
     T.check_hyperparameters(hp)
     assert T.Schedule(hp.schedule).stage_starts == [0, 420, 840, 1316, 1400]
 
