@@ -20,8 +20,9 @@ wait -n; wait -n; wait -n; wait -n
 for pair in "0 main_g0 qk1_g0" "1 main_g1 qkfwd_g1" "2 main_g2 eager_g2" "3 main_g3 vesparse_g3"; do
     set -- $pair
     python records/tool.py ablation $L/$2_s*.txt $L/$3_s*.txt > $L/ablation_gpu$1.md 2>&1
-    python records/tool.py stages $L/$2_s*.txt $L/$3_s*.txt > $L/stages_gpu$1.md 2>&1
     note "GPU$1 ablation ($3 against $2) rc=$?"
+    python records/tool.py stages $L/$2_s*.txt $L/$3_s*.txt > $L/stages_gpu$1.md 2>&1
+    note "GPU$1 stages rc=$?"
 done
 if [ "$SECONDS" -lt 1440 ]; then
     check 0 qk_rope_bench 150 python bench/bench_qk_rope.py --tokens 16384,49152
