@@ -262,7 +262,7 @@ class ExecutionConfig:
     fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
     fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
     fp8_qkv_min_tokens: int = 49152  # per-rank tokens per eager forward below which it stays bf16 (host-bound there)
-    qk_rope_kernel: str = "0"  # QK-norm + rotary in Triton (CUDA, T6.4): 1 both ways, forward: the forward only; 0 off
+    qk_rope_kernel: bool = True  # QK-norm + rotary as Triton kernels, forward and backward (CUDA, T6.4)
     compile: bool = True
     cuda_graphs: bool = True  # each training step's forward and backward replayed from a CUDA graph (CUDA only)
     optimizer_graphs: bool = True  # with cuda_graphs at world size 1: the optimizer step replayed from CUDA graphs too (T5.3)
@@ -528,12 +528,8 @@ class ExecutionPlan:
     lm_head_fp8: bool  # the lm_head and its gradients in FP8 (T4.4)
     ce_candidates: int  # the training cross-entropy's columns (T4.6): a sampled softmax; 0: the full one
     dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
-    qk_rope_kernel: bool  # QK-norm, rotary, key offset and q's scale in a Triton forward (T6.4); False: torch
-    qk_rope_backward_kernel: bool  # ... and its Triton backward; False: its backward as torch expressions
+    qk_rope_kernel: bool  # QK-norm, rotary, key offset and q's scale as Triton kernels (T6.4); False: torch
     cuda_graph: bool  # the training step's forward and backward replayed from a CUDA graph (T5.3)
-
-
-QK_ROPE_KERNEL_VALUES = ("0", "1", "forward")  # the QK-norm + rotary's Triton kernels: none, both, the forward
 
 
 def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.device, tokens: int,
@@ -555,11 +551,8 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         raise SetupError("NARROW_QK_LAYERS needs q and k narrower than v, which torch's varlen attention does not "
                          "take: use ATTENTION_BACKEND=fa4 or flex, or set NARROW_QK_LAYERS= (empty) for full-width heads")
     fused_mlp = cfg.fused_mlp and (graphed or tokens >= cfg.fused_mlp_min_tokens)
-    if cfg.qk_rope_kernel not in QK_ROPE_KERNEL_VALUES:
-        raise SetupError(f"QK_ROPE_KERNEL={cfg.qk_rope_kernel}: use 0 (torch), 1 (Triton forward and backward) or "
-                         "forward (Triton forward, torch backward)")
     # the narrow width is a power of two where the wide one is
-    qk_rope_kernel = (kernels and cfg.qk_rope_kernel != "0"
+    qk_rope_kernel = (kernels and cfg.qk_rope_kernel
                       and qk_rope_kernel_supports(model.head_dim // 2 if narrow_qk else model.head_dim))
     return ExecutionPlan(
         attention=backend, mlp_fused=fused_mlp, mlp_kernel=fused_mlp and hopper,
@@ -567,7 +560,7 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         qkv_e4m3=training and cfg.fp8_qkv and hopper and (graphed or tokens >= cfg.fp8_qkv_min_tokens),
         lm_head_fp8=training and cfg.fp8_lm_head and cuda, ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
-        qk_rope_kernel=qk_rope_kernel, qk_rope_backward_kernel=qk_rope_kernel and cfg.qk_rope_kernel == "1",
+        qk_rope_kernel=qk_rope_kernel,
         cuda_graph=graphed)
 
 
@@ -1146,8 +1139,7 @@ class GPT(nn.Module):
             qkv = x @ w_qkv.t()
         # QK-norm, rotary, key offset, q's scale, v's extra input, the paired heads' layout (T6.4)
         q, k, v = qk_norm_rope(qkv, v_extra, *(ctx.rope_paired if layer.paired_heads else ctx.rope), scale,
-                               H, qk_hd, layer.paired_heads, layer.key_offset, ctx.execution.qk_rope_kernel,
-                               ctx.execution.qk_rope_backward_kernel)
+                               H, qk_hd, layer.paired_heads, layer.key_offset, ctx.execution.qk_rope_kernel)
         window = ctx.shape.long_window if layer.long_window else ctx.shape.short_window
         y = attend(q, k, v, ctx.attn_paired if layer.paired_heads else ctx.attn, window).reshape(T, H, hd)
         if layer.dc_mha:  # cross-head composition on a local window (#85, T3.17); w1 RMS-normalized
@@ -5214,9 +5206,7 @@ def fp8_normed_linear(x: Tensor, w: Tensor, w8: Tensor, w_scale: Tensor) -> Tens
 # and reduction kernels (~1 TB/s on an H100). Ours (issue #51, item 3): Triton kernels that read the
 # projection once and write q, k, v once; the backward writes the projection's whole gradient, dv
 # included, so no concatenation of dq, dk and dv follows it. v passes through them for that reason (a
-# copy where the torch path hands attend a view). QK_ROPE_KERNEL=forward pairs the Triton forward with
-# the backward written out in torch (qk_norm_rope_backward_torch), which inductor fuses as it fuses the
-# torch path's.
+# copy where the torch path hands attend a view).
 def qk_norm_rope_reference(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor,
                            heads: int, qk_head_dim: int, paired: bool,
                            key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
@@ -5242,36 +5232,6 @@ def qk_norm_rope_reference(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin
         k = shift_key_half(k)
     return (q * scale).to(v.dtype), k, v
 
-
-def shift_key_half_backward(grad: Tensor) -> Tensor:
-    """The gradient of shift_key_half's input from that of its output (S, heads, D): each position's
-    stationary half back to the previous position, the first position's to itself as well."""
-    half = grad.size(-1) // 2
-    stationary = grad[..., half:]
-    following = torch.cat([stationary[1:], torch.zeros_like(stationary[:1])])
-    first = torch.cat([stationary[:1], torch.zeros_like(stationary[1:])])
-    return torch.cat([grad[..., :half], following + first], dim=-1)
-
-
-def qk_norm_rope_backward_torch(qkv: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, cos: Tensor,
-                                sin: Tensor, scale: Tensor, heads: int, qk_head_dim: int, paired: bool,
-                                key_offset: bool) -> Tensor:
-    """The gradient of qkv from those of qk_norm_rope_reference's q, k, v, written out (no autograd
-    recompute of the forward) in fp32 (float64 for float64 inputs), so that compiled, inductor fuses it:
-    the key offset's transpose, the rotation by −angle, then RMSNorm's backward r·g − x·r³·mean(g·x)."""
-    T, H, qk_hd = qkv.size(0), heads, qk_head_dim
-    compute = torch.promote_types(qkv.dtype, torch.float32)
-    eps = torch.finfo(compute).eps  # F.rms_norm's default, as norm takes it
-    if key_offset:
-        grad_k = shift_key_half_backward(grad_k.to(compute))
-    rows = (T, 2, H // 2, qk_hd) if paired else (T, H, qk_hd)  # the tables' broadcast, as in the reference
-    grads = []
-    for x, grad in zip(qkv.split(H * qk_hd, dim=1), (grad_q.to(compute) * scale, grad_k.to(compute))):
-        x, grad = x.to(compute).reshape(rows), apply_rope(grad.reshape(rows), cos, -sin)
-        reciprocal_rms = torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
-        grad_x = reciprocal_rms * grad - x * (reciprocal_rms ** 3 * (grad * x).mean(-1, keepdim=True))
-        grads.append(grad_x.to(qkv.dtype).view(T, H * qk_hd))
-    return torch.cat([*grads, grad_v.reshape(T, -1).to(qkv.dtype)], dim=1)
 
 # The kernels work on head rows: row n = t·H + h is head h of token t. Its q and k (HD wide) are at
 # qkv[t, h·HD:] and H·HD further, its v (VD wide: HD, or 2·HD on narrow layers, T3.18) at
@@ -5450,30 +5410,25 @@ def qk_norm_rope_backward(qkv: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: T
 
 
 class QKNormRope(torch.autograd.Function):
-    """qk_norm_rope_reference's function with the Triton forward, saving the projection only. Backward: the
-    Triton kernel, or where not triton_backward qk_norm_rope_backward_torch (compiled, inductor fuses it)."""
+    """qk_norm_rope_reference's function as Triton kernels, saving the projection only."""
 
     @staticmethod
     def forward(ctx, qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor, heads: int,
-                qk_head_dim: int, paired: bool, key_offset: bool, triton_backward: bool):
+                qk_head_dim: int, paired: bool, key_offset: bool):
         qkv = qkv.contiguous()
         ctx.save_for_backward(qkv, cos, sin, scale)
         ctx.heads, ctx.qk_head_dim, ctx.paired, ctx.key_offset = heads, qk_head_dim, paired, key_offset
-        ctx.triton_backward = triton_backward
         v_extra = None if v_extra is None else v_extra.contiguous()
         return qk_norm_rope_forward(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
 
     @staticmethod
     def backward(ctx, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor):
         qkv, cos, sin, scale = ctx.saved_tensors
-        layout = ctx.heads, ctx.qk_head_dim, ctx.paired, ctx.key_offset
-        if ctx.triton_backward:
-            grad_q, grad_k, grad_v = grad_q.contiguous(), grad_k.contiguous(), grad_v.contiguous()
-            grad_qkv = qk_norm_rope_backward(qkv, grad_q, grad_k, grad_v, cos, sin, scale, *layout)
-        else:
-            grad_qkv = qk_norm_rope_backward_torch(qkv, grad_q, grad_k, grad_v, cos, sin, scale, *layout)
+        grad_q, grad_k, grad_v = grad_q.contiguous(), grad_k.contiguous(), grad_v.contiguous()
+        grad_qkv = qk_norm_rope_backward(qkv, grad_q, grad_k, grad_v, cos, sin, scale, ctx.heads, ctx.qk_head_dim,
+                                         ctx.paired, ctx.key_offset)
         grad_v_extra = grad_v.reshape(qkv.size(0), ctx.heads, -1) if ctx.needs_input_grad[1] else None
-        return grad_qkv, grad_v_extra, None, None, None, None, None, None, None, None
+        return grad_qkv, grad_v_extra, None, None, None, None, None, None, None
 
 
 def qk_rope_kernel_supports(head_dim: int) -> bool:
@@ -5482,14 +5437,11 @@ def qk_rope_kernel_supports(head_dim: int) -> bool:
 
 
 def qk_norm_rope(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor, heads: int,
-                 qk_head_dim: int, paired: bool, key_offset: bool, forward_kernel: bool,
-                 backward_kernel: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """attend's q, k, v from the projection (qk_norm_rope_reference says what): the Triton forward where
-    forward_kernel (qk_rope_kernel_supports says where it applies), with the Triton backward where
-    backward_kernel too, else qk_norm_rope_backward_torch; the reference where not forward_kernel."""
-    if forward_kernel:
-        return QKNormRope.apply(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset,
-                                backward_kernel)
+                 qk_head_dim: int, paired: bool, key_offset: bool, kernels: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """attend's q, k, v from the projection (qk_norm_rope_reference says what): the Triton kernels where
+    kernels (qk_rope_kernel_supports says where they apply), else the reference."""
+    if kernels:
+        return QKNormRope.apply(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
     return qk_norm_rope_reference(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
 
 

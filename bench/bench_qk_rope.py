@@ -2,8 +2,7 @@
 T6.4) on one layer's projection (6 heads of 128) for each kind of attention layer the model has (paired
 heads, key offset, extra value input; the count of such layers in brackets), each path compiled as the
 model compiles it (fullgraph; inductor launches the kernels): the torch reference (QK_ROPE_KERNEL=0), the
-Triton kernels both ways (=1), the Triton forward with the torch-expression backward that inductor fuses
-(=forward), and the kernels at other launches (the forward's with --launch, the backward's with
+Triton kernels (=1, the default), and the kernels at other launches (the forward's with --launch, the backward's with
 --backward-launch, the other kernel at its default). First the values: each path's q, k, v and the
 gradients of the projection (and of the extra value input) against the float64 reference. Then forward and
 forward+backward medians (triton do_bench), their difference (the backward with autograd's own work), the
@@ -61,9 +60,9 @@ def problem(tokens, paired, key_offset, value_input, seed=0):
     return qkv, v_extra, grads, args
 
 
-def dispatcher(args, forward_kernel, backward_kernel):
+def dispatcher(args, kernels):
     """The dispatcher on (qkv, v_extra) with the problem's other arguments: the kernels or the reference."""
-    return lambda qkv, v_extra: T.qk_norm_rope(qkv, v_extra, *args, forward_kernel, backward_kernel)
+    return lambda qkv, v_extra: T.qk_norm_rope(qkv, v_extra, *args, kernels)
 
 
 def outputs_and_grads(fn, qkv, v_extra, grads):
@@ -110,13 +109,12 @@ def launches(option: str) -> list[tuple[str, dict]]:
     return parsed
 
 
-def paths(cli) -> list[tuple[str, bool, bool, dict, dict]]:
-    """(name, forward kernel, backward kernel, forward launch, backward launch) of each timed path."""
+def paths(cli) -> list[tuple[str, bool, dict, dict]]:
+    """(name, kernels, forward launch, backward launch) of each timed path."""
     forward, backward = dict(T.QK_ROPE_FORWARD_LAUNCH), dict(T.QK_ROPE_BACKWARD_LAUNCH)
-    return [("torch (compiled)", False, False, forward, backward), ("triton", True, True, forward, backward),
-            ("triton fwd + torch bwd", True, False, forward, backward),
-            *((f"triton, fwd {name}", True, True, launch, backward) for name, launch in launches(cli.launch)),
-            *((f"triton, bwd {name}", True, True, forward, launch) for name, launch in launches(cli.backward_launch))]
+    return [("torch (compiled)", False, forward, backward), ("triton", True, forward, backward),
+            *((f"triton, fwd {name}", True, launch, backward) for name, launch in launches(cli.launch)),
+            *((f"triton, bwd {name}", True, forward, launch) for name, launch in launches(cli.backward_launch))]
 
 
 def backward_resources(launch: dict, key_offset: bool) -> str:
@@ -151,13 +149,13 @@ def main():
     for tokens in (int(n) for n in cli.tokens.split(",")):
         for (paired, key_offset, value_input), layers in sorted(layer_kinds().items()):
             qkv, v_extra, grads, args = problem(tokens, paired, key_offset, value_input, cli.seed)
-            want = outputs_and_grads(dispatcher(args, False, False), qkv.double(),
+            want = outputs_and_grads(dispatcher(args, False), qkv.double(),
                                      None if v_extra is None else v_extra.double(), grads)
             forward_bytes, backward_bytes = least_bytes(tokens, value_input)
-            for path, forward_kernel, backward_kernel, forward_launch, backward_launch in paths(cli):
+            for path, kernels, forward_launch, backward_launch in paths(cli):
                 T.QK_ROPE_FORWARD_LAUNCH, T.QK_ROPE_BACKWARD_LAUNCH = forward_launch, backward_launch
                 torch._dynamo.reset()
-                fn = torch.compile(dispatcher(args, forward_kernel, backward_kernel), dynamic=False, fullgraph=True)
+                fn = torch.compile(dispatcher(args, kernels), dynamic=False, fullgraph=True)
                 errors = [rel(got, ref) for got, ref in zip(outputs_and_grads(fn, qkv, v_extra, grads), want)]
                 assert max(errors) < 2e-2, f"{path} disagrees with the reference: {errors}"
                 fwd, fwd_bwd = measure(fn, qkv, v_extra, grads)

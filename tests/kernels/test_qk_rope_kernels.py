@@ -1,8 +1,7 @@
-"""QK-norm + rotary + key offset in Triton kernels (docs/TECHNIQUES.md T6.4): the torch-expression backward
-of the Triton forward against autograd through the reference in float64; the kernels through Triton's CPU
-interpreter against the torch reference in float64, output and gradients (fp32 storage to rounding,
-bf16 to bf16 precision; full-width and narrow Q/K heads, T3.18), with the Triton backward and with the
-torch one, and the tiny model (all layers wide, and with narrow layers) with them against its torch path;
+"""QK-norm + rotary + key offset in Triton kernels (docs/TECHNIQUES.md T6.4): the kernels through Triton's
+CPU interpreter against the torch reference in float64, output and gradients (fp32 storage to rounding,
+bf16 to bf16 precision; full-width and narrow Q/K heads, T3.18), and the tiny model (all layers wide,
+and with narrow layers) with them against its torch path;
 compiled ahead of time for sm_90 (the backward at the launches the bench times); on a GPU (gpu-marked) at
 the model's shapes, eager and traced by torch.compile, and the compiled model with them. The execution
 plan's switch: tests/model/test_execution_plan.py."""
@@ -19,10 +18,9 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available() or T.triton is None, rea
 
 # Every combination of the layers' switches (paired heads, key offset, extra value input), 2 and 6
 # heads, ragged row counts (37 tokens: the last program's rows part empty), against the reference
-# in float64 on the same rounded inputs, with the Triton backward and with the torch one. Then the tiny
-# model (2 heads; paired, key-offset and value-input layers) with the kernels against its torch path: the
-# call site's tables and switches (the model's torch passes cost the time here, so each of the two model
-# layouts takes one of the kernel settings).
+# in float64 on the same rounded inputs. Then the tiny model (2 heads; paired, key-offset and value-input
+# layers), all layers wide and with record #92's narrow layers, with the kernels against its torch path:
+# the call site's tables and switches.
 QK_ROPE_INTERPRETER_CHECK = textwrap.dedent("""
     import dataclasses, torch, train_gpt as T
     from helpers import cpu_execution, outputs_and_grads, random_batch, rel_err, rope_tables
@@ -44,22 +42,18 @@ QK_ROPE_INTERPRETER_CHECK = textwrap.dedent("""
             args = cos, sin, scale, H, qk_hd, paired, key_offset
             want = outputs_and_grads(lambda a, b: T.qk_norm_rope_reference(a, b, *args),
                                      (qkv.double(), None if v_extra is None else v_extra.double()), grads)
-            for backward_kernel in (True, False):
-                got = outputs_and_grads(lambda a, b: T.qk_norm_rope(a, b, *args, True, backward_kernel),
-                                        (qkv, v_extra), grads)
-                errors = [rel_err(a, b) for a, b in zip(got, want)]
-                print(tokens, H, hd, qk_hd, paired, key_offset, value_input, dtype, backward_kernel,
-                      ["%.1e" % e for e in errors])
-                assert all(a.dtype == dtype and a.shape == b.shape for a, b in zip(got, want))
-                assert max(errors) < tolerance, errors
+            got = outputs_and_grads(lambda a, b: T.qk_norm_rope(a, b, *args, True), (qkv, v_extra), grads)
+            errors = [rel_err(a, b) for a, b in zip(got, want)]
+            print(tokens, H, hd, qk_hd, paired, key_offset, value_input, dtype, ["%.1e" % e for e in errors])
+            assert all(a.dtype == dtype and a.shape == b.shape for a, b in zip(got, want))
+            assert max(errors) < tolerance, errors
             if dtype == torch.float32:  # v + v_extra exactly as torch adds (the interpreter truncates to bf16)
                 assert torch.equal(got[2], T.qk_norm_rope_reference(qkv, v_extra, *args)[2])
 
     # one program per part in the model (the interpreter's time goes by programs; the cases above take the
-    # kernels' own launches); all layers wide with the Triton forward only, record #92's narrow layers (T3.18)
-    # with the kernels both ways
+    # kernels' own launches); all layers wide, then record #92's narrow layers (T3.18)
     T.QK_ROPE_FORWARD_LAUNCH = T.QK_ROPE_BACKWARD_LAUNCH = {"BLOCK": 512, "num_warps": 4}
-    for narrow, backward_kernel in (((), False), (T.ModelConfig.narrow_qk_layers, True)):
+    for narrow in ((), T.ModelConfig.narrow_qk_layers):
         hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, vocab_size=1024,
                                   bigram_rows=1001, narrow_qk_layers=narrow)
         torch.manual_seed(0)
@@ -72,40 +66,16 @@ QK_ROPE_INTERPRETER_CHECK = textwrap.dedent("""
         results = []
         for kernel in (False, True):
             model.zero_grad(set_to_none=True)
-            kernel_plan = dataclasses.replace(plan, qk_rope_kernel=kernel,
-                                              qk_rope_backward_kernel=kernel and backward_kernel)
+            kernel_plan = dataclasses.replace(plan, qk_rope_kernel=kernel)
             loss, _ = model.training_loss(inputs, targets, cu, shape, kernel_plan, torch.tensor([1.0]))
             loss.backward()
             banks = [bank.grad for bank, _ in model.qk_banks()]
             results.append((loss, *banks, model.vo_bank.grad, model.value_embeds.grad))
         errors = [rel_err(a, b) for a, b in zip(*results)]
-        print("model", narrow, backward_kernel, ["%.1e" % e for e in errors])
+        print("model", narrow, ["%.1e" % e for e in errors])
         assert len(errors) == 5 if narrow else 4
         assert max(errors) < 1e-5, errors
 """)
-
-
-def test_the_torch_backward_is_the_references_gradient_in_float64():
-    """qk_norm_rope_backward_torch (the Triton forward's backward with QK_ROPE_KERNEL=forward) against autograd
-    through qk_norm_rope_reference, both in float64, for every kind of layer: paired heads, key offset, extra
-    value input, narrow Q/K heads (T3.18); a single-token sequence."""
-    # (tokens, heads, head_dim, Q/K head width, paired, key offset, value input)
-    cases = [(37, 6, 64, 64, False, False, False), (37, 6, 64, 64, True, False, True),
-             (37, 6, 64, 64, False, True, True), (16, 2, 64, 64, True, True, False), (37, 6, 64, 32, True, False, True),
-             (37, 2, 64, 32, False, False, False), (1, 2, 64, 64, False, True, False)]
-    for tokens, H, hd, qk_hd, paired, key_offset, value_input in cases:
-        torch.manual_seed(tokens * H)
-        cos, sin = rope_tables(tokens, hd, paired)
-        args = cos, sin, torch.tensor(0.12, dtype=torch.float64), H, qk_hd, paired, key_offset
-        S, heads = (2 * tokens, H // 2) if paired else (tokens, H)
-        grads = [torch.randn(S, heads, width, dtype=torch.float64) for width in (qk_hd, qk_hd, hd)]
-        qkv = torch.randn(tokens, H * (2 * qk_hd + hd), dtype=torch.float64) * 0.5
-        v_extra = torch.randn(tokens, H, hd, dtype=torch.float64) if value_input else None
-        leaf = qkv.clone().requires_grad_()
-        want, = torch.autograd.grad(T.qk_norm_rope_reference(leaf, v_extra, *args), leaf, grads)
-        got = T.qk_norm_rope_backward_torch(qkv, *grads, *args)
-        assert got.dtype == torch.float64 and got.shape == qkv.shape
-        assert rel_err(got, want) < 1e-12, (tokens, H, qk_hd, paired, key_offset, rel_err(got, want))
 
 
 @pytest.mark.skipif(T.triton is None, reason="Triton not installed")
@@ -154,14 +124,12 @@ def test_qk_rope_kernels_compile_for_hopper(paired, key_offset, value_input):
 
 @cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("backward_kernel", [True, False])
 @pytest.mark.parametrize("paired, key_offset, value_input",
                          [(False, False, False), (True, False, True), (False, True, True), (True, True, False)])
-def test_qk_rope_kernels_on_gpu(paired, key_offset, value_input, backward_kernel):
+def test_qk_rope_kernels_on_gpu(paired, key_offset, value_input):
     """At the model's shapes (49,152 + 17 tokens, 6 heads of 128), eager and compiled (fullgraph: dynamo
-    traces the launches), with the Triton backward and with the torch one: output and gradients against the
-    float64 reference to bf16 precision, v + v_extra bit for bit as torch adds, and the compiled kernels bit
-    for bit as the eager ones (the torch backward, which inductor fuses, to rounding)."""
+    traces the launches): output and gradients against the float64 reference to bf16 precision, v + v_extra
+    bit for bit as torch adds, and the compiled kernels bit for bit as the eager ones."""
     tokens, H, hd = 49152 + 17, 6, 128
     torch.manual_seed(0)
     S, heads = (2 * tokens, H // 2) if paired else (tokens, H)
@@ -171,19 +139,16 @@ def test_qk_rope_kernels_on_gpu(paired, key_offset, value_input, backward_kernel
     grads = [torch.randn(S, heads, hd, device="cuda").bfloat16() for _ in range(3)]
 
     def kernel(qkv, v_extra):
-        return T.qk_norm_rope(qkv, v_extra, *args, forward_kernel=True, backward_kernel=backward_kernel)
+        return T.qk_norm_rope(qkv, v_extra, *args, kernels=True)
 
     eager = outputs_and_grads(kernel, (qkv, v_extra), grads)
     torch._dynamo.reset()
     compiled = outputs_and_grads(torch.compile(kernel, dynamic=False, fullgraph=True), (qkv, v_extra), grads)
     want = outputs_and_grads(lambda a, b: T.qk_norm_rope_reference(a, b, *args),
                              (qkv.double(), None if v_extra is None else v_extra.double()), grads)
-    for i, (got, traced, reference) in enumerate(zip(eager, compiled, want)):
+    for got, traced, reference in zip(eager, compiled, want):
         assert got.dtype == torch.bfloat16 and rel_err(got, reference) < 1e-2
-        if backward_kernel or i < 3:
-            torch.testing.assert_close(traced, got, rtol=0, atol=0)
-        else:
-            assert rel_err(traced, got) < 1e-2
+        torch.testing.assert_close(traced, got, rtol=0, atol=0)
     assert torch.equal(eager[2], T.qk_norm_rope_reference(qkv, v_extra, *args)[2])
 
 
@@ -197,8 +162,8 @@ def training_step(training_loss, batch) -> torch.Tensor:
 @pytest.mark.gpu
 def test_compiled_model_with_the_qk_rope_kernels_matches_the_torch_path_on_gpu():
     """The whole model compiled (fullgraph, as in training; 6 heads: paired layers of 3) with QK_ROPE_KERNEL
-    0, 1 and forward: inductor launches the kernels it is given (forward: the forward kernel, the backward
-    its own), and the loss and gradients agree with the torch path's to bf16 precision."""
+    0 and 1: inductor launches the kernels it is given (both, or neither), and the loss and gradients agree
+    with the torch path's to bf16 precision."""
     from torch._inductor.utils import run_and_get_code
     tokens = 1024
     torch.manual_seed(0)
@@ -208,7 +173,7 @@ def test_compiled_model_with_the_qk_rope_kernels_matches_the_torch_path_on_gpu()
     inputs, targets = ids[:-1].int().cuda(), ids[1:].int().cuda()
     shape = T.ForwardShape(short_window=128, long_window=384, max_seq_len=512, n_predict=2)
     results = []
-    for setting, launched_kernels in (("0", [False, False]), ("1", [True, True]), ("forward", [True, False])):
+    for setting in (False, True):
         hp = T.Hyperparameters.of(model_dim=384, num_heads=6, head_dim=64, mlp_hidden=1024, bigram_rows=1001,
                                   val_seq_len=1024, qk_rope_kernel=setting)
         torch.manual_seed(0)
@@ -216,15 +181,14 @@ def test_compiled_model_with_the_qk_rope_kernels_matches_the_torch_path_on_gpu()
         with torch.no_grad():  # live MUDD value mix (the extra value input of layer 10)
             model.mudd.w2.normal_(0, 0.05)
         plan = T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), tokens, training=True)
-        assert [plan.qk_rope_kernel, plan.qk_rope_backward_kernel] == launched_kernels
+        assert plan.qk_rope_kernel == setting
         torch._dynamo.reset()
         compiled = torch.compile(model.training_loss, dynamic=False, fullgraph=True)
         loss, codes = run_and_get_code(training_step, compiled, (inputs, targets, cu, shape, plan))
         code = "\n".join(codes)
         launched = ["_qk_norm_rope_forward_kernel" in code, "_qk_norm_rope_backward_kernel" in code]
-        assert launched == launched_kernels, (setting, launched)
+        assert launched == [setting, setting], (setting, launched)
         results.append((loss, model.qk_bank.grad, model.vo_bank.grad, model.value_embeds.grad))
-    (ref_loss, *ref_grads), *others = results
-    for loss, *grads in others:
-        assert rel_err(loss, ref_loss) < 1e-2
-        assert all(rel_err(got, want) < 3e-2 for got, want in zip(grads, ref_grads))  # bf16 through 11 layers
+    (ref_loss, *ref_grads), (loss, *grads) = results
+    assert rel_err(loss, ref_loss) < 1e-2
+    assert all(rel_err(got, want) < 3e-2 for got, want in zip(grads, ref_grads))  # bf16 through 11 layers

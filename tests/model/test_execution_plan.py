@@ -82,24 +82,19 @@ def test_cpu_takes_the_torch_paths(hopper):
     assert not (cpu.mlp_kernel or cpu.mlp_e4m3 or cpu.qkv_e4m3 or cpu.lm_head_fp8 or cpu.dc_mha_kernel)
 
 
-def test_the_qk_rope_kernel_is_a_switch_off_until_measured(hopper):
-    """QK_ROPE_KERNEL (T6.4): 0 by default; 1 (the Triton forward and backward) or forward (the Triton forward
-    with the torch-expression backward), on CUDA at every size, training and evaluation, where the head size
-    is a power of two; never on the CPU. Other values stop with the three."""
-    default = plan(hopper, 49152)
-    assert not default.qk_rope_kernel and not default.qk_rope_backward_kernel
-    for value, backward_kernel in (("1", True), ("forward", False)):
-        assert T.Hyperparameters.from_env({"QK_ROPE_KERNEL": value}).execution.qk_rope_kernel == value
-        for n in (16384, 32768, 49152):
-            on = plan(hopper, n, qk_rope_kernel=value)
-            assert on.qk_rope_kernel and on.qk_rope_backward_kernel == backward_kernel
-        assert plan(hopper, 262144, training=False, qk_rope_kernel=value).qk_rope_kernel
-        off = [plan(hopper, 49152, qk_rope_kernel=value, model_dim=576, num_heads=6, head_dim=96),
-               plan(torch.device("cpu"), 49152, qk_rope_kernel=value)]
-        assert not any(p.qk_rope_kernel or p.qk_rope_backward_kernel for p in off)
-    for wrong in ("true", "backward", ""):
-        with pytest.raises(T.SetupError, match=f"QK_ROPE_KERNEL={wrong}: use 0 .*, 1 .* or forward"):
-            plan(hopper, 49152, qk_rope_kernel=wrong)
+def test_the_qk_rope_kernels_are_on_where_cuda_and_the_head_size_take_them(hopper):
+    """QK_ROPE_KERNEL (T6.4): on by default, on CUDA at every size, training and evaluation, where the head
+    size is a power of two; never on the CPU; 0 turns it off. Its removed `forward` value (the Triton forward
+    with a torch backward, no gain measured) stops with the values a switch takes."""
+    for n in (16384, 32768, 49152):
+        assert plan(hopper, n).qk_rope_kernel
+    assert plan(hopper, 262144, training=False).qk_rope_kernel
+    assert not plan(hopper, 49152, qk_rope_kernel=False).qk_rope_kernel
+    assert T.Hyperparameters.from_env({"QK_ROPE_KERNEL": "0"}).execution.qk_rope_kernel is False
+    off = [plan(hopper, 49152, model_dim=576, num_heads=6, head_dim=96), plan(torch.device("cpu"), 49152)]
+    assert not any(p.qk_rope_kernel for p in off)
+    with pytest.raises(T.SetupError, match="QK_ROPE_KERNEL='forward' is not a valid .*expected 1/0/true/false"):
+        T.Hyperparameters.from_env({"QK_ROPE_KERNEL": "forward"})
     with pytest.raises(T.SetupError, match="did you mean QK_ROPE_KERNEL"):
         T.Hyperparameters.from_env({"QK_ROPE_KERNELS": "1"})
 
@@ -114,7 +109,7 @@ def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
                               fused_mlp_min_tokens=512)
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), lines.append)
     plans = [line for line in lines if line.startswith("execution plan")]
-    rest = "dc_mha_kernel=0 qk_rope_kernel=0 qk_rope_backward_kernel=0 cuda_graph=0"
+    rest = "dc_mha_kernel=0 qk_rope_kernel=0 cuda_graph=0"
     fused = "attention=sdpa mlp_fused=1 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0"
     assert plans == ["execution plan (stage 1): attention=sdpa mlp_fused=0 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 "
                      f"lm_head_fp8=0 ce_candidates=10240 {rest}",  # 256 tokens per forward: below the fused MLP's 512

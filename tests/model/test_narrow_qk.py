@@ -173,7 +173,7 @@ def test_narrow_model_on_gpu_matches_the_torch_path(monkeypatch):
     tokens = 4096
     hp = T.Hyperparameters.of(**{**SMALL, "device": "cuda", "model_dim": 768, "num_heads": 6, "head_dim": 128,
                                  "mlp_hidden": 3072, "vocab_size": 50304, "bigram_rows": 377280, "fp8_lm_head": False,
-                                 "qk_rope_kernel": "1", "narrow_qk_layers": NARROW, "fa4_min_tokens": tokens,
+                                 "qk_rope_kernel": True, "narrow_qk_layers": NARROW, "fa4_min_tokens": tokens,
                                  "stages": T.replace_stage_columns(T.STAGES, batch_tokens=(8 * tokens,) * 5)})
     torch.manual_seed(0)
     model = T.GPT(hp.model, T.longest_forward(hp)).cuda()
