@@ -188,7 +188,6 @@ class ModelConfig:
     ngram_rows: int = 0  # >0: the bigram injection's rows come from a hashed n-gram table this large (T3.19)
     ngram_orders: tuple[int, ...] = (2, 3)  # with NGRAM_ROWS: the n-gram lengths hashed into it (2: bigram, 3: trigram)
     value_embeds: bool = True
-    value_embed_sparse: bool = False  # the value embeddings' gradient and Adam on the step's rows only (T3.20)
     skip_connection: bool = True
     residual_lambdas: bool = True  # 0: residual and sublayer weights fixed at 1
     attn_lambdas: bool = True  # 0: attention weights unscaled
@@ -377,7 +376,8 @@ def check_unknown_settings(environ):
 NOT_SETTINGS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SMOKE", "NGPU"}
 # Settings measured as no gain and taken out of the code: what they did
 REMOVED_SETTINGS = {"EMBED_GRAD_FP32": "fp32-summed embedding gradients measured no gain",
-                    "PAIRED_ROPE_BY_HEAD": "the reference's paired-head rotary positions measured no gain"}
+                    "PAIRED_ROPE_BY_HEAD": "the reference's paired-head rotary positions measured no gain",
+                    "VALUE_EMBED_SPARSE": "the value embeddings as a row table measured 6 % slower (T3.20)"}
 
 
 def _parse_env_value(name: str, raw: str, kind):
@@ -829,12 +829,11 @@ class GPT(nn.Module):
         self.set_long_windows([1])
 
     def _apply(self, fn, recurse=True):
-        """Module.to and the like, the row caches (ngram_cache, ve_cache) kept leaves whose .grad the backward
+        """Module.to and the like, the n-gram row cache (ngram_cache) kept a leaf whose .grad the backward
         fills: Module moves buffers with autograd on, which would leave a moved cache the output of a copy."""
         super()._apply(fn, recurse)
-        for name in ("ngram_cache", "ve_cache"):
-            if hasattr(self, name):
-                getattr(self, name).detach_().requires_grad_()
+        if hasattr(self, "ngram_cache"):
+            self.ngram_cache.detach_().requires_grad_()
         return self
 
     def _init_matrices(self, cfg: ModelConfig):
@@ -860,17 +859,7 @@ class GPT(nn.Module):
         d, H, V, bf16 = cfg.model_dim, cfg.num_heads, cfg.vocab_size, dict(dtype=torch.bfloat16)
         if cfg.value_embeds:  # (#14, #63, #70; T3.3) token-major (V, layers·d): one gather serves every
             # layer, and the gradient is one scatter into the table
-            table = torch.empty(V, len(cfg.value_embed_layers) * d, **bf16).normal_(0, 0.01)
-            if cfg.value_embed_sparse:  # record #92 (PR #360); T3.20: the table lives in a ValueEmbedTable, which
-                # takes `initial_value_embeds` (drawn as the parameter is) and fills the row cache before each forward
-                self.initial_value_embeds = table
-                rows = min(max_tokens, V)  # a forward has at most this many distinct ids
-                self.register_buffer("ve_cache", torch.zeros(rows, table.size(1), **bf16).requires_grad_(), persistent=False)
-                self.register_buffer("ve_inverse", torch.zeros(max_tokens, 1, dtype=torch.long), persistent=False)
-                self.value_embedding = self.cached_value_embedding
-            else:
-                self.value_embeds = nn.Parameter(table)
-                self.value_embedding = self.gathered_value_embedding
+            self.value_embeds = nn.Parameter(torch.empty(V, len(cfg.value_embed_layers) * d, **bf16).normal_(0, 0.01))
             gated = sum(plan.value_gate is not None for plan in self.layers)
             self.ve_gate_bank = nn.Parameter(torch.zeros(gated, H, GATE_INPUTS, **bf16))
         if cfg.ngram_rows:  # the n-gram table's rows of one forward, which NgramTable.load fills (#92; T3.19):
@@ -1042,7 +1031,7 @@ class GPT(nn.Module):
         if cfg.bigram_embed:  # (#62, T3.4)
             bigram = self.bigram_embedding(ids)
             x_input = x0 + gates["bigram", 0] * bigram
-        value_embeds = self.value_embedding(ids).split(cfg.model_dim, -1) if cfg.value_embeds else ()
+        value_embeds = self.value_embeds[ids].split(cfg.model_dim, -1) if cfg.value_embeds else ()
         attn, rope, attn_paired, rope_paired = self.attention_layout(ids.size(0), cu_seqlens, shape, execution)
         n_attn, d = len(cfg.attention_layers), cfg.model_dim
         mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
@@ -1071,13 +1060,6 @@ class GPT(nn.Module):
     def hashed_bigram_embedding(self, ids: Tensor) -> Tensor:
         """The bigram table's row of each (previous, current) token pair times its sign row (T3.4)."""
         return self.bigram_embed[bigram_ids(ids, self.config.bigram_rows)] * self.bigram_signs[bigram_sign_ids(ids)]
-
-    def gathered_value_embedding(self, ids: Tensor) -> Tensor:
-        return self.value_embeds[ids]
-
-    def cached_value_embedding(self, ids: Tensor) -> Tensor:
-        """With VALUE_EMBED_SPARSE: each position's row from the row cache ValueEmbedTable.load fills (T3.20)."""
-        return self.ve_cache[self.ve_inverse[: ids.size(0), 0]]
 
     def ngram_embedding(self, ids: Tensor) -> Tensor:
         """With NGRAM_ROWS: the sum over the orders of each position's n-gram rows, read from the row cache
@@ -1272,8 +1254,7 @@ def param_table(cfg: ModelConfig) -> dict[str, ParamSpec]:
         "ngram_table": ParamSpec("adam", "sparse", lr_mul=75.0, betas=(0.75, 0.95)),
         "post_lambdas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
         "resid_lambdas": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.95)),
-        "value_embeds": ParamSpec("adam", "sparse" if cfg.value_embed_sparse else "sharded", lr_mul=75.0, wd_mul=5.0,
-                                  betas=(0.75, 0.95)),
+        "value_embeds": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
         "embed": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
         "mudd.w1": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
         "mudd.w2": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
@@ -1858,7 +1839,7 @@ class NorMuonAdam:
                     self.state[label][key] = value
 
 
-# --- Tables with lazy sparse Adam: the hashed n-gram table, the sparse value embeddings (#92; T3.19, T3.20) --
+# --- Tables with lazy sparse Adam: the hashed n-gram table (#92; T3.19) -----------------------------------
 # What one process may hold of the table and its Adam state: an 80 GB GPU less the model's peak (about 45 GB
 # in rank-slice mode) and room for the row cache and the kept gradients
 NGRAM_STATE_GIB = 28
@@ -1901,7 +1882,7 @@ def lazy_adam_rows(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, last_ste
 
 class LazyAdamTable:
     """A table trained on the rows each step touches, with a lazy sparse Adam and no dense gradient (record #92,
-    PR #360; T3.19, T3.20). It is no parameter: NorMuonAdam never sees it. A subclass says which rows a
+    PR #360; T3.19). It is no parameter: NorMuonAdam never sees it. A subclass says which rows a
     forward's ids read (row_ids: (T, k) row ids, k per position) and names the model's row cache and inverse.
 
     Sharding: rank r owns the rows [r·S, (r+1)·S), S = ⌈rows / world⌉, with their Adam state, and one scratch
@@ -2095,27 +2076,6 @@ class NgramTable(LazyAdamTable):
     def buffers(self, model: nn.Module, tokens: int) -> tuple[Tensor, Tensor]:
         return model.ngram_cache_for(tokens), model.ngram_inverse
 
-
-class ValueEmbedTable(LazyAdamTable):
-    """The value embeddings with VALUE_EMBED_SPARSE (record #92, PR #360; T3.20): the (V, planes·d) table of
-    T3.3, drawn as the dense parameter is (GPT.initial_value_embeds), each position reading its token's row;
-    Adam with value_embeds' spec, its cautious decay on the rows each Adam step updates (LazyAdamTable)."""
-    cache_buffer, inverse_buffer = "ve_cache", "ve_inverse"
-
-    def __init__(self, cfg: ModelConfig, optim: OptimConfig, max_steps: int, initial: Tensor, device: torch.device,
-                 rank: int = 0, world_size: int = 1, dtype: torch.dtype = torch.bfloat16, compile: bool = False):
-        super().__init__(cfg.vocab_size, initial.size(1), param_table(cfg)["value_embeds"], optim, max_steps, device,
-                         rank, world_size, dtype, compile)
-        self.reset(initial)
-
-    def row_ids(self, ids: Tensor) -> Tensor:
-        return ids.long()[:, None]
-
-    def reset(self, initial: Tensor):
-        """The initial state: this rank's rows of `initial` (a fresh GPT's initial_value_embeds), zero moments."""
-        super().reset()
-        owned = initial[self.start: self.start + self.shard_rows]
-        self.weight[: owned.size(0)].copy_(owned)
 
 # =============================================================================================
 # Data
@@ -2963,7 +2923,6 @@ def check_hyperparameters(hp: Hyperparameters):
                          f"{nearest_hint(hp.optim.orthogonalizer, list(ORTHOGONALIZERS))}")
     check_layer_layout(hp.model)
     check_ngram_settings(hp)
-    check_value_embed_sparse(hp)
 
 
 def check_taper(cfg: ScheduleConfig):
@@ -2992,24 +2951,13 @@ def check_ngram_settings(hp: Hyperparameters):
         raise SetupError("NGRAM_ROWS supplies the bigram injection's rows (T3.19): set BIGRAM_EMBED=1, or NGRAM_ROWS=0")
 
 
-def check_value_embed_sparse(hp: Hyperparameters):
-    """VALUE_EMBED_SPARSE (T3.20): it trains the value embeddings' rows, so they must be on."""
-    if not hp.model.value_embed_sparse:
-        return
-    if not hp.model.value_embeds:
-        raise SetupError("VALUE_EMBED_SPARSE trains the value embeddings' rows (T3.20): set VALUE_EMBEDS=1, "
-                         "or VALUE_EMBED_SPARSE=0")
-
-
 def check_row_tables(hp: Hyperparameters, world_size: int):
-    """The row tables at this world size (T3.19, T3.20). Above world size 1 their loads exchange rows with the
+    """The n-gram row table at this world size (T3.19). Above world size 1 its loads exchange rows with the
     rows' owners, sizes first (a host sync), so they run between the step's micro-batches, not in its CUDA
     graphs (T5.3). Each process holds ⌈NGRAM_ROWS / world size⌉ rows of the n-gram table with their Adam
     state (rank-slice mode, at world size 1, the whole table): at most NGRAM_STATE_GIB beside the model."""
-    tables = [name for name, on in (("NGRAM_ROWS", hp.model.ngram_rows),
-                                    ("VALUE_EMBED_SPARSE", hp.model.value_embeds and hp.model.value_embed_sparse)) if on]
-    if tables and world_size > 1 and hp.run.device == "cuda" and hp.execution.cuda_graphs:
-        raise SetupError(f"{' and '.join(tables)} at world size {world_size} exchange rows between processes with a "
+    if hp.model.ngram_rows and world_size > 1 and hp.run.device == "cuda" and hp.execution.cuda_graphs:
+        raise SetupError(f"NGRAM_ROWS at world size {world_size} exchanges rows between processes with a "
                          f"host sync, which the step's CUDA graphs cannot hold: set CUDA_GRAPHS=0 (or run in "
                          f"rank-slice mode on one GPU)")
     rows, dim = hp.model.ngram_rows, hp.model.model_dim
@@ -3112,7 +3060,7 @@ class CapturedStep:
     ce: Tensor
     grads: dict[str, Tensor]
     # each row table's (distinct rows, row cache's gradient) of the first micro-batch's graph, then of the
-    # accumulating one's: per micro-batch, handed to the table after each replay (T3.19, T3.20)
+    # accumulating one's: per micro-batch, handed to the table after each replay (T3.19)
     rows: list[tuple[Tensor, Tensor]]
     accumulate_rows: list[tuple[Tensor, Tensor]]
 
@@ -3130,7 +3078,7 @@ class StepGraphs:
     same batch (CE and every gradient's norm); every parameter and buffer must stay where the graphs
     read it (check_addresses). The optimizer and its collectives run outside the graphs, so any world
     size works; `max_over_ranks` makes every rank stop together when one rank's check fails.
-    Row tables (T3.19, T3.20; world size 1, where a load is device work alone): each graph loads the
+    Row tables (T3.19; world size 1, where a load is device work alone): each graph loads the
     micro-batch's rows into the model's row caches before the forward and leaves the caches' gradients
     as outputs; after each replay `run` hands them to the tables, whose Adam steps run outside."""
 
@@ -3512,8 +3460,7 @@ class Trainer:
         self.model = GPT(hp.model, longest_forward(hp), longest_training_forward(hp)).to(device)
         self._share_initialization()
         self.ngram = self.ngram_table()
-        self.value_table = self.value_embed_table()
-        self.row_tables = [table for table in (self.ngram, self.value_table) if table is not None]
+        self.row_tables = [self.ngram] if self.ngram is not None else []
         specs = param_specs(self.model)
         self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), specs, hp.optim, rank, world_size,
                                      tied=("embed", "lm_head"), compile=hp.execution.compile,
@@ -3561,22 +3508,8 @@ class Trainer:
                  f"{table.shard_rows} rows per process, {gib:.2f} GiB with their Adam state; lazy sparse Adam")
         return table
 
-    def value_embed_table(self) -> "ValueEmbedTable | None":
-        """With VALUE_EMBED_SPARSE: the value embeddings' table this rank owns a share of, from the model's
-        initial draw (T3.20); the log says its size."""
-        hp = self.hp
-        if not (hp.model.value_embeds and hp.model.value_embed_sparse):
-            return None
-        table = ValueEmbedTable(hp.model, hp.optim, self.schedule.total_steps, self.model.initial_value_embeds,
-                                self.device, self.rank, self.world_size, compile=hp.execution.compile)
-        del self.model.initial_value_embeds
-        gib = table.shard_rows * lazy_table_bytes_per_row(table.weight.size(1)) / 2**30
-        self.log(f"value embeddings (T3.20): sparse, {table.shard_rows} rows per process, {gib:.2f} GiB with their "
-                 f"Adam state; lazy sparse Adam on the rows each step touches")
-        return table
-
     def load_rows(self, inputs: Tensor) -> list[Tensor]:
-        """Fill each row table's cache in the model for a forward on `inputs` (T3.19, T3.20); their distinct rows."""
+        """Fill each row table's cache in the model for a forward on `inputs` (T3.19); their distinct rows."""
         return [table.load(inputs, *table.buffers(self.model, inputs.size(0))) for table in self.row_tables]
 
     def keep_row_gradients(self, distincts: list[Tensor]):
@@ -3644,8 +3577,6 @@ class Trainer:
         self.optimizer.reset()
         if self.ngram is not None:
             self.ngram.reset()
-        if self.value_table is not None:
-            self.value_table.reset(fresh.initial_value_embeds)
         self._clear_run_state()
         if self.step_graphs is not None:
             self.step_graphs.check_addresses()
@@ -3677,7 +3608,7 @@ class Trainer:
             self.model.candidate_step.copy_(self.candidate_steps[plan.step])
         mean_ce = self.forward_backward(plan, loader, self.target_weights[plan.step])
         self.optimizer_step(plan)
-        for table in self.row_tables:  # their Adam on the rows the step touched, eagerly (T3.19, T3.20)
+        for table in self.row_tables:  # their Adam on the rows the step touched, eagerly (T3.19)
             table.step(plan.lr_multiplier, plan.adam_step)
         if plan.untie and self.optimizer.tied:
             self.optimizer.untie()
@@ -3691,7 +3622,7 @@ class Trainer:
 
     def eager_forward_backward(self, plan: StepPlan, loader: "TrainLoader", target_weights: Tensor) -> Tensor:
         """The step's micro-batches forward and backward, their gradients summed in .grad (the row tables' kept
-        per micro-batch, T3.19, T3.20); the mean CE."""
+        per micro-batch, T3.19); the mean CE."""
         mean_ce = torch.zeros((), device=self.device)
         for _ in range(self.grad_accum):
             inputs, targets, cu_seqlens = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len,
@@ -3965,9 +3896,8 @@ class Trainer:
             torch.save({"hyperparameters": self.hp.flat(), "model": self.model.state_dict()},
                        os.path.join(folder, "model.pt"))
         torch.save(self.optimizer.state_dict(), os.path.join(folder, f"optimizer_rank{self.rank}.pt"))
-        for name, table in (("ngram", self.ngram), ("value_embeds", self.value_table)):
-            if table is not None:  # this rank's rows of the table and their Adam state (T3.19, T3.20)
-                torch.save(table.state_dict(), os.path.join(folder, f"{name}_rank{self.rank}.pt"))
+        if self.ngram is not None:  # this rank's rows of the table and their Adam state (T3.19)
+            torch.save(self.ngram.state_dict(), os.path.join(folder, f"ngram_rank{self.rank}.pt"))
         self.log(f"checkpoint: {folder}/")
 
     def _sync(self):

@@ -42,9 +42,7 @@ def test_forward_backward_with_each_switch(switch):
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
     params = dict(model.named_parameters())
     learned_scalars = on["attn_lambdas"] or on["smear_gate"] or on["skip_connection"]
-    sparse_value_embeds = on["value_embeds"] and on["value_embed_sparse"]  # a ValueEmbedTable's rows (T3.20)
-    assert hasattr(model, "ve_cache") == sparse_value_embeds
-    for present, param in [(on["value_embeds"] and not sparse_value_embeds, "value_embeds"),
+    for present, param in [(on["value_embeds"], "value_embeds"),
                            (on["bigram_embed"], "bigram_embed"),
                            (on["smear_gate"], "smear_gate"), (on["residual_lambdas"], "resid_lambdas"),
                            (learned_scalars, "scalars"), (True, "mudd.w1"), (True, "gates.w1")]:

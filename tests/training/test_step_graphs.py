@@ -152,12 +152,12 @@ def test_accumulated_micro_batches_sum_their_gradients_as_eager_backward_does(co
 
 
 def test_graphed_steps_with_row_tables_train_as_eager_ones(corpus):
-    """NGRAM_ROWS and VALUE_EMBED_SPARSE under the step graphs (T3.19, T3.20): each graph loads its micro-batch's
-    rows and leaves the caches' gradients, which the tables take after each replay; every step's loss, the
-    weights and both tables as eager steps leave them. The tables' state is among what the graphs read."""
-    hp = tiny_hp(corpus, rank_slice=True, ngram_rows=3001, value_embed_sparse=True)
+    """NGRAM_ROWS under the step graphs (T3.19): each graph loads its micro-batch's rows and leaves the cache's
+    gradient, which the table takes after each replay; every step's loss, the weights and the table as eager
+    steps leave them. The table's state is among what the graphs read."""
+    hp = tiny_hp(corpus, rank_slice=True, ngram_rows=3001)
     eager, graphed = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None)), graphed_trainer(hp)
-    assert [type(t) for t in graphed.step_graphs.row_tables] == [T.NgramTable, T.ValueEmbedTable]
+    assert [type(t) for t in graphed.step_graphs.row_tables] == [T.NgramTable]
     for table in graphed.row_tables:  # the capture's loads and replays left no kept gradients and no update
         assert table.kept == [] and table.step_count == 0
     train_side_by_side(hp, eager, graphed)
@@ -522,17 +522,17 @@ def test_captured_optimizer_graphs_train_as_eager_optimizer_steps_without_host_s
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_captured_cuda_graphs_with_row_tables_train_as_eager_steps_without_host_syncs(corpus, rank_slice):
-    """NGRAM_ROWS and VALUE_EMBED_SPARSE under the step and optimizer graphs (T3.19, T3.20): the loads captured
-    in each step graph, the tables' Adam eager between replays; the steps train as eager ones, within bf16
-    tolerance, and never wait for the GPU."""
+    """NGRAM_ROWS under the step and optimizer graphs (T3.19): the loads captured in each step graph, the
+    table's Adam eager between replays; the steps train as eager ones, within bf16 tolerance, and never wait
+    for the GPU."""
     hp = tiny_hp(corpus, device="cuda", rank_slice=rank_slice, warmup=True, num_scheduled_iterations=12,
-                 num_extension_iterations=2, ngram_rows=3001, value_embed_sparse=True)
+                 num_extension_iterations=2, ngram_rows=3001)
     T.check_row_tables(hp, 1)
     cuda = torch.device("cuda")
     runs = {}
     for graphs in (False, True):
         trainer = T.Trainer(hp.replace(cuda_graphs=graphs), 0, 1, cuda, T.RunLog(None))
-        assert (trainer.step_graphs is not None) == graphs and len(trainer.row_tables) == 2
+        assert (trainer.step_graphs is not None) == graphs and len(trainer.row_tables) == 1
         trainer.warmup()
         runs[graphs] = losses_without_host_syncs(trainer)
     assert torch.isfinite(runs[True]).all()

@@ -342,7 +342,7 @@ def test_skipped_guard_checks_after_the_warmup_pick_the_same_graphs(corpus, monk
 
 def test_a_compiling_trainer_allows_a_graph_per_shape(corpus, monkeypatch):
     """The compiled steps and optimizer keep one dynamo graph per stage shape and per Adam table shape
-    (more than dynamo's default 8 with VALUE_EMBED_SPARSE): the Trainer raises the limit itself, so tests
+    (more than dynamo's default 8 with NGRAM_ROWS): the Trainer raises the limit itself, so tests
     and tools that build one without main() do not stop at a recompile (found on the GPU, 2026-11-27)."""
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
     monkeypatch.setattr(torch._dynamo.config, limit, 8)
