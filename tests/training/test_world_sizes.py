@@ -26,6 +26,9 @@ TINY = dict(DEVICE="cpu", COMPILE=0, WARMUP=0, MODEL_DIM=128, NUM_HEADS=2, HEAD_
             MUON_MOMENTUM_WARMUP_STEPS=5, MUON_MOMENTUM_COOLDOWN_STEPS=2)
 HYPERPARAMETERS = set(T.hyperparameter_variables())
 TOLERANCE = 1e-2
+# One pytest-xdist worker runs this file's tests (the README's command: --dist loadgroup), so the
+# one-process run of the module's fixture (about 20 s) is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("world_sizes")
 
 
 @pytest.fixture(scope="module")
