@@ -26,9 +26,11 @@ def test_parse_settings():
 
 
 def test_sweep_after_each_seed(tmp_path, corpus):
-    # rank-slice: one micro-batch a step instead of eight (the tool scores trained models; how they
-    # trained is main()'s business, tested in tests/training)
-    env = tiny_env(tmp_path, corpus, rank_slice=True, seeds="1,2", run_id="sweep", final_long_window=20)
+    # rank-slice: one micro-batch a step instead of eight, 4 steps instead of 7 and no validation but the
+    # first and the final one (the tool scores trained models; how they trained is main()'s business,
+    # tested in tests/training)
+    env = tiny_env(tmp_path, corpus, rank_slice=True, seeds="1,2", run_id="sweep", final_long_window=20,
+                   num_scheduled_iterations=3, val_loss_every=0)
     out = tmp_path / "windows.json"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "eval_windows.py"),
                            "--windows", "6:20x1.5,6:20,2:4,6:20y", "--out", str(out)],
