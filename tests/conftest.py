@@ -12,10 +12,9 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Under pytest-xdist (`-n 2`, the README's test command) the cores are shared out among the workers:
 # each worker, and every process its tests start (main() runs, Triton interpreter scripts), gets its
 # share of OpenMP threads. Set before helpers imports torch. Two workers with torch's default of one
-# thread per core oversubscribe two cores, and OpenMP's spinning threads then take turns: on CI's two
-# cores tests/training/test_step_graphs.py took 1517 s that way against 177 s with one thread each
-# (2026-11-28). The numbers do not depend on it: the tests that compare two runs bit for bit run both
-# in one process, and tests/reference_losses.json is recorded and checked on one thread.
+# thread per core oversubscribe the cores, and OpenMP's spinning threads then take turns (README, Tests).
+# The numbers do not depend on it: the tests that compare two runs bit for bit run both in one process,
+# and tests/reference_losses.json is recorded and checked on one thread.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0))
                                                       // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
