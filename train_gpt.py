@@ -245,10 +245,6 @@ class ScheduleConfig:
     tail_ema_bank_blend: float = 0.55  # the EMA's share of the NorMuon banks after the blend (0: not averaged)
     tail_ema_embed_blend: float = 0.65  # the EMA's share of embed and lm_head after the blend (0: not averaged)
     adam_every_other_step: bool = True  # Adam on odd steps with two steps' gradients (T2.7)
-    # the sink tables (value embeddings, bigram table; T2.10) update on every Adam step until this fraction of
-    # the scheduled steps, then every TABLE_ADAM_PERIOD-th step (a multiple of the Adam period) from their sums
-    table_adam_period: int = 4
-    table_adam_period_from: float = 0.3
     multi_token_prediction: bool = True
     prefix_loss: bool = True  # prefix-token auxiliary loss; reads tokenizer_dir/encoder.json
 
@@ -381,7 +377,10 @@ NOT_SETTINGS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SMOKE",
 # Settings measured as no gain and taken out of the code: what they did
 REMOVED_SETTINGS = {"EMBED_GRAD_FP32": "fp32-summed embedding gradients measured no gain",
                     "PAIRED_ROPE_BY_HEAD": "the reference's paired-head rotary positions measured no gain",
-                    "VALUE_EMBED_SPARSE": "the value embeddings as a row table measured slower than the dense path (T3.20)"}
+                    "VALUE_EMBED_SPARSE": "the value embeddings as a row table measured slower than the dense path (T3.20)",
+                    "TABLE_ADAM_PERIOD": "the embedding tables' Adam every 4th step from fp32 sums cost more loss than "
+                                         "time (T2.10)",
+                    "TABLE_ADAM_PERIOD_FROM": "the embedding tables' Adam cadence cost more loss than time (T2.10)"}
 
 
 def _parse_env_value(name: str, raw: str, kind):
@@ -448,8 +447,6 @@ MUDD_LAYER_OUTPUTS = ("v_input", "v_layer7", "v_residual", "mix_input", "mix_lay
 MUDD_FINAL_OUTPUTS = ("input", "layer7", "layer9", "value_embed", "layer3")
 RESIDUAL_LAMBDA_INIT, BIGRAM_LAMBDA_INIT, BACKOUT_LAMBDA_INIT, SKIP_LAMBDA_INIT = math.sqrt(1.1), 0.05, 0.5, -1.5
 BIGRAM_SIGN_ROWS = 8192
-# The sink tables (T2.10): each one's tap, the zero leaf a training forward adds to the rows it gathers
-SINK_TAPS = {"value_embeds": "value_embeds_taps", "bigram_embed": "bigram_embed_taps"}
 ATTN_SCALE_INIT = 0.1  # softmax scale, raised by YaRN (#31)
 # Narrow Q/K heads (T3.18) take the wide heads' softmax scale times √(128/64): a q·k of unit-RMS heads
 # half as wide spreads √2 less, so its logits start as spread out as the wide heads' do (unmeasured)
@@ -835,21 +832,12 @@ class GPT(nn.Module):
         self.set_long_windows([1])
 
     def _apply(self, fn, recurse=True):
-        """Module.to and the like, the leaves whose .grad the backward fills (the n-gram row cache, the sink
-        tables' taps) kept leaves: Module moves buffers with autograd on, which would leave a moved one the
-        output of a copy."""
+        """Module.to and the like, the n-gram row cache (ngram_cache) kept a leaf whose .grad the backward
+        fills: Module moves buffers with autograd on, which would leave a moved cache the output of a copy."""
         super()._apply(fn, recurse)
-        for name in ("ngram_cache", *SINK_TAPS.values()):
-            if hasattr(self, name):
-                getattr(self, name).detach_().requires_grad_()
+        if hasattr(self, "ngram_cache"):
+            self.ngram_cache.detach_().requires_grad_()
         return self
-
-    def zero_grad(self, set_to_none: bool = True):
-        """Module.zero_grad, and the gradients of the leaves that are buffers: the n-gram row cache, the taps."""
-        super().zero_grad(set_to_none)
-        for name in ("ngram_cache", *SINK_TAPS.values()):
-            if hasattr(self, name):
-                getattr(self, name).grad = None
 
     def _init_matrices(self, cfg: ModelConfig):
         d, H, hd, V = cfg.model_dim, cfg.num_heads, cfg.head_dim, cfg.vocab_size
@@ -872,13 +860,9 @@ class GPT(nn.Module):
 
     def _init_embeddings(self, cfg: ModelConfig, max_tokens: int, max_train_tokens: int):
         d, H, V, bf16 = cfg.model_dim, cfg.num_heads, cfg.vocab_size, dict(dtype=torch.bfloat16)
-        # The sink tables (T2.10) take no gradient through autograd: a training forward adds a zero leaf,
-        # their tap, to the rows it gathers, and the trainer scatters the tap's gradient into the optimizer's sink
-        if cfg.value_embeds:  # (#14, #63, #70; T3.3) token-major (V, layers·d): one gather serves every layer
-            self.value_embeds = nn.Parameter(torch.empty(V, len(cfg.value_embed_layers) * d, **bf16).normal_(0, 0.01),
-                                             requires_grad=False)
-            taps = torch.zeros(max_train_tokens, len(cfg.value_embed_layers) * d, **bf16).requires_grad_()
-            self.register_buffer(SINK_TAPS["value_embeds"], taps, persistent=False)
+        if cfg.value_embeds:  # (#14, #63, #70; T3.3) token-major (V, layers·d): one gather serves every
+            # layer, and the gradient is one scatter into the table
+            self.value_embeds = nn.Parameter(torch.empty(V, len(cfg.value_embed_layers) * d, **bf16).normal_(0, 0.01))
             gated = sum(plan.value_gate is not None for plan in self.layers)
             self.ve_gate_bank = nn.Parameter(torch.zeros(gated, H, GATE_INPUTS, **bf16))
         if cfg.ngram_rows:  # the n-gram table's rows of one forward, which NgramTable.load fills (#92; T3.19):
@@ -893,9 +877,7 @@ class GPT(nn.Module):
             self.register_buffer("ngram_inverse", torch.zeros(max_tokens, orders, dtype=torch.long), persistent=False)
             self.bigram_embedding = self.ngram_embedding
         elif cfg.bigram_embed:  # hashed bigram table with random sign rows (#62, #83, #85; T3.4)
-            self.bigram_embed = nn.Parameter(torch.zeros(cfg.bigram_rows, d, **bf16), requires_grad=False)
-            taps = torch.zeros(max_train_tokens, d, **bf16).requires_grad_()
-            self.register_buffer(SINK_TAPS["bigram_embed"], taps, persistent=False)
+            self.bigram_embed = nn.Parameter(torch.zeros(cfg.bigram_rows, d, **bf16))
             signs = torch.randn(BIGRAM_SIGN_ROWS, d).sign().to(torch.bfloat16)
             self.register_buffer("bigram_signs", signs, persistent=False)
             self.bigram_embedding = self.hashed_bigram_embedding
@@ -943,7 +925,7 @@ class GPT(nn.Module):
         (FP8 where the plan says, T4.4) scores every column at once, against the whole vocabulary or,
         where the plan gives a candidate budget, against the step's candidates (T4.6; the mean CE
         is then the candidates' too)."""
-        x = self.hidden_states(input_ids, cu_seqlens, shape, execution, taps=True)
+        x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
         targets = self.target_columns(target_ids.long(), shape)
         if execution.ce_candidates:
             loss, ce, shortfall = sampled_lm_head_softcap_ce(x, self.lm_head, targets, target_weights,
@@ -1000,10 +982,9 @@ class GPT(nn.Module):
 
     # --- forward ------------------------------------------------------------------------------------
     def hidden_states(self, input_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
-                      execution: ExecutionPlan, taps: bool = False) -> Tensor:
-        """The final normalized hidden states (T, d) of a batch of packed documents; `taps`: the training
-        forward's, whose sink tables' rows pass through their taps (T2.10)."""
-        ctx = self.context(input_ids.long(), cu_seqlens, shape, execution, taps)
+                      execution: ExecutionPlan) -> Tensor:
+        """The final normalized hidden states (T, d) of a batch of packed documents."""
+        ctx = self.context(input_ids.long(), cu_seqlens, shape, execution)
         x = ctx.x_input
         for layer in self.layers:
             x = ctx.outputs[layer.index] = self.layer(layer, x, ctx)
@@ -1039,10 +1020,9 @@ class GPT(nn.Module):
             return mix["mlp_residual"] * x + mix["mlp_out"] * out
         return self.resid_lambdas[i, 1] * x + self.post_lambdas[i, 1] * out
 
-    def context(self, ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape, execution: ExecutionPlan,
-                taps: bool = False) -> ForwardContext:
+    def context(self, ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape, execution: ExecutionPlan) -> ForwardContext:
         """Embeddings, the pre MUDD gate, the attention layout and the per-layer weights (in e4m3
-        too where the plan says): what the layers share. `taps`: the sink tables' rows plus their taps (T2.10)."""
+        too where the plan says): what the layers share."""
         cfg, scalars = self.config, self.named_scalars()
         x = self.embed[ids]
         if cfg.smear_gate:  # (#34, T3.6)
@@ -1052,12 +1032,9 @@ class GPT(nn.Module):
         gates = self.gates(0, x0)
         x_input, bigram = x0, None
         if cfg.bigram_embed:  # (#62, T3.4)
-            bigram = self.bigram_embedding(ids, taps)
+            bigram = self.bigram_embedding(ids)
             x_input = x0 + gates["bigram", 0] * bigram
-        value_embeds = ()
-        if cfg.value_embeds:
-            rows = self.value_embeds[ids]
-            value_embeds = (rows + self.value_embeds_taps[: ids.size(0)] if taps else rows).split(cfg.model_dim, -1)
+        value_embeds = self.value_embeds[ids].split(cfg.model_dim, -1) if cfg.value_embeds else ()
         attn, rope, attn_paired, rope_paired = self.attention_layout(ids.size(0), cu_seqlens, shape, execution)
         n_attn, d = len(cfg.attention_layers), cfg.model_dim
         mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
@@ -1083,20 +1060,13 @@ class GPT(nn.Module):
                 banks.append((getattr(self, name), [p.attn_slot for p in plans]))
         return banks
 
-    def hashed_bigram_embedding(self, ids: Tensor, taps: bool = False) -> Tensor:
-        """The bigram table's row of each (previous, current) token pair (plus its tap, T2.10) times its sign row (T3.4)."""
-        rows = self.bigram_embed[bigram_ids(ids, self.config.bigram_rows)]
-        if taps:
-            rows = rows + self.bigram_embed_taps[: ids.size(0)]
-        return rows * self.bigram_signs[bigram_sign_ids(ids)]
+    def hashed_bigram_embedding(self, ids: Tensor) -> Tensor:
+        """The bigram table's row of each (previous, current) token pair times its sign row (T3.4)."""
+        return self.bigram_embed[bigram_ids(ids, self.config.bigram_rows)] * self.bigram_signs[bigram_sign_ids(ids)]
 
-    def sink_rows(self, label: str, ids: Tensor) -> Tensor:
-        """The rows of sink table `label` a forward on `ids` gathers, one per position, as its tap lays them out (T2.10)."""
-        return bigram_ids(ids, self.config.bigram_rows) if label == "bigram_embed" else ids
-
-    def ngram_embedding(self, ids: Tensor, taps: bool = False) -> Tensor:
+    def ngram_embedding(self, ids: Tensor) -> Tensor:
         """With NGRAM_ROWS: the sum over the orders of each position's n-gram rows, read from the row cache
-        NgramTable.load filled for these ids (T3.19); its gradient is the cache's own (`taps` unused)."""
+        NgramTable.load filled for these ids (T3.19)."""
         return self.ngram_cache_for(ids.size(0))[self.ngram_inverse[: ids.size(0)]].sum(1)
 
     def ngram_cache_for(self, tokens: int) -> Tensor:
@@ -1259,7 +1229,6 @@ class ParamSpec:
     betas: tuple[float, float] = (0.9, 0.99)
     matrix_shape: tuple[int, int] | None = None  # NorMuon: each bank entry is one such matrix
     matrix_lr_muls: tuple[float, ...] = (1.0,)  # NorMuon: cycled over the bank's matrix index
-    sink: bool = False  # Adam: a sink table (T2.10), its gradient summed in an fp32 sink, updated on TABLE_ADAM_PERIOD
 
     def matrix_lr_mul(self, index: Tensor) -> Tensor:
         """NorMuon: the learning-rate multiplier of the bank's matrices `index`: the table's
@@ -1283,12 +1252,12 @@ def param_table(cfg: ModelConfig) -> dict[str, ParamSpec]:
         "smear_gate": ParamSpec("adam", "replicated", lr_mul=0.01, betas=(0.9, 0.99)),
         "ve_gate_bank": ParamSpec("adam", "replicated", wd_mul=1.0, betas=(0.9, 0.99)),
         "lm_head": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
-        "bigram_embed": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95), sink=True),
+        "bigram_embed": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
         # lazy sparse Adam without weight decay: the replay of untouched steps has no closed form for cautious decay
         "ngram_table": ParamSpec("adam", "sparse", lr_mul=75.0, betas=(0.75, 0.95)),
         "post_lambdas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
         "resid_lambdas": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.95)),
-        "value_embeds": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95), sink=True),
+        "value_embeds": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
         "embed": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
         "mudd.w1": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
         "mudd.w2": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
@@ -1404,8 +1373,7 @@ def tail_ema_update(ema: Tensor, weight: Tensor, mantissa: Tensor | None, rate: 
 
 
 def adam_update(grad: Tensor, kept_grad: Tensor | None, weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
-                step_size: Tensor, wd_lr2: Tensor, beta1: float | Tensor, beta2: float | Tensor, eps: float,
-                grad_scale: float):
+                step_size: Tensor, wd_lr2: Tensor, beta1: float, beta2: float, eps: float, grad_scale: float):
     """Adam with cautious weight decay (#50, T2.5): decay only where the update shrinks |w|; strength
     lr²·wd so it follows the schedule. step_size carries the bias correction. kept_grad: the
     previous step's gradient (T2.7), added here in fp32 rather than by autograd in a pass of its own."""
@@ -1417,14 +1385,6 @@ def adam_update(grad: Tensor, kept_grad: Tensor | None, weight: Tensor, exp_avg:
     u = step_size * exp_avg / (exp_avg_sq.sqrt() + eps)
     u = u + (u * w > 0) * w * wd_lr2
     weight.copy_(w - u)
-
-
-def sink_adam_update(sink: Tensor, weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step_size: Tensor,
-                     wd_lr2: Tensor, beta1: Tensor, beta2: Tensor, eps: float, grad_scale: float):
-    """A sink table's Adam update (T2.10): adam_update on the fp32 gradient sum `sink`, its betas device
-    scalars (the cadence raises them to a power), then the sink emptied for the next sum, in the same pass."""
-    adam_update(sink, None, weight, exp_avg, exp_avg_sq, step_size, wd_lr2, beta1, beta2, eps, grad_scale)
-    sink.zero_()
 
 
 class RankRows:
@@ -1514,8 +1474,7 @@ class FlatReplicatedGrads:
 # The schedule's scalars an update reads from the device, per update rule of a label (NorMuonAdam.scalars);
 # "rails": NorMuon's with MUON_RAILS=1 (T2.9)
 STEP_SCALARS = {"normuon": ("momentum", "lr", "wd_lr"), "adam": ("step_size", "wd_lr2"),
-                "rails": ("momentum", "lr", "wd_lr", "fast_beta", "fast_weight"),
-                "sink_adam": ("step_size", "wd_lr2", "beta1", "beta2")}
+                "rails": ("momentum", "lr", "wd_lr", "fast_beta", "fast_weight")}
 
 
 class NorMuonAdam:
@@ -1546,12 +1505,6 @@ class NorMuonAdam:
     next step's update adds it to the new one inside the Adam kernel. Autograd would otherwise add
     the two in a separate full pass over every table.
 
-    Sink tables (T2.10; the value embeddings and the bigram table): no .grad; the trainer adds each
-    micro-batch's row gradients into an fp32 sink (state "sink", the full table on every rank), and a
-    step whose `table_adam` is k > 0 updates them from it with their betas to the power k and k times
-    their weight decay (the sum spans k of T2.7's Adam periods), then empties it: at world size 1 in the
-    update's own pass, above it after the sink's reduce-scatter (fp32, launched with the step's others).
-
     Tied embedding (#51, #53; T3.15): while tied, embed's gradient is added to lm_head's, only lm_head
     is reduced and updated and embed is overwritten with it; untie() hands lm_head's Adam state to
     embed. Both are stored (vocab, dim), so tying needs no transpose."""
@@ -1580,15 +1533,11 @@ class NorMuonAdam:
             self._normuon_fn = torch.compile(bank_step, dynamic=False, fullgraph=True)
             self._adam_fn = torch.compile(adam_update, dynamic=False, fullgraph=True)
             self._tail_ema_fn = torch.compile(tail_ema_update, dynamic=False, fullgraph=True)
-            self._sink_adam_fn = torch.compile(sink_adam_update, dynamic=False, fullgraph=True)
         else:
             self._normuon_fn, self._adam_fn, self._tail_ema_fn = bank_step, adam_update, tail_ema_update
-            self._sink_adam_fn = sink_adam_update
-        # each label's update rule: its spec's optimizer, "rails" for the banks with MUON_RAILS=1 (T2.9),
-        # "sink_adam" for the sink tables (T2.10)
-        self.rules = {label: "rails" if config.muon_rails and spec.optimizer == "normuon" else
-                      "sink_adam" if spec.sink else spec.optimizer for label, spec in specs.items()}
-        self.sinks = [label for label in self.comm_order if self.rules[label] == "sink_adam"]
+        # each label's update rule: its spec's optimizer, "rails" for the banks with MUON_RAILS=1 (T2.9)
+        self.rules = {label: "rails" if config.muon_rails and spec.optimizer == "normuon" else spec.optimizer
+                      for label, spec in specs.items()}
         for label, p in params.items():
             self._init_state(label, p, specs[label])
         self.tail_ema_rate = torch.zeros((), device=next(iter(params.values())).device)  # this tick's, on the device
@@ -1608,7 +1557,7 @@ class NorMuonAdam:
         self.bank_momentum = {label: st["momentum"] if self.rules[label] == "normuon" else
                               (st["momentum"], st["slow_momentum"], self.scalar_views[label]["fast_beta"],
                                self.scalar_views[label]["fast_weight"], config.muon_rails_slow_beta)
-                              for label, st in self.state.items() if self.specs[label].optimizer == "normuon"}
+                              for label, st in self.state.items() if self.rules[label] != "adam"}
 
     def _init_state(self, label: str, p: Tensor, spec: ParamSpec):
         view = (-1, *spec.matrix_shape) if spec.optimizer == "normuon" else tuple(p.shape)
@@ -1621,8 +1570,6 @@ class NorMuonAdam:
             st["tail_ema"] = zeros(local)  # this rank's rows' EMA (T5.4)
         if spec.optimizer == "adam":
             st.update(exp_avg=zeros(local), exp_avg_sq=zeros(local), step=0)
-            if spec.sink:  # every rank's gradient sum of the whole table (T2.10)
-                st["sink"] = zeros(view)
             return
         matrix_rows, cols = spec.matrix_shape
         st["momentum"] = zeros(local)  # with MUON_RAILS=1 the fast rail (T2.9)
@@ -1637,26 +1584,23 @@ class NorMuonAdam:
     # --- step ---------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, lr_multiplier: float = 1.0, momentum: float = 0.95, adam: bool = True, device_work=None,
-             fast_rail: tuple[float, float] | None = None, table_adam: int | None = None):
+             fast_rail: tuple[float, float] | None = None):
         """One update: NorMuon on the banks with this momentum, Adam on the rest when `adam` (the
-        schedule runs it on every other step with two steps' gradients, T2.7), the sink tables when
-        `table_adam` > 0 (their sums spanning that many Adam periods; None: 1 when `adam`, T2.10). `fast_rail`: with
+        schedule runs it on every other step with two steps' gradients, T2.7). `fast_rail`: with
         MUON_RAILS=1 the fast rail's beta and blend weight (T2.9; None: momentum and 1). At world size 1 the
         device work is one function of this step's tensors, the host's bookkeeping (the Adam step
         counts, the kept gradients, the tie) runs around it, and `device_work(work)` runs it: work()
         when None, else OptimizerGraphs' capture or replay of its CUDA graph (T5.3)."""
         params = self.params
-        table_adam = int(adam) if table_adam is None else table_adam
         follower = self.tied[0] if self.tied else None
         tie = follower is not None and params[follower].grad is not None
-        with_grad, active, kept = self.step_labels(lambda label: params[label].grad is not None, adam, follower,
-                                                   table_adam > 0)
-        self._load_scalars(active, lr_multiplier, momentum, fast_rail or (momentum, 1.0), table_adam)
+        with_grad, active, kept = self.step_labels(lambda label: params[label].grad is not None, adam, follower)
+        self._load_scalars(active, lr_multiplier, momentum, fast_rail or (momentum, 1.0))
         if self.world > 1:
             self._step_with_collectives(active, kept, tie, adam)
         else:
-            grads = {label: self.rows[label].full(self._gradient(label))
-                     for label in with_grad + ([follower] if tie else []) + [s for s in active if s in self.sinks]}
+            grads = {label: self.rows[label].full(params[label].grad)
+                     for label in with_grad + ([follower] if tie else [])}
             earlier = {label: grad for label, (_, grad) in self.kept.items()}
             work = functools.partial(self._local_step, self.tied, adam, active, kept, grads, earlier)
             (device_work or (lambda work: work()))(work)
@@ -1668,24 +1612,15 @@ class NorMuonAdam:
         for label in with_grad:
             params[label].grad = None
 
-    def step_labels(self, has_grad, adam: bool, follower: str | None,
-                    table_adam: bool = False) -> tuple[list, list, list]:
-        """(the labels with a .grad a step updates or keeps, those it updates, those whose gradient it keeps
-        for the next Adam step), in comm_order; `has_grad(label)`: whether the label has a gradient; the
-        follower of the tie (None when untied) is neither updated nor kept; the sink tables, which have no
-        .grad, are updated when `table_adam` (T2.10)."""
+    def step_labels(self, has_grad, adam: bool, follower: str | None) -> tuple[list, list, list]:
+        """(the labels a step updates or keeps, those it updates, those whose gradient it keeps for the
+        next Adam step), in comm_order; `has_grad(label)`: whether the label has a gradient; the
+        follower of the tie (None when untied) is neither updated nor kept."""
         with_grad = [label for label in self.comm_order if has_grad(label) and label != follower]
-        active = [label for label in self.comm_order if (label in with_grad and (adam or self.specs[label].optimizer
-                                                                                == "normuon"))
-                  or (table_adam and label in self.sinks)]
+        active = [label for label in with_grad if adam or self.specs[label].optimizer == "normuon"]
         return with_grad, active, [label for label in with_grad if label not in active]
 
-    def _gradient(self, label: str) -> Tensor:
-        """What a label's update reads: its sink (T2.10), else its .grad."""
-        return self.state[label]["sink"] if label in self.sinks else self.params[label].grad
-
-    def _load_scalars(self, active: list[str], lr_multiplier: float, momentum: float, fast_rail: tuple[float, float],
-                      table_adam: int = 1):
+    def _load_scalars(self, active: list[str], lr_multiplier: float, momentum: float, fast_rail: tuple[float, float]):
         """Advance the Adam step counts of the labels updated now and copy this step's scalars (float64
         on the host, then float32) into `scalars` with one non-blocking copy from a fresh pinned tensor:
         the caching host allocator keeps it until the copy has run."""
@@ -1696,14 +1631,13 @@ class NorMuonAdam:
                 label_values = (momentum, cfg.muon_lr * lr_multiplier * spec.lr_mul,
                                 cfg.muon_weight_decay * spec.wd_mul * cfg.muon_lr * lr_multiplier, *fast_rail)
             else:
-                span = table_adam if spec.sink else 1  # a sink table's sum spans that many Adam periods (T2.10)
-                beta1, beta2 = (beta ** span for beta in spec.betas)
+                beta1, beta2 = spec.betas
                 self.state[label]["step"] += 1
                 t = self.state[label]["step"]
                 lr = cfg.adam_lr * spec.lr_mul * lr_multiplier
                 label_values = (lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t),
-                                lr * lr * cfg.adam_weight_decay * spec.wd_mul * span, beta1, beta2)
-            # zip: a "normuon" rule has no slots for the fast rail's two values, an "adam" rule none for its betas
+                                lr * lr * cfg.adam_weight_decay * spec.wd_mul)
+            # zip: a "normuon" rule has no slots for the fast rail's two values
             for slot, value in zip(self.scalar_slots[label], label_values):
                 values[slot] = value
         host = torch.tensor(values, dtype=torch.float32, pin_memory=self.scalars.is_cuda)
@@ -1779,7 +1713,7 @@ class NorMuonAdam:
         return [flat[label] if label in flat else self._launch_reduce_scatter(label) for label in labels]
 
     def _launch_reduce_scatter(self, label: str):
-        grad, rows = self._gradient(label), self.rows[label]
+        grad, rows = self.params[label].grad, self.rows[label]
         full = rows.full(grad)
         if rows.padded:
             padded = full.new_zeros((rows.rows * self.world, *full.shape[1:]))
@@ -1811,11 +1745,6 @@ class NorMuonAdam:
                              scalars["momentum"], scalars["lr"], self.lr_muls[label], scalars["wd_lr"],
                              self.grad_scale, cfg.muon_beta2, -1 if rows >= cols else -2,
                              cfg.orthogonalizer, self.use_triton)
-        elif label in self.sinks:  # at world size 1 `grad` is the sink, above it its reduced rows (T2.10)
-            self._sink_adam_fn(grad, weight, st["exp_avg"], st["exp_avg_sq"], scalars["step_size"], scalars["wd_lr2"],
-                               scalars["beta1"], scalars["beta2"], cfg.adam_eps, self.grad_scale)
-            if self.world > 1:
-                st["sink"].zero_()
         else:
             beta1, beta2 = spec.betas
             self._adam_fn(grad, kept_grad, weight, st["exp_avg"], st["exp_avg_sq"], scalars["step_size"],
@@ -1911,41 +1840,6 @@ class NorMuonAdam:
                     self.state[label][key].copy_(value)  # in place: compiled functions keep their inputs
                 else:
                     self.state[label][key] = value
-
-
-def scatter_into_sink(sink: Tensor, rows: Tensor, row_grads: Tensor):
-    """Add each position's row gradient (a tap's, T2.10) into the fp32 sum of the table row it read."""
-    sink.index_add_(0, rows, row_grads.float())
-
-
-class SinkTaps:
-    """The sink tables' gradient path (T2.10): a training forward adds each table's tap, a zero leaf, to the
-    rows it gathers, so the backward leaves each position's row gradient in the tap's .grad (no gradient of
-    table size, no zero fill of one); `scatter` adds them into the optimizer's fp32 sinks on the device, per
-    micro-batch, inside the step's CUDA graph when there is one."""
-
-    def __init__(self, model: "GPT", optimizer: NorMuonAdam, compile: bool = False):
-        self.model, self.labels = model, list(optimizer.sinks)
-        self.taps = [getattr(model, SINK_TAPS[label]) for label in self.labels]
-        self.sinks = [optimizer.state[label]["sink"] for label in self.labels]
-        cuda = bool(self.sinks) and self.sinks[0].is_cuda
-        self._scatter_fn = (torch.compile(scatter_into_sink, dynamic=False, fullgraph=True) if compile and cuda
-                            else scatter_into_sink)
-
-    def scatter(self, ids: Tensor, tap_grads: list[Tensor]):
-        """Add a backward's tap gradients (one per label, the forward on `ids`) into the sinks."""
-        ids = ids.long()
-        for label, sink, grad in zip(self.labels, self.sinks, tap_grads):
-            self._scatter_fn(sink, self.model.sink_rows(label, ids), grad[: ids.size(0)])
-
-    def scatter_taps(self, ids: Tensor):
-        """After an eager backward: scatter the taps' .grad, then clear it."""
-        self.scatter(ids, [tap.grad for tap in self.taps])
-        self.clear()
-
-    def clear(self):
-        for tap in self.taps:
-            tap.grad = None
 
 
 # --- Tables with lazy sparse Adam: the hashed n-gram table (#92; T3.19) -----------------------------------
@@ -2769,7 +2663,6 @@ class StepPlan:
     momentum: float
     fast_rail: tuple[float, float]  # MUON_RAILS: the fast rail's beta and its weight in the blend (T2.9)
     adam_step: bool
-    table_adam: int  # the sink tables' update (T2.10): 0 none, k: their sums span k Adam periods
     untie: bool  # untie embed and lm_head after this step
     tail_ema_rate: float  # TAIL_EMA_FRAC: the weights' EMA's rate after this step; 1 starts it, 0 none (T5.4)
 
@@ -2794,9 +2687,6 @@ class Schedule:
         self.rails_engage_step = round(n * cfg.muon_rails_engage_at)
         self.tail_ema_steps = round(cfg.tail_ema_frac * self.total_steps)
         self.tail_ema_start = self.total_steps - self.tail_ema_steps if self.tail_ema_steps else None
-        self.adam_period = 2 if cfg.adam_every_other_step else 1
-        period = cfg.table_adam_period
-        self.table_period_start = round(n * cfg.table_adam_period_from) // period * period  # T2.10
 
     def plan(self, step: int, final: bool = False) -> StepPlan:
         """The plan of `step`; `final`: the last validation's, with FINAL_LONG_WINDOW."""
@@ -2816,21 +2706,8 @@ class Schedule:
             long_windows=tuple(w * block for i, w in enumerate(so_far) if i == 0 or w != so_far[i - 1]),
             attention_cap=row.attention_cap, graph_stage=self.graph_stages[stage],
             lr_multiplier=self.lr_multiplier(step), momentum=self.momentum(step), fast_rail=self.fast_rail(step),
-            adam_step=self.adam_step(step), table_adam=self.table_adam(step), untie=step == self.untie_step,
+            adam_step=step % 2 == 1 or not cfg.adam_every_other_step, untie=step == self.untie_step,
             tail_ema_rate=self.tail_ema_rate(step))
-
-    def adam_step(self, step: int) -> bool:
-        """Whether Adam runs (T2.7): on odd steps, each with two steps' gradients, or on every step."""
-        return step % self.adam_period == self.adam_period - 1
-
-    def table_adam(self, step: int) -> int:
-        """The sink tables' update (T2.10): on every Adam step until the cadence starts (a sum over one Adam
-        period), then on every TABLE_ADAM_PERIOD-th step (a sum over that many steps, period/Adam period
-        Adam periods); 0 on the steps between."""
-        period = self.config.table_adam_period
-        if step < self.table_period_start:
-            return int(self.adam_step(step))
-        return period // self.adam_period if step % period == period - 1 else 0
 
     def stage(self, step: int) -> int:
         return max(i for i, start in enumerate(self.stage_starts) if step >= start)
@@ -3028,12 +2905,6 @@ def check_hyperparameters(hp: Hyperparameters):
         raise SetupError(f"STAGE_FRACTION={','.join(f'{f:.6g}' for f in fractions)}: the stages' fractions of the "
                          f"scheduled steps must be positive and add up to 1 (within 1e-6)")
     check_taper(hp.schedule)
-    sched, adam_period = hp.schedule, 2 if hp.schedule.adam_every_other_step else 1
-    if sched.table_adam_period < 1 or sched.table_adam_period % adam_period:
-        raise SetupError(f"TABLE_ADAM_PERIOD={sched.table_adam_period}: the sink tables' period must be a positive "
-                         f"multiple of Adam's ({adam_period} with ADAM_EVERY_OTHER_STEP={int(sched.adam_every_other_step)})")
-    if not 0 <= sched.table_adam_period_from <= 1:
-        raise SetupError(f"TABLE_ADAM_PERIOD_FROM={sched.table_adam_period_from}: a fraction of the scheduled steps, 0..1")
     if len(set(run.seeds)) < len(run.seeds):
         raise SetupError(f"SEEDS={','.join(map(str, run.seeds))} repeats a seed: each run's log is named by its seed")
     total_steps = Schedule(hp.schedule).total_steps
@@ -3212,17 +3083,15 @@ class StepGraphs:
     size works; `max_over_ranks` makes every rank stop together when one rank's check fails.
     Row tables (T3.19; world size 1, where a load is device work alone): each graph loads the
     micro-batch's rows into the model's row caches before the forward and leaves the caches' gradients
-    as outputs; after each replay `run` hands them to the tables, whose Adam steps run outside.
-    Sink tables (T2.10): each graph scatters its micro-batch's tap gradients into the optimizer's sinks."""
+    as outputs; after each replay `run` hands them to the tables, whose Adam steps run outside."""
 
     def __init__(self, loss_fn, model: nn.Module, grad_accum: int, grad_scale: float, new_graph=None,
                  rtol: float = 1e-2, grad_rtol: float = 5e-2, max_over_ranks=lambda t: t,
-                 row_tables: "list[LazyAdamTable]" = (), sink_taps: SinkTaps | None = None):
+                 row_tables: "list[LazyAdamTable]" = ()):
         self.loss_fn, self.model, self.grad_accum, self.grad_scale = loss_fn, model, grad_accum, grad_scale
         self.rtol, self.grad_rtol, self.max_over_ranks = rtol, grad_rtol, max_over_ranks
         self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
         self.row_tables = list(row_tables)
-        self.sink_taps = sink_taps
         if new_graph is None:
             pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
             new_graph = lambda: CudaGraph(pool, stream)  # noqa: E731
@@ -3244,43 +3113,37 @@ class StepGraphs:
         inputs, targets = tokens[:-1], tokens[1:]
         weights, names = target_weights.clone(), list(self.params)
         caches = [table.training_cache(self.model) for table in self.row_tables]
-        taps = self.sink_taps.taps if self.sink_taps is not None else []
 
-        def forward_backward() -> tuple[Tensor, dict[str, Tensor], list[tuple[Tensor, Tensor]], list[Tensor]]:
+        def forward_backward() -> tuple[Tensor, dict[str, Tensor], list[tuple[Tensor, Tensor]]]:
             distincts = [table.load(inputs, *table.buffers(self.model, inputs.size(0))) for table in self.row_tables]
             loss, ce = self.loss_fn(inputs, targets, cu_seqlens, plan.shape, execution, weights, self.grad_scale)
-            grads = torch.autograd.grad(loss, [*(self.params[name] for name in names), *caches, *taps],
-                                        allow_unused=True)
-            tap_grads = list(grads[len(names) + len(caches):])
-            if taps:
-                self.sink_taps.scatter(inputs, tap_grads)
+            grads = torch.autograd.grad(loss, [*(self.params[name] for name in names), *caches], allow_unused=True)
             return (ce.float() * self.grad_scale, {name: g for name, g in zip(names, grads) if g is not None},
-                    list(zip(distincts, grads[len(names):len(names) + len(caches)])), tap_grads)
+                    list(zip(distincts, grads[len(names):])))
 
         first = self.new_graph()
-        eager, (ce, grads, rows, tap_grads) = first.capture(forward_backward)
-        reference = self.summary(*eager)
-        del eager
+        (eager_ce, eager_grads, eager_rows), (ce, grads, rows) = first.capture(forward_backward)
+        reference = self.summary(eager_ce, eager_grads, eager_rows)
+        del eager_ce, eager_grads, eager_rows
         # eager execution's own spread on this batch (kernels that reduce with atomics differ run to run)
         noise = (self.summary(*forward_backward()) - reference).abs()
         step = CapturedStep(tokens, cu_seqlens, weights, first, None, ce, grads, rows, [])
         first.replay()
-        self.compare(plan, "", self.summary(ce, grads, rows, tap_grads), reference, noise, self.labels(grads))
+        self.compare(plan, "", self.summary(ce, grads, rows), reference, noise, self.labels(grads))
         if self.grad_accum > 1:
-            def accumulate() -> tuple[list[tuple[Tensor, Tensor]], list[Tensor]]:
-                more_ce, more, more_rows, more_taps = forward_backward()
+            def accumulate() -> list[tuple[Tensor, Tensor]]:
+                more_ce, more, more_rows = forward_backward()
                 ce.add_(more_ce)
                 torch._foreach_add_(list(grads.values()), [more[name] for name in grads])
-                return more_rows, more_taps  # a micro-batch's rows and taps are its own: not added into the first's
+                return more_rows  # a micro-batch's rows are its own: not added into the first's
 
             step.accumulate = self.new_graph()
-            _, (step.accumulate_rows, accumulate_taps) = step.accumulate.capture(accumulate)
+            _, step.accumulate_rows = step.accumulate.capture(accumulate)
             first.replay()
-            step.accumulate.replay()  # the same micro-batch twice: twice the reference, the same rows and taps
+            step.accumulate.replay()  # the same micro-batch twice: twice the reference, the same rows
             twice = torch.cat([2 * reference[:len(grads) + 1], reference[len(grads) + 1:]])
-            self.compare(plan, " with an accumulated micro-batch",
-                         self.summary(ce, grads, step.accumulate_rows, accumulate_taps), twice, 2 * noise,
-                         self.labels(grads))
+            self.compare(plan, " with an accumulated micro-batch", self.summary(ce, grads, step.accumulate_rows),
+                         twice, 2 * noise, self.labels(grads))
         self.steps[self.key(plan)] = step
 
     @staticmethod
@@ -3333,19 +3196,15 @@ class StepGraphs:
         self.addresses = {name: t.data_ptr() for name, t in self.read_tensors()}
 
     @staticmethod
-    def summary(ce: Tensor, grads: dict[str, Tensor], rows: list[tuple[Tensor, Tensor]] = (),
-                tap_grads: list[Tensor] = ()) -> Tensor:
-        """The CE, each gradient's norm, each row cache's gradient norm, each sink table's tap gradient norm."""
+    def summary(ce: Tensor, grads: dict[str, Tensor], rows: list[tuple[Tensor, Tensor]] = ()) -> Tensor:
+        """The CE, each gradient's norm, each row cache's gradient norm."""
         return torch.stack([ce.float(), *(g.float().norm() for g in grads.values()),
-                            *(cache_grad.float().norm() for _, cache_grad in rows),
-                            *(g.float().norm() for g in tap_grads)])
+                            *(cache_grad.float().norm() for _, cache_grad in rows)])
 
     def labels(self, grads: dict[str, Tensor]) -> list[str]:
         """What summary's entries are, for a mismatch's line."""
-        sinks = self.sink_taps.labels if self.sink_taps is not None else []
         return ["CE", *(f"{name}'s gradient norm" for name in grads),
-                *(f"{type(table).__name__}'s row gradient norm" for table in self.row_tables),
-                *(f"{label}'s tap gradient norm" for label in sinks)]
+                *(f"{type(table).__name__}'s row gradient norm" for table in self.row_tables)]
 
     def compare(self, plan: StepPlan, what: str, got: Tensor, expected: Tensor, noise: Tensor, labels: list[str]):
         """The CE within rtol of `expected`, each gradient norm within grad_rtol (a norm sums roundings
@@ -3398,8 +3257,8 @@ class StepGraphs:
 
 class OptimizerGraphs:
     """The optimizer's step as CUDA graphs too (#47, T5.3), at world size 1 (at more ranks the step
-    launches collectives and stays eager): one graph per key (forward key, Adam step, sink tables' update
-    (T2.10), tied, kept gradients): the StepGraphs key whose static gradients are the step's .grad, and each gradient
+    launches collectives and stays eager): one graph per key (forward key, Adam step, tied, kept
+    gradients): the StepGraphs key whose static gradients are the step's .grad, and each gradient
     kept by the step before (T2.7) as (label, the StepGraphs key whose static gradient it is). The
     keys are those the schedule's steps meet (planned_keys), captured by the warm-up after the
     forward graphs, in their memory pool and on their stream: an optimizer graph works in place on
@@ -3423,11 +3282,11 @@ class OptimizerGraphs:
         self.addresses: list[int] = []
         self.worst_share = 0.0  # of its tolerance, the largest graph-against-eager difference seen
 
-    def key(self, forward_key: tuple[int, bool], adam: bool, table_adam: bool) -> tuple:
-        """The key of a step now: its forward key, Adam and sink-table flags, the optimizer's tie and kept gradients."""
+    def key(self, forward_key: tuple[int, bool], adam: bool) -> tuple:
+        """The key of a step now: its forward key and Adam flag, the optimizer's tie and kept gradients."""
         opt = self.optimizer
         kept = frozenset((label, self.kept_owners.get(grad.data_ptr())) for label, (_, grad) in opt.kept.items())
-        return forward_key, adam, table_adam, opt.tied is not None, kept
+        return forward_key, adam, opt.tied is not None, kept
 
     def planned_keys(self, plans: list[StepPlan]) -> list[tuple]:
         """The key of each step of `plans` (consecutive, from the first step on), simulating the host
@@ -3436,10 +3295,9 @@ class OptimizerGraphs:
         tied = opt.initial_tie
         for plan in plans:
             forward_key = StepGraphs.key(plan)
-            keys.append((forward_key, plan.adam_step, plan.table_adam > 0, tied is not None, frozenset(kept.items())))
+            keys.append((forward_key, plan.adam_step, tied is not None, frozenset(kept.items())))
             grads = self.step_graphs.steps[forward_key].grads
-            _, active, kept_now = opt.step_labels(grads.__contains__, plan.adam_step, tied[0] if tied else None,
-                                                  plan.table_adam > 0)
+            _, active, kept_now = opt.step_labels(grads.__contains__, plan.adam_step, tied[0] if tied else None)
             kept = {label: owner for label, owner in kept.items() if label not in active}
             kept.update((label, forward_key) for label in kept_now)
             if plan.untie:
@@ -3448,12 +3306,11 @@ class OptimizerGraphs:
 
     @staticmethod
     def describe(key: tuple) -> str:
-        (stage, _), adam, table_adam, tied, kept = key
+        (stage, _), adam, tied, kept = key
         owners = sorted({owner for _, owner in kept}, key=repr)
         sources = ", ".join("memory no forward graph wrote" if owner is None else f"stage {owner[0] + 1}'s non-Adam graph"
                             for owner in owners)
-        return (f"stage {stage + 1}, {'Adam' if adam else 'non-Adam'} step"
-                f"{', sink tables updated' if table_adam else ''}, {'tied' if tied else 'untied'}, "
+        return (f"stage {stage + 1}, {'Adam' if adam else 'non-Adam'} step, {'tied' if tied else 'untied'}, "
                 + (f"gradients kept from {sources}" if kept else "no gradient kept"))
 
     def capture(self, plans: list[StepPlan]):
@@ -3472,7 +3329,7 @@ class OptimizerGraphs:
 
     def _capture(self, key: tuple, plan: StepPlan):
         opt, graph = self.optimizer, self.new_graph()
-        state = self._state({key[0]} | {owner for _, owner in key[4]})
+        state = self._state({key[0]} | {owner for _, owner in key[3]})
         saved = {name: t.clone() for name, t in state.items()}
         steps = {label: st["step"] for label, st in opt.state.items() if "step" in st}
 
@@ -3485,7 +3342,7 @@ class OptimizerGraphs:
         def step(device_work=None, scale: float = 1.0):
             self._arrange(key)
             opt.step(plan.lr_multiplier * scale, plan.momentum * scale, plan.adam_step, device_work=device_work,
-                     fast_rail=tuple(value * scale for value in plan.fast_rail), table_adam=plan.table_adam)
+                     fast_rail=tuple(value * scale for value in plan.fast_rail))
 
         step(graph.capture, scale=0.5)
         restore()
@@ -3500,7 +3357,7 @@ class OptimizerGraphs:
     def _arrange(self, key: tuple):
         """The host state a step of `key` finds: the tie, the kept gradients, each .grad."""
         opt, steps = self.optimizer, self.step_graphs.steps
-        forward_key, _, _, tied, kept = key
+        forward_key, _, tied, kept = key
         opt.tied = opt.initial_tie if tied else None
         order = sorted(kept, key=lambda item: opt.comm_order.index(item[0]))
         opt.kept = {label: (None, opt.rows[label].full(steps[owner].grads[label])) for label, owner in order}
@@ -3577,13 +3434,13 @@ class OptimizerGraphs:
     def step(self, plan: StepPlan):
         """The optimizer step of `plan`, its device work replayed from the graph of its key; the
         parameters' .grad are the static gradients of plan's forward graphs (StepGraphs.run)."""
-        key = self.key(StepGraphs.key(plan), plan.adam_step, plan.table_adam > 0)
+        key = self.key(StepGraphs.key(plan), plan.adam_step)
         graph = self.graphs.get(key)
         if graph is None:
             raise GraphMismatch(f"step {plan.step} has no CUDA graph of the optimizer step ({self.describe(key)}): "
                                 f"the warm-up captured {len(self.graphs)} others; run with OPTIMIZER_GRAPHS=0 and report it")
         self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, device_work=lambda work: graph.replay(),
-                            fast_rail=plan.fast_rail, table_adam=plan.table_adam)
+                            fast_rail=plan.fast_rail)
 
 
 class Trainer:
@@ -3611,7 +3468,6 @@ class Trainer:
         self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), specs, hp.optim, rank, world_size,
                                      tied=("embed", "lm_head"), compile=hp.execution.compile,
                                      tail_ema_blends=tail_ema_blends(hp.schedule, specs))
-        self.sink_taps = SinkTaps(self.model, self.optimizer, compile=hp.execution.compile)  # T2.10
         # TAIL_EMA_FRAC (T5.4): the run blends the EMA in at its end when its last step is past the window's start
         start = self.schedule.tail_ema_start
         self.blend_tail_ema = bool(self.optimizer.tail_ema_blends) and start is not None and start < self.last_step
@@ -3623,8 +3479,7 @@ class Trainer:
         # the graphs are captured by the warm-up, before the clock (T5.3)
         graphs = hp.run.warmup and all(plan.cuda_graph for plan in self.stage_execution)
         self.step_graphs = StepGraphs(self.training_loss, self.model, self.grad_accum, self.grad_scale,
-                                      max_over_ranks=self.max_over_ranks, row_tables=self.row_tables,
-                                      sink_taps=self.sink_taps) if graphs else None
+                                      max_over_ranks=self.max_over_ranks, row_tables=self.row_tables) if graphs else None
         self.forward_backward = self.eager_forward_backward  # StepGraphs.run once they are captured
         optimizer_graphs = graphs and hp.execution.optimizer_graphs and world_size == 1  # collectives stay eager
         self.optimizer_graphs = OptimizerGraphs(self.optimizer, self.step_graphs) if optimizer_graphs else None
@@ -3739,7 +3594,6 @@ class Trainer:
             p.grad = None
         for table in self.row_tables:
             table.training_cache(self.model).grad = None
-        self.sink_taps.clear()
         self.losses.zero_()
         self.model.candidate_shortfall.zero_()
         self.long_windows = None
@@ -3767,12 +3621,11 @@ class Trainer:
         return mean_ce
 
     def eager_optimizer_step(self, plan: StepPlan):
-        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, fast_rail=plan.fast_rail,
-                            table_adam=plan.table_adam)
+        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, fast_rail=plan.fast_rail)
 
     def eager_forward_backward(self, plan: StepPlan, loader: "TrainLoader", target_weights: Tensor) -> Tensor:
         """The step's micro-batches forward and backward, their gradients summed in .grad (the row tables' kept
-        per micro-batch, T3.19; the sink tables' scattered into their sinks, T2.10); the mean CE."""
+        per micro-batch, T3.19); the mean CE."""
         mean_ce = torch.zeros((), device=self.device)
         for _ in range(self.grad_accum):
             inputs, targets, cu_seqlens = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len,
@@ -3782,7 +3635,6 @@ class Trainer:
                                           target_weights, self.grad_scale)
             loss.backward()
             self.keep_row_gradients(distincts)
-            self.sink_taps.scatter_taps(inputs)
             mean_ce += ce / self.grad_accum
         return mean_ce
 

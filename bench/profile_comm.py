@@ -206,10 +206,7 @@ def main():
             middle of stage 1 is odd) stopped with "Recompilation triggered"."""
             for i in range(n):
                 adam = i % 2 == 1 or not schedule.config.adam_every_other_step
-                cadence = {"adam_step": adam}
-                if hasattr(schedule, "table_adam"):  # the sink tables' (T2.10): on every Adam step here
-                    cadence["table_adam"] = int(adam)
-                trainer.train_step(dataclasses.replace(schedule.plan(step), **cadence), loader)
+                trainer.train_step(dataclasses.replace(schedule.plan(step), adam_step=adam), loader)
 
         for stage in stages:
             step = stage_step(schedule, stage)

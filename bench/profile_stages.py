@@ -338,15 +338,13 @@ def run_child(args):
             torch.cuda.synchronize()
 
     def run(step, n):
-        """n train steps at `step`, Adam on the i-th when step + i is odd (the sink tables', T2.10, where
-        step + i's plan has them), so every window has the same Adam / non-Adam sequence. Returns the
-        number of Adam steps."""
+        """n train steps at `step`, Adam on the i-th when step + i is odd, so every window has the
+        same Adam / non-Adam sequence. Returns the number of Adam steps."""
         adam_steps = 0
         for i in range(n):
             if hasattr(schedule, "plan"):
-                plan, ahead = schedule.plan(step), schedule.plan(step + i)
-                cadence = {name: getattr(ahead, name) for name in ("adam_step", "table_adam") if hasattr(ahead, name)}
-                plan = dataclasses.replace(plan, **cadence)
+                plan = schedule.plan(step)
+                plan = dataclasses.replace(plan, adam_step=schedule.plan(step + i).adam_step)
                 adam_steps += plan.adam_step
                 trainer.train_step(plan, loader)
             else:  # before the restructure: the optimizer counts its steps

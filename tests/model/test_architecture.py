@@ -122,37 +122,6 @@ def make_live(*models):
             m.mlp_bank[:, 0] *= 4  # larger activations
 
 
-def sink_gradient(model, label: str, inputs) -> torch.Tensor:
-    """The fp32 gradient sum of sink table `label` (T2.10) after a backward through the taps."""
-    table = getattr(model, label)
-    sink = torch.zeros(table.shape)
-    T.scatter_into_sink(sink, model.sink_rows(label, inputs.long()), getattr(model, T.SINK_TAPS[label]).grad[:len(inputs)])
-    return sink
-
-
-@pytest.mark.parametrize("label", ["value_embeds", "bigram_embed"])
-def test_sink_taps_give_the_dense_table_gradient(label):
-    """T2.10: the taps' gradients scattered into an fp32 sink equal autograd's gradient of the table
-    itself (the reference: the table requiring grad, no taps), at bf16 tolerance, rows repeated in the
-    batch summed."""
-    model = make_model()
-    make_live(model)
-    with torch.no_grad():
-        model.bigram_embed.normal_(0, 0.5)
-    inputs, _, cu = small_batch()
-    table = getattr(model, label)
-    table.requires_grad_(True)
-    model.hidden_states(inputs, cu, SHAPE, PLAN).float().square().sum().backward()
-    dense = table.grad.float()
-    table.requires_grad_(False)
-    table.grad = None
-    model.hidden_states(inputs, cu, SHAPE, PLAN, taps=True).float().square().sum().backward()
-    sink = sink_gradient(model, label, inputs)
-    assert dense.abs().max() > 0 and sink.ne(0).any(1).sum() > 10
-    assert torch.allclose(sink, dense, rtol=1e-2, atol=1e-2 * dense.abs().max().item())
-    assert (sink.ne(0) == dense.ne(0)).float().mean() > 0.999
-
-
 def test_value_embeddings_are_token_major_rows():
     """The value-embedding table is (V, layers·d): token t's row holds every layer's embedding, and
     the gradient lands in the rows of the tokens used, in every layer's block, nowhere else."""
@@ -161,9 +130,8 @@ def test_value_embeddings_are_token_major_rows():
     d, layers = SMALL["model_dim"], len(model.config.value_embed_layers)
     assert model.value_embeds.shape == (SMALL["vocab_size"], layers * d)
     inputs, _, cu = small_batch()
-    model.hidden_states(inputs, cu, SHAPE, PLAN, taps=True).float().square().sum().backward()
-    assert model.value_embeds.grad is None  # a sink table: no dense gradient (T2.10)
-    grad = sink_gradient(model, "value_embeds", inputs)
+    model.hidden_states(inputs, cu, SHAPE, PLAN).float().square().sum().backward()
+    grad = model.value_embeds.grad.float()
     used = torch.zeros(SMALL["vocab_size"], dtype=torch.bool)
     used[inputs.long()] = True
     assert grad[~used].abs().max() == 0
@@ -311,16 +279,13 @@ def test_model_with_every_feature_traces_whole_with_torch_compile():
     weights = torch.tensor([1.0, 0.5, 0.25, 0.25])
     eager, _ = model.training_loss(inputs, targets, cu, shape, PLAN, weights)
     eager.backward()
-    # the parameters autograd trains, then the sink tables' taps (T2.10)
-    leaves = {**{n: p for n, p in model.named_parameters() if p.requires_grad},
-              **{tap: getattr(model, tap) for tap in T.SINK_TAPS.values()}}
-    eager_grads = {n: p.grad.clone() for n, p in leaves.items()}
+    eager_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     compiled = torch.compile(model.training_loss, backend="aot_eager", fullgraph=True)
     loss, _ = compiled(inputs, targets, cu, shape, PLAN, weights)
     loss.backward()
     assert abs(loss.item() - eager.item()) < 1e-3 * eager.item()
-    for name, p in leaves.items():
+    for name, p in model.named_parameters():
         assert rel_err(p.grad, eager_grads[name]) < 2e-2 or eager_grads[name].norm() == 0, name
 
 
@@ -406,9 +371,9 @@ def test_attention_and_value_embeddings_can_be_dropped_from_layers(corpus):
         model.mlp_bank.normal_(0, 0.05)
         model.ve_gate_bank.normal_()
     inputs, _, cu = small_batch()
-    model.hidden_states(inputs, cu, SHAPE, PLAN, taps=True).float().square().sum().backward()
+    model.hidden_states(inputs, cu, SHAPE, PLAN).float().square().sum().backward()
     assert (model.qk_bank.grad.view(8, -1).abs().amax(1) > 0).all()  # every slot serves a layer
-    used = model.value_embeds_taps.grad[:len(inputs)].float()
+    used = model.value_embeds.grad[inputs.long()].float()
     assert (used.view(len(inputs), 4, d).abs().amax((0, 2)) > 0).all()  # and every plane
     hp = T.Hyperparameters.of(**TINY_RUN, **layout, train_files=str(corpus / "tiny_train_*.bin"),
                               val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus))

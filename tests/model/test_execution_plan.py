@@ -155,3 +155,5 @@ def test_a_removed_setting_says_so():
         T.Hyperparameters.from_env({"PAIRED_ROPE_BY_HEAD": "1"})
     with pytest.raises(T.SetupError, match="VALUE_EMBED_SPARSE was removed.*measured slower"):
         T.Hyperparameters.from_env({"VALUE_EMBED_SPARSE": "1"})
+    with pytest.raises(T.SetupError, match=r"TABLE_ADAM_PERIOD was removed.*\(T2.10\)"):
+        T.Hyperparameters.from_env({"TABLE_ADAM_PERIOD": "4"})

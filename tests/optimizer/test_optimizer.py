@@ -182,18 +182,9 @@ SPECS = {
 }
 
 
-# a sink table (T2.10), 10 rows: padded at world 4
-SINK_SPECS = {**SPECS, "value_table": T.ParamSpec("adam", "sharded", lr_mul=3.0, wd_mul=5.0, betas=(0.75, 0.95),
-                                                  sink=True)}
-SINK_TABLE_ADAM = {1: 1, 3: 2}  # step -> table_adam: the sum of steps 0-1, then of steps 2-3 as one of period 4
-
-
-def make_params(seed: int = 0, dtype=torch.bfloat16, sink_table: bool = False) -> dict:
+def make_params(seed: int = 0, dtype=torch.bfloat16) -> dict:
     g = torch.Generator().manual_seed(seed)
     lm_head = (torch.randn(10, 12, generator=g) * 0.1).to(dtype)  # 10 rows: padded at world 4
-    if sink_table:
-        table = torch.nn.Parameter((torch.randn(10, 12, generator=g) * 0.1).to(dtype), requires_grad=False)
-        return {**make_params(seed, dtype), "value_table": table}
     return {
         "qk_bank": torch.nn.Parameter((torch.randn(5, 8, 12, generator=g) * 0.1).to(dtype)),
         "mlp_bank": torch.nn.Parameter((torch.randn(3, 2, 24, 12, generator=g) * 0.1).to(dtype)),
@@ -216,8 +207,8 @@ CONFIG = T.Hyperparameters.of(compile=False).optim
 
 
 def run_steps(rank: int, world: int, dtype=torch.bfloat16, steps: int = 4, untie_after: int = 2) -> dict:
-    params = make_params(dtype=dtype, sink_table=True)
-    opt = T.NorMuonAdam(params, SINK_SPECS, CONFIG, rank, world, tied=("embed", "lm_head"))
+    params = make_params(dtype=dtype)
+    opt = T.NorMuonAdam(params, SPECS, CONFIG, rank, world, tied=("embed", "lm_head"))
     accum = 8 // world
     batched = T.polar_iterations
     # CPU bf16 bmm rounds differently for different batch sizes, and each rank orthogonalizes a
@@ -228,12 +219,8 @@ def run_steps(rank: int, world: int, dtype=torch.bfloat16, steps: int = 4, untie
             grads = [micro_grads(params, step, rank * accum + i) for i in range(accum)]
             for k, p in params.items():
                 # as backward with loss scaled by 1/accum: the rank's mean micro-gradient
-                mean = torch.stack([g[k].float() for g in grads]).mean(0)
-                if k == "value_table":  # the sink table's: summed into its fp32 sink (T2.10)
-                    opt.state[k]["sink"].add_(mean.to(p.dtype).float())
-                else:
-                    p.grad = mean.to(p.dtype)
-            opt.step(1.0 - 0.1 * step, 0.85 + 0.03 * step, adam=step % 2 == 1, table_adam=SINK_TABLE_ADAM.get(step, 0))
+                p.grad = torch.stack([g[k].float() for g in grads]).mean(0).to(p.dtype)
+            opt.step(1.0 - 0.1 * step, 0.85 + 0.03 * step, adam=step % 2 == 1)
             if step == untie_after:
                 opt.untie()
     finally:

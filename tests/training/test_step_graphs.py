@@ -41,7 +41,7 @@ class DriftingGraph(EagerGraph):
 
     def replay(self):
         super().replay()
-        ce, grads, *_ = self.outputs
+        ce, grads, _ = self.outputs
         (ce if self.gradient is None else grads[self.gradient]).mul_(self.factor)
 
 
@@ -62,7 +62,7 @@ def overlapping() -> type:
         def replay(self):
             super().replay()
             if self is not made[0]:
-                ce, grads, *_ = made[0].outputs
+                ce, grads, _ = made[0].outputs
                 for t in (ce, *grads.values()):
                     t.mul_(1.5)
 
@@ -80,15 +80,12 @@ def graphed_trainer(hp, graph=EagerGraph, optimizer_graph=None) -> T.Trainer:
     `optimizer_graph` (a function of the trainer giving the stand-in's class) its optimizer steps too."""
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
     trainer.step_graphs = T.StepGraphs(trainer.training_loss, trainer.model, trainer.grad_accum,
-                                       trainer.grad_scale, new_graph=graph, row_tables=trainer.row_tables,
-                                       sink_taps=trainer.sink_taps)
+                                       trainer.grad_scale, new_graph=graph, row_tables=trainer.row_tables)
     if optimizer_graph is not None:
         trainer.optimizer_graphs = T.OptimizerGraphs(trainer.optimizer, trainer.step_graphs,
                                                      new_graph=optimizer_graph(trainer))
     trainer.capture_graphs(T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None,
                                          grad_accum=trainer.grad_accum))
-    for sink in trainer.sink_taps.sinks:  # the captures' sums (T2.10), emptied as the warm-up's restore does
-        sink.zero_()
     trainer.forward_backward = trainer.step_graphs.run
     if optimizer_graph is not None:
         trainer.optimizer_step = trainer.optimizer_graphs.step
@@ -127,44 +124,31 @@ def test_graphed_steps_train_exactly_as_eager_ones(corpus):
 
 def test_accumulated_micro_batches_sum_their_gradients_as_eager_backward_does(corpus):
     """Gradient accumulation (fewer GPUs than ranks): the first graph writes a micro-batch's CE and
-    gradients, the accumulating graph adds each further one's into them; each replay scatters its
-    micro-batch's tap gradients into the sink tables' sums (T2.10)."""
+    gradients, the accumulating graph adds each further one's into them."""
     hp = tiny_hp(corpus, rank_slice=True)
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
-    graphs = T.StepGraphs(trainer.training_loss, trainer.model, 2, 0.5, new_graph=EagerGraph,
-                          sink_taps=trainer.sink_taps)
+    graphs = T.StepGraphs(trainer.training_loss, trainer.model, 2, 0.5, new_graph=EagerGraph)
     plan = trainer.schedule.plan(0)
     loader = lambda: T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None,
                                    grad_accum=2)
     weights = trainer.target_weights[0]
     graphs.capture(plan, trainer.stage_execution[0], loader().next_batch(plan.tokens_per_rank, plan.shape.max_seq_len),
                    weights)
-    sinks = trainer.sink_taps.sinks
-    assert len(sinks) == 2
-    for sink in sinks:
-        sink.zero_()
     ce = graphs.run(plan, loader(), weights)
-    got = {name: p.grad.clone() for name, p in graphs.params.items()}
-    got_sinks = [sink.clone() for sink in sinks]
+    got = {name: p.grad.clone() for name, p in trainer.model.named_parameters()}
     trainer.model.zero_grad(set_to_none=True)
-    for sink in sinks:
-        sink.zero_()
     batches, expected_ce = loader(), 0.0
     for _ in range(2):
         batch = batches.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)
         loss, step_ce = trainer.training_loss(*batch, plan.shape, trainer.stage_execution[0], weights, 0.5)
         loss.backward()
-        trainer.sink_taps.scatter_taps(batch[0])
         expected_ce += step_ce.item() / 2
     assert ce.item() == pytest.approx(expected_ce, rel=1e-6)
     static = graphs.steps[T.StepGraphs.key(plan)]  # the loader wrote the last micro-batch into the graph's buffers
     assert torch.equal(static.tokens[:-1], batch[0]) and torch.equal(static.tokens[1:], batch[1])
     assert torch.equal(static.cu_seqlens, batch[2])
-    for name, p in graphs.params.items():
+    for name, p in trainer.model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
-    for got_sink, sink in zip(got_sinks, sinks):
-        assert sink.ne(0).any()
-        torch.testing.assert_close(got_sink, sink, rtol=1e-5, atol=1e-6)
 
 
 def test_graphed_steps_with_row_tables_train_as_eager_ones(corpus):
@@ -282,16 +266,14 @@ def test_graphed_optimizer_steps_train_bit_for_bit_as_eager_ones(corpus):
     plans = [graphed.schedule.plan(step) for step in range(graphed.schedule.total_steps)]
     planned = graphs.planned_keys(plans)
     assert set(planned) == set(graphs.graphs) and len(graphs.graphs) == 9  # steps 0 and 2 share theirs
-    assert [key[4] != frozenset() for key in planned] == [plan.step % 2 == 1 for plan in plans]
-    assert [key[3] for key in planned] == [plan.step <= 7 for plan in plans]
-    # the sink tables (T2.10): the cadence from step 0 (TABLE_ADAM_PERIOD_FROM 0.3 of 9 steps, down to a period)
-    assert [key[2] for key in planned] == [plan.step in (3, 7) for plan in plans]
+    assert [key[3] != frozenset() for key in planned] == [plan.step % 2 == 1 for plan in plans]
+    assert [key[2] for key in planned] == [plan.step <= 7 for plan in plans]
     assert all(p.grad is None for p in graphed.model.parameters()) and not graphed.optimizer.kept
     for a, b in zip(eager.model.parameters(), graphed.model.parameters()):
         assert torch.equal(a, b)
     loaders = [T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None) for _ in range(2)]
     for plan, key in zip(plans, planned):
-        assert graphs.key(T.StepGraphs.key(plan), plan.adam_step, plan.table_adam > 0) == key
+        assert graphs.key(T.StepGraphs.key(plan), plan.adam_step) == key
         eager.train_step(plan, loaders[0])
         graphed.train_step(plan, loaders[1])
         assert torch.equal(graphed.losses, eager.losses), plan.step

@@ -21,7 +21,7 @@ def _worker(rank: int, world: int, port: int, corpus, out_path: str):
     try:
         # in CI's time: one micro-batch per rank (main() refuses RANK_SLICE at two ranks, the trainer
         # plans two slices a step; accumulation is tested at one rank), half the tiny batches, no
-        # value-embedding table (the embeddings are the kept Adam gradients, the bigram table a sink table),
+        # value-embedding table (the embeddings and the bigram table are the kept Adam gradients),
         # stopped after the untie (step 5, stage 3)
         stages = T.replace_stage_columns(TINY["stages"], batch_tokens=(1024, 2048, 2048, 2048, 2048))
         hp = tiny_hp(corpus, rank_slice=True, stages=stages, stop_after=6, value_embeds=False)
@@ -30,11 +30,9 @@ def _worker(rank: int, world: int, port: int, corpus, out_path: str):
         graphed = T.Trainer(hp, rank, world, cpu, T.RunLog(None))
         graphed.step_graphs = T.StepGraphs(graphed.training_loss, graphed.model, graphed.grad_accum,
                                            graphed.grad_scale, new_graph=EagerGraph,
-                                           max_over_ranks=graphed.max_over_ranks, sink_taps=graphed.sink_taps)
+                                           max_over_ranks=graphed.max_over_ranks)
         graphed.capture_graphs(T.TrainLoader(hp.data.train_files, rank, world, cpu, log=lambda _: None,
                                              grad_accum=graphed.grad_accum))
-        for sink in graphed.sink_taps.sinks:  # the captures' sums (T2.10), emptied as the warm-up's restore does
-            sink.zero_()
         graphed.forward_backward = graphed.step_graphs.run
         loaders = [T.TrainLoader(hp.data.train_files, rank, world, cpu, log=lambda _: None,
                                  grad_accum=eager.grad_accum) for _ in range(2)]
