@@ -4131,7 +4131,8 @@ NEWTON_SCHULZ_COEFFS = ((3.4445, -4.7750, 2.0315),) * 5
 # each map the odd quintic closest to 1 on the interval its input can reach from a floor ℓ on
 # σ_i(G)/‖G‖_F, that interval raised 2^-7 at the top and cut to at least 0.02 x its top (bf16 guards).
 # Exact-arithmetic envelopes for σ_i(G)/‖G‖_F in [ℓ, 1] (polar_express: [0.8467, 1.1411] from 1e-3):
-# five maps from 3e-3: [0.9931, 1.0069]; six from 1e-3: [0.9984, 1.0016]; six from 3e-4: [0.9121, 1.0879].
+# five maps from 3e-3: [0.9931, 1.0069]; six from 1e-3: [0.9984, 1.0016]; six from 3e-4: [0.9121, 1.0879];
+# four from 1e-2: [0.9848, 1.0152] (a fifth fewer products; a share of 1e-3 lands at 0.149).
 GREEDY5_FLOOR_3E3_COEFFS = (
     (7.710969245867679, -22.113754790481156, 16.24874301773847),
     (4.144837788446324, -3.434457866214604, 0.7291428289304236),
@@ -4147,11 +4148,18 @@ GREEDY6_FLOOR_3E4_COEFFS = (
     (3.1657177848996447, -2.340118382992727, 0.4814640317675152),
     (2.1907616171925604, -1.5529037214894479, 0.39749933657357994),
 )
+GREEDY4_FLOOR_1E2_COEFFS = (
+    (7.710969245867679, -22.11375479048115, 16.248743017738462),
+    (3.7761957482287807, -3.0159828828783835, 0.6331708267735288),
+    (2.676974051718778, -1.964843373981504, 0.4406987250759098),
+    (1.958211531775785, -1.3297845440859637, 0.3756082933465225),
+)
 ORTHOGONALIZERS = {  # name: (coefficients, norm safety factor, norm epsilon)
     "polar_express": (POLAR_EXPRESS_COEFFS, 1.02, 1e-6),
     "newton_schulz": (NEWTON_SCHULZ_COEFFS, 1.0, 1e-7),
     "polar_express5_l3e3": (GREEDY5_FLOOR_3E3_COEFFS, 1.02, 1e-6),
     "polar_express6_l3e4": (GREEDY6_FLOOR_3E4_COEFFS, 1.02, 1e-6),
+    "polar_express4_l1e2": (GREEDY4_FLOOR_1E2_COEFFS, 1.02, 1e-6),
 }
 
 
