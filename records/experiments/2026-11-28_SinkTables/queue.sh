@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One nvidia-h200 lease (~25 minutes held with staging): the sink tables with their Adam every 4th step (T2.10,
-# removed since; their code at 7b2a36c, in sink_tables_7b2a36c/) against main, one arm after the other on the
+# removed since; their code is commit 7b2a36c: before staging, `git show 7b2a36c:train_gpt.py >
+# records/experiments/2026-11-28_SinkTables/sink_tables_7b2a36c/train_gpt.py`) against main, one arm after the other on the
 # one GPU, 3 seeds each (1-3), proxy train shards 1-4 (setup: SHARDS='proxy_train_00000[1-4].bin.xz
 # proxy_val_000000.bin.xz' bash bench/lease.sh setup), rank-slice, step and optimizer graphs on.
 # Lease 1 ran this from commit 7b2a36c: main from a copy of 699698b's train_gpt.py (the math of main's since
@@ -11,6 +12,7 @@
 # arm, note, need_shards, watch_gpus: bench/lease.sh.
 D=records/experiments/2026-11-28_SinkTables
 need_shards 1 2 3 4
+[ -f "$D/sink_tables_7b2a36c/train_gpt.py" ] || { note "$D/sink_tables_7b2a36c/train_gpt.py missing: git show 7b2a36c:train_gpt.py into it before staging"; exit 1; }
 watch_gpus 60
 arm 0 main
 (cd "$D/sink_tables_7b2a36c" && arm 0 sinks4)
