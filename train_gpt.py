@@ -99,14 +99,15 @@ class Stage:
 
 
 # The last 8 % of the scheduled steps are a taper row of stage 3's with the full softmax (TAPER_FRACTION, T5.5)
+# From stage 3 on, documents of up to 3072 tokens under a 2560-token attention cap (record #92, PR #360; T5.5)
 TAPER = 0.08
 #       fraction  batch    seq   short long  lr    MTP weights: t+1, t+2, t+3          prefix        CE cands  cap
 STAGES = (
     Stage(1 / 3, 131_072, 896, 1, 3, 1.00, ((1.0, 1.0), (0.5, 0.5), (0.25, 0.0)), (0.25, 0.25), 10_240, 0),
     Stage(1 / 3, 262_144, 2048, 3, 7, 1.52, ((1.0, 1.0), (0.5, 0.0)), (0.25, 0.0), 14_336, 0),
-    Stage(1 / 3 - TAPER, 393_216, 2048, 5, 11, 1.73, ((1.0, 1.0),), None, 24_576, 0),
-    Stage(TAPER, 393_216, 2048, 5, 11, 1.73, ((1.0, 1.0),), None, 0, 0, taper=True),
-    Stage(None, 393_216, 2048, 6, 13, 1.73, ((1.0, 1.0),), None, 0, 0),
+    Stage(1 / 3 - TAPER, 393_216, 3072, 5, 11, 1.73, ((1.0, 1.0),), None, 24_576, 2560),
+    Stage(TAPER, 393_216, 3072, 5, 11, 1.73, ((1.0, 1.0),), None, 0, 2560, taper=True),
+    Stage(None, 393_216, 3072, 6, 13, 1.73, ((1.0, 1.0),), None, 0, 2560),
 )
 # The columns that environment variables STAGE_<COLUMN> override, one comma-separated entry per row;
 # STAGE_FRACTION takes one per row but the extension
@@ -4131,8 +4132,7 @@ NEWTON_SCHULZ_COEFFS = ((3.4445, -4.7750, 2.0315),) * 5
 # each map the odd quintic closest to 1 on the interval its input can reach from a floor ℓ on
 # σ_i(G)/‖G‖_F, that interval raised 2^-7 at the top and cut to at least 0.02 x its top (bf16 guards).
 # Exact-arithmetic envelopes for σ_i(G)/‖G‖_F in [ℓ, 1] (polar_express: [0.8467, 1.1411] from 1e-3):
-# five maps from 3e-3: [0.9931, 1.0069]; six from 1e-3: [0.9984, 1.0016]; six from 3e-4: [0.9121, 1.0879];
-# four from 1e-2: [0.9848, 1.0152] (a fifth fewer products; a share of 1e-3 lands at 0.149).
+# five maps from 3e-3: [0.9931, 1.0069]; six from 1e-3: [0.9984, 1.0016]; six from 3e-4: [0.9121, 1.0879].
 GREEDY5_FLOOR_3E3_COEFFS = (
     (7.710969245867679, -22.113754790481156, 16.24874301773847),
     (4.144837788446324, -3.434457866214604, 0.7291428289304236),
@@ -4148,18 +4148,11 @@ GREEDY6_FLOOR_3E4_COEFFS = (
     (3.1657177848996447, -2.340118382992727, 0.4814640317675152),
     (2.1907616171925604, -1.5529037214894479, 0.39749933657357994),
 )
-GREEDY4_FLOOR_1E2_COEFFS = (
-    (7.710969245867679, -22.11375479048115, 16.248743017738462),
-    (3.7761957482287807, -3.0159828828783835, 0.6331708267735288),
-    (2.676974051718778, -1.964843373981504, 0.4406987250759098),
-    (1.958211531775785, -1.3297845440859637, 0.3756082933465225),
-)
 ORTHOGONALIZERS = {  # name: (coefficients, norm safety factor, norm epsilon)
     "polar_express": (POLAR_EXPRESS_COEFFS, 1.02, 1e-6),
     "newton_schulz": (NEWTON_SCHULZ_COEFFS, 1.0, 1e-7),
     "polar_express5_l3e3": (GREEDY5_FLOOR_3E3_COEFFS, 1.02, 1e-6),
     "polar_express6_l3e4": (GREEDY6_FLOOR_3E4_COEFFS, 1.02, 1e-6),
-    "polar_express4_l1e2": (GREEDY4_FLOOR_1E2_COEFFS, 1.02, 1e-6),
 }
 
 

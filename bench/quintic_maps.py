@@ -45,7 +45,7 @@ TOP_SLACK = 2.0 ** -7
 CUSHION = 0.02
 SAFETY = 1.02  # the normalization's safety factor, as for polar_express
 # name in ORTHOGONALIZERS: (number of maps, floor ℓ on σ_i(G)/‖G‖_F)
-DESIGNS = {"polar_express5_l3e3": (5, 3e-3), "polar_express6_l3e4": (6, 3e-4), "polar_express4_l1e2": (4, 1e-2)}
+DESIGNS = {"polar_express5_l3e3": (5, 3e-3), "polar_express6_l3e4": (6, 3e-4)}
 FLOORS = (3e-4, 1e-3, 3e-3, 1e-2)
 # (rows, cols) of one matrix of each bank: qk, narrow qk (T3.18), vo, mlp (up and projection alike)
 BANK_SHAPES = {"qk": (256, 768), "qk narrow": (128, 768), "vo": (768, 768), "mlp": (3072, 768)}

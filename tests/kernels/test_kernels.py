@@ -57,10 +57,10 @@ def test_symmetric_kernels_in_the_triton_interpreter():
 
 @cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["polar_express", "polar_express6_l3e4", "polar_express4_l1e2"])  # five, six, four maps
+@pytest.mark.parametrize("method", ["polar_express", "polar_express6_l3e4"])  # five and six maps
 @pytest.mark.parametrize("shape", [(24, 768, 768), (12, 3072, 768), (64, 256, 768), (3, 100, 300), (5, 257, 129)])
 def test_triton_orthogonalize_is_as_accurate_as_the_torch_path(shape, method):
-    """Both paths against the float64 iteration. Five (or six, or four) chained bf16 iterations land near 1e-2 from it
+    """Both paths against the float64 iteration. Five (or six) chained bf16 iterations land near 1e-2 from it
     whichever way they round, and the two paths round differently (Triton: B + a·I once, in the
     kernel; torch: B, then a·X + X·B), so they differ from each other by about as much (1.3-1.4e-2)
     as from float64: each is held to float64, the Triton path to the torch path's accuracy."""

@@ -49,7 +49,8 @@ def test_schedule_matches_the_recipe():
     assert plan(0).target_weights[:3] == (1.0, 0.5, 0.25) and plan(500).shape.n_predict == 2
     assert plan(1000).shape.n_predict == 1 and plan(1000).target_weights == (1.0,)
     assert plan(0).tokens_per_rank == 16384 and plan(1000).tokens_per_rank == 49152
-    assert plan(0).shape.max_seq_len == 896 and plan(1000).shape.max_seq_len == 2048
+    assert plan(0).shape.max_seq_len == 896 and plan(500).shape.max_seq_len == 2048 and plan(1000).shape.max_seq_len == 3072
+    assert (plan(500).attention_cap, plan(1000).attention_cap, plan(1350).attention_cap, plan(1410).attention_cap) == (0, 2560, 2560, 2560)
     assert s.warmup_steps() == [0, 1, 465, 466, 467, 468, 931, 932, 933, 934, 1286, 1287, 1288, 1289,
                                 1398, 1399, 1400, 1401]
     off = schedule_of(T.Hyperparameters.of(sliding_windows=False, multi_token_prediction=False, adam_every_other_step=False))
