@@ -185,6 +185,8 @@ class ModelConfig:
     value_embed_layers: tuple[int, ...] = (1, 2, 8, 10)  # attention layers given a value-embedding plane (T3.3)
     # attention layers with Q/K heads HEAD_DIM/2 wide, fully rotated (T3.18, record #92): all but layers 3 and 10
     narrow_qk_layers: tuple[int, ...] = (0, 1, 2, 5, 7, 8)
+    # narrow layers whose V and O heads are HEAD_DIM/2 wide too (T3.21, record #92's (64, 64) layers); off by default
+    narrow_vo_layers: tuple[int, ...] = ()
     bigram_rows: int = 50304 * 15 // 2
     ngram_rows: int = 0  # >0: the bigram injection's rows come from a hashed n-gram table this large (T3.19)
     ngram_orders: tuple[int, ...] = (2, 3)  # with NGRAM_ROWS: the n-gram lengths hashed into it (2: bigram, 3: trigram)
@@ -474,6 +476,8 @@ class LayerPlan:
     paired_heads: bool  # heads h and h + H/2 attend as one head over a doubled sequence (T3.10)
     narrow_qk: bool  # Q/K heads half as wide, all their dimensions rotated; V/O stay full width (T3.18)
     qk_slot: int | None  # its slot in the Q/K bank of its width: qk_narrow_bank if narrow_qk, else qk_bank
+    narrow_vo: bool  # V and O heads half as wide as well (T3.21)
+    vo_slot: int | None  # its slot in the V/O bank of its width: vo_narrow_bank if narrow_vo, else vo_bank
     key_offset: bool  # keys' stationary half from the previous token (T3.11)
     value_embed: int | None  # block of the value-embedding table added to its values (T3.3)
     value_gate: int | None  # row of ve_gate_bank gating it; None at the MUDD layer (MUDD gates it)
@@ -495,6 +499,7 @@ class LayerPlan:
 def layer_plans(cfg: ModelConfig) -> tuple[LayerPlan, ...]:
     attending = cfg.attention_layers
     wide = [layer for layer in attending if layer not in cfg.narrow_qk_layers]
+    wide_vo = [layer for layer in attending if layer not in cfg.narrow_vo_layers]
     ve_layers = cfg.value_embed_layers if cfg.value_embeds else ()
     gated = [layer for layer in cfg.value_embed_layers if layer != MUDD_LAYER]  # rows of ve_gate_bank
     return tuple(LayerPlan(
@@ -505,6 +510,9 @@ def layer_plans(cfg: ModelConfig) -> tuple[LayerPlan, ...]:
         narrow_qk=layer in cfg.narrow_qk_layers,
         qk_slot=(cfg.narrow_qk_layers.index(layer) if layer in cfg.narrow_qk_layers
                  else wide.index(layer) if layer in wide else None),
+        narrow_vo=layer in cfg.narrow_vo_layers,
+        vo_slot=(cfg.narrow_vo_layers.index(layer) if layer in cfg.narrow_vo_layers
+                 else wide_vo.index(layer) if layer in wide_vo else None),
         key_offset=cfg.key_offset and layer in KEY_OFFSET_LAYERS,
         value_embed=ve_layers.index(layer) if layer in ve_layers else None,
         value_gate=gated.index(layer) if layer in ve_layers and layer in gated else None,
@@ -791,7 +799,8 @@ class ForwardContext:
     # The banks unbound once per forward into per-layer views: their backward is one stack per bank,
     # where indexing the bank in each layer would zero-fill a bank-sized gradient per layer (#56, #74).
     qk: tuple[Tensor, ...]  # per attention slot: (2·H·w, d), Q then K rows, w its Q/K head width (T3.18)
-    vo: tuple[Tensor, ...]  # per attention slot: (2, d, d), V then O
+    vo: tuple[Tensor, ...]  # per attention slot: (2, H·w, d), V (out, in) then O stored (in, out) if narrow_vo
+    # else (2, d, d), V then O (out, in); w its V/O head width (T3.21)
     mlp_fc: tuple[Tensor, ...]  # per layer: (hidden, d)
     mlp_proj: tuple[Tensor, ...]  # per layer: (hidden, d), stored (in, out)
     qkv8: "QKVBankFP8 | None"  # with execution.qkv_e4m3: the e4m3 Q/K/V weights (T6.3)
@@ -853,7 +862,13 @@ class GPT(nn.Module):
             self.qk_bank = nn.Parameter(torch.empty((n_attn - n_narrow) * H, 2 * hd, d, **bf16).uniform_(-bound, bound))
         if n_narrow:
             self.qk_narrow_bank = nn.Parameter(torch.empty(n_narrow * H, hd, d, **bf16).uniform_(-bound, bound))
-        self.vo_bank = nn.Parameter(torch.empty(2 * n_attn, d, d, **bf16).uniform_(-bound, bound))  # V, O (out, in)
+        # V and O per attention slot: (d, d) each as (out, in); the layers with narrow V/O heads (T3.21) in a
+        # bank of their own, V (H·hd/2, d) as (out, in) and O stored (in, out) so that both are one shape
+        n_narrow_vo = len(cfg.narrow_vo_layers)
+        if n_attn > n_narrow_vo:
+            self.vo_bank = nn.Parameter(torch.empty(2 * (n_attn - n_narrow_vo), d, d, **bf16).uniform_(-bound, bound))
+        if n_narrow_vo:
+            self.vo_narrow_bank = nn.Parameter(torch.empty(2 * n_narrow_vo, H * hd // 2, d, **bf16).uniform_(-bound, bound))
         mlp = torch.empty(NUM_LAYERS, 2, cfg.mlp_hidden, d, **bf16)
         mlp[:, 0].uniform_(-bound, bound)  # fc (hidden, d); proj stored (hidden, d) = (in, out), zero (#5)
         mlp[:, 1].zero_()
@@ -1043,20 +1058,32 @@ class GPT(nn.Module):
         for bank, slots in qk_banks:
             for slot, matrices in zip(slots, bank.view(len(slots), -1, d).unbind(0)):
                 qk[slot] = matrices
+        vo_banks, vo = self.vo_banks(), [None] * n_attn
+        for bank, slots in vo_banks:
+            for slot, pair in zip(slots, bank.view(len(slots), 2, -1, d).unbind(0)):
+                vo[slot] = pair
         return ForwardContext(
             x_input=x_input, x0=x0, bigram=bigram, value_embeds=value_embeds, gates=gates, scalars=scalars,
             shape=shape, execution=execution, attn=attn, attn_paired=attn_paired, rope=rope, rope_paired=rope_paired,
-            qk=tuple(qk), vo=self.vo_bank.view(n_attn, 2, d, d).unbind(0), mlp_fc=mlp_fc, mlp_proj=mlp_proj,
-            qkv8=QKVBankFP8.quantize(qk_banks, self.vo_bank) if execution.qkv_e4m3 else None,
+            qk=tuple(qk), vo=tuple(vo), mlp_fc=mlp_fc, mlp_proj=mlp_proj,
+            qkv8=QKVBankFP8.quantize(qk_banks, vo_banks) if execution.qkv_e4m3 else None,
             mlp8=MLPBankFP8.quantize(self.mlp_bank) if execution.mlp_e4m3 else None, outputs={})
 
     def qk_banks(self) -> list[tuple[Tensor, list[int]]]:
         """Each Q/K bank with the attention slots whose Q/K matrices it holds, in its order: qk_bank
         (wide heads), then qk_narrow_bank (T3.18); a bank no layer uses is absent."""
+        return self._banks((("qk_bank", False), ("qk_narrow_bank", True)), "narrow_qk", "qk_slot")
+
+    def vo_banks(self) -> list[tuple[Tensor, list[int]]]:
+        """Each V/O bank with the attention slots whose V and O it holds, in its order: vo_bank (wide
+        heads), then vo_narrow_bank (T3.21); a bank no layer uses is absent."""
+        return self._banks((("vo_bank", False), ("vo_narrow_bank", True)), "narrow_vo", "vo_slot")
+
+    def _banks(self, names: tuple, narrow_field: str, slot_field: str) -> list[tuple[Tensor, list[int]]]:
         banks = []
-        for name, narrow in (("qk_bank", False), ("qk_narrow_bank", True)):
-            plans = sorted((p for p in self.layers if p.attn_slot is not None and p.narrow_qk == narrow),
-                           key=lambda p: p.qk_slot)
+        for name, narrow in names:
+            plans = sorted((p for p in self.layers if p.attn_slot is not None and getattr(p, narrow_field) == narrow),
+                           key=lambda p: getattr(p, slot_field))
             if plans:
                 banks.append((getattr(self, name), [p.attn_slot for p in plans]))
         return banks
@@ -1112,10 +1139,11 @@ class GPT(nn.Module):
         return v_extra
 
     def attention(self, layer: LayerPlan, x: Tensor, v_extra: Tensor | None, ctx: ForwardContext) -> Tensor:
-        """One attention sublayer on the normalized input x (T3.8-T3.13, T3.16-T3.18)."""
+        """One attention sublayer on the normalized input x (T3.8-T3.13, T3.16-T3.18, T3.21)."""
         cfg, i, slot = self.config, layer.index, layer.attn_slot
         T, H, hd = x.size(0), cfg.num_heads, cfg.head_dim
         qk_hd, scale = (hd // 2, self.narrow_attn_scale) if layer.narrow_qk else (hd, self.attn_scale)
+        v_hd = hd // 2 if layer.narrow_vo else hd
         w_v, w_o = ctx.vo[slot][0], ctx.vo[slot][1]
         lambdas = ctx.scalars["attn_lambdas"][i]  # pre-multiplied into the weights (#47, #48)
         w_qkv, w_o = lambdas[0] * torch.cat([ctx.qk[slot], w_v]), lambdas[1] * w_o
@@ -1127,7 +1155,7 @@ class GPT(nn.Module):
         q, k, v = qk_norm_rope(qkv, v_extra, *(ctx.rope_paired if layer.paired_heads else ctx.rope), scale,
                                H, qk_hd, layer.paired_heads, layer.key_offset, ctx.execution.qk_rope_kernel)
         window = ctx.shape.long_window if layer.long_window else ctx.shape.short_window
-        y = attend(q, k, v, ctx.attn_paired if layer.paired_heads else ctx.attn, window).reshape(T, H, hd)
+        y = attend(q, k, v, ctx.attn_paired if layer.paired_heads else ctx.attn, window).reshape(T, H, v_hd)
         if layer.dc_mha:  # cross-head composition on a local window (#85, T3.17); w1 RMS-normalized
             w1 = F.rms_norm(ctx.gates["dc_w1", i].float(), (H,), eps=1e-6)
             y = y + dc_mha(q, k, v, ctx.attn.doc_ids, w1, ctx.gates["dc_w2", i], DC_WINDOW,
@@ -1136,7 +1164,8 @@ class GPT(nn.Module):
             y = exclusive_self_attention(y, v, ctx.gates["xsa", i])
         if layer.out_gate:  # (#28, #85; T3.16)
             y = y * ctx.gates["out_gate", i][..., None]
-        return y.reshape(T, H * hd) @ w_o.t()
+        y = y.reshape(T, H * v_hd)
+        return y @ w_o if layer.narrow_vo else y @ w_o.t()  # a narrow O is stored (in, out)
 
     def mlp(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext) -> Tensor:
         """The ReLU² MLP (#5) on the normalized input x: plain, fused (T6.1) or its e4m3 forward,
@@ -1249,6 +1278,8 @@ def param_table(cfg: ModelConfig) -> dict[str, ParamSpec]:
         "mlp_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.mlp_hidden, cfg.model_dim), wd_mul=1.0,
                               matrix_lr_muls=(1.0, 2.0)),  # projections (odd index) x2
         "vo_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.model_dim, cfg.model_dim), wd_mul=1.0),
+        "vo_narrow_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.num_heads * cfg.head_dim // 2, cfg.model_dim),
+                                    wd_mul=1.0),
         "scalars": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.99)),
         "smear_gate": ParamSpec("adam", "replicated", lr_mul=0.01, betas=(0.9, 0.99)),
         "ve_gate_bank": ParamSpec("adam", "replicated", wd_mul=1.0, betas=(0.9, 0.99)),
@@ -2986,7 +3017,7 @@ def check_layer_layout(model: ModelConfig):
         return ",".join(map(str, values))
 
     for name, layers in (("ATTENTION_LAYERS", model.attention_layers), ("VALUE_EMBED_LAYERS", model.value_embed_layers),
-                         ("NARROW_QK_LAYERS", model.narrow_qk_layers)):
+                         ("NARROW_QK_LAYERS", model.narrow_qk_layers), ("NARROW_VO_LAYERS", model.narrow_vo_layers)):
         if any(not 0 <= layer < NUM_LAYERS for layer in layers) or list(layers) != sorted(set(layers)):
             raise SetupError(f"{name}={listed(layers)}: give increasing layer indices from 0 to {NUM_LAYERS - 1}")
     missing = [layer for layer in ATTENTION_REQUIRED_LAYERS if layer not in model.attention_layers]
@@ -3002,6 +3033,7 @@ def check_layer_layout(model: ModelConfig):
     if model.value_embeds and not model.value_embed_layers:
         raise SetupError("VALUE_EMBED_LAYERS is empty: name at least one layer, or turn them off with VALUE_EMBEDS=0")
     check_narrow_qk_layers(model)
+    check_narrow_vo_layers(model)
 
 
 def check_narrow_qk_layers(model: ModelConfig):
@@ -3022,6 +3054,25 @@ def check_narrow_qk_layers(model: ModelConfig):
         if clash:
             raise SetupError(f"NARROW_QK_LAYERS names layer(s) {','.join(map(str, clash))}, whose {switch} needs "
                              f"full-width Q/K heads: leave them wide or set {switch}=0")
+
+
+def check_narrow_vo_layers(model: ModelConfig):
+    """NARROW_VO_LAYERS (T3.21): narrow layers (V/O halved only where Q/K are, the (64, 64) pair) whose values
+    take no extra input, since a value embedding's plane and the MUDD value mix are full width."""
+    narrow_vo, listed = model.narrow_vo_layers, ",".join(map(str, model.narrow_vo_layers))
+    wide_qk = [layer for layer in narrow_vo if layer not in model.narrow_qk_layers]
+    if wide_qk:
+        raise SetupError(f"NARROW_VO_LAYERS={listed} names layer(s) {','.join(map(str, wide_qk))} whose Q/K heads are "
+                         f"full width (NARROW_QK_LAYERS={','.join(map(str, model.narrow_qk_layers))}): V/O heads are "
+                         "halved only on narrow layers")
+    if MUDD_LAYER in narrow_vo:
+        raise SetupError(f"NARROW_VO_LAYERS={listed} names layer {MUDD_LAYER}, whose values take the full-width MUDD "
+                         "value mix (T3.14): leave its V/O heads wide")
+    fed = [layer for layer in narrow_vo if model.value_embeds and layer in model.value_embed_layers]
+    if fed:
+        raise SetupError(f"NARROW_VO_LAYERS={listed} names layer(s) {','.join(map(str, fed))} whose values take a "
+                         f"full-width value embedding (VALUE_EMBED_LAYERS={','.join(map(str, model.value_embed_layers))}): "
+                         "drop them from one list or the other")
 
 
 # --- CUDA graphs of the training step (#92, T5.3) ------------------------------------------------
@@ -5084,26 +5135,44 @@ def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, 
 # and weight it saves.
 @dataclass
 class QKVBankFP8:
-    """Each attention slot's Q, K, V weights in e4m3, (2·H·w + d, d) for Q/K heads w wide ((3d, d)
-    unless narrow, T3.18), and their scales (0-d fp32), indexed by attention slot."""
+    """Each attention slot's Q, K, V weights in e4m3, (2·H·w + H·w_v, d) for Q/K heads w and V heads w_v
+    wide ((3d, d) unless narrow, T3.18, T3.21), and their scales (0-d fp32), indexed by attention slot."""
     weights: tuple[Tensor, ...]
     scales: tuple[Tensor, ...]
 
     @classmethod
-    def quantize(cls, qk_banks: list[tuple[Tensor, list[int]]], vo_bank: Tensor) -> "QKVBankFP8":
-        """From GPT.qk_banks() and the V/O bank: one quantization per Q/K bank."""
-        n_attn, d = vo_bank.size(0) // 2, vo_bank.size(-1)
+    def quantize(cls, qk_banks: list[tuple[Tensor, list[int]]],
+                 vo_banks: list[tuple[Tensor, list[int]]]) -> "QKVBankFP8":
+        """From GPT.qk_banks() and GPT.vo_banks(): one quantization per pair of a Q/K bank and a V/O bank
+        whose slots share a layout (one scale per slot either way)."""
+        d = qk_banks[0][0].size(-1)
+        n_attn = sum(len(slots) for _, slots in qk_banks)
+        # each slot's (bank, place in the bank), then the slots grouped by their pair of banks
+        qk_of = {slot: (b, i) for b, (_, slots) in enumerate(qk_banks) for i, slot in enumerate(slots)}
+        v_of = {slot: (b, i) for b, (_, slots) in enumerate(vo_banks) for i, slot in enumerate(slots)}
+        groups: dict[tuple[int, int], list[int]] = {}
+        for slot in range(n_attn):
+            groups.setdefault((qk_of[slot][0], v_of[slot][0]), []).append(slot)
         weights, scales = [None] * n_attn, [None] * n_attn
-        for qk_bank, slots in qk_banks:
-            v = vo_bank.detach().view(n_attn, 2, d, d)[:, 0]
-            # a narrow layout's: the bank's slots only, as views (a list index would copy it from the host,
-            # which a CUDA graph capture refuses)
-            v = v if len(slots) == n_attn else torch.stack([v[slot] for slot in slots])
-            w = torch.cat([qk_bank.detach().view(len(slots), -1, d), v], 1)
+        for (qk_index, vo_index), group in groups.items():
+            qk_matrices, qk_slots = qk_banks[qk_index]
+            vo_pairs, vo_slots = vo_banks[vo_index]
+            qk = bank_slots(qk_matrices.detach().view(len(qk_slots), -1, d), [qk_of[slot][1] for slot in group])
+            v = bank_slots(vo_pairs.detach().view(len(vo_slots), 2, -1, d)[:, 0], [v_of[slot][1] for slot in group])
+            w = torch.cat([qk, v], 1)
             w8, scale = quantize_e4m3(w, w.abs().amax(dim=(1, 2), keepdim=True))
-            for slot, slot_w8, slot_scale in zip(slots, w8.unbind(0), scale.view(len(slots)).unbind(0)):
+            for slot, slot_w8, slot_scale in zip(group, w8.unbind(0), scale.view(len(group)).unbind(0)):
                 weights[slot], scales[slot] = slot_w8, slot_scale
         return cls(tuple(weights), tuple(scales))
+
+
+def bank_slots(matrices: Tensor, indices: list[int]) -> Tensor:
+    """matrices[indices] for a Python list of indices: the tensor itself where it is all of them in order,
+    else a stack of views (a list index would copy the indices from the host, which a CUDA graph capture
+    refuses)."""
+    if indices == list(range(matrices.size(0))):
+        return matrices
+    return torch.stack([matrices[i] for i in indices])
 
 
 def fp8_normed_linear_reference(x: Tensor, w8: Tensor, w_scale: Tensor) -> Tensor:

@@ -24,18 +24,25 @@ def banks(slots=3, H=2, hd=32, seed=0):
 
 
 def test_qkv_bank_holds_each_slots_q_k_v_rows_at_its_own_scale():
-    """One Q/K bank for all slots, then slot 1 narrow (T3.18): its Q/K rows from a bank of their own."""
+    """One Q/K and one V/O bank for all slots; then slot 1 narrow (T3.18): its Q/K rows from a bank of
+    their own; then slot 1 with narrow V/O as well (T3.21): its V rows from a narrow V/O bank too."""
     qk, vo = banks()
     slots, d = 3, 64
-    narrow = torch.randn(2, 32, d, generator=torch.Generator().manual_seed(1)).bfloat16()
-    layouts = {"wide": ([(qk, [0, 1, 2])], qk.view(slots, -1, d)),
-               "narrow slot 1": ([(qk[:4], [0, 2]), (narrow, [1])], [qk[:2].reshape(-1, d), narrow.reshape(-1, d),
-                                                                     qk[2:4].reshape(-1, d)])}
-    for layout, (qk_banks, qk_rows) in layouts.items():
-        bank8 = T.QKVBankFP8.quantize(qk_banks, vo)
+    gen = torch.Generator().manual_seed(1)
+    narrow = torch.randn(2, 32, d, generator=gen).bfloat16()
+    narrow_vo = torch.randn(2, 32, d, generator=gen).bfloat16() * 100  # V then O (in, out) of slot 1
+    wide_vo = torch.cat([vo[:2], vo[4:]])  # slots 0 and 2
+    layouts = {"wide": ([(qk, [0, 1, 2])], [(vo, [0, 1, 2])], qk.view(slots, -1, d), vo[0::2]),
+               "narrow slot 1": ([(qk[:4], [0, 2]), (narrow, [1])], [(vo, [0, 1, 2])],
+                                 [qk[:2].reshape(-1, d), narrow.reshape(-1, d), qk[2:4].reshape(-1, d)], vo[0::2]),
+               "narrow V/O slot 1": ([(qk[:4], [0, 2]), (narrow, [1])], [(wide_vo, [0, 2]), (narrow_vo, [1])],
+                                     [qk[:2].reshape(-1, d), narrow.reshape(-1, d), qk[2:4].reshape(-1, d)],
+                                     [vo[0], narrow_vo[0], vo[4]])}
+    for layout, (qk_banks, vo_banks, qk_rows, v_rows) in layouts.items():
+        bank8 = T.QKVBankFP8.quantize(qk_banks, vo_banks)
         assert len(bank8.weights) == len(bank8.scales) == slots
         for s in range(slots):
-            want = torch.cat([qk_rows[s], vo[2 * s]])  # what the bf16 forward multiplies
+            want = torch.cat([qk_rows[s], v_rows[s]])  # what the bf16 forward multiplies
             assert bank8.weights[s].shape == want.shape and bank8.weights[s].dtype == torch.float8_e4m3fn
             assert bank8.scales[s].shape == () and bank8.scales[s].dtype == torch.float32
             got = bank8.weights[s].float() * bank8.scales[s]
