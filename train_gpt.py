@@ -183,6 +183,7 @@ class ModelConfig:
     # the others are MLP only: 4 and 9 too, as in record #92 (T3.1)
     attention_layers: tuple[int, ...] = (0, 1, 2, 3, 5, 7, 8, 10)
     value_embed_layers: tuple[int, ...] = (1, 2, 8, 10)  # attention layers given a value-embedding plane (T3.3)
+    mlp_layers: tuple[int, ...] = tuple(range(11))  # the layers with an MLP; record #92 drops layer 7 whole (T3.1)
     # attention layers with Q/K heads HEAD_DIM/2 wide, fully rotated (T3.18, record #92): all but layers 3 and 10
     narrow_qk_layers: tuple[int, ...] = (0, 1, 2, 5, 7, 8)
     # narrow layers whose V and O heads are HEAD_DIM/2 wide too (T3.21, record #92's (64, 64) layers); off by default
@@ -472,6 +473,7 @@ class LayerPlan:
     """What one layer does, fixed when the model is built from the layout above and the switches."""
     index: int
     attn_slot: int | None  # its slot in the attention banks; None: MLP only (layer 6)
+    mlp_slot: int | None  # its slot in the MLP bank; None: no MLP (MLP_LAYERS, T3.1)
     long_window: bool
     paired_heads: bool  # heads h and h + H/2 attend as one head over a doubled sequence (T3.10)
     narrow_qk: bool  # Q/K heads half as wide, all their dimensions rotated; V/O stay full width (T3.18)
@@ -505,6 +507,7 @@ def layer_plans(cfg: ModelConfig) -> tuple[LayerPlan, ...]:
     return tuple(LayerPlan(
         index=layer,
         attn_slot=attending.index(layer) if layer in attending else None,
+        mlp_slot=cfg.mlp_layers.index(layer) if layer in cfg.mlp_layers else None,
         long_window=layer in LONG_WINDOW_LAYERS,
         paired_heads=cfg.paired_heads and layer in PAIRED_HEAD_LAYERS and layer in attending,
         narrow_qk=layer in cfg.narrow_qk_layers,
@@ -801,8 +804,8 @@ class ForwardContext:
     qk: tuple[Tensor, ...]  # per attention slot: (2·H·w, d), Q then K rows, w its Q/K head width (T3.18)
     vo: tuple[Tensor, ...]  # per attention slot: (2, H·w, d), V (out, in) then O stored (in, out) if narrow_vo
     # else (2, d, d), V then O (out, in); w its V/O head width (T3.21)
-    mlp_fc: tuple[Tensor, ...]  # per layer: (hidden, d)
-    mlp_proj: tuple[Tensor, ...]  # per layer: (hidden, d), stored (in, out)
+    mlp_fc: tuple[Tensor, ...]  # per MLP slot: (hidden, d)
+    mlp_proj: tuple[Tensor, ...]  # per MLP slot: (hidden, d), stored (in, out)
     qkv8: "QKVBankFP8 | None"  # with execution.qkv_e4m3: the e4m3 Q/K/V weights (T6.3)
     mlp8: "MLPBankFP8 | None"  # with execution.mlp_e4m3: the e4m3 MLP weights (T6.2)
     outputs: dict[int, Tensor]  # residual after each layer so far
@@ -869,7 +872,7 @@ class GPT(nn.Module):
             self.vo_bank = nn.Parameter(torch.empty(2 * (n_attn - n_narrow_vo), d, d, **bf16).uniform_(-bound, bound))
         if n_narrow_vo:
             self.vo_narrow_bank = nn.Parameter(torch.empty(2 * n_narrow_vo, H * hd // 2, d, **bf16).uniform_(-bound, bound))
-        mlp = torch.empty(NUM_LAYERS, 2, cfg.mlp_hidden, d, **bf16)
+        mlp = torch.empty(len(cfg.mlp_layers), 2, cfg.mlp_hidden, d, **bf16)  # per MLP slot
         mlp[:, 0].uniform_(-bound, bound)  # fc (hidden, d); proj stored (hidden, d) = (in, out), zero (#5)
         mlp[:, 1].zero_()
         self.mlp_bank = nn.Parameter(mlp)
@@ -908,7 +911,7 @@ class GPT(nn.Module):
         else:
             self.register_buffer("resid_lambdas", torch.ones(NUM_LAYERS, 2), persistent=False)
             self.register_buffer("post_lambdas", torch.ones(NUM_LAYERS, 2), persistent=False)
-        for i in range(NUM_LAYERS):  # each layer's delayed scale of post for the e4m3 MLP, one allocation each (T6.2)
+        for i in cfg.mlp_layers:  # each MLP's delayed scale of post for its e4m3 forward, one allocation each (T6.2)
             self.register_buffer(f"fp8_post_scale{i}", torch.ones((), dtype=torch.float32))
         layout = scalar_layout(cfg)
         learned = [value.flatten() for value, is_learned in layout.values() if is_learned]
@@ -1031,6 +1034,8 @@ class GPT(nn.Module):
         if layer.skip_target:  # U-net remnant 3 -> 6 with a per-token gate (#45, #55; T3.7)
             gate = ctx.gates["skip", i]
             x = x + torch.sigmoid(ctx.scalars["skip_lambda"]) * gate * ctx.outputs[SKIP_SOURCE_LAYER]
+        if layer.mlp_slot is None:  # no MLP (MLP_LAYERS, T3.1)
+            return x
         out = self.mlp(layer, norm(x), ctx)
         if layer.mudd:
             return mix["mlp_residual"] * x + mix["mlp_out"] * out
@@ -1170,10 +1175,10 @@ class GPT(nn.Module):
     def mlp(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext) -> Tensor:
         """The ReLU² MLP (#5) on the normalized input x: plain, fused (T6.1) or its e4m3 forward,
         which refreshes the layer's delayed scale of post (T6.2), as the plan says."""
-        fc, proj, execution = ctx.mlp_fc[layer.index], ctx.mlp_proj[layer.index], ctx.execution
+        fc, proj, execution = ctx.mlp_fc[layer.mlp_slot], ctx.mlp_proj[layer.mlp_slot], ctx.execution
         if execution.mlp_e4m3:
             post_scale = getattr(self, f"fp8_post_scale{layer.index}")
-            out, post_amax = fp8_relu_square_mlp(x, fc, proj, ctx.mlp8, layer.index, post_scale)
+            out, post_amax = fp8_relu_square_mlp(x, fc, proj, ctx.mlp8, layer.mlp_slot, post_scale)
             post_scale.copy_(post_amax.clamp_min(1e-12).view(()) * (FP8_POST_MARGIN / E4M3_MAX))
             return out
         if execution.mlp_fused:
@@ -3011,13 +3016,14 @@ ATTENTION_REQUIRED_LAYERS = tuple(sorted({*LONG_WINDOW_LAYERS, *KEY_OFFSET_LAYER
 
 
 def check_layer_layout(model: ModelConfig):
-    """ATTENTION_LAYERS and VALUE_EMBED_LAYERS: increasing layer indices; attention kept where a layer's
-    attention has a role of its own; value embeddings only on attention layers."""
+    """ATTENTION_LAYERS, VALUE_EMBED_LAYERS and MLP_LAYERS: increasing layer indices; attention kept where a
+    layer's attention has a role of its own; value embeddings only on attention layers; the MUDD layer's MLP."""
     def listed(values):
         return ",".join(map(str, values))
 
     for name, layers in (("ATTENTION_LAYERS", model.attention_layers), ("VALUE_EMBED_LAYERS", model.value_embed_layers),
-                         ("NARROW_QK_LAYERS", model.narrow_qk_layers), ("NARROW_VO_LAYERS", model.narrow_vo_layers)):
+                         ("MLP_LAYERS", model.mlp_layers), ("NARROW_QK_LAYERS", model.narrow_qk_layers),
+                         ("NARROW_VO_LAYERS", model.narrow_vo_layers)):
         if any(not 0 <= layer < NUM_LAYERS for layer in layers) or list(layers) != sorted(set(layers)):
             raise SetupError(f"{name}={listed(layers)}: give increasing layer indices from 0 to {NUM_LAYERS - 1}")
     missing = [layer for layer in ATTENTION_REQUIRED_LAYERS if layer not in model.attention_layers]
@@ -3032,6 +3038,9 @@ def check_layer_layout(model: ModelConfig):
                          "enter through an attention's values")
     if model.value_embeds and not model.value_embed_layers:
         raise SetupError("VALUE_EMBED_LAYERS is empty: name at least one layer, or turn them off with VALUE_EMBEDS=0")
+    if MUDD_LAYER not in model.mlp_layers:
+        raise SetupError(f"MLP_LAYERS={listed(model.mlp_layers)} drops the MLP of layer {MUDD_LAYER}, whose MLP output "
+                         f"the MUDD residual mix weighs (T3.14): keep {MUDD_LAYER}")
     check_narrow_qk_layers(model)
     check_narrow_vo_layers(model)
 
@@ -5056,7 +5065,7 @@ def quantize_normed_e4m3(x: Tensor) -> tuple[Tensor, float]:
 
 @dataclass
 class MLPBankFP8:
-    """The MLP bank (L, 2, hidden, d) in e4m3, each layer's fc and proj with its own scale."""
+    """The MLP bank (L, 2, hidden, d), one entry per MLP slot, in e4m3, each slot's fc and proj with its own scale."""
     fc: Tensor  # (L, hidden, d)
     proj_t: Tensor  # (L, d, hidden): proj transposed, so proj_t[i].t() is the column-major operand cuBLAS takes
     scales: Tensor  # (L, 2, 4) fp32: [i, 0, 0] fc's, [i, 1, 0] proj's; 16 bytes apart, as cuBLASLt wants
@@ -5119,13 +5128,13 @@ class FP8ReluSquareMLP(torch.autograd.Function):
         return *relu_square_mlp_backward(grad, *ctx.saved_tensors, True), None, None, None, None, None
 
 
-def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, layer: int,
+def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, slot: int,
                         post_scale: Tensor) -> tuple[Tensor, Tensor]:
-    """(out, amax of post) of layer `layer`'s MLP with the e4m3 forward; x RMS-normalized (norm), fc
+    """(out, amax of post) of the MLP in bank slot `slot` with the e4m3 forward; x RMS-normalized (norm), fc
     and proj the bf16 weights the backward reads, post_scale a one-element fp32 tensor of its own
     (16-byte aligned)."""
-    return FP8ReluSquareMLP.apply(x, fc, proj, bank8.fc[layer], bank8.proj_t[layer], bank8.scales[layer, 0, 0],
-                                  bank8.scales[layer, 1, 0], post_scale)
+    return FP8ReluSquareMLP.apply(x, fc, proj, bank8.fc[slot], bank8.proj_t[slot], bank8.scales[slot, 0, 0],
+                                  bank8.scales[slot, 1, 0], post_scale)
 
 
 # --- FP8 Q/K/V projections (T6.3) ----------------------------------------------------------------------

@@ -389,6 +389,66 @@ def test_attention_and_value_embeddings_can_be_dropped_from_layers(corpus):
             T.check_hyperparameters(T.Hyperparameters.from_env(env))
 
 
+# record #92's layer 7, dropped whole: attention and MLP
+WHOLE_LAYER_7_DROPPED = {"attention_layers": (0, 1, 2, 3, 5, 8, 10), "mlp_layers": (0, 1, 2, 3, 4, 5, 6, 8, 9, 10),
+                         "narrow_qk_layers": (0, 1, 2, 5, 8)}
+
+
+def test_a_layer_without_its_mlp_equals_one_whose_mlp_adds_nothing():
+    """MLP_LAYERS without 7 (T3.1): the bank holds 10 MLP slots, layer 7 none and no e4m3 scale, and the
+    model equals the full one whose layer-7 MLP projection is zero and residual weight after it 1 (loss
+    and every shared gradient; layer 7's own fc then gets none)."""
+    dropped = make_model(**WHOLE_LAYER_7_DROPPED)
+    plans = {plan.index: plan for plan in dropped.layers}
+    assert plans[7].mlp_slot is None and plans[7].attn_slot is None
+    assert [plans[i].mlp_slot for i in (6, 8, 10)] == [6, 7, 9]
+    assert dropped.mlp_bank.shape == (10, 2, SMALL["mlp_hidden"], SMALL["model_dim"])
+    assert not hasattr(dropped, "fp8_post_scale7") and hasattr(dropped, "fp8_post_scale8")
+    full = make_model(**{**WHOLE_LAYER_7_DROPPED, "mlp_layers": tuple(range(11))})
+    with torch.no_grad():
+        dropped.mlp_bank.normal_(0, 0.05)
+        dropped.ve_gate_bank.normal_()
+        dropped.resid_lambdas.normal_(1, 0.1)
+        full.load_state_dict({**full.state_dict(),
+                              **{n: p for n, p in dropped.state_dict().items() if n != "mlp_bank"}}, strict=False)
+        for name, buffer in dropped.named_buffers():
+            dict(full.named_buffers())[name].copy_(buffer)
+        slots = [plans[i].mlp_slot for i in range(11) if i != 7]
+        full.mlp_bank[[i for i in range(11) if i != 7]] = dropped.mlp_bank[slots]
+        full.mlp_bank[7, 0].normal_(0, 0.05)
+        full.mlp_bank[7, 1].zero_()  # adds nothing
+        full.resid_lambdas[7, 1] = 1.0
+    inputs, targets, cu = small_batch()
+    losses = []
+    for model in (dropped, full):
+        loss, _ = model.training_loss(inputs, targets, cu, SHAPE, PLAN, torch.tensor([1.0]))
+        loss.backward()
+        losses.append(loss.item())
+    assert math.isfinite(losses[0]) and abs(losses[0] - losses[1]) < 1e-4 * abs(losses[1])
+    full_params = dict(full.named_parameters())
+    for name, p in dropped.named_parameters():
+        want = full_params[name].grad.float()
+        if name == "mlp_bank":
+            want = want[[i for i in range(11) if i != 7]]
+        elif name == "resid_lambdas" or name == "post_lambdas":
+            want[7, 1] = 0  # layer 7's MLP weights: no gradient without the MLP
+        assert (p.grad.float() - want).norm() <= 1e-2 * want.norm(), name
+    with pytest.raises(T.SetupError, match=r"MLP_LAYERS=0,1,2 drops the MLP of layer 10"):
+        T.check_hyperparameters(T.Hyperparameters.from_env({"MLP_LAYERS": "0,1,2"}))
+    with pytest.raises(T.SetupError, match=r"MLP_LAYERS=8,7,10: give increasing layer indices"):
+        T.check_hyperparameters(T.Hyperparameters.from_env({"MLP_LAYERS": "8,7,10"}))
+    assert T.Hyperparameters.of().model.mlp_layers == tuple(range(11))
+
+
+def test_a_model_without_layer_7_trains(corpus):
+    hp = T.Hyperparameters.of(**TINY_RUN, **WHOLE_LAYER_7_DROPPED, train_files=str(corpus / "tiny_train_*.bin"),
+                              val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus))
+    T.check_hyperparameters(hp)
+    trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
+    trainer.run()
+    assert torch.isfinite(trainer.losses[:4]).all() and trainer.losses[3] < trainer.losses[0]
+
+
 TINY_RUN = {**SMALL, "vocab_size": 50304, "warmup": False, "num_scheduled_iterations": 3, "num_extension_iterations": 1,
             "stop_after": 4, "val_loss_every": 0, "rank_slice": True, "muon_momentum_warmup_steps": 2,
             "muon_momentum_cooldown_steps": 1}
