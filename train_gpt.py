@@ -2958,6 +2958,9 @@ def check_hyperparameters(hp: Hyperparameters):
         if stage.attention_cap < 0:
             raise SetupError(f"STAGE_ATTENTION_CAP entry {stage.attention_cap}: give the longest attention span in "
                              f"tokens, or 0 for no cap")
+    if hp.optim.orthogonalizer in REMOVED_ORTHOGONALIZERS:
+        raise SetupError(f"ORTHOGONALIZER={hp.optim.orthogonalizer} was removed: "
+                         f"{REMOVED_ORTHOGONALIZERS[hp.optim.orthogonalizer]} (T2.3); use one of {', '.join(ORTHOGONALIZERS)}")
     if hp.optim.orthogonalizer not in ORTHOGONALIZERS:
         raise SetupError(f"ORTHOGONALIZER={hp.optim.orthogonalizer}: use one of {', '.join(ORTHOGONALIZERS)}"
                          f"{nearest_hint(hp.optim.orthogonalizer, list(ORTHOGONALIZERS))}")
@@ -4214,6 +4217,9 @@ ORTHOGONALIZERS = {  # name: (coefficients, norm safety factor, norm epsilon)
     "polar_express5_l3e3": (GREEDY5_FLOOR_3E3_COEFFS, 1.02, 1e-6),
     "polar_express6_l3e4": (GREEDY6_FLOOR_3E4_COEFFS, 1.02, 1e-6),
 }
+# Map sets measured and taken out: what they cost
+REMOVED_ORTHOGONALIZERS = {"polar_express6_l1e3": "six maps from 1e-3 gave main's loss at a sixth more work",
+                           "polar_express4_l1e2": "four maps from 1e-2 cost more loss than the time they save"}
 
 
 def polar_normalize(G: Tensor, method: str = "polar_express") -> Tensor:

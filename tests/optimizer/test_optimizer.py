@@ -110,6 +110,8 @@ def test_orthogonalizer_setting_takes_every_map_set_and_stops_on_a_typo():
         T.check_hyperparameters(T.Hyperparameters.from_env({"ORTHOGONALIZER": method}))
     with pytest.raises(T.SetupError, match=r"^ORTHOGONALIZER=polar_expres6_l3e4: use one of .*; did you mean polar_express6_l3e4\?$"):
         T.check_hyperparameters(T.Hyperparameters.from_env({"ORTHOGONALIZER": "polar_expres6_l3e4"}))
+    with pytest.raises(T.SetupError, match=r"^ORTHOGONALIZER=polar_express4_l1e2 was removed: four maps .*; use one of polar_express,"):
+        T.check_hyperparameters(T.Hyperparameters.from_env({"ORTHOGONALIZER": "polar_express4_l1e2"}))
 
 
 def test_mantissa_round_trip_is_exact():
