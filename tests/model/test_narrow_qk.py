@@ -165,7 +165,13 @@ def test_tiny_narrow_model_trains(corpus):
 def test_narrow_model_on_gpu_matches_the_torch_path(monkeypatch):
     """The narrow model at real head shapes (6 heads, Q/K 64 wide, V 128) on 4096 tokens, eager: the plan's
     backend (FA4 where installed, with FA4_NARROW_BACKWARD_TILE for the (64, 128) backward) and the
-    QK-norm + rotary kernels, against SDPA and the torch path. Loss to 1e-2; each gradient to 1e-1 of its
+    QK-norm + rotary kernels, against SDPA and the torch path (check_narrow_model_on_gpu)."""
+    check_narrow_model_on_gpu(monkeypatch, narrow_qk_layers=NARROW)
+
+
+def check_narrow_model_on_gpu(monkeypatch, **layout):
+    """The model with `layout` at real head shapes (6 heads of 128) on 4096 tokens, eager, with the plan's
+    backend and kernels against SDPA and the torch path. Loss to 1e-2; each gradient to 1e-1 of its
     norm (bf16 through 11 layers; a wrong width or a dropped term is off by O(1)) or within 4 times the
     torch path's own spread: its difference from the same path with the attention in fp32. A gradient
     that is a near-cancelling sum moves by O(1) with any rounding (on an H100 the smear lambda's was
@@ -173,7 +179,7 @@ def test_narrow_model_on_gpu_matches_the_torch_path(monkeypatch):
     tokens = 4096
     hp = T.Hyperparameters.of(**{**SMALL, "device": "cuda", "model_dim": 768, "num_heads": 6, "head_dim": 128,
                                  "mlp_hidden": 3072, "vocab_size": 50304, "bigram_rows": 377280, "fp8_lm_head": False,
-                                 "qk_rope_kernel": True, "narrow_qk_layers": NARROW, "fa4_min_tokens": tokens,
+                                 "qk_rope_kernel": True, "fa4_min_tokens": tokens, **layout,
                                  "stages": T.replace_stage_columns(T.STAGES, batch_tokens=(8 * tokens,) * 5)})
     torch.manual_seed(0)
     model = T.GPT(hp.model, T.longest_forward(hp)).cuda()

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 from helpers import cpu_execution, rel_err
-from test_narrow_qk import NARROW, SHAPE, SMALL, TINY_RUN, small_batch, small_model
+from test_narrow_qk import NARROW, SHAPE, SMALL, TINY_RUN, check_narrow_model_on_gpu, small_batch, small_model
 
 import train_gpt as T
 
@@ -129,42 +129,5 @@ def test_tiny_narrow_vo_model_trains(corpus):
 def test_narrow_vo_model_on_gpu_matches_the_torch_path(monkeypatch):
     """Real head shapes (6 heads of 128; Q/K 64 wide on NARROW, V/O 64 wide on NARROW_VO) on 4096 tokens,
     eager: the plan's backend (FA4's (64, 64) pair where installed) and the QK-norm + rotary kernels
-    (v as wide as q and k) against SDPA and the torch path: loss to 1e-2, each gradient to 1e-1 of its norm
-    or 4 times the torch path's own spread (test_narrow_qk's GPU test says why)."""
-    tokens = 4096
-    hp = T.Hyperparameters.of(**{**SMALL, "device": "cuda", "model_dim": 768, "num_heads": 6, "head_dim": 128,
-                                 "mlp_hidden": 3072, "vocab_size": 50304, "bigram_rows": 377280, "fp8_lm_head": False,
-                                 "qk_rope_kernel": True, "narrow_qk_layers": NARROW, "narrow_vo_layers": NARROW_VO,
-                                 "fa4_min_tokens": tokens,
-                                 "stages": T.replace_stage_columns(T.STAGES, batch_tokens=(8 * tokens,) * 5)})
-    torch.manual_seed(0)
-    model = T.GPT(hp.model, T.longest_forward(hp)).cuda()
-    with torch.no_grad():
-        for block in (model.mudd, model.gates):
-            block.w2.normal_(0, 0.05)
-        model.mlp_bank[:, 1].normal_(0, 0.02)
-    plan = T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), tokens, training=True)
-    torch_path = dataclasses.replace(plan, attention="sdpa", qk_rope_kernel=False)
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 50257, (tokens + 1,), generator=g)
-    cu = torch.tensor(T.cu_seqlens_for([700, 1, 1500, tokens + 1 - 2201], tokens, 16), device="cuda")
-    inputs, targets = ids[:-1].int().cuda(), ids[1:].int().cuda()
-    shape = T.ForwardShape(384, 896, 2048)
-    bf16_attend = T.attend
-
-    def fp32_attend(q, k, v, args, window):
-        return bf16_attend(q.float(), k.float(), v.float(), args, window).to(q.dtype)
-
-    results = []
-    for execution, attend in ((plan, bf16_attend), (torch_path, bf16_attend), (torch_path, fp32_attend)):
-        model.zero_grad(set_to_none=True)
-        monkeypatch.setattr(T, "attend", attend)
-        loss, _ = model.training_loss(inputs, targets, cu, shape, execution, torch.tensor([1.0], device="cuda"))
-        loss.backward()
-        results.append((loss.item(), {n: p.grad.float().clone() for n, p in model.named_parameters()}))
-    (got, grads), (want, want_grads), (_, fp32_grads) = results
-    assert math.isfinite(got) and abs(got - want) < 1e-2 * want, (plan.attention, got, want)
-    for name, grad in want_grads.items():
-        assert torch.isfinite(grads[name]).all(), name
-        spread = (fp32_grads[name] - grad).norm()
-        assert (grads[name] - grad).norm() <= max(1e-1 * grad.norm(), 4 * spread), (plan.attention, name)
+    (v as wide as q and k) against SDPA and the torch path (check_narrow_model_on_gpu says to what)."""
+    check_narrow_model_on_gpu(monkeypatch, narrow_qk_layers=NARROW, narrow_vo_layers=NARROW_VO)
