@@ -545,6 +545,7 @@ class ExecutionPlan:
     dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
     qk_rope_kernel: bool  # QK-norm, rotary, key offset and q's scale as Triton kernels (T6.4); False: torch
     cuda_graph: bool  # the training step's forward and backward replayed from a CUDA graph (T5.3)
+    evaluation_chunk: int  # evaluation: tokens per lm_head product and soft-capped cross-entropy; 0 in training
 
 
 def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.device, tokens: int,
@@ -576,7 +577,9 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         lm_head_fp8=training and cfg.fp8_lm_head and cuda, ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
         qk_rope_kernel=qk_rope_kernel,
-        cuda_graph=graphed)
+        cuda_graph=graphed,
+        # the logits of 64 tokens (13 MB in fp32) stay in a CPU's cache; a GPU takes 32768 at a time
+        evaluation_chunk=0 if training else min(32768 if cuda else 64, tokens))
 
 
 def norm(x: Tensor) -> Tensor:
@@ -3757,7 +3760,7 @@ class Trainer:
                 break
             self.load_rows(inputs)
             totals += self.evaluation_loss(inputs, targets, cu_seqlens, shape, self.validation_execution,
-                                           min(32768, self.hp.data.val_seq_len))
+                                           self.validation_execution.evaluation_chunk)
             count += inputs.numel()
         stats = torch.cat([totals, torch.tensor([float(count)], device=self.device)])
         if self.world_size > 1:

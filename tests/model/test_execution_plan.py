@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import train_gpt as T
+from helpers import TINY
 
 
 @pytest.fixture
@@ -112,11 +113,43 @@ def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
     rest = "dc_mha_kernel=0 qk_rope_kernel=0 cuda_graph=0"
     fused = "attention=sdpa mlp_fused=1 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0"
     assert plans == ["execution plan (stage 1): attention=sdpa mlp_fused=0 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 "
-                     f"lm_head_fp8=0 ce_candidates=10240 {rest}",  # 256 tokens per forward: below the fused MLP's 512
-                     f"execution plan (stage 2): {fused} ce_candidates=14336 {rest}",
-                     f"execution plan (stage 3): {fused} ce_candidates=24576 {rest}",
-                     f"execution plan (taper, extension, validation): {fused} ce_candidates=0 {rest}"]
-    assert trainer.stage_execution[3] == trainer.validation_execution != trainer.stage_execution[2]
+                     f"lm_head_fp8=0 ce_candidates=10240 {rest} evaluation_chunk=0",  # 256 tokens: below the fused MLP's 512
+                     f"execution plan (stage 2): {fused} ce_candidates=14336 {rest} evaluation_chunk=0",
+                     f"execution plan (stage 3): {fused} ce_candidates=24576 {rest} evaluation_chunk=0",
+                     f"execution plan (taper, extension): {fused} ce_candidates=0 {rest} evaluation_chunk=0",
+                     # the CPU's validation takes the lm_head 64 tokens at a time
+                     f"execution plan (validation): {fused} ce_candidates=0 {rest} evaluation_chunk=64"]
+    assert trainer.stage_execution[3] == dataclasses.replace(trainer.validation_execution, evaluation_chunk=0)
+
+
+def test_a_gpu_evaluates_32768_tokens_at_a_time(hopper):
+    hp = T.Hyperparameters.of(**TINY)
+    cuda = torch.device("cuda")
+    assert T.resolve_execution(hp.execution, hp.model, cuda, 262144, training=False).evaluation_chunk == 32768
+    assert T.resolve_execution(hp.execution, hp.model, cuda, 1024, training=False).evaluation_chunk == 1024
+
+
+def test_evaluation_takes_the_lm_head_in_chunks_of_the_plan(corpus):
+    """The validation's lm_head and cross-entropy run evaluation_chunk tokens at a time (a CPU's 64: its cache;
+    a forward shorter than that at once); the summed loss does not depend on the chunk."""
+    hp = T.Hyperparameters.of(**TINY, train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
+                              tokenizer_dir=str(corpus))
+    cpu = torch.device("cpu")
+    assert T.resolve_execution(hp.execution, hp.model, cpu, 1024, training=False).evaluation_chunk == 64
+    assert T.resolve_execution(hp.execution, hp.model, cpu, 40, training=False).evaluation_chunk == 40
+    assert T.resolve_execution(hp.execution, hp.model, cpu, 1024, training=True).evaluation_chunk == 0
+    trainer = T.Trainer(hp, 0, 1, cpu, T.RunLog(None))
+    chunks = []
+    evaluation_loss = trainer.evaluation_loss
+    trainer.evaluation_loss = lambda *args: chunks.append(args[-1]) or evaluation_loss(*args)
+    loss, _ = trainer.evaluate(0)
+    assert chunks == [64, 64]  # VAL_TOKENS=2048 as two forwards of VAL_SEQ_LEN=1024
+    inputs, targets, cu_seqlens = next(iter(trainer.val_set))
+    shape, _ = trainer.validation_shape(0)
+    with torch.no_grad():
+        sums = [trainer.model.evaluation_loss(inputs, targets, cu_seqlens, shape, trainer.validation_execution, chunk)
+                for chunk in (64, 1024)]
+    torch.testing.assert_close(sums[0], sums[1], rtol=1e-6, atol=0)
 
 
 # --- the settings tree ------------------------------------------------------------------------------

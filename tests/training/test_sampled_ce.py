@@ -69,7 +69,7 @@ def test_execution_plans_name_each_stage_budget_and_validation_takes_the_full_so
     trainer = T.Trainer(tiny_hp(corpus, (1024, 2048, 2048, 0)), 0, 1, torch.device("cpu"), lines.append)
     plans = [re.match(r"execution plan \((.*)\): .* ce_candidates=(\d+) ", line).groups()
              for line in lines if line.startswith("execution plan")]
-    assert plans == [("stage 1", "1024"), ("stage 2, stage 3", "2048"), ("extension, validation", "0")]
+    assert plans == [("stage 1", "1024"), ("stage 2, stage 3", "2048"), ("extension", "0"), ("validation", "0")]
     assert torch.equal(trainer.candidate_steps, torch.arange(7))
     assert T.Trainer(tiny_hp(corpus, (0, 0, 0, 0)), 0, 1, torch.device("cpu"), lines.append).candidate_steps is None
 

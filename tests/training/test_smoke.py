@@ -27,9 +27,10 @@ make_sample = load("smoke_make_sample", "data/smoke/make_sample.py")
 
 
 def test_smoke_preset_trains_and_says_where_its_log_went(tmp_path):
-    """The whole preset as a user runs it (the CPU here): tokenize the sample, train 22 steps, print the log's path."""
+    """The whole preset as a user runs it (the CPU here): tokenize the sample, train, print the log's path. Half
+    its 22 steps (CI's time), through the override its docstring offers: a variable set in the environment wins."""
     env = {k: v for k, v in os.environ.items() if k not in HYPERPARAMETERS}
-    env.update(SMOKE="1", LOG_DIR=str(tmp_path / "logs"))
+    env.update(SMOKE="1", LOG_DIR=str(tmp_path / "logs"), NUM_SCHEDULED_ITERATIONS="10", VAL_LOSS_EVERY="5")
     proc = subprocess.run(["bash", os.path.join(ROOT, "run.sh"), "--cache-dir", str(tmp_path / "cache")], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -37,8 +38,8 @@ def test_smoke_preset_trains_and_says_where_its_log_went(tmp_path):
     log = re.search(r"^smoke: done; the log is (.+)$", proc.stdout, re.M).group(1)
     assert os.path.dirname(log) == str(tmp_path / "logs")
     text = open(log).read()
-    vals = [float(x) for x in re.findall(r"^step:\d+/22 val_loss:(\S+) ", text, re.M)]
-    assert len(vals) == 5 and vals[0] > 10.5 and vals[-1] < vals[0] - 3, vals  # 10.8 -> about 6.8
+    vals = [float(x) for x in re.findall(r"^step:\d+/11 val_loss:(\S+) ", text, re.M)]
+    assert len(vals) == 4 and vals[0] > 10.5 and vals[-1] < vals[0] - 1.5, vals  # 10.8 -> about 8.7 (22 steps: 7.5)
     assert "hardware: cpu" in text and "mode: full-batch" in text
 
 
