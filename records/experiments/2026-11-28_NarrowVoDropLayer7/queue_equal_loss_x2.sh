@@ -2,7 +2,7 @@
 # Two H200s (nvidia-h200-x2, ~16 minutes held with staging): layer 7 dropped, given 50 more scheduled steps, against
 # main, each alone on its GPU with the step graphs, SEEDS=1,2,3 (one compile per arm); then seed 3 of the cut at
 # main's 1350 steps, the seed the session of 2026-11-28 did not reach. Proxy train shards 1-4, rank-slice (setup as
-# queue.sh). arm, note, need_shards, watch_gpus: bench/lease.sh.
+# queue_x4.sh). arm, note, need_shards, watch_gpus: bench/lease.sh.
 need_shards 1 2 3 4
 watch_gpus 60
 DROP7="ATTENTION_LAYERS=0,1,2,3,5,8,10 MLP_LAYERS=0,1,2,3,4,5,6,8,9,10 NARROW_QK_LAYERS=0,1,2,5,8"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Four H200s (nvidia-h200-x4, ~25 minutes held with staging): queue.sh's six quality lanes on GPUs 0-1, three
+# Four H200s (nvidia-h200-x4, ~25 minutes held with staging): six quality lanes on GPUs 0-1, three
 # schedule lanes from record #92 on GPU 2, and the timing runs alone on GPU 3 from the start. Proxy train
 # shards 1-4, rank-slice (setup: SHARDS='proxy_train_00000[1-4].bin.xz proxy_val_000000.bin.xz' bash bench/lease.sh setup).
 #   quality: three eager lanes per GPU (their losses count, their times do not), SEEDS=1,2,3 each;
