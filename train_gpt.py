@@ -52,10 +52,12 @@ try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # CPU-only installs may lack Triton; every kernel has a torch path
     triton = None
-try:
-    from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10
-except ImportError:
-    varlen_attn = None
+varlen_attn = None
+if torch.version.cuda is not None:  # its FA2 kernels need a CUDA build; on a CPU build the import (dynamo) costs 2.5 s
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10
+    except ImportError:
+        pass
 try:
     from flash_attn_interface import flash_attn_varlen_func  # FlashAttention-3, where installed
 except ImportError:
@@ -657,6 +659,8 @@ def resolve_attention_backend(requested: str, device_type: str) -> str:
     importable, else torch's varlen attention; SDPA on the CPU."""
     if requested not in ATTENTION_BACKENDS:
         raise SetupError(f"ATTENTION_BACKEND={requested}: use one of {', '.join(ATTENTION_BACKENDS)}")
+    if requested == "varlen" and varlen_attn is None:
+        raise SetupError("ATTENTION_BACKEND=varlen needs torch >= 2.10 built with CUDA (torch.nn.attention.varlen): use auto")
     if requested == "fa3" and flash_attn_varlen_func is None:
         raise SetupError("ATTENTION_BACKEND=fa3 needs FlashAttention-3 (flash_attn_interface): install it or use auto")
     if requested == "fa4" and fa4_interface is None:

@@ -4,13 +4,15 @@ with a torch stand-in for FA4's functions, and on a GPU (gpu-marked) flex and va
 and FA4 against varlen (skipped where FA4 is not installed)."""
 
 import dataclasses
+import subprocess
+import sys
 import types
 
 import pytest
 import torch
 
 import train_gpt as T
-from helpers import rel_err
+from helpers import ROOT, rel_err
 
 FA4_HERE = (T.fa4_interface is not None and torch.cuda.is_available()
             and torch.cuda.get_device_capability()[0] in T.FA4_GPU_MAJORS)
@@ -76,6 +78,27 @@ def test_fa4_requested_where_it_cannot_run_is_a_setup_error(machine, fa4, capabi
     machine(fa4=fa4, capability=capability)
     with pytest.raises(T.SetupError, match=hint):
         T.resolve_attention_backend("fa4", device)
+
+
+@pytest.mark.parametrize("installed", [False, True])
+def test_varlen_requested_needs_torch_varlen_attention(monkeypatch, installed):
+    """A CPU build of torch has no varlen kernels and train_gpt does not import them there (the module
+    imports dynamo: 2.5 s of every CPU process's start-up); asked for, that is one line."""
+    monkeypatch.setattr(T, "varlen_attn", INSTALLED if installed else None)
+    if installed:
+        assert T.resolve_attention_backend("varlen", "cuda") == "varlen"
+    else:
+        with pytest.raises(T.SetupError, match=r"ATTENTION_BACKEND=varlen needs torch >= 2.10 built with CUDA"):
+            T.resolve_attention_backend("varlen", "cuda")
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="checks a CPU build of torch")
+def test_a_cpu_build_of_torch_starts_without_dynamo():
+    """Every CPU process (the tests' main() runs and gloo ranks, the tools) starts without importing
+    dynamo: the varlen module is skipped and nothing else pulls dynamo in at import."""
+    code = "import sys, train_gpt; print(sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'torch.nn.attention.varlen'))))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 def test_an_unknown_backend_names_the_choices():

@@ -140,6 +140,7 @@ def test_backends_that_take_one_head_width_are_avoided_or_refused(monkeypatch):
     """torch's varlen attention takes one width for q, k and v: a narrow layout keeps FA4 for the small
     forwards it hands to varlen (no FA3 installed), and ATTENTION_BACKEND=varlen stops at set-up."""
     monkeypatch.setattr(T, "flash_attn_varlen_func", None)
+    monkeypatch.setattr(T, "varlen_attn", lambda *args, **kwargs: None)  # as on a CUDA build of torch
     assert T.fa4_small_forward_backend(False) == "varlen" and T.fa4_small_forward_backend(True) == "fa4"
     hp = T.Hyperparameters.of(**SMALL, narrow_qk_layers=NARROW, attention_backend="varlen")
     with pytest.raises(T.SetupError, match="torch's varlen attention does not take"):
