@@ -56,7 +56,7 @@ QK_ROPE_INTERPRETER_CHECK = textwrap.dedent("""
     # kernels' own launches); all layers wide, then record #92's narrow layers (T3.18), then three of them
     # with narrow V/O too (T3.21)
     T.QK_ROPE_FORWARD_LAUNCH = T.QK_ROPE_BACKWARD_LAUNCH = {"BLOCK": 512, "num_warps": 4}
-    for narrow, narrow_vo in (((), ()), (T.ModelConfig.narrow_qk_layers, ()), (T.ModelConfig.narrow_qk_layers, (0, 5, 7))):
+    for narrow, narrow_vo in (((), ()), (T.ModelConfig.narrow_qk_layers, ()), (T.ModelConfig.narrow_qk_layers, (0, 5))):
         hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, vocab_size=1024,
                                   bigram_rows=1001, narrow_qk_layers=narrow, narrow_vo_layers=narrow_vo)
         torch.manual_seed(0)

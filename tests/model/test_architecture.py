@@ -437,7 +437,8 @@ def test_a_layer_without_its_mlp_equals_one_whose_mlp_adds_nothing():
         T.check_hyperparameters(T.Hyperparameters.from_env({"MLP_LAYERS": "0,1,2"}))
     with pytest.raises(T.SetupError, match=r"MLP_LAYERS=8,7,10: give increasing layer indices"):
         T.check_hyperparameters(T.Hyperparameters.from_env({"MLP_LAYERS": "8,7,10"}))
-    assert T.Hyperparameters.of().model.mlp_layers == tuple(range(11))
+    default = T.Hyperparameters.of().model  # the layout since the second session of 2026-11-28
+    assert {name: getattr(default, name) for name in WHOLE_LAYER_7_DROPPED} == WHOLE_LAYER_7_DROPPED
 
 
 def test_a_model_without_layer_7_trains(corpus):

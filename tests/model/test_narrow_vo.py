@@ -14,7 +14,7 @@ from test_narrow_qk import NARROW, SHAPE, SMALL, TINY_RUN, check_narrow_model_on
 
 import train_gpt as T
 
-NARROW_VO = (0, 5, 7)  # narrow layers without a value embedding
+NARROW_VO = (0, 5)  # the default layout's narrow layers without a value embedding
 
 
 def test_narrow_vo_layers_have_their_own_bank_and_every_slot_gets_a_gradient():
@@ -23,11 +23,11 @@ def test_narrow_vo_layers_have_their_own_bank_and_every_slot_gets_a_gradient():
     n_attn = len(model.config.attention_layers)
     plans = {plan.index: plan for plan in model.layers}
     assert [i for i, plan in plans.items() if plan.narrow_vo] == list(NARROW_VO)
-    assert [plans[i].vo_slot for i in NARROW_VO] == [0, 1, 2]
+    assert [plans[i].vo_slot for i in NARROW_VO] == [0, 1]
     assert [plans[i].vo_slot for i in (1, 2, 3, 8, 10)] == [0, 1, 2, 3, 4] and plans[6].vo_slot is None
-    assert model.vo_bank.shape == (2 * (n_attn - 3), d, d)
-    assert model.vo_narrow_bank.shape == (2 * 3, H * hd // 2, d)
-    assert [slots for _, slots in model.vo_banks()] == [[1, 2, 3, 6, 7], [0, 4, 5]]
+    assert model.vo_bank.shape == (2 * (n_attn - 2), d, d)
+    assert model.vo_narrow_bank.shape == (2 * 2, H * hd // 2, d)
+    assert [slots for _, slots in model.vo_banks()] == [[1, 2, 3, 5, 6], [0, 4]]
     specs = T.param_specs(model)
     assert specs["vo_narrow_bank"].matrix_shape == (H * hd // 2, d) and specs["vo_narrow_bank"].optimizer == "normuon"
     assert list(specs).index("vo_bank") < list(specs).index("vo_narrow_bank")
@@ -39,7 +39,7 @@ def test_narrow_vo_layers_have_their_own_bank_and_every_slot_gets_a_gradient():
         model.ve_gate_bank.normal_()
     inputs, _, cu = small_batch()
     model.hidden_states(inputs, cu, SHAPE, cpu_execution()).float().square().sum().backward()
-    assert (model.vo_narrow_bank.grad.view(6, -1).abs().amax(1) > 0).all()
+    assert (model.vo_narrow_bank.grad.view(2 * len(NARROW_VO), -1).abs().amax(1) > 0).all()
     assert (model.vo_bank.grad.view(model.vo_bank.size(0), -1).abs().amax(1) > 0).all()
 
 
@@ -105,10 +105,10 @@ def test_narrow_vo_layouts_the_set_up_refuses():
                          ({"NARROW_VO_LAYERS": "1"}, r"layer\(s\) 1 whose values take a full-width value embedding"),
                          ({"NARROW_VO_LAYERS": "10", "NARROW_QK_LAYERS": "10", "KEY_OFFSET": "0", "DC_MHA": "0"},
                           "names layer 10, whose values take the full-width MUDD value mix"),
-                         ({"NARROW_VO_LAYERS": "7,5"}, "give increasing layer indices")):
+                         ({"NARROW_VO_LAYERS": "5,0"}, "give increasing layer indices")):
         with pytest.raises(T.SetupError, match=message):
             T.check_hyperparameters(T.Hyperparameters.from_env(env))
-    T.check_hyperparameters(T.Hyperparameters.from_env({"NARROW_VO_LAYERS": "0,5,7"}))
+    T.check_hyperparameters(T.Hyperparameters.from_env({"NARROW_VO_LAYERS": "0,5"}))
     T.check_hyperparameters(T.Hyperparameters.from_env({"NARROW_VO_LAYERS": "1,8", "VALUE_EMBED_LAYERS": "2,10"}))
 
 

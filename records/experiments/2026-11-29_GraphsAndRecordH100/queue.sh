@@ -3,7 +3,8 @@
 # hold leaves room. Proxy train shards 1-4 (setup: SHARDS='proxy_train_00000[1-4].bin.xz
 # proxy_val_000000.bin.xz' bash bench/lease.sh setup), rank-slice, seeds 16-18 (unused so far), each arm alone
 # on the GPU.
-#   1. main (QK-rope kernels on since fcc6ffc), a fresh compile (~7.5 min) and 3 seeds
+#   1. main (QK-rope kernels on since fcc6ffc; layer 7 dropped, 1400 scheduled steps, since the second session
+#      of 2026-11-28), a fresh compile (~7.5 min) and 3 seeds
 #   2. main with CUDA_GRAPHS=0: #47's bar is main <= 0.95x this arm's mean train time at equal loss; it
 #      reuses main's compile caches (~3 min warm-up on H200)
 #   3. V7's script, if the hold leaves room for its fresh compile (~7 min) and 3 seeds: #51's bar is main
