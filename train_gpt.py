@@ -53,7 +53,7 @@ try:
 except ImportError:  # CPU-only installs may lack Triton; every kernel has a torch path
     triton = None
 varlen_attn = None
-if torch.version.cuda is not None:  # its FA2 kernels need a CUDA build; on a CPU build the import (dynamo) costs 2.5 s
+if torch.version.cuda is not None:  # FA2 kernels: a CUDA build only; elsewhere its import (it loads dynamo) only slows start-up
     try:
         from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10
     except ImportError:
@@ -565,6 +565,9 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
     narrow_qk = bool(model.narrow_qk_layers)
     if backend == "fa4" and tokens < cfg.fa4_min_tokens:  # FA4's per-call host cost outweighs its kernels
         backend = fa4_small_forward_backend(narrow_qk)
+    if backend == "varlen" and varlen_attn is None:  # asked for, or auto's and FA4's fallback without FA3
+        raise SetupError("attention backend varlen needs torch >= 2.10 built with CUDA (torch.nn.attention.varlen): "
+                         "install FlashAttention-4 (requirements-gpu.txt) or set ATTENTION_BACKEND=flex")
     if backend == "varlen" and narrow_qk:
         raise SetupError("NARROW_QK_LAYERS needs q and k narrower than v, which torch's varlen attention does not "
                          "take: use ATTENTION_BACKEND=fa4 or flex, or set NARROW_QK_LAYERS= (empty) for full-width heads")
@@ -659,8 +662,6 @@ def resolve_attention_backend(requested: str, device_type: str) -> str:
     importable, else torch's varlen attention; SDPA on the CPU."""
     if requested not in ATTENTION_BACKENDS:
         raise SetupError(f"ATTENTION_BACKEND={requested}: use one of {', '.join(ATTENTION_BACKENDS)}")
-    if requested == "varlen" and varlen_attn is None:
-        raise SetupError("ATTENTION_BACKEND=varlen needs torch >= 2.10 built with CUDA (torch.nn.attention.varlen): use auto")
     if requested == "fa3" and flash_attn_varlen_func is None:
         raise SetupError("ATTENTION_BACKEND=fa3 needs FlashAttention-3 (flash_attn_interface): install it or use auto")
     if requested == "fa4" and fa4_interface is None:

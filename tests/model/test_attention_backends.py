@@ -26,8 +26,10 @@ INSTALLED = types.SimpleNamespace()  # stands in for an importable FA4 or FA3 wh
 
 @pytest.fixture
 def machine(monkeypatch):
-    """machine(fa3=, fa4=, capability=): what resolve_attention_backend sees as installed, and the GPU."""
+    """machine(fa3=, fa4=, capability=): what the backend's resolution sees as installed (torch's varlen
+    attention too, as on a CUDA build of torch), and the GPU."""
     def set_up(fa3=False, fa4=False, capability=(9, 0)):
+        monkeypatch.setattr(T, "varlen_attn", INSTALLED)
         monkeypatch.setattr(T, "flash_attn_varlen_func", INSTALLED if fa3 else None)
         monkeypatch.setattr(T, "fa4_interface", INSTALLED if fa4 else None)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
@@ -80,22 +82,28 @@ def test_fa4_requested_where_it_cannot_run_is_a_setup_error(machine, fa4, capabi
         T.resolve_attention_backend("fa4", device)
 
 
+@pytest.mark.parametrize("requested", ["varlen", "auto"])
 @pytest.mark.parametrize("installed", [False, True])
-def test_varlen_requested_needs_torch_varlen_attention(monkeypatch, installed):
-    """A CPU build of torch has no varlen kernels and train_gpt does not import them there (the module
-    imports dynamo: 2.5 s of every CPU process's start-up); asked for, that is one line."""
+def test_varlen_needs_torch_varlen_attention(machine, monkeypatch, requested, installed):
+    """torch's varlen attention, asked for or auto's fallback on a GPU without FA4 or FA3: without it (a CPU
+    build of torch, where train_gpt does not import it, or torch < 2.10) the set-up stops in one line."""
+    machine(fa3=False, fa4=False)
     monkeypatch.setattr(T, "varlen_attn", INSTALLED if installed else None)
+    hp = T.Hyperparameters.of(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=101,
+                              narrow_qk_layers=(), attention_backend=requested)
+    resolve = lambda: T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), 1024, training=True)
     if installed:
-        assert T.resolve_attention_backend("varlen", "cuda") == "varlen"
+        assert resolve().attention == "varlen"
     else:
-        with pytest.raises(T.SetupError, match=r"ATTENTION_BACKEND=varlen needs torch >= 2.10 built with CUDA"):
-            T.resolve_attention_backend("varlen", "cuda")
+        with pytest.raises(T.SetupError, match=r"attention backend varlen needs torch >= 2.10 built with CUDA"):
+            resolve()
 
 
 @pytest.mark.skipif(torch.version.cuda is not None, reason="checks a CPU build of torch")
 def test_a_cpu_build_of_torch_starts_without_dynamo():
-    """Every CPU process (the tests' main() runs and gloo ranks, the tools) starts without importing
-    dynamo: the varlen module is skipped and nothing else pulls dynamo in at import."""
+    """`import train_gpt` on a CPU build of torch leaves dynamo unloaded (the varlen module, which loads it,
+    is skipped): the processes that never compile or call a custom op (set-up errors, gloo optimizer ranks,
+    the tools) start faster."""
     code = "import sys, train_gpt; print(sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'torch.nn.attention.varlen'))))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout[-2000:] + proc.stderr[-2000:]
