@@ -222,6 +222,9 @@ class OptimConfig:
     adam_lr: float = 0.008
     adam_eps: float = 1e-10
     adam_weight_decay: float = 0.005
+    # with NGRAM_ROWS, the table rows' optimizer: adam (fp32 moments per value, 10 bytes a value) or rowwise (no
+    # momentum, one second moment per row, 2 bytes a value: record #92's per-rank rows fit rank-slice; T3.19)
+    ngram_optimizer: str = "adam"
 
 
 @dataclass(frozen=True)
@@ -1893,11 +1896,6 @@ class NorMuonAdam:
 NGRAM_STATE_GIB = 28
 
 
-def lazy_table_bytes_per_row(dim: int) -> int:
-    """One table row's bytes: the bf16 weight, the fp32 first and second moments, its last update's step (int32)."""
-    return dim * (2 + 4 + 4) + 4
-
-
 def lazy_adam_replayed(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, last_step: Tensor, replay: Tensor,
                        local: Tensor, eps: float) -> Tensor:
     """The fp32 weights of a LazyAdamTable's local rows as dense Adam has them now: the stored ones moved by
@@ -1928,6 +1926,91 @@ def lazy_adam_rows(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, last_ste
     replay.add_(torch.where(step_numbers < t, step_size * (beta1 / math.sqrt(beta2)) ** (t - step_numbers), 0.0))
 
 
+def lazy_rowwise_rows(weight: Tensor, row_sq: Tensor, last_step: Tensor, local: Tensor, sums: Tensor,
+                      scalars: Tensor, beta2: float, eps: float, grad_scale: float):
+    """One row-wise RMSprop step of a LazyAdamTable's rows `local` (NGRAM_OPTIMIZER=rowwise, T3.19), in place:
+    each row's second moment (the mean square of its gradient's values) decayed over the steps it missed, then
+    the row moved by its gradient over that moment's root. scalars as lazy_adam_rows'."""
+    t, step_size, wd_lr2 = scalars[0], scalars[1], scalars[2]
+    missed = (t - 1 - last_step[local]).float()
+    g = sums * grad_scale
+    v = (row_sq[local] * beta2 ** missed).lerp(g.square().mean(dim=1), 1 - beta2)
+    w = weight[local].float()
+    u = step_size.float() * g / (v.sqrt() + eps)[:, None]
+    u = u + (u * w > 0) * w * wd_lr2.float()  # adam_update's cautious decay (T2.5)
+    weight[local] = (w - u).to(weight.dtype)
+    row_sq[local] = v
+    last_step[local] = t.to(last_step.dtype)
+
+
+class RowAdam:
+    """NGRAM_OPTIMIZER=adam: Adam per value, fp32 moments, the steps a row missed replayed in closed form when it
+    is next read or updated (LazyAdamTable's docstring). 10 bytes a value beside the 4-byte step of a row."""
+    label = "lazy sparse Adam"
+    bytes_per_value = 2 + 4 + 4  # the bf16 weight, the fp32 first and second moments
+    bytes_per_row = 4  # the last update's step (int32)
+
+    def __init__(self, local: tuple[int, int], max_steps: int, device: torch.device, compile_fns):
+        self.exp_avg = torch.zeros(local, device=device)
+        self.exp_avg_sq = torch.zeros(local, device=device)
+        self.replay = torch.zeros(max_steps + 1, dtype=torch.float64, device=device)  # C_s by last step s
+        self.step_numbers = torch.arange(max_steps + 1, dtype=torch.float64, device=device)
+        self._rows_fn, self._read_fn = compile_fns(lazy_adam_rows, lazy_adam_replayed)
+
+    @staticmethod
+    def step_size(lr: float, t: int, beta1: float, beta2: float) -> float:
+        return lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+
+    def update(self, weight: Tensor, last_step: Tensor, local: Tensor, sums: Tensor, scalars: Tensor,
+               beta1: float, beta2: float, eps: float, grad_scale: float):
+        self._rows_fn(weight, self.exp_avg, self.exp_avg_sq, last_step, self.replay, self.step_numbers, local, sums,
+                      scalars, beta1, beta2, eps, grad_scale)
+
+    def read(self, weight: Tensor, last_step: Tensor, local: Tensor, eps: float) -> Tensor:
+        return self._read_fn(weight, self.exp_avg, self.exp_avg_sq, last_step, self.replay, local, eps)
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "replay": self.replay}
+
+
+class RowwiseRMSprop:
+    """NGRAM_OPTIMIZER=rowwise: no first moment and one fp32 second moment per row, the mean square of the row's
+    gradient values, as large embedding tables keep it (FBGEMM's row-wise AdaGrad, with an EMA here: the spec's
+    beta2, bias-corrected). A row a step leaves out gets a zero gradient, so it does not move and only its
+    moment decays: the lazy update equals the dense one with no replay, up to float rounding. 2 bytes a value
+    (the bf16 weight) beside 8 a row, so one process holds record #92's per-rank rows (T3.19)."""
+    label = "row-wise RMSprop"
+    bytes_per_value = 2  # the bf16 weight
+    bytes_per_row = 4 + 4  # the last update's step (int32), the fp32 second moment
+
+    def __init__(self, local: tuple[int, int], max_steps: int, device: torch.device, compile_fns):
+        self.row_sq = torch.zeros(local[0], device=device)
+        (self._rows_fn,) = compile_fns(lazy_rowwise_rows)
+
+    @staticmethod
+    def step_size(lr: float, t: int, beta1: float, beta2: float) -> float:
+        return lr * math.sqrt(1 - beta2 ** t)
+
+    def update(self, weight: Tensor, last_step: Tensor, local: Tensor, sums: Tensor, scalars: Tensor,
+               beta1: float, beta2: float, eps: float, grad_scale: float):
+        self._rows_fn(weight, self.row_sq, last_step, local, sums, scalars, beta2, eps, grad_scale)
+
+    def read(self, weight: Tensor, last_step: Tensor, local: Tensor, eps: float) -> Tensor:
+        return weight[local].float()
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {"row_sq": self.row_sq}
+
+
+ROW_OPTIMIZERS = {"adam": RowAdam, "rowwise": RowwiseRMSprop}
+
+
+def lazy_table_bytes_per_row(dim: int, optimizer: str = "adam") -> int:
+    """One table row's bytes with its optimizer state (NGRAM_OPTIMIZER): its values' and the row's own."""
+    rule = ROW_OPTIMIZERS[optimizer]
+    return dim * rule.bytes_per_value + rule.bytes_per_row
+
+
 class LazyAdamTable:
     """A table trained on the rows each step touches, with a lazy sparse Adam and no dense gradient (record #92,
     PR #360; T3.19). It is no parameter: NorMuonAdam never sees it. A subclass says which rows a
@@ -1953,7 +2036,8 @@ class LazyAdamTable:
     bf16 the weight is rounded once per update instead of once per step. Weight decay (the spec's wd_mul): the
     cautious, lr-coupled decay of adam_update (T2.5) on the rows an Adam step updates, as dense Adam decays
     them then; none on the steps a row misses, where dense Adam decays each weight whose sign is the update's
-    until it crosses zero (a crossing per weight, no closed form of the replay's kind)."""
+    until it crosses zero (a crossing per weight, no closed form of the replay's kind). NGRAM_OPTIMIZER=rowwise
+    swaps the rows' optimizer for RowwiseRMSprop (no momentum, a second moment per row), which needs no replay."""
     cache_buffer: str  # the model's row cache (a leaf whose gradient is the per-row sums) that load fills
     inverse_buffer: str  # ... and each position's places in it
 
@@ -1965,20 +2049,18 @@ class LazyAdamTable:
         self.start = rank * self.shard_rows
         local = (self.shard_rows + 1, dim)  # the owned rows and the scratch row
         self.weight = torch.zeros(local, dtype=dtype, device=device)
-        self.exp_avg = torch.zeros(local, device=device)
-        self.exp_avg_sq = torch.zeros(local, device=device)
         self.last_step = torch.zeros(local[0], dtype=torch.int32, device=device)  # 0: never updated
-        self.replay = torch.zeros(max_steps + 1, dtype=torch.float64, device=device)  # C_s by last step s
-        self.step_numbers = torch.arange(max_steps + 1, dtype=torch.float64, device=device)
         self.step_count = 0  # Adam steps taken
         self.kept: list[tuple[Tensor, Tensor]] = []  # (row ids, their gradient sums) since the last Adam step
-        self.scalars = torch.zeros(3, dtype=torch.float64, device=device)  # lazy_adam_rows' (t, step size, lr²·wd)
-        if compile and device.type == "cuda":  # the update's and the read's gathers and arithmetic fused
+        self.scalars = torch.zeros(3, dtype=torch.float64, device=device)  # the update's (t, step size, lr²·wd)
+
+        def compile_fns(*fns):
+            if not (compile and device.type == "cuda"):
+                return fns
             allow_graph_per_shape()  # one graph per stage's row count; above world size 1 the counts vary
-            self._rows_fn, self._replayed_fn = (torch.compile(f, dynamic=world_size > 1, fullgraph=True)
-                                                for f in (lazy_adam_rows, lazy_adam_replayed))
-        else:
-            self._rows_fn, self._replayed_fn = lazy_adam_rows, lazy_adam_replayed
+            return tuple(torch.compile(f, dynamic=world_size > 1, fullgraph=True) for f in fns)
+        # the update's and the read's gathers and arithmetic fused on the GPU; the rows' optimizer decided here
+        self.rule: RowAdam | RowwiseRMSprop = ROW_OPTIMIZERS[optim.ngram_optimizer](local, max_steps, device, compile_fns)
 
     def buffers(self, model: nn.Module, tokens: int) -> tuple[Tensor, Tensor]:
         """The model's row cache and inverse that load fills for a forward of `tokens` tokens."""
@@ -2017,7 +2099,8 @@ class LazyAdamTable:
         if not adam:
             return
         rows = torch.cat([self.last_step.new_zeros(0, dtype=torch.long), *(rows for rows, _ in self.kept)])
-        grads = torch.cat([self.exp_avg[:0], *(grad.float() for _, grad in self.kept)])
+        grads = torch.cat([self.weight.new_zeros(0, self.weight.size(1), dtype=torch.float32),
+                           *(grad.float() for _, grad in self.kept)])
         self.kept = []
         self.update(*self.owner_sums(rows, grads), lr_multiplier)
 
@@ -2041,17 +2124,17 @@ class LazyAdamTable:
         self.step_count += 1
         t = self.step_count
         lr = self.optim.adam_lr * self.spec.lr_mul * lr_multiplier
-        step_size = lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+        step_size = self.rule.step_size(lr, t, beta1, beta2)
         wd_lr2 = lr * lr * self.optim.adam_weight_decay * self.spec.wd_mul  # adam_update's decay (T2.5)
         host = torch.tensor([t, step_size, wd_lr2], dtype=torch.float64, pin_memory=self.scalars.is_cuda)
         self.scalars.copy_(host, non_blocking=True)
-        self._rows_fn(self.weight, self.exp_avg, self.exp_avg_sq, self.last_step, self.replay, self.step_numbers,
-                      local, sums, self.scalars, beta1, beta2, self.optim.adam_eps, 1.0 / self.world)
+        self.rule.update(self.weight, self.last_step, local, sums, self.scalars, beta1, beta2, self.optim.adam_eps,
+                         1.0 / self.world)
 
     def replayed(self, local: Tensor) -> Tensor:
-        """The fp32 weights of local rows as dense Adam has them now: the stored ones moved by their replay sum."""
-        return self._replayed_fn(self.weight, self.exp_avg, self.exp_avg_sq, self.last_step, self.replay, local,
-                                 self.optim.adam_eps)
+        """The fp32 weights of local rows as the dense optimizer has them now (Adam: the stored ones moved by
+        their replay sum; row-wise: the stored ones)."""
+        return self.rule.read(self.weight, self.last_step, local, self.optim.adam_eps)
 
     def current(self, local: Tensor) -> Tensor:
         return self.replayed(local).to(self.weight.dtype)
@@ -2082,8 +2165,7 @@ class LazyAdamTable:
 
     # --- state ----------------------------------------------------------------------------------------
     def tensors(self) -> dict[str, Tensor]:
-        return {"weight": self.weight, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq,
-                "last_step": self.last_step, "replay": self.replay}
+        return {"weight": self.weight, "last_step": self.last_step, **self.rule.tensors()}
 
     def state_dict(self, device: torch.device | str | None = None) -> dict:
         """This rank's rows, their Adam state, the replay sums, the step count and the kept gradients: copies,
@@ -3000,6 +3082,8 @@ def check_ngram_settings(hp: Hyperparameters):
                          f"row each) and at most {NGRAM_PRIME}, or 0 for the bigram table")
     if not model.bigram_embed:
         raise SetupError("NGRAM_ROWS supplies the bigram injection's rows (T3.19): set BIGRAM_EMBED=1, or NGRAM_ROWS=0")
+    if hp.optim.ngram_optimizer not in ROW_OPTIMIZERS:
+        raise SetupError(f"NGRAM_OPTIMIZER={hp.optim.ngram_optimizer}: one of {', '.join(ROW_OPTIMIZERS)}")
 
 
 def check_row_tables(hp: Hyperparameters, world_size: int):
@@ -3011,13 +3095,16 @@ def check_row_tables(hp: Hyperparameters, world_size: int):
         raise SetupError(f"NGRAM_ROWS at world size {world_size} exchanges rows between processes with a "
                          f"host sync, which the step's CUDA graphs cannot hold: set CUDA_GRAPHS=0 (or run in "
                          f"rank-slice mode on one GPU)")
-    rows, dim = hp.model.ngram_rows, hp.model.model_dim
-    largest = NGRAM_STATE_GIB * 2**30 // lazy_table_bytes_per_row(dim) * world_size
+    rows, dim, optimizer = hp.model.ngram_rows, hp.model.model_dim, hp.optim.ngram_optimizer
+    row_bytes = lazy_table_bytes_per_row(dim, optimizer)
+    largest = NGRAM_STATE_GIB * 2**30 // row_bytes * world_size
     if rows > largest:
         holds = "rank-slice mode holds the whole table" if hp.run.rank_slice else f"world size {world_size}"
-        raise SetupError(f"NGRAM_ROWS={rows} does not fit: {lazy_table_bytes_per_row(dim)} bytes per row with its Adam "
+        other = "" if optimizer == "rowwise" else \
+            f", or NGRAM_OPTIMIZER=rowwise ({lazy_table_bytes_per_row(dim, 'rowwise')} bytes per row)"
+        raise SetupError(f"NGRAM_ROWS={rows} does not fit: {row_bytes} bytes per row with NGRAM_OPTIMIZER={optimizer}'s "
                          f"state, at most {NGRAM_STATE_GIB} GiB per process beside the model ({holds}); "
-                         f"the largest that fits: NGRAM_ROWS={largest}")
+                         f"the largest that fits: NGRAM_ROWS={largest}{other}")
 
 
 # Layers whose attention has a role the others' lack: long windows and key offset (3, 10), output
@@ -3578,9 +3665,10 @@ class Trainer:
             return None
         table = NgramTable(hp.model, hp.optim, self.schedule.total_steps, self.device, self.rank, self.world_size,
                            compile=hp.execution.compile)
-        gib = table.shard_rows * lazy_table_bytes_per_row(hp.model.model_dim) / 2**30
+        optimizer = hp.optim.ngram_optimizer
+        gib = table.shard_rows * lazy_table_bytes_per_row(hp.model.model_dim, optimizer) / 2**30
         self.log(f"n-gram table (T3.19): {hp.model.ngram_rows} rows, orders {','.join(map(str, hp.model.ngram_orders))}; "
-                 f"{table.shard_rows} rows per process, {gib:.2f} GiB with their Adam state; lazy sparse Adam")
+                 f"{table.shard_rows} rows per process, {gib:.2f} GiB with their optimizer state; {table.rule.label}")
         return table
 
     def load_rows(self, inputs: Tensor) -> list[Tensor]:

@@ -1,5 +1,6 @@
-"""The hashed n-gram table (T3.19): its hashing, the lazy sparse Adam against dense Adam, the compact exchange
-against a dense all-reduce on gloo ranks, and a tiny model training with it."""
+"""The hashed n-gram table (T3.19): its hashing, the lazy sparse Adam against dense Adam and the row-wise RMSprop
+against its dense form (NGRAM_OPTIMIZER), the compact exchange against a dense all-reduce on gloo ranks, and a
+tiny model training with it."""
 import math
 import os
 
@@ -29,6 +30,14 @@ def table(rows: int = 40, rank: int = 0, world: int = 1, max_steps: int = 12, **
     cfg = T.ModelConfig(model_dim=DIM, ngram_rows=rows)
     return T.NgramTable(cfg, T.Hyperparameters.of(**optim).optim, max_steps, torch.device("cpu"), rank, world,
                         dtype=torch.float32)
+
+
+def dense_rowwise_step(W: torch.Tensor, v: torch.Tensor, dense: torch.Tensor, step_size: float, beta2: float,
+                       eps: float):
+    """Row-wise RMSprop on the whole table, in place: every row's second moment takes the mean square of its
+    gradient (zero on rows the step left out), every row moves by its gradient over the moment's root."""
+    v.mul_(beta2).add_((1 - beta2) * dense.square().mean(dim=1))
+    W.sub_(step_size * dense / (v.sqrt() + eps)[:, None])
 
 
 def test_ngram_rows_are_fixed_in_range_and_reserved_at_the_batch_start():
@@ -73,19 +82,22 @@ def test_the_table_compiles_its_update_only_on_the_gpu():
     """Decided once at construction: on the CPU the table runs lazy_adam_rows and lazy_adam_replayed as they are."""
     cfg = T.ModelConfig(model_dim=DIM, ngram_rows=40)
     cpu = T.NgramTable(cfg, T.Hyperparameters.of().optim, 12, torch.device("cpu"), compile=True)
-    assert cpu._rows_fn is T.lazy_adam_rows and cpu._replayed_fn is T.lazy_adam_replayed
+    assert cpu.rule._rows_fn is T.lazy_adam_rows and cpu.rule._read_fn is T.lazy_adam_replayed
+    rowwise = T.NgramTable(cfg, T.Hyperparameters.of(ngram_optimizer="rowwise").optim, 12, torch.device("cpu"), compile=True)
+    assert isinstance(rowwise.rule, T.RowwiseRMSprop) and rowwise.rule._rows_fn is T.lazy_rowwise_rows
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_the_compiled_lazy_adam_equals_the_eager_one_on_the_gpu():
+@pytest.mark.parametrize("optimizer", ["adam", "rowwise"])
+def test_the_compiled_lazy_update_equals_the_eager_one_on_the_gpu(optimizer):
     """The compiled update and read (one graph each for a fixed row count) give the eager functions' rows,
-    moments, steps and replay sums over ten steps of random row sets with repeats and padding."""
+    optimizer state and steps over ten steps of random row sets with repeats and padding."""
     torch.manual_seed(0)
     cfg, cuda = T.ModelConfig(model_dim=DIM, ngram_rows=40), torch.device("cuda")
-    optim = T.Hyperparameters.of().optim
+    optim = T.Hyperparameters.of(ngram_optimizer=optimizer).optim
     eager, fused = (T.NgramTable(cfg, optim, 12, cuda, dtype=torch.float32, compile=c) for c in (False, True))
-    assert fused._rows_fn is not T.lazy_adam_rows
+    assert fused.rule._rows_fn is not eager.rule._rows_fn
     start = torch.randn(40, DIM, device=cuda)
     for tab in (eager, fused):
         tab.weight[:40].copy_(start)
@@ -96,10 +108,13 @@ def test_the_compiled_lazy_adam_equals_the_eager_one_on_the_gpu():
             tab.update(*tab.owner_sums(ids, grads), 1.0 - 0.08 * t)
     rows = torch.arange(40, device=cuda)
     torch.testing.assert_close(fused.replayed(rows), eager.replayed(rows), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(fused.exp_avg[:40], eager.exp_avg[:40], rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(fused.exp_avg_sq[:40], eager.exp_avg_sq[:40], rtol=1e-5, atol=1e-9)
     assert torch.equal(fused.last_step, eager.last_step)
-    torch.testing.assert_close(fused.replay, eager.replay, rtol=1e-12, atol=0)
+    state, expected = fused.rule.tensors(), eager.rule.tensors()
+    for name in ("exp_avg", "exp_avg_sq", "row_sq"):
+        if name in state:
+            torch.testing.assert_close(state[name][:40], expected[name][:40], rtol=1e-5, atol=1e-9)
+    if "replay" in state:
+        torch.testing.assert_close(state["replay"], expected["replay"], rtol=1e-12, atol=0)
 
 
 def test_lazy_sparse_adam_equals_dense_adam_with_zero_gradients_on_untouched_steps():
@@ -120,12 +135,39 @@ def test_lazy_sparse_adam_equals_dense_adam_with_zero_gradients_on_untouched_ste
     torch.testing.assert_close(lazy.replayed(rows), W, rtol=2e-6, atol=2e-6)
     missed = (lazy.step_count - lazy.last_step[rows]).float()[:, None]  # the moments, decayed to now
     beta1, beta2 = lazy.spec.betas
-    torch.testing.assert_close(lazy.exp_avg[rows] * beta1 ** missed, m, rtol=2e-6, atol=1e-9)
-    torch.testing.assert_close(lazy.exp_avg_sq[rows] * beta2 ** missed, v, rtol=2e-6, atol=1e-12)
+    torch.testing.assert_close(lazy.rule.exp_avg[rows] * beta1 ** missed, m, rtol=2e-6, atol=1e-9)
+    torch.testing.assert_close(lazy.rule.exp_avg_sq[rows] * beta2 ** missed, v, rtol=2e-6, atol=1e-12)
     assert torch.equal(lazy.weight[30:40], initial[30:40]) and (lazy.last_step[30:40] == 0).all()
 
 
-def exchange_worker(rank: int, world: int, port: int, out_path: str):
+def test_lazy_rowwise_rmsprop_equals_the_dense_one():
+    """NGRAM_OPTIMIZER=rowwise over the same kind of random row sets: the touched rows move and their moments
+    take every step's decay as the dense optimizer's do, the others stay put, nothing is replayed; its state is
+    one value per row."""
+    torch.manual_seed(1)
+    lazy = table(rows=40, ngram_optimizer="rowwise")
+    assert set(lazy.rule.tensors()) == {"row_sq"} and lazy.rule.row_sq.shape == (41,)
+    lazy.weight[:40].normal_()
+    W, v = lazy.weight[:40].clone(), torch.zeros(40)
+    initial = W.clone()
+    beta1, beta2 = lazy.spec.betas
+    for t in range(1, 11):
+        n = int(torch.randint(1, 30, ()))
+        ids = torch.cat([torch.randint(0, 30, (n,)), torch.full((3,), 40)])  # rows 30..39: never; 40: padding
+        grads, lr_multiplier = torch.randn(n + 3, DIM), 1.0 - 0.08 * t
+        lazy.update(*lazy.owner_sums(ids, grads), lr_multiplier)
+        dense = torch.zeros(41, DIM).index_add_(0, ids, grads)[:40]
+        lr = lazy.optim.adam_lr * 75.0 * lr_multiplier
+        dense_rowwise_step(W, v, dense, lr * math.sqrt(1 - beta2 ** t), beta2, lazy.optim.adam_eps)
+    rows = torch.arange(40)
+    torch.testing.assert_close(lazy.replayed(rows), W, rtol=1e-6, atol=1e-6)
+    missed = (lazy.step_count - lazy.last_step[rows]).float()
+    torch.testing.assert_close(lazy.rule.row_sq[rows] * beta2 ** missed, v, rtol=1e-5, atol=1e-12)
+    assert (lazy.weight[:30] != initial[:30]).any(1).sum() > 20
+    assert torch.equal(lazy.weight[30:40], initial[30:40]) and (lazy.last_step[30:40] == 0).all()
+
+
+def exchange_worker(rank: int, world: int, port: int, out_path: str, optimizer: str):
     # forked after earlier tests ran torch's OpenMP pool, which a forked child cannot use: one thread, no pool
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -136,7 +178,7 @@ def exchange_worker(rank: int, world: int, port: int, out_path: str):
         g = torch.Generator().manual_seed(rank)
         rows = torch.cat([torch.randint(0, 37, (25,), generator=g), torch.full((4,), 37)])
         grads = torch.randint(-8, 9, (29, DIM), generator=g) / 8
-        tab = table(rows=37, rank=rank, world=world)
+        tab = table(rows=37, rank=rank, world=world, ngram_optimizer=optimizer)
         local, sums = tab.owner_sums(rows, grads)
         dense = torch.zeros(38, DIM).index_add_(0, rows, grads)[:37]
         dist.all_reduce(dense)
@@ -160,13 +202,14 @@ def exchange_worker(rank: int, world: int, port: int, out_path: str):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("world", [2, 4])
-def test_compact_exchange_equals_the_dense_all_reduce_and_one_process(world, tmp_path):
+@pytest.mark.parametrize("world, optimizer", [(2, "adam"), (4, "adam"), (2, "rowwise")])
+def test_compact_exchange_equals_the_dense_all_reduce_and_one_process(world, optimizer, tmp_path):
     """Each rank's rows get exactly the dense all-reduce's sums; a sharded table reads and updates bit for bit
-    as one process fed every rank's pairs; every rank hashes alike."""
+    as one process fed every rank's pairs (with either NGRAM_OPTIMIZER); every rank hashes alike."""
     out_path = str(tmp_path / "ngram.pt")
     # forked, the ranks start without importing torch again (a spawned rank takes seconds on two cores)
-    mp.start_processes(exchange_worker, args=(world, free_port(), out_path), nprocs=world, start_method="fork")
+    mp.start_processes(exchange_worker, args=(world, free_port(), out_path, optimizer), nprocs=world,
+                       start_method="fork")
     results = [torch.load(f"{out_path}.{rank}") for rank in range(world)]
     for result in results:
         assert result["golden"] == GOLDEN_ROWS
@@ -174,7 +217,7 @@ def test_compact_exchange_equals_the_dense_all_reduce_and_one_process(world, tmp
         assert local.unique().numel() == local.numel()  # each owned row once
         expected = torch.zeros_like(dense).index_copy_(0, local, sums)
         assert torch.equal(expected, dense)
-    single = table(rows=37)
+    single = table(rows=37, ngram_optimizer=optimizer)
     single.weight[:37] = (torch.arange(37)[:, None] + torch.arange(DIM)) / 64
     cache, inverse = torch.zeros(64 * 2, DIM), torch.zeros(64, 2, dtype=torch.long)
     for step in range(3):
@@ -188,11 +231,12 @@ def test_compact_exchange_equals_the_dense_all_reduce_and_one_process(world, tmp
     assert torch.equal(sharded, single.replayed(torch.arange(37))) and sharded.abs().sum() > 0
 
 
-def test_a_tiny_model_trains_with_the_table_as_dense_adam_would_without_a_dense_gradient(corpus):
+@pytest.mark.parametrize("optimizer", ["adam", "rowwise"])
+def test_a_tiny_model_trains_with_the_table_as_dense_adam_would_without_a_dense_gradient(corpus, optimizer):
     """Four CPU steps (Adam on odd ones) with NGRAM_ROWS: the table is no parameter and gets no gradient of its
-    own; every row the batches touched moves, each as dense Adam on the steps' summed row gradients moves it
-    (zero gradient where a step left it out); rows never touched stay zero."""
-    hp = T.Hyperparameters.of(**dict(TINY, ngram_rows=3001, rank_slice=True),
+    own; every row the batches touched moves, each as the dense optimizer (Adam, or row-wise RMSprop) on the
+    steps' summed row gradients moves it (zero gradient where a step left it out); rows never touched stay zero."""
+    hp = T.Hyperparameters.of(**dict(TINY, ngram_rows=3001, rank_slice=True, ngram_optimizer=optimizer),
                               train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
                               tokenizer_dir=str(corpus))
     T.check_hyperparameters(hp)
@@ -222,20 +266,26 @@ def test_a_tiny_model_trains_with_the_table_as_dense_adam_would_without_a_dense_
     assert model.ngram_cache_for(512) is model.ngram_cache and model.ngram_cache_for(1024) is model.ngram_eval_cache
     assert (model.ngram_eval_cache[:1024] != 0).any(1).sum() > 100
     W, m, v = tab.weight[:3001].float().clone().zero_(), torch.zeros(3001, 128), torch.zeros(3001, 128)
+    row_sq = torch.zeros(3001)
     beta1, beta2 = tab.spec.betas
     touched = torch.zeros(3001, dtype=torch.bool)
     for t, (local, sums, lr_multiplier) in enumerate(updates, 1):
         real = local < 3001
         touched[local[real]] = True
         dense = torch.zeros(3001, 128).index_add_(0, local[real], sums[real])
-        step_size = hp.optim.adam_lr * 75.0 * lr_multiplier * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
-        T.adam_update(dense, None, W, m, v, torch.tensor(step_size), torch.tensor(0.0), beta1, beta2,
-                      hp.optim.adam_eps, 1.0)
+        lr = hp.optim.adam_lr * 75.0 * lr_multiplier
+        if optimizer == "adam":
+            step_size = lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+            T.adam_update(dense, None, W, m, v, torch.tensor(step_size), torch.tensor(0.0), beta1, beta2,
+                          hp.optim.adam_eps, 1.0)
+        else:
+            dense_rowwise_step(W, row_sq, dense, lr * math.sqrt(1 - beta2 ** t), beta2, hp.optim.adam_eps)
     assert 100 < touched.sum() < 3001
     rows = torch.arange(3001)
     assert (tab.replayed(rows)[touched] != 0).any(1).all()  # every touched row moved
     torch.testing.assert_close(tab.replayed(rows), W, rtol=1e-2, atol=1e-3 * W.abs().max().item())
-    assert (tab.weight[:3001][~touched] == 0).all() and (tab.exp_avg[:3001][~touched] == 0).all()
+    state = tab.rule.exp_avg if optimizer == "adam" else tab.rule.row_sq
+    assert (tab.weight[:3001][~touched] == 0).all() and (state[:3001][~touched] == 0).all() and (state != 0).any()
     assert torch.isfinite(trainer.losses[:4]).all()
 
 
@@ -243,6 +293,7 @@ def test_a_tiny_model_trains_with_the_table_as_dense_adam_would_without_a_dense_
     ({"ngram_rows": 1001, "bigram_embed": False}, "set BIGRAM_EMBED=1"),
     ({"ngram_rows": 1001, "ngram_orders": (3, 2)}, "NGRAM_ORDERS=3,2"),
     ({"ngram_rows": 2}, "NGRAM_ROWS=2"),
+    ({"ngram_rows": 1001, "ngram_optimizer": "sgd"}, "NGRAM_OPTIMIZER=sgd: one of adam, rowwise$"),
 ])
 def test_settings_the_table_cannot_take_are_one_line(settings, message):
     with pytest.raises(T.SetupError, match=message) as error:
@@ -253,11 +304,18 @@ def test_settings_the_table_cannot_take_are_one_line(settings, message):
 def test_a_table_too_large_for_a_process_names_the_largest_that_fits():
     largest = T.NGRAM_STATE_GIB * 2**30 // T.lazy_table_bytes_per_row(768)
     T.check_row_tables(T.Hyperparameters.of(ngram_rows=largest, rank_slice=True), 1)
-    with pytest.raises(T.SetupError, match=f"rank-slice mode holds the whole table.*NGRAM_ROWS={largest}$"):
+    rowwise = T.NGRAM_STATE_GIB * 2**30 // T.lazy_table_bytes_per_row(768, "rowwise")
+    with pytest.raises(T.SetupError, match=f"rank-slice mode holds the whole table.*NGRAM_ROWS={largest}, "
+                                           r"or NGRAM_OPTIMIZER=rowwise \(1544 bytes per row\)$"):
         T.check_row_tables(T.Hyperparameters.of(ngram_rows=largest + 1, rank_slice=True), 1)
+    # row-wise state: the bf16 weight and 8 bytes a row, so rank-slice holds record #92's 10,575,360 rows per rank
+    assert T.lazy_table_bytes_per_row(768) == 7684 and rowwise > 10_575_360 > largest
+    T.check_row_tables(T.Hyperparameters.of(ngram_rows=rowwise, ngram_optimizer="rowwise", rank_slice=True), 1)
+    with pytest.raises(T.SetupError, match=f"NGRAM_OPTIMIZER=rowwise's state.*NGRAM_ROWS={rowwise}$"):
+        T.check_row_tables(T.Hyperparameters.of(ngram_rows=rowwise + 1, ngram_optimizer="rowwise", rank_slice=True), 1)
     eager = {"device": "cuda", "cuda_graphs": False}
     T.check_row_tables(T.Hyperparameters.of(ngram_rows=8 * largest, **eager), 8)  # one eighth per rank
-    with pytest.raises(T.SetupError, match=f"NGRAM_ROWS={8 * largest}$"):
+    with pytest.raises(T.SetupError, match=f"NGRAM_ROWS={8 * largest}, or NGRAM_OPTIMIZER=rowwise"):
         T.check_row_tables(T.Hyperparameters.of(ngram_rows=8 * largest + 1, **eager), 8)
 
 
@@ -285,7 +343,7 @@ def test_the_warm_up_keeps_the_tables_initial_state_in_host_memory_and_restores_
         return state_dict(self, device)
 
     def fake_step(plan, loader):  # what a step leaves in the table: moved rows, a step, a kept gradient
-        tab.weight.add_(1.0), tab.exp_avg.add_(2.0), tab.last_step.fill_(3), tab.replay.add_(0.5)
+        tab.weight.add_(1.0), tab.rule.exp_avg.add_(2.0), tab.last_step.fill_(3), tab.rule.replay.add_(0.5)
         tab.step_count += 1
         tab.kept.append((torch.arange(2), torch.ones(2, DIM)))
 
