@@ -3070,8 +3070,11 @@ def check_taper(cfg: ScheduleConfig):
 
 
 def check_ngram_settings(hp: Hyperparameters):
-    """NGRAM_ROWS and NGRAM_ORDERS (T3.19): the table replaces the bigram table, so the bigram injection must be on."""
+    """NGRAM_ROWS, NGRAM_ORDERS and NGRAM_OPTIMIZER (T3.19): the table replaces the bigram table, so the bigram
+    injection must be on."""
     model = hp.model
+    if hp.optim.ngram_optimizer not in ROW_OPTIMIZERS:
+        raise SetupError(f"NGRAM_OPTIMIZER={hp.optim.ngram_optimizer}: one of {', '.join(ROW_OPTIMIZERS)}")
     if not model.ngram_rows:
         return
     orders = ",".join(map(str, model.ngram_orders))
@@ -3082,8 +3085,6 @@ def check_ngram_settings(hp: Hyperparameters):
                          f"row each) and at most {NGRAM_PRIME}, or 0 for the bigram table")
     if not model.bigram_embed:
         raise SetupError("NGRAM_ROWS supplies the bigram injection's rows (T3.19): set BIGRAM_EMBED=1, or NGRAM_ROWS=0")
-    if hp.optim.ngram_optimizer not in ROW_OPTIMIZERS:
-        raise SetupError(f"NGRAM_OPTIMIZER={hp.optim.ngram_optimizer}: one of {', '.join(ROW_OPTIMIZERS)}")
 
 
 def check_row_tables(hp: Hyperparameters, world_size: int):
@@ -3096,6 +3097,8 @@ def check_row_tables(hp: Hyperparameters, world_size: int):
                          f"host sync, which the step's CUDA graphs cannot hold: set CUDA_GRAPHS=0 (or run in "
                          f"rank-slice mode on one GPU)")
     rows, dim, optimizer = hp.model.ngram_rows, hp.model.model_dim, hp.optim.ngram_optimizer
+    if not rows:
+        return
     row_bytes = lazy_table_bytes_per_row(dim, optimizer)
     largest = NGRAM_STATE_GIB * 2**30 // row_bytes * world_size
     if rows > largest:

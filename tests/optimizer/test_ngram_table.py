@@ -294,6 +294,7 @@ def test_a_tiny_model_trains_with_the_table_as_dense_adam_would_without_a_dense_
     ({"ngram_rows": 1001, "ngram_orders": (3, 2)}, "NGRAM_ORDERS=3,2"),
     ({"ngram_rows": 2}, "NGRAM_ROWS=2"),
     ({"ngram_rows": 1001, "ngram_optimizer": "sgd"}, "NGRAM_OPTIMIZER=sgd: one of adam, rowwise$"),
+    ({"ngram_optimizer": "Adam"}, "NGRAM_OPTIMIZER=Adam: one of adam, rowwise$"),  # stopped without a table too
 ])
 def test_settings_the_table_cannot_take_are_one_line(settings, message):
     with pytest.raises(T.SetupError, match=message) as error:
