@@ -1967,7 +1967,12 @@ class RowAdam:
                       scalars, beta1, beta2, eps, grad_scale)
 
     def read(self, weight: Tensor, last_step: Tensor, local: Tensor, eps: float) -> Tensor:
+        """The rows in fp32 as dense Adam has them now: the stored ones moved by their replay sum."""
         return self._read_fn(weight, self.exp_avg, self.exp_avg_sq, last_step, self.replay, local, eps)
+
+    def current(self, weight: Tensor, last_step: Tensor, local: Tensor, eps: float) -> Tensor:
+        """read's rows in the table's dtype, which a load puts in the model's row cache."""
+        return self.read(weight, last_step, local, eps).to(weight.dtype)
 
     def tensors(self) -> dict[str, Tensor]:
         return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "replay": self.replay}
@@ -1996,7 +2001,11 @@ class RowwiseRMSprop:
         self._rows_fn(weight, self.row_sq, last_step, local, sums, scalars, beta2, eps, grad_scale)
 
     def read(self, weight: Tensor, last_step: Tensor, local: Tensor, eps: float) -> Tensor:
-        return weight[local].float()
+        return self.current(weight, last_step, local, eps).float()
+
+    def current(self, weight: Tensor, last_step: Tensor, local: Tensor, eps: float) -> Tensor:
+        """The stored rows as they are: nothing to replay, and no fp32 round trip on a load."""
+        return weight[local]
 
     def tensors(self) -> dict[str, Tensor]:
         return {"row_sq": self.row_sq}
@@ -2005,7 +2014,7 @@ class RowwiseRMSprop:
 ROW_OPTIMIZERS = {"adam": RowAdam, "rowwise": RowwiseRMSprop}
 
 
-def lazy_table_bytes_per_row(dim: int, optimizer: str = "adam") -> int:
+def lazy_table_bytes_per_row(dim: int, optimizer: str) -> int:
     """One table row's bytes with its optimizer state (NGRAM_OPTIMIZER): its values' and the row's own."""
     rule = ROW_OPTIMIZERS[optimizer]
     return dim * rule.bytes_per_value + rule.bytes_per_row
@@ -2137,7 +2146,8 @@ class LazyAdamTable:
         return self.rule.read(self.weight, self.last_step, local, self.optim.adam_eps)
 
     def current(self, local: Tensor) -> Tensor:
-        return self.replayed(local).to(self.weight.dtype)
+        """The weights of local rows in the table's dtype as the dense optimizer has them now (what a load reads)."""
+        return self.rule.current(self.weight, self.last_step, local, self.optim.adam_eps)
 
     # --- exchange (world size > 1) --------------------------------------------------------------------
     def to_owners(self, rows: Tensor, *payloads: Tensor) -> tuple[Tensor, list[Tensor], list[int], list[int]]:

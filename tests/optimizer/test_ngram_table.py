@@ -303,14 +303,14 @@ def test_settings_the_table_cannot_take_are_one_line(settings, message):
 
 
 def test_a_table_too_large_for_a_process_names_the_largest_that_fits():
-    largest = T.NGRAM_STATE_GIB * 2**30 // T.lazy_table_bytes_per_row(768)
+    largest = T.NGRAM_STATE_GIB * 2**30 // T.lazy_table_bytes_per_row(768, "adam")
     T.check_row_tables(T.Hyperparameters.of(ngram_rows=largest, rank_slice=True), 1)
     rowwise = T.NGRAM_STATE_GIB * 2**30 // T.lazy_table_bytes_per_row(768, "rowwise")
     with pytest.raises(T.SetupError, match=f"rank-slice mode holds the whole table.*NGRAM_ROWS={largest}, "
                                            r"or NGRAM_OPTIMIZER=rowwise \(1544 bytes per row\)$"):
         T.check_row_tables(T.Hyperparameters.of(ngram_rows=largest + 1, rank_slice=True), 1)
     # row-wise state: the bf16 weight and 8 bytes a row, so rank-slice holds record #92's 10,575,360 rows per rank
-    assert T.lazy_table_bytes_per_row(768) == 7684 and rowwise > 10_575_360 > largest
+    assert T.lazy_table_bytes_per_row(768, "adam") == 7684 and rowwise > 10_575_360 > largest
     T.check_row_tables(T.Hyperparameters.of(ngram_rows=rowwise, ngram_optimizer="rowwise", rank_slice=True), 1)
     with pytest.raises(T.SetupError, match=f"NGRAM_OPTIMIZER=rowwise's state.*NGRAM_ROWS={rowwise}$"):
         T.check_row_tables(T.Hyperparameters.of(ngram_rows=rowwise + 1, ngram_optimizer="rowwise", rank_slice=True), 1)

@@ -8,9 +8,8 @@
 # arm, note, need_shards, watch_gpus: bench/lease.sh.
 need_shards 1 2 3 4
 watch_gpus 60
-PER_STEP="ATTENTION_LAYERS=0,1,2,3,4,5,7,8,9,10 MLP_LAYERS=0,1,2,3,4,5,6,7,8,9,10 VALUE_EMBED_LAYERS=1,2,8,9,10
-NARROW_QK_LAYERS=0,1,2,4,5,7,8,9 NUM_SCHEDULED_ITERATIONS=1255 TAPER_FRACTION=0 STAGE_CE_CANDIDATES=0,0,0,0
-NGRAM_ROWS=3900000"
+source records/experiments/2026-11-29_LossPerStepH200/per_step.sh
+PER_STEP="$PER_STEP NGRAM_ROWS=3900000"
 mkdir -p "$L/v7" && cp records/2026-11-26_V7ProxyRankSliceH100/train_gpt.py "$L/v7/"
 gpus=$(nvidia-smi -L | wc -l)
 note "$gpus GPU(s): the loss-per-step arm and V7, seeds 22-24"

@@ -9,9 +9,8 @@
 # one). arm, check, note, need_shards, watch_gpus: bench/lease.sh.
 need_shards 1 2 3 4
 watch_gpus 60
-PER_STEP="ATTENTION_LAYERS=0,1,2,3,4,5,7,8,9,10 MLP_LAYERS=0,1,2,3,4,5,6,7,8,9,10 VALUE_EMBED_LAYERS=1,2,8,9,10
-NARROW_QK_LAYERS=0,1,2,4,5,7,8,9 NUM_SCHEDULED_ITERATIONS=1255 TAPER_FRACTION=0 STAGE_CE_CANDIDATES=0,0,0,0
-NGRAM_OPTIMIZER=rowwise CUDA_GRAPHS=0"
+source records/experiments/2026-11-29_LossPerStepH200/per_step.sh
+PER_STEP="$PER_STEP NGRAM_OPTIMIZER=rowwise CUDA_GRAPHS=0"
 check 0 table_gpu_tests 300 python -m pytest -q -p no:cacheprovider tests/optimizer/test_ngram_table.py -m gpu
 note "quality lanes: rowwise at 3.9M and at 10.6M rows, seeds 19-21"
 ( SEEDS=19,20,21 arm 0 rowwise_3900k $PER_STEP NGRAM_ROWS=3900000 ) & p1=$!
