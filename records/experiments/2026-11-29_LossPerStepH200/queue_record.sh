@@ -1,30 +1,21 @@
 #!/usr/bin/env bash
-# Issue #48's record runs: the loss-per-step arm (README) with seeds 22-24 and V7's script with seeds 22-24 in
-# one lease, each alone on its GPU; an H100 if one is lent (the bar asks for an 80 GB H100's memory), else an
-# H200. One GPU (~27 minutes held with staging): the arm, then V7, then seed 22 with VAL_MASK=1 if the hold
-# leaves room. Two or more GPUs (~21 minutes): V7 on GPU 1 beside the arm, the VAL_MASK=1 seed after the arm.
+# Issue #48's record runs: the loss-per-step arm with lease 4's row-wise table (README), seeds 22-24, and V7's
+# script with seeds 22-24 in one lease, each alone on its GPU; an H100 if one is lent (the bar asks for an 80 GB
+# H100's memory), else an H200. One GPU (~26 minutes held with staging): the arm, then V7, then seed 22 with
+# VAL_MASK=1 if the hold leaves room. Two or more GPUs (~19 minutes): V7 on GPU 1 beside the arm, the VAL_MASK=1
+# seed after the arm.
 # Proxy train shards 1-4 (setup: SHARDS='proxy_train_00000[1-4].bin.xz proxy_val_000000.bin.xz' bash
 # bench/lease.sh setup), rank-slice, step and optimizer graphs on.
 # arm, note, need_shards, watch_gpus: bench/lease.sh.
 need_shards 1 2 3 4
 watch_gpus 60
 source records/experiments/2026-11-29_LossPerStepH200/per_step.sh
-ROWWISE="$PER_STEP NGRAM_OPTIMIZER=rowwise CUDA_GRAPHS=0 NGRAM_ROWS=10575360"
-PER_STEP="$PER_STEP NGRAM_ROWS=3900000"
+PER_STEP="$PER_STEP NGRAM_OPTIMIZER=rowwise NGRAM_ROWS=10575360"  # lease 4's table (README)
 mkdir -p "$L/v7" && cp records/2026-11-26_V7ProxyRankSliceH100/train_gpt.py "$L/v7/"
 gpus=$(nvidia-smi -L | wc -l)
 note "$gpus GPU(s): the loss-per-step arm and V7, seeds 22-24"
 if [ "$gpus" -ge 2 ]; then
-    # GPU 1 after V7: the n-gram table's GPU tests, then one eager seed of the row-wise table at record #92's
-    # rows per rank (queue_rowwise.sh's lane 2, seed 19) in what is left of the ~21 minutes
-    ( (cd "$L/v7" && SEEDS=22,23,24 arm 1 v7)
-      check 1 table_gpu_tests 300 python -m pytest -q -p no:cacheprovider tests/optimizer/test_ngram_table.py -m gpu
-      left=$((1260 - SECONDS))
-      if [ "$left" -ge 300 ]; then
-          check 1 rowwise_10575k_s19 "$left" env RUN_ID=rowwise_10575k SEEDS=19 LOG_DIR="$L" $ROWWISE python train_gpt.py
-      else
-          note "rowwise_10575k skipped: ${SECONDS}s gone"
-      fi ) & v7=$!
+    ( cd "$L/v7" && SEEDS=22,23,24 arm 1 v7 ) & v7=$!
     SEEDS=22,23,24 arm 0 perstep $PER_STEP
     SEEDS=22 arm 0 perstep_mask $PER_STEP VAL_MASK=1
     wait $v7
