@@ -1269,7 +1269,7 @@ class ParamSpec:
     """How one parameter is optimized and communicated (T2.1)."""
     optimizer: str  # "normuon" | "adam"
     comm: str  # "sharded": reduce-scatter + all-gather along dim 0 | "replicated": all-reduce (flat, per dtype)
-    # | "sparse": (row id, row sum) pairs to the rows' owners (a LazyAdamTable, not a parameter of NorMuonAdam)
+    # | "sparse": (row id, row sum) pairs to the rows' owners (a LazyRowTable, not a parameter of NorMuonAdam)
     lr_mul: float = 1.0
     wd_mul: float = 0.0
     betas: tuple[float, float] = (0.9, 0.99)
@@ -1898,7 +1898,7 @@ NGRAM_STATE_GIB = 28
 
 def lazy_adam_replayed(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, last_step: Tensor, replay: Tensor,
                        local: Tensor, eps: float) -> Tensor:
-    """The fp32 weights of a LazyAdamTable's local rows as dense Adam has them now: the stored ones moved by
+    """The fp32 weights of a LazyRowTable's local rows as dense Adam has them now: the stored ones moved by
     the replay sum of the steps since each row's last update (T3.19)."""
     coefficient = replay[last_step[local].long()].float()[:, None]
     return weight[local].float() - coefficient * exp_avg[local] / (exp_avg_sq[local].sqrt() + eps)
@@ -1907,7 +1907,7 @@ def lazy_adam_replayed(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, last
 def lazy_adam_rows(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, last_step: Tensor, replay: Tensor,
                    step_numbers: Tensor, local: Tensor, sums: Tensor, scalars: Tensor, beta1: float, beta2: float,
                    eps: float, grad_scale: float):
-    """One Adam step of a LazyAdamTable's rows `local` (T3.19), in place: replay the steps each row missed,
+    """One Adam step of a LazyRowTable's rows `local` (T3.19), in place: replay the steps each row missed,
     update it with its gradient sum, then give every replay sum this step's term. scalars: float64 on the
     device, (t, the step size with its bias correction, lr²·wd), so one compiled graph serves every step."""
     t, step_size, wd_lr2 = scalars[0], scalars[1], scalars[2]
@@ -1928,7 +1928,7 @@ def lazy_adam_rows(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, last_ste
 
 def lazy_rowwise_rows(weight: Tensor, row_sq: Tensor, last_step: Tensor, local: Tensor, sums: Tensor,
                       scalars: Tensor, beta2: float, eps: float, grad_scale: float):
-    """One row-wise RMSprop step of a LazyAdamTable's rows `local` (NGRAM_OPTIMIZER=rowwise, T3.19), in place:
+    """One row-wise RMSprop step of a LazyRowTable's rows `local` (NGRAM_OPTIMIZER=rowwise, T3.19), in place:
     each row's second moment (the mean square of its gradient's values) decayed over the steps it missed, then
     the row moved by its gradient over that moment's root. scalars as lazy_adam_rows'."""
     t, step_size, wd_lr2 = scalars[0], scalars[1], scalars[2]
@@ -1945,7 +1945,7 @@ def lazy_rowwise_rows(weight: Tensor, row_sq: Tensor, last_step: Tensor, local: 
 
 class RowAdam:
     """NGRAM_OPTIMIZER=adam: Adam per value, fp32 moments, the steps a row missed replayed in closed form when it
-    is next read or updated (LazyAdamTable's docstring). 10 bytes a value beside the 4-byte step of a row."""
+    is next read or updated (LazyRowTable's docstring). 10 bytes a value beside the 4-byte step of a row."""
     label = "lazy sparse Adam"
     bytes_per_value = 2 + 4 + 4  # the bf16 weight, the fp32 first and second moments
     bytes_per_row = 4  # the last update's step (int32)
@@ -2020,12 +2020,12 @@ def lazy_table_bytes_per_row(dim: int, optimizer: str) -> int:
     return dim * rule.bytes_per_value + rule.bytes_per_row
 
 
-class LazyAdamTable:
-    """A table trained on the rows each step touches, with a lazy sparse Adam and no dense gradient (record #92,
-    PR #360; T3.19). It is no parameter: NorMuonAdam never sees it. A subclass says which rows a
+class LazyRowTable:
+    """A table trained on the rows each step touches, by a lazy sparse optimizer (RowAdam by default) and no dense
+    gradient (record #92, PR #360; T3.19). It is no parameter: NorMuonAdam never sees it. A subclass says which rows a
     forward's ids read (row_ids: (T, k) row ids, k per position) and names the model's row cache and inverse.
 
-    Sharding: rank r owns the rows [r·S, (r+1)·S), S = ⌈rows / world⌉, with their Adam state, and one scratch
+    Sharding: rank r owns the rows [r·S, (r+1)·S), S = ⌈rows / world⌉, with their optimizer state, and one scratch
     row (local index S) that padded_unique's padding reads and writes. load (before each forward): the ids'
     rows, the distinct ones and each position's place among them (padded_unique: static shapes) into the
     model's row cache with their current weights; at world size 1 one gather, above it the distinct row ids go
@@ -2126,9 +2126,9 @@ class LazyAdamTable:
         return distinct, torch.zeros_like(received_sums).index_add_(0, places, received_sums)
 
     def update(self, local: Tensor, sums: Tensor, lr_multiplier: float):
-        """One Adam step of the table: the rows `local` (duplicates only of the scratch row) with their
-        gradients summed over the ranks, after replaying the steps they missed; then every replay sum takes
-        this step's term (lazy_adam_rows)."""
+        """One step of the table's optimizer (on the Adam steps, T2.7): the rows `local` (duplicates only of the
+        scratch row) with their gradients summed over the ranks (RowAdam: after replaying the steps they missed,
+        then every replay sum takes this step's term; RowwiseRMSprop: their moments decayed over those steps)."""
         beta1, beta2 = self.spec.betas
         self.step_count += 1
         t = self.step_count
@@ -2178,7 +2178,7 @@ class LazyAdamTable:
         return {"weight": self.weight, "last_step": self.last_step, **self.rule.tensors()}
 
     def state_dict(self, device: torch.device | str | None = None) -> dict:
-        """This rank's rows, their Adam state, the replay sums, the step count and the kept gradients: copies,
+        """This rank's rows, their optimizer state, the step count and the kept gradients: copies,
         on `device` (None: where they are; the warm-up keeps its copy in host memory, as large as the table)."""
         def copy(t: Tensor) -> Tensor:
             return t.to(device, copy=True) if device is not None else t.clone()
@@ -2199,7 +2199,7 @@ class LazyAdamTable:
         self.step_count, self.kept = 0, []
 
 
-class NgramTable(LazyAdamTable):
+class NgramTable(LazyRowTable):
     """The hashed n-gram table (T3.19): rows zero at init (as the bigram table starts, T3.4), each position
     reading one row per order (ngram_ids); no weight decay (its spec)."""
     cache_buffer, inverse_buffer = "ngram_cache", "ngram_inverse"
@@ -3100,7 +3100,7 @@ def check_ngram_settings(hp: Hyperparameters):
 def check_row_tables(hp: Hyperparameters, world_size: int):
     """The n-gram row table at this world size (T3.19). Above world size 1 its loads exchange rows with the
     rows' owners, sizes first (a host sync), so they run between the step's micro-batches, not in its CUDA
-    graphs (T5.3). Each process holds ⌈NGRAM_ROWS / world size⌉ rows of the n-gram table with their Adam
+    graphs (T5.3). Each process holds ⌈NGRAM_ROWS / world size⌉ rows of the n-gram table with their optimizer
     state (rank-slice mode, at world size 1, the whole table): at most NGRAM_STATE_GIB beside the model."""
     if hp.model.ngram_rows and world_size > 1 and hp.run.device == "cuda" and hp.execution.cuda_graphs:
         raise SetupError(f"NGRAM_ROWS at world size {world_size} exchanges rows between processes with a "
@@ -3259,7 +3259,7 @@ class StepGraphs:
 
     def __init__(self, loss_fn, model: nn.Module, grad_accum: int, grad_scale: float, new_graph=None,
                  rtol: float = 1e-2, grad_rtol: float = 5e-2, max_over_ranks=lambda t: t,
-                 row_tables: "list[LazyAdamTable]" = ()):
+                 row_tables: "list[LazyRowTable]" = ()):
         self.loss_fn, self.model, self.grad_accum, self.grad_scale = loss_fn, model, grad_accum, grad_scale
         self.rtol, self.grad_rtol, self.max_over_ranks = rtol, grad_rtol, max_over_ranks
         self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}

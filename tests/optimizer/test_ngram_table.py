@@ -337,7 +337,7 @@ def test_the_warm_up_keeps_the_tables_initial_state_in_host_memory_and_restores_
                               train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
                               tokenizer_dir=str(corpus))
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
-    tab, copies, state_dict = trainer.ngram, [], T.LazyAdamTable.state_dict
+    tab, copies, state_dict = trainer.ngram, [], T.LazyRowTable.state_dict
 
     def spy(self, device=None):
         copies.append(device)
@@ -348,7 +348,7 @@ def test_the_warm_up_keeps_the_tables_initial_state_in_host_memory_and_restores_
         tab.step_count += 1
         tab.kept.append((torch.arange(2), torch.ones(2, DIM)))
 
-    monkeypatch.setattr(T.LazyAdamTable, "state_dict", spy)
+    monkeypatch.setattr(T.LazyRowTable, "state_dict", spy)
     monkeypatch.setattr(trainer, "train_step", fake_step)
     monkeypatch.setattr(trainer, "evaluate", lambda *args, **kwargs: (0.0, None))
     trainer.warmup()
