@@ -286,6 +286,9 @@ class RunConfig:
     seed: int = 0
     seeds: tuple[int, ...] = ()  # e.g. 1,2,3: one compile, then one timed run per seed, logged as RUN_ID_s<seed>
     device: str = "cuda"  # "cpu" runs the same code on the CPU (tests, smoke runs)
+    # >0: this process's CUDA caching allocator holds at most this many GiB (graph pools included), so that a
+    # larger GPU checks what fits a smaller one (77 on an H200: inside what an 80 GB H100's allocator gets)
+    gpu_memory_gib: float = 0.0
     warmup: bool = True  # compile every shape before the clock, then restore the initial state
     run_id: str = ""
     log_dir: str = "logs"
@@ -3045,6 +3048,9 @@ def check_hyperparameters(hp: Hyperparameters):
     if len(set(run.seeds)) < len(run.seeds):
         raise SetupError(f"SEEDS={','.join(map(str, run.seeds))} repeats a seed: each run's log is named by its seed")
     total_steps = Schedule(hp.schedule).total_steps
+    if run.gpu_memory_gib < 0 or (run.gpu_memory_gib > 0 and run.device != "cuda"):
+        raise SetupError(f"GPU_MEMORY_GIB={run.gpu_memory_gib:g}: give the GiB this process's CUDA allocator may hold "
+                         f"(> 0, DEVICE=cuda), or 0 for the whole GPU")
     if not 0 <= run.stop_after <= total_steps:
         raise SetupError(f"STOP_AFTER={run.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
     if not 0 <= hp.schedule.tail_ema_frac <= 1:
@@ -4121,6 +4127,17 @@ def check_gpus(hp: Hyperparameters, world_size: int):
                          f"(fewer GPUs accumulate gradients: the same training)")
 
 
+def limit_gpu_memory(gib: float, device: torch.device):
+    """GPU_MEMORY_GIB: the caching allocator on device holds at most gib GiB from now on (its share of the GPU's
+    memory, torch.cuda.set_per_process_memory_fraction); past it an allocation first frees cached blocks, then
+    raises torch.OutOfMemoryError. Memory outside the allocator (the CUDA context, kernels' code) is not counted."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    if gib * 2**30 > total:
+        raise SetupError(f"GPU_MEMORY_GIB={gib:g} is more than this GPU's {total / 2**30:.1f} GiB: give less, or 0 "
+                         f"for the whole GPU")
+    torch.cuda.set_per_process_memory_fraction(gib * 2**30 / total, device)
+
+
 # CPU runs (tests, SMOKE=1): torch's bf16 and fp16 matrix products on a CPU without bf16 GEMM instructions
 # (AVX512-BF16, AMX: the CI runners') are scalar loops, far slower than MKL's fp32 GEMM (README, Tests).
 _CPU_GEMMS = None
@@ -4162,6 +4179,8 @@ def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
         check_gpus(hp, world_size)
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
+        if hp.run.gpu_memory_gib > 0:
+            limit_gpu_memory(hp.run.gpu_memory_gib, device)
     else:
         device = torch.device(hp.run.device)
         if device.type == "cpu":
@@ -4192,7 +4211,10 @@ def open_run_log(hp: Hyperparameters, rank: int, world_size: int, device: torch.
         log(f.read().rstrip("\n") + "\n" + LOG_SEPARATOR, console=False)
     log(environment_report() + "\n" + LOG_SEPARATOR, console=False)
     hardware = f"{world_size}x {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"
-    log("\n".join([f"run_id: {hp.run.run_id}", f"hardware: {hardware}",
+    capped = [f"gpu_memory: the allocator capped at {hp.run.gpu_memory_gib:g} GiB of "
+              f"{torch.cuda.get_device_properties(device).total_memory / 2**30:.1f} (GPU_MEMORY_GIB)"] \
+        if hp.run.gpu_memory_gib > 0 else []
+    log("\n".join([f"run_id: {hp.run.run_id}", f"hardware: {hardware}", *capped,
                    f"mode: {'rank-slice' if hp.run.rank_slice else 'full-batch'}", f"world_size: {world_size}",
                    f"grad_accum_steps: {grad_accum_steps(hp, world_size)}", f"data: {data_label(hp.data)}",
                    f"overrides: {environment_overrides()}", f"hyperparameters: {json.dumps(hp.flat())}"]))
@@ -4258,7 +4280,9 @@ def main():
     except KeyboardInterrupt:
         report_interrupt(trainer.position, rank, trainer.log)
     except torch.OutOfMemoryError:
-        trainer.log("error: out of GPU memory. Free the GPU (other processes?), keep PYTORCH_ALLOC_CONF="
+        capped = f"GPU_MEMORY_GIB={hp.run.gpu_memory_gib:g} caps this process's allocator; " \
+            if hp.run.gpu_memory_gib > 0 else ""
+        trainer.log(f"error: out of GPU memory. {capped}Free the GPU (other processes?), keep PYTORCH_ALLOC_CONF="
             "expandable_segments:True, or lower STAGE_BATCH_TOKENS / VAL_SEQ_LEN for smaller GPUs.")
         raise
     finally:

@@ -491,7 +491,10 @@ def setup_lines(runs: list[Run]) -> list[str]:
     r = runs[0]
     ga = f", grad_accum_steps {r.grad_accum_steps}" if r.grad_accum_steps else ""
     host = [f"- host CPU: {joined(runs, 'host_cpu')}"] if any(x.host_cpu for x in runs) else []
-    return [f"- hardware: {r.hardware}", *host, f"- mode: {r.mode} (world_size {r.world_size}{ga})",
+    capped = sorted({x.hyperparameters.get("gpu_memory_gib") or 0 for x in runs} - {0})
+    cap = [f"- GPU memory: the allocator capped at {' / '.join(f'{c:g}' for c in capped)} GiB (GPU_MEMORY_GIB)"] \
+        if capped else []
+    return [f"- hardware: {r.hardware}", *host, *cap, f"- mode: {r.mode} (world_size {r.world_size}{ga})",
             f"- data: {r.data}", f"- software: {joined(runs, 'software')}"]
 
 

@@ -31,23 +31,27 @@ def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None
              hardware="8x NVIDIA H100 80GB HBM3", mode="rank-slice", data=None, truncate_after_step=None,
              bad_line_at_step=None, error_at_step=None, overrides=None, world_size=8, grad_accum=1, train_loss=None,
              seed=None, schedule=None, step_ms=None, host_cpu=None, stop_after=None, startup_error=None,
-             unmasked=None):
+             unmasked=None, gpu_memory_gib=None):
     """Write a complete log (or a broken one) with a known final val loss and train time (ms), its
     lines made by train_gpt.py's writers. schedule: (scheduled steps, stage fractions) logged as the
     hyperparameters' stage table; step_ms: train_time (ms) after a given number of steps (default:
     linear up to final_ms); stop_after: STOP_AFTER (logged, and the run validates and ends there);
     startup_error: the run fails before its first step with this `error:` line; unmasked: VAL_MASK=1's
-    `unmasked` line after each validation, this much above its val loss."""
+    `unmasked` line after each validation, this much above its val loss; gpu_memory_gib: GPU_MEMORY_GIB's line
+    and setting."""
     path = Path(path)
     data = data or "FineWeb (train data/fineweb10B/fineweb_train_*.bin; val data/fineweb10B/fineweb_val_*.bin, 10485760 tokens)"
     lines = [source.rstrip("\n"), T.LOG_SEPARATOR,
              "Running Python 3.12.3 (main, Apr 10 2024, 05:33:47) [GCC 13.2.0]",
              "Running PyTorch 2.11.0+cu128 compiled for CUDA 12.8", "Running Triton version 3.6.0",
              *([f"Running on host CPU {host_cpu}"] if host_cpu else []), NVSMI, T.LOG_SEPARATOR,
-             f"run_id: {run_id or path.stem}", f"hardware: {hardware}", f"mode: {mode}", f"world_size: {world_size}",
+             f"run_id: {run_id or path.stem}", f"hardware: {hardware}",
+             *([f"gpu_memory: the allocator capped at {gpu_memory_gib:g} GiB of 139.8 (GPU_MEMORY_GIB)"]
+               if gpu_memory_gib else []), f"mode: {mode}", f"world_size: {world_size}",
              f"grad_accum_steps: {grad_accum}", f"data: {data}", *([f"overrides: {overrides}"] if overrides is not None else []),
              "hyperparameters: " + json.dumps({"num_iterations": total, "val_loss_every": val_every,
                                                **({} if seed is None else {"seed": seed}),
+                                               **({} if gpu_memory_gib is None else {"gpu_memory_gib": gpu_memory_gib}),
                                                **({} if stop_after is None else {"stop_after": stop_after}),
                                                **({} if schedule is None else {
                                                    "num_scheduled_iterations": schedule[0],
@@ -131,6 +135,19 @@ def test_host_cpu_line_is_read_and_shown_in_the_statistics_setup(tmp_path, capsy
     assert f"- host CPU: {cpu}\n" in (tmp_path / "new" / "statistics.md").read_text()
     assert run_tool("stats", tmp_path / "old", "--no-plot") == 0  # logs from before the line: none shown
     assert "host CPU" not in (tmp_path / "old" / "statistics.md").read_text()
+
+
+def test_gpu_memory_cap_is_shown_in_the_statistics_setup(tmp_path):
+    """GPU_MEMORY_GIB runs (a larger GPU checking what fits a smaller one) say so beside the hardware."""
+    for i, loss in enumerate(LOSSES):
+        make_log(tmp_path / "capped" / f"run{i}.txt", loss, 180000 + i, gpu_memory_gib=78.0)
+        make_log(tmp_path / "whole" / f"run{i}.txt", loss, 180000 + i, gpu_memory_gib=0.0)
+    assert tool.parse_log(tmp_path / "capped" / "run0.txt").hardware == "8x NVIDIA H100 80GB HBM3"
+    for folder in ("capped", "whole"):
+        assert run_tool("stats", tmp_path / folder, "--no-plot") == 0
+    setup = (tmp_path / "capped" / "statistics.md").read_text()
+    assert "- hardware: 8x NVIDIA H100 80GB HBM3\n- GPU memory: the allocator capped at 78 GiB (GPU_MEMORY_GIB)\n" in setup
+    assert "GPU memory" not in (tmp_path / "whole" / "statistics.md").read_text()
 
 
 def test_malformed_step_line_names_file_and_line(tmp_path):

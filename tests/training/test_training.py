@@ -282,6 +282,16 @@ def test_stop_after_ends_the_run_early_with_the_schedule_unchanged(tmp_path, cor
         T.check_hyperparameters(T.Hyperparameters.of(num_scheduled_iterations=6, num_extension_iterations=1, stop_after=8))
 
 
+def test_gpu_memory_cap_settings_are_checked():
+    """GPU_MEMORY_GIB: a positive cap on CUDA, 0 for the whole GPU; its enforcement is a GPU test
+    (test_gpu_training.py)."""
+    T.check_hyperparameters(T.Hyperparameters.of(gpu_memory_gib=78.0))
+    for bad in (dict(gpu_memory_gib=-1.0), dict(gpu_memory_gib=8.0, device="cpu")):
+        with pytest.raises(T.SetupError, match=r"GPU_MEMORY_GIB=\S+: give the GiB this process's CUDA allocator may hold"):
+            T.check_hyperparameters(T.Hyperparameters.of(**bad))
+    assert T.Hyperparameters.from_env({"GPU_MEMORY_GIB": "79.5"}).run.gpu_memory_gib == 79.5
+
+
 def test_seeds_run_once_per_seed_after_one_warm_up_each_as_that_seed_alone(tmp_path, corpus):
     """SEEDS=3,4: one warm-up, then a run per seed logged as RUN_ID_s<seed>; each run's losses equal,
     step for step, those of a process that ran that SEED alone (exact on the CPU), so nothing of
