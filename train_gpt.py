@@ -4135,7 +4135,8 @@ def limit_gpu_memory(gib: float, device: torch.device):
     if gib * 2**30 > total:
         raise SetupError(f"GPU_MEMORY_GIB={gib:g} is more than this GPU's {total / 2**30:.1f} GiB: give less, or 0 "
                          f"for the whole GPU")
-    torch.cuda.set_per_process_memory_fraction(gib * 2**30 / total, device)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    torch.cuda.set_per_process_memory_fraction(gib * 2**30 / total, index)
 
 
 # CPU runs (tests, SMOKE=1): torch's bf16 and fp16 matrix products on a CPU without bf16 GEMM instructions

@@ -36,7 +36,7 @@ def test_training_steps_never_synchronize_with_the_host(corpus):
 def test_gpu_memory_cap_holds_the_allocator_to_it():
     """GPU_MEMORY_GIB=1: the allocator frees its cache and then refuses past 1 GiB (what an 80 GB H100
     would refuse, checked on a larger GPU); more than the GPU has is a set-up error."""
-    device = torch.device("cuda")
+    device = torch.device("cuda")  # no index: the current device, as torch.device("cuda") means elsewhere
     total = torch.cuda.get_device_properties(device).total_memory
     with pytest.raises(T.SetupError, match=r"GPU_MEMORY_GIB=\S+ is more than this GPU's"):
         T.limit_gpu_memory(total / 2**30 + 1, device)
@@ -49,5 +49,5 @@ def test_gpu_memory_cap_holds_the_allocator_to_it():
         del kept
         torch.empty(600 * 2**20, dtype=torch.uint8, device=device)  # the freed block is reused
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0)
         torch.cuda.empty_cache()

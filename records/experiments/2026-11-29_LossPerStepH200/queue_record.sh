@@ -10,7 +10,9 @@
 need_shards 1 2 3 4
 watch_gpus 60
 source records/experiments/2026-11-29_LossPerStepH200/per_step.sh
-PER_STEP="$PER_STEP NGRAM_OPTIMIZER=rowwise NGRAM_ROWS=10575360"  # lease 4's table (README)
+# lease 4's table (README); on an H200 the allocator capped at what an 80 GB H100's gets (README's GPU_MEMORY_GIB)
+PER_STEP="$PER_STEP NGRAM_OPTIMIZER=rowwise NGRAM_ROWS=10575360"
+if nvidia-smi -L | grep -q H200; then PER_STEP="$PER_STEP GPU_MEMORY_GIB=77"; fi
 mkdir -p "$L/v7" && cp records/2026-11-26_V7ProxyRankSliceH100/train_gpt.py "$L/v7/"
 gpus=$(nvidia-smi -L | wc -l)
 note "$gpus GPU(s): the loss-per-step arm and V7, seeds 22-24"
