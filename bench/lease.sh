@@ -39,13 +39,14 @@
 # RANK_SLICE=1; a full-batch torchrun queue sets RANK_SLICE=0), PYTHONPATH with $SITE and the CuTe
 # DSL's dsl_packages (its .pth files are not read from a --target folder), PYTHONUNBUFFERED=1,
 # FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1, the three cache folders under $CACHE_DIR, NVLink multicast off (NCCL_NVLS_ENABLE=0,
-# TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), L=LEASE_DIR=the log folder and five
+# TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), L=LEASE_DIR=the log folder and six
 # functions: `note TEXT` appends "HH:MM:SS TEXT" to $L/status; `arm GPU NAME [VAR=VALUE ...]` runs
 # train_gpt.py alone on GPU with RUN_ID=NAME, SEEDS=1,2,3 (unless given) and LOG_DIR=$L, its output in
 # $L/NAME.out, and notes its rc; `check GPU NAME SECONDS COMMAND...` runs COMMAND on GPU under a timeout,
 # its output in $L/NAME.out, and notes its rc; `need_shards N...` ends the queue unless $DATA_DIR holds those
 # proxy train shards; `watch_gpus SECONDS` writes $L/gpus.txt and samples the clocks into $L/clocks.txt
-# every SECONDS until the queue ends. Stop a queue and everything it
+# every SECONDS until the queue ends; `pack_cache`, the queue's last line, packs the compile caches for
+# `pack-cache` and notes how many parts there are. Stop a queue and everything it
 # started: kill -- -$(cat $LEASE_DIR/queue.pid).
 #
 # Variables (environment, default in brackets):
@@ -256,17 +257,26 @@ unpack_cache() {
     echo "cache: unpacked $(ls "$STAGE"/cache.tar.xz.part* | wc -l) parts into $CACHE_DIR ($(du -sh "$CACHE_DIR" | cut -f1))"
 }
 
+# the compile caches ($CACHE_DIR) as parts of 15 MiB in $LEASE_DIR/cache_parts, once per lease
+pack_cache_parts() {
+    local parts=$LEASE_DIR/cache_parts
+    [ -e "$parts/.done" ] && return 0
+    rm -rf "$parts"; mkdir -p "$parts"
+    tar -C "$CACHE_DIR" --exclude=.lease_unpacked --exclude='*.lock' -cf - . | xz -T0 -6 \
+        | split -b 15M -d -a 2 - "$parts/cache.tar.xz.part"
+    touch "$parts/.done"
+}
+
 cmd_pack_cache() {
     [ $# -ge 1 ] || die "pack-cache needs DEST (bench/lease.sh -h)"
     local dest=$1 first=${2:-0} parts=$LEASE_DIR/cache_parts i n f
     [[ "$first" =~ ^[0-9]+$ ]] || die "pack-cache takes a whole FIRST part number, not $first"
     [ -d "$CACHE_DIR" ] || die "no $CACHE_DIR: nothing compiled on this machine yet"
     if [ ! -e "$parts/.done" ]; then
-        if queue_running "$LEASE_DIR"; then die "the queue is still running: pack the caches once it is done"; fi
-        rm -rf "$parts"; mkdir -p "$parts"
-        tar -C "$CACHE_DIR" --exclude=.lease_unpacked --exclude='*.lock' -cf - . | xz -T0 -6 \
-            | split -b 15M -d -a 2 - "$parts/cache.tar.xz.part"
-        touch "$parts/.done"
+        if queue_running "$LEASE_DIR"; then
+            die "the queue is still running: pack the caches once it is done (or end the queue with pack_cache)"
+        fi
+        pack_cache_parts
     fi
     n=$(ls "$parts"/cache.tar.xz.part* | wc -l)
     mkdir -p "$dest"
@@ -333,8 +343,16 @@ cmd_start() {
               --format=csv,noheader >> "$L/clocks.txt" 2>&1; done ) &
         echo "$!" > "$L/watch.pid"
     }
-    export DATA_DIR
-    export -f note arm check need_shards watch_gpus
+    # pack_cache: the compile caches into parts now, after the queue's timed runs (their CPU time would slow a
+    # run), so that the pack-cache calls after the queue only copy them
+    pack_cache() {
+        [ -d "$CACHE_DIR" ] || { note "pack_cache: no $CACHE_DIR"; return 0; }
+        pack_cache_parts
+        note "pack_cache: $(ls "$LEASE_DIR"/cache_parts/cache.tar.xz.part* | wc -l) parts of 15 MiB ($(du -sh \
+            "$CACHE_DIR" | cut -f1) of caches): bench/lease.sh pack-cache DEST FIRST brings 8 a call"
+    }
+    export DATA_DIR CACHE_DIR
+    export -f note arm check need_shards watch_gpus pack_cache pack_cache_parts
     local runner='echo $$ > "$1/queue.pid"; cd "$2" || exit 1
 note "lease: queue start ($2)"; bash "$1/queue.sh"; rc=$?
 [ -s "$1/watch.pid" ] && kill "$(cat "$1/watch.pid")" 2>/dev/null

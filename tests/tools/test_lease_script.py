@@ -2,6 +2,7 @@
 it ends (exit 0), its logs collected flat; more than seven logs come back as one tar.xz."""
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -186,6 +187,40 @@ def test_compile_caches_round_trip_through_parts(tmp_path):
     assert "cache: unpacked 1 parts" in setup.stdout
     assert (fresh / "inductor" / "fx" / "graph.so").read_bytes() == payload
     assert (fresh / "triton" / "k.cubin").read_bytes() == b"cubin"
+
+
+def test_the_queue_packs_the_caches_for_the_calls_after_it(tmp_path):
+    """`pack_cache` at a queue's end packs the caches into parts and notes how many; `pack-cache` after the
+    queue then copies those parts (it does not pack again), and refuses to pack while a queue runs."""
+    cache = tmp_path / "cc"
+    (cache / "triton").mkdir(parents=True)
+    (cache / "triton" / "k.cubin").write_bytes(os.urandom(1 << 20))
+    env = {"CACHE_DIR": str(cache)}
+    queue = tmp_path / "queue.sh"
+    queue.write_text("pack_cache\n")
+    try:
+        assert lease_env(tmp_path, env, "start", str(queue)).returncode == 0
+        done = lease_env(tmp_path, env, "poll", "20")
+        assert done.returncode == 0, done.stdout + done.stderr
+        status = (tmp_path / "q" / "status").read_text()
+        assert re.search(r"pack_cache: 1 parts of 15 MiB \(\S+ of caches\)", status), status
+        part = tmp_path / "q" / "cache_parts" / "cache.tar.xz.part00"
+        packed_at = part.stat().st_mtime_ns
+        (cache / "triton" / "later.cubin").write_bytes(b"compiled after the queue")
+        brought = lease_env(tmp_path, env, "pack-cache", str(tmp_path / "back"))
+        assert brought.returncode == 0, brought.stderr
+        assert part.stat().st_mtime_ns == packed_at  # copied as the queue packed it
+        assert (tmp_path / "back" / "cache.tar.xz.part00").read_bytes() == part.read_bytes()
+    finally:
+        stop_queue(tmp_path)
+    (tmp_path / "q" / "cache_parts" / ".done").unlink()
+    queue.write_text("sleep 30\n")
+    try:
+        assert lease_env(tmp_path, env, "start", str(queue)).returncode == 0
+        refused = lease_env(tmp_path, env, "pack-cache", str(tmp_path / "again"))
+        assert refused.returncode == 1 and "the queue is still running" in refused.stderr
+    finally:
+        stop_queue(tmp_path)
 
 
 def test_carry_splits_shards_and_wheels_into_parts_that_setup_reassembles(tmp_path):

@@ -33,3 +33,4 @@ else
 fi
 python records/tool.py stages $L/v7_s*.txt $L/perstep_s*.txt > $L/stages.md 2>&1
 note "stages rc=$?"
+pack_cache  # V7's caches hit in every later lease (its script never changes), main's where its code did not
