@@ -3963,6 +3963,7 @@ class Trainer:
             self.log(f"warm-up step {step} done at {time.perf_counter() - start:.0f}s")
         for step in validations.values():
             self.evaluate(step, final=step == self.schedule.total_steps, max_batches=1)
+        self.log(f"warm-up validations ({len(validations)} shapes) done at {time.perf_counter() - start:.0f}s")
         if self.step_graphs is not None:
             self.capture_graphs(loader)
         if self.blend_tail_ema:  # T5.4's kernels, off the clock; the reset below undoes what they wrote

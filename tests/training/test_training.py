@@ -311,6 +311,7 @@ def test_seeds_run_once_per_seed_after_one_warm_up_each_as_that_seed_alone(tmp_p
     assert '"seed": 3,' in first and '"seed": 4,' in second and "run_id: many_s4" in second
     warmed_up = [bool(re.search(r"^Compile and warm-up took \d+s", log, re.M)) for log in (first, second)]
     assert warmed_up == [True, False]
+    assert re.search(r"^warm-up validations \([1-9]\d* shapes\) done at \d+s$", first, re.M)  # where its time went
     with pytest.raises(ValueError, match="SEEDS=1,2,1 repeats a seed"):
         T.check_hyperparameters(T.Hyperparameters.of(seeds=(1, 2, 1)))
 
