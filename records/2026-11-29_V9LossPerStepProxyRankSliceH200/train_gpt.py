@@ -1,0 +1,5972 @@
+"""speedrun: train a GPT-2-small-class model to a target validation loss as fast as possible.
+
+    torchrun --standalone --nproc_per_node=8 train_gpt.py      # also 1, 2 or 4 GPUs (same math)
+
+Read top-down: config (every hyperparameter, the stage table), model, optimizer, data, schedule and
+training, then the fast paths (Triton kernels, each beside its torch reference). Every field of
+`Hyperparameters` is overridable by the environment variable of the same name in upper case (e.g.
+`VAL_LOSS_EVERY=125`). Comments cite the techniques by section of docs/TECHNIQUES.md (T3.4) and by
+the number of the NanoGPT-speedrun record that introduced them (#62).
+"""
+
+import os
+
+os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+# FlashAttention-4 keeps its JIT-compiled kernels on disk, so later runs skip the compile (read at import)
+os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+
+import atexit
+import copy
+import dataclasses
+import difflib
+import functools
+import gc
+import glob
+import hashlib
+import json
+import math
+import re
+import resource
+import shlex
+import subprocess
+import sys
+import time
+import typing
+import unicodedata
+import uuid
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # CPU-only installs may lack Triton; every kernel has a torch path
+    triton = None
+varlen_attn = None
+if torch.version.cuda is not None:  # FA2 kernels: a CUDA build only; elsewhere its import (it loads dynamo) only slows start-up
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10
+    except ImportError:
+        pass
+try:
+    from flash_attn_interface import flash_attn_varlen_func  # FlashAttention-3, where installed
+except ImportError:
+    flash_attn_varlen_func = None
+try:
+    from flash_attn.cute import interface as fa4_interface  # FlashAttention-4 (CuTe DSL): requirements-gpu.txt
+except ImportError:
+    fa4_interface = None
+
+warnings.filterwarnings("ignore", message=".*reduce_scatter_tensor.*is deprecated.*")
+warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*is deprecated.*")
+
+# =============================================================================================
+# Config
+# =============================================================================================
+
+RANKS_PER_STEP = 8  # the schedule is written for 8 ranks; fewer GPUs accumulate gradients
+
+
+class SetupError(ValueError):
+    """A problem with the run's settings, machine or input files: main() reports it as one line
+    naming the fix (on rank 0 only, and in the run's log once it is open) and exits with 1."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One row of the schedule (T5.1). `fraction`: its share of the scheduled steps, None for the
+    extension that follows them (NUM_EXTENSION_ITERATIONS steps at the lr floor). Weights given as
+    (start, end) move linearly across the stage."""
+    fraction: float | None
+    batch_tokens: int  # global tokens per step; each of the RANKS_PER_STEP ranks takes 1/8
+    max_seq_len: int  # documents are truncated to this length
+    short_window: int  # sliding attention windows, in blocks of WINDOW_BLOCK_SIZE tokens (T3.8)
+    long_window: int
+    lr_mul: float  # learning-rate multiplier before the cooldown
+    mtp_weights: tuple[tuple[float, float], ...]  # loss weight of targets t+1, t+2, ... (T4.2)
+    prefix_weight: tuple[float, float] | None  # prefix-token loss weight (T4.3); None: no such target
+    ce_candidates: int  # columns of the training cross-entropy per forward (T4.6); 0: the full softmax
+    attention_cap: int  # training attention sees at most this many tokens of a document (T5.5); 0: no cap
+    taper: bool = False  # the taper row TAPER_FRACTION cuts from the stage before it (T5.5)
+
+
+# The last 8 % of the scheduled steps are a taper row of stage 3's with the full softmax (TAPER_FRACTION, T5.5)
+# From stage 3 on, documents of up to 3072 tokens under a 2560-token attention cap (record #92, PR #360; T5.5)
+TAPER = 0.08
+#       fraction  batch    seq   short long  lr    MTP weights: t+1, t+2, t+3          prefix        CE cands  cap
+STAGES = (
+    Stage(1 / 3, 131_072, 896, 1, 3, 1.00, ((1.0, 1.0), (0.5, 0.5), (0.25, 0.0)), (0.25, 0.25), 10_240, 0),
+    Stage(1 / 3, 262_144, 2048, 3, 7, 1.52, ((1.0, 1.0), (0.5, 0.0)), (0.25, 0.0), 14_336, 0),
+    Stage(1 / 3 - TAPER, 393_216, 3072, 5, 11, 1.73, ((1.0, 1.0),), None, 24_576, 2560),
+    Stage(TAPER, 393_216, 3072, 5, 11, 1.73, ((1.0, 1.0),), None, 0, 2560, taper=True),
+    Stage(None, 393_216, 3072, 6, 13, 1.73, ((1.0, 1.0),), None, 0, 2560),
+)
+# The columns that environment variables STAGE_<COLUMN> override, one comma-separated entry per row;
+# STAGE_FRACTION takes one per row but the extension
+STAGE_COLUMNS = ("batch_tokens", "max_seq_len", "short_window", "long_window", "lr_mul", "ce_candidates",
+                 "attention_cap")
+
+
+def stage_names(stages: tuple[Stage, ...]) -> list[str]:
+    """What the log calls each row: stage 1, stage 2, ..., the taper (T5.5), the extension."""
+    return [("taper" if stage.taper else f"stage {i + 1}") if stage.fraction is not None else "extension"
+            for i, stage in enumerate(stages)]
+
+
+def set_taper(stages: tuple[Stage, ...], fraction: float) -> tuple[Stage, ...]:
+    """The table with its taper row (record #92, PR #360; T5.5) holding the last `fraction` of the scheduled
+    steps, cut from the stage before it: a stage boundary late in the run where the batch or the candidate
+    budget can change. A table with a taper row keeps that row's columns and moves the boundary; one without
+    gets a copy of its last stage's row; 0 removes the row, its steps going back to that stage."""
+    *rows, extension = stages
+    if rows[-1].taper:
+        *rows, taper = rows
+        rows[-1] = dataclasses.replace(rows[-1], fraction=rows[-1].fraction + taper.fraction)
+    else:
+        taper = dataclasses.replace(rows[-1], taper=True)
+    if not fraction:
+        return (*rows, extension)
+    last = rows[-1]
+    if not 0 < fraction < last.fraction:
+        raise SetupError(f"TAPER_FRACTION={fraction}: give a share of the scheduled steps in [0, {last.fraction:.6g}) "
+                         f"(stage {len(rows)}'s fraction, which the taper row is cut from; 0: no taper row)")
+    return (*rows[:-1], dataclasses.replace(last, fraction=last.fraction - fraction),
+            dataclasses.replace(taper, fraction=fraction), extension)
+
+
+def replace_stage_columns(stages: tuple[Stage, ...], **columns: tuple) -> tuple[Stage, ...]:
+    """The table with whole columns replaced, e.g. batch_tokens=(2048, 4096, 4096, 4096); `fraction`
+    takes an entry for every row but the extension."""
+    names = stage_names(stages)
+    taper_hint = "; TAPER_FRACTION=0 removes the taper row" if any(stage.taper for stage in stages) else \
+        "; TAPER_FRACTION>0 adds a taper row"
+    for name, values in columns.items():
+        if name not in ("fraction", *STAGE_COLUMNS):
+            raise SetupError(f"unknown stage column {name!r} (one of fraction, {', '.join(STAGE_COLUMNS)})")
+        rows = names[:-1] if name == "fraction" else names
+        if len(values) != len(rows):
+            which = "rows with a fraction" if name == "fraction" else "rows"
+            raise SetupError(f"STAGE_{name.upper()} has {len(values)} entries; the stage table has {len(rows)} "
+                             f"{which} ({', '.join(rows)}{taper_hint}): give one entry per row")
+    return tuple(dataclasses.replace(stage, **{name: values[i] for name, values in columns.items()
+                                               if i < len(values)})  # fraction: the extension keeps None
+                 for i, stage in enumerate(stages))
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The token shards (T1.1) and the validation set."""
+    train_files: str = "data/fineweb10B/fineweb_train_*.bin"
+    val_files: str = "data/fineweb10B/fineweb_val_*.bin"
+    val_tokens: int = 10_485_760  # proxy runs use 3_932_160
+    val_seq_len: int = 262_144  # tokens per validation forward on one rank
+    tokenizer_dir: str = "data/gpt2"  # GPT-2's encoder.json (prefix-token loss) and vocab.bpe (validation masking)
+    val_mask: bool = False  # validation masking (T4.5): next tokens GPT-2's BPE cannot emit there get probability 0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture (T3); each technique switchable for ablations (docs/TECHNIQUES.md)."""
+    vocab_size: int = 50304
+    model_dim: int = 768
+    num_heads: int = 6
+    head_dim: int = 128
+    mlp_hidden: int = 3072
+    # the others are MLP only (4, 6, 9) or skipped whole (7), as in record #92 (T3.1)
+    attention_layers: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 10)
+    value_embed_layers: tuple[int, ...] = (1, 2, 8, 10)  # attention layers given a value-embedding plane (T3.3)
+    mlp_layers: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 8, 9, 10)  # the layers with an MLP: all but 7 (T3.1)
+    # attention layers with Q/K heads HEAD_DIM/2 wide, fully rotated (T3.18, record #92): all but layers 3 and 10
+    narrow_qk_layers: tuple[int, ...] = (0, 1, 2, 5, 8)
+    # narrow layers whose V and O heads are HEAD_DIM/2 wide too (T3.21, record #92's (64, 64) layers); off by default
+    narrow_vo_layers: tuple[int, ...] = ()
+    bigram_rows: int = 50304 * 15 // 2
+    ngram_rows: int = 0  # >0: the bigram injection's rows come from a hashed n-gram table this large (T3.19)
+    ngram_orders: tuple[int, ...] = (2, 3)  # with NGRAM_ROWS: the n-gram lengths hashed into it (2: bigram, 3: trigram)
+    value_embeds: bool = True
+    skip_connection: bool = True
+    residual_lambdas: bool = True  # 0: residual and sublayer weights fixed at 1
+    attn_lambdas: bool = True  # 0: attention weights unscaled
+    smear_gate: bool = True
+    attn_output_gates: bool = True
+    yarn: bool = True
+    key_offset: bool = True
+    paired_heads: bool = True
+    bigram_embed: bool = True
+    backout: bool = True  # the final MUDD mix starts by subtracting half of layer 7's output
+    late_attn_from_layer7: bool = True
+    xsa: bool = True  # gated exclusive self-attention on layers 1, 3, 4, 7
+    dc_mha: bool = True  # lightweight DC-MHA on layer 10
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """NorMuon on the banks, Adam on the rest (T2); the per-parameter table is NorMuonAdam's."""
+    muon_lr: float = 0.017  # the reference: 0.023 (tuned on the proxy, docs/TECHNIQUES.md T2.4)
+    muon_beta2: float = 0.9
+    muon_weight_decay: float = 1.2
+    orthogonalizer: str = "polar_express"  # a name in ORTHOGONALIZERS: newton_schulz, polar_express5_l3e3, ... (T2.3)
+    mantissa_tracking: bool = True  # bf16 banks with an exact fp32 master (T2.6)
+    muon_rails: bool = True  # two EMA rails of the bank gradients in place of one (T2.9)
+    muon_rails_slow_beta: float = 0.98  # with MUON_RAILS: the slow rail's constant beta (record #92)
+    adam_lr: float = 0.008
+    adam_eps: float = 1e-10
+    adam_weight_decay: float = 0.005
+    # with NGRAM_ROWS, the table rows' optimizer: adam (fp32 moments per value, 10 bytes a value) or rowwise (no
+    # momentum, one second moment per row, 2 bytes a value: record #92's per-rank rows fit rank-slice; T3.19)
+    ngram_optimizer: str = "adam"
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The stage table and what changes along the run (T5, T2.7, T2.8, T4)."""
+    num_scheduled_iterations: int = 1400  # the reference: 1270 in all (T5.1)
+    num_extension_iterations: int = 15
+    stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216,393216 etc.
+    taper_fraction: float = TAPER  # the taper row's share of the scheduled steps, set before the STAGE_<COLUMN>
+    # overrides (set_taper, T5.5); 0: no taper row, and the columns take an entry fewer
+    final_long_window: int = 32  # long window of the last validation, in blocks (no YaRN update); the reference: 20
+    window_block_size: int = 128
+    sliding_windows: bool = True
+    cooldown_frac: float = 0.55  # the reference: 0.60 (T5.1)
+    lr_floor: float = 0.15
+    untie_embed_at: float = 2 / 3  # fraction of the scheduled steps; 0 keeps them tied (T3.15)
+    muon_momentum_min: float = 0.85
+    muon_momentum_max: float = 0.95
+    muon_momentum_warmup_steps: int = 300
+    muon_momentum_cooldown_steps: int = 50
+    muon_rails_engage_at: float = 0.44  # with MUON_RAILS: from this fraction of the scheduled steps the
+    # fast rail's beta is MUON_RAILS_FAST_BETA and the blend weighs it MUON_RAILS_FAST_WEIGHT (T2.9)
+    muon_rails_fast_beta: float = 0.85
+    muon_rails_fast_weight: float = 0.4385
+    tail_ema_frac: float = 0.236  # an fp32 EMA of the weights over this share of all steps (334 of 1415), blended in before the final validation; 0: off (T5.4)
+    tail_ema_rate: float = 0.0  # the tail EMA's rate per step; 0: 2/(its steps + 1)
+    tail_ema_bank_blend: float = 0.55  # the EMA's share of the NorMuon banks after the blend (0: not averaged)
+    tail_ema_embed_blend: float = 0.65  # the EMA's share of embed and lm_head after the blend (0: not averaged)
+    adam_every_other_step: bool = True  # Adam on odd steps with two steps' gradients (T2.7)
+    multi_token_prediction: bool = True
+    prefix_loss: bool = True  # prefix-token auxiliary loss; reads tokenizer_dir/encoder.json
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """How the math runs, not what it computes: fast paths and their size thresholds, resolved once
+    per stage into an ExecutionPlan (see resolve_execution)."""
+    attention_backend: str = "auto"  # auto | fa3 | fa4 | varlen | flex | sdpa
+    fa4_min_tokens: int = 32768  # per-rank tokens per forward below which fa4 hands over to fa3/varlen (host-bound)
+    fp8_lm_head: bool = True  # CUDA only
+    fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
+    fused_mlp_min_tokens: int = 32768  # per-rank tokens per eager forward below which the plain MLP runs (launch-bound)
+    fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
+    fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
+    fp8_qkv_min_tokens: int = 49152  # per-rank tokens per eager forward below which it stays bf16 (host-bound there)
+    qk_rope_kernel: bool = True  # QK-norm + rotary as Triton kernels, forward and backward (CUDA, T6.4)
+    compile: bool = True
+    cuda_graphs: bool = True  # each training step's forward and backward replayed from a CUDA graph (CUDA only)
+    optimizer_graphs: bool = True  # with cuda_graphs at world size 1: the optimizer step replayed from CUDA graphs too (T5.3)
+    skip_guard_checks: bool = True  # after the warm-up, dynamo checks only the guards that tell its graphs apart
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One process's runs: where, how many, what is logged."""
+    val_loss_every: int = 250  # 0: only at the start and the end
+    stop_after: int = 0  # >0: end the run after this many steps, schedule unchanged (quick comparisons)
+    rank_slice: bool = False  # one GPU computes one rank's share of each 8-GPU step
+    seed: int = 0
+    seeds: tuple[int, ...] = ()  # e.g. 1,2,3: one compile, then one timed run per seed, logged as RUN_ID_s<seed>
+    device: str = "cuda"  # "cpu" runs the same code on the CPU (tests, smoke runs)
+    # >0: this process's CUDA caching allocator holds at most this many GiB (graph pools included), so that a
+    # larger GPU checks what fits a smaller one (77 on an H200: inside what an 80 GB H100's allocator gets)
+    gpu_memory_gib: float = 0.0
+    warmup: bool = True  # compile every shape before the clock, then restore the initial state
+    run_id: str = ""
+    log_dir: str = "logs"
+    save_checkpoint: bool = False
+    train_loss_every: int = 0  # >0: add train_loss to every N-th step line (costs a sync)
+    nonfinite_check_every: int = 25  # steps between checks of the losses and shortfall (T4.6), read a period later
+
+
+@dataclass(frozen=True)
+class Hyperparameters:
+    """Every setting, one tree of parts. Each field of a part is also a flat name: the environment
+    variable of that name in upper case overrides it (MUON_LR=0.02), and `of(muon_lr=0.02)` and
+    `replace(...)` take the flat names; the stage table's columns are STAGE_<COLUMN>."""
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+    execution: ExecutionConfig = dataclasses.field(default_factory=ExecutionConfig)
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+
+    @staticmethod
+    def part_of_field() -> dict[str, str]:
+        """Flat field name -> the part that holds it."""
+        return {f.name: part.name for part in dataclasses.fields(Hyperparameters)
+                for f in dataclasses.fields(part.default_factory)}
+
+    @classmethod
+    def of(cls, **values) -> "Hyperparameters":
+        """The defaults with the given flat fields replaced."""
+        return cls().replace(**values)
+
+    def replace(self, **values) -> "Hyperparameters":
+        parts, owner = {}, self.part_of_field()
+        for name, value in values.items():
+            if name not in owner:
+                raise SetupError(f"unknown setting {name!r}{nearest_hint(name, list(owner))}")
+            parts.setdefault(owner[name], {})[name] = value
+        return dataclasses.replace(self, **{part: dataclasses.replace(getattr(self, part), **fields)
+                                            for part, fields in parts.items()})
+
+    def flat(self) -> dict:
+        """{flat name: value} of every field (the log's `hyperparameters:` JSON)."""
+        return {name: value for part in dataclasses.fields(self)
+                for name, value in dataclasses.asdict(getattr(self, part.name)).items()}
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> "Hyperparameters":
+        """Defaults overridden by environment variables named like the fields, in upper case; the
+        stage table's columns by STAGE_<COLUMN>. A variable that looks like a setting but names
+        none (MUON_LRR) stops with the nearest name."""
+        check_unknown_settings(environ)
+        types = {part.name: part.default_factory for part in dataclasses.fields(cls)}
+        kinds = {name: typing.get_type_hints(types[part])[name] for name, part in cls.part_of_field().items()}
+        values = {name: _parse_env_value(name.upper(), environ[name.upper()], kind)
+                  for name, kind in kinds.items() if name != "stages" and name.upper() in environ}
+        columns = {}
+        for column in ("fraction", *STAGE_COLUMNS):
+            name = f"STAGE_{column.upper()}"
+            if name in environ:
+                kind = float if column == "fraction" else typing.get_type_hints(Stage)[column]
+                columns[column] = _parse_env_value(name, environ[name], tuple[kind, ...])
+        taper = values.get("taper_fraction")
+        stages = STAGES if taper is None else set_taper(STAGES, taper)  # first, so that the columns count its row
+        return cls.of(**values, stages=replace_stage_columns(stages, **columns))
+
+
+def hyperparameter_variables() -> list[str]:
+    """The environment variables Hyperparameters.from_env reads."""
+    names = [name.upper() for name in Hyperparameters.part_of_field() if name != "stages"]
+    return names + [f"STAGE_{column.upper()}" for column in ("fraction", *STAGE_COLUMNS)]
+
+
+def nearest_hint(name: str, known: list[str]) -> str:
+    """', did you mean X?' for the closest known name, or ''."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def check_unknown_settings(environ):
+    """Stop on an environment variable that looks like one of ours but is none: it shares a prefix
+    that two or more settings share (MUON_, STAGE_, FP8_, ...) or is spelled close to one. Run.sh
+    calls --check first, so a typo never trains silently with the default."""
+    known = hyperparameter_variables()
+    prefixes = {name.split("_")[0] + "_" for name in known}
+    prefixes = {p for p in prefixes if sum(name.startswith(p) for name in known) >= 2}
+    for name in sorted(environ):
+        if name in REMOVED_SETTINGS:
+            raise SetupError(f"{name} was removed: {REMOVED_SETTINGS[name]} (docs/TECHNIQUES.md, Removed); unset it")
+        if name in known or name in NOT_SETTINGS:
+            continue
+        if any(name.startswith(p) for p in prefixes) or difflib.get_close_matches(name, known, n=1, cutoff=0.85):
+            hint = nearest_hint(name, known) or f" (settings: {', '.join(sorted(known))})"
+            raise SetupError(f"unknown setting {name}={environ[name]!r}{hint}")
+
+
+# Environment variables that look like settings but belong to others (torchrun, run.sh)
+NOT_SETTINGS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SMOKE", "NGPU"}
+# Settings measured as no gain and taken out of the code: what they did
+REMOVED_SETTINGS = {"EMBED_GRAD_FP32": "fp32-summed embedding gradients measured no gain",
+                    "PAIRED_ROPE_BY_HEAD": "the reference's paired-head rotary positions measured no gain",
+                    "VALUE_EMBED_SPARSE": "the value embeddings as a row table measured slower than the dense path (T3.20)",
+                    "TABLE_ADAM_PERIOD": "the embedding tables' Adam every 4th step from fp32 sums cost more loss than "
+                                         "time (T2.10)",
+                    "TABLE_ADAM_PERIOD_FROM": "the embedding tables' Adam cadence cost more loss than time (T2.10)"}
+
+
+def _parse_env_value(name: str, raw: str, kind):
+    try:
+        if kind is bool:
+            word = raw.strip().lower()
+            if word in ("1", "true", "yes", "on"):
+                return True
+            if word in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected 1/0/true/false")
+        if kind is int:
+            return int(raw.replace("_", ""))
+        if kind is float:
+            return float(raw)
+        if kind is str:
+            return raw
+        item = typing.get_args(kind)[0]  # tuple[int, ...] / tuple[float, ...]: comma separated, empty: ()
+        return tuple(item(x.replace("_", "")) for x in raw.split(",")) if raw.strip() else ()
+    except ValueError as error:
+        raise SetupError(f"environment variable {name}={raw!r} is not a valid {kind}: {error}") from None
+
+
+def grad_accum_steps(hp: Hyperparameters, world_size: int) -> int:
+    """Micro-batches per step on each GPU: fewer GPUs accumulate the 8 ranks' slices (T1.3)."""
+    return 1 if hp.run.rank_slice else RANKS_PER_STEP // world_size
+
+
+def longest_forward(hp: Hyperparameters) -> int:
+    """Tokens of the longest forward on one rank (sizes the rotary tables)."""
+    return max(hp.data.val_seq_len, longest_training_forward(hp))
+
+
+def longest_training_forward(hp: Hyperparameters) -> int:
+    """Tokens of the longest training forward (one micro-batch) on one rank (sizes the n-gram row cache, T3.19)."""
+    return max(stage.batch_tokens for stage in hp.schedule.stages) // RANKS_PER_STEP
+
+# =============================================================================================
+# Model
+# =============================================================================================
+
+# Layer layout of the 11-layer model (T3.1). Which layers attend (layer 6 not, #17; the index in
+# ModelConfig.attention_layers is the bank slot) and which take a value embedding (the index in
+# ModelConfig.value_embed_layers is the table's block) are settings; the roles below are fixed.
+NUM_LAYERS = 11
+LONG_WINDOW_LAYERS = (3, 10)
+PAIRED_HEAD_LAYERS = (0, 2, 5, 9)
+KEY_OFFSET_LAYERS = (3, 10)
+SKIP_SOURCE_LAYER, SKIP_TARGET_LAYER = 3, 6
+CACHED_LAYER = 7  # its output feeds attention in layers 8-10 (#77) and the final mix (#40)
+XSA_LAYERS = (1, 3, 4, 7)  # exclusive self-attention (#82, #85)
+OUTPUT_GATE_LAYERS = (3, 10)  # attention output gates from the MUDD gates (#85)
+MUDD_LAYER = 10  # residual mix, extra value input and value-embedding gate from the MUDD block (#81)
+POST_GATE_LAYER = 4  # the post MUDD gate reads the residual entering this layer (#85)
+DC_LAYER, DC_WINDOW = 10, 112  # lightweight DC-MHA: its layer and local window in keys (#85)
+MUDD_HIDDEN, MUDD_SCALE, MUDD_GATE_SCALE_INIT = 64, 0.1, 0.1
+GATE_INPUTS = 12  # residual channels a learned sigmoid gate reads (smear, value-embedding gates)
+# Per-token coefficients of the MUDD block at layer 10 (from the residual entering it) and of the
+# final mix before the head (from the last residual), in output order (T3.14). "input" is the
+# residual entering layer 0, "layerN" the residual after layer N.
+MUDD_LAYER_OUTPUTS = ("v_input", "v_layer7", "v_residual", "mix_input", "mix_layer7", "mix_residual",
+                      "ve_gate_first_heads", "ve_gate_last_heads", "attn_residual", "attn_out", "attn_input",
+                      "attn_bigram", "mlp_residual", "mlp_out")
+MUDD_FINAL_OUTPUTS = ("input", "layer7", "layer9", "value_embed", "layer3")
+RESIDUAL_LAMBDA_INIT, BIGRAM_LAMBDA_INIT, BACKOUT_LAMBDA_INIT, SKIP_LAMBDA_INIT = math.sqrt(1.1), 0.05, 0.5, -1.5
+BIGRAM_SIGN_ROWS = 8192
+ATTN_SCALE_INIT = 0.1  # softmax scale, raised by YaRN (#31)
+# Narrow Q/K heads (T3.18) take the wide heads' softmax scale times √(128/64): a q·k of unit-RMS heads
+# half as wide spreads √2 less, so its logits start as spread out as the wide heads' do (unmeasured)
+NARROW_QK_SCALE_MUL = math.sqrt(2)
+NO_WINDOW = -1
+
+
+@dataclass(frozen=True)
+class ForwardShape:
+    """What a forward needs besides the tokens; each value is a compile-time constant."""
+    short_window: int  # tokens, or NO_WINDOW
+    long_window: int
+    max_seq_len: int  # longest document (attention kernels' max_seqlen)
+    n_predict: int = 1  # multi-token prediction targets t+1 .. t+n_predict
+    prefix_target: bool = False  # one more target column: the prefix token of the next token (#88)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """What one layer does, fixed when the model is built from the layout above and the switches."""
+    index: int
+    attn_slot: int | None  # its slot in the attention banks; None: MLP only (layer 6)
+    mlp_slot: int | None  # its slot in the MLP bank; None: no MLP (MLP_LAYERS, T3.1)
+    long_window: bool
+    paired_heads: bool  # heads h and h + H/2 attend as one head over a doubled sequence (T3.10)
+    narrow_qk: bool  # Q/K heads half as wide, all their dimensions rotated; V/O stay full width (T3.18)
+    qk_slot: int | None  # its slot in the Q/K bank of its width: qk_narrow_bank if narrow_qk, else qk_bank
+    narrow_vo: bool  # V and O heads half as wide as well (T3.21)
+    vo_slot: int | None  # its slot in the V/O bank of its width: vo_narrow_bank if narrow_vo, else vo_bank
+    key_offset: bool  # keys' stationary half from the previous token (T3.11)
+    value_embed: int | None  # block of the value-embedding table added to its values (T3.3)
+    value_gate: int | None  # row of ve_gate_bank gating it; None at the MUDD layer (MUDD gates it)
+    reads_layer7: bool  # attention reads the cached layer-7 output, not the residual (T3.12)
+    mudd: bool  # the MUDD layer: dense value input and residual weights from MUDD connections (T3.14)
+    skip_target: bool  # adds the gated output of SKIP_SOURCE_LAYER (T3.7)
+    bigram: bool  # the bigram embedding re-injected after its attention (T3.4); layer 0's enters with x0
+    xsa: bool  # gated exclusive self-attention (T3.13)
+    out_gate: bool  # attention output gate from the MUDD gates (T3.16)
+    dc_mha: bool  # lightweight DC-MHA on a local window (T3.17)
+    gates_post: bool  # the post MUDD gate reads the residual entering this layer (T3.16)
+
+    @property
+    def value_input(self) -> bool:
+        """Its attention adds an extra value input: a value embedding or the MUDD value mix."""
+        return self.value_embed is not None or self.mudd
+
+
+def layer_plans(cfg: ModelConfig) -> tuple[LayerPlan, ...]:
+    attending = cfg.attention_layers
+    wide = [layer for layer in attending if layer not in cfg.narrow_qk_layers]
+    wide_vo = [layer for layer in attending if layer not in cfg.narrow_vo_layers]
+    ve_layers = cfg.value_embed_layers if cfg.value_embeds else ()
+    gated = [layer for layer in cfg.value_embed_layers if layer != MUDD_LAYER]  # rows of ve_gate_bank
+    return tuple(LayerPlan(
+        index=layer,
+        attn_slot=attending.index(layer) if layer in attending else None,
+        mlp_slot=cfg.mlp_layers.index(layer) if layer in cfg.mlp_layers else None,
+        long_window=layer in LONG_WINDOW_LAYERS,
+        paired_heads=cfg.paired_heads and layer in PAIRED_HEAD_LAYERS and layer in attending,
+        narrow_qk=layer in cfg.narrow_qk_layers,
+        qk_slot=(cfg.narrow_qk_layers.index(layer) if layer in cfg.narrow_qk_layers
+                 else wide.index(layer) if layer in wide else None),
+        narrow_vo=layer in cfg.narrow_vo_layers,
+        vo_slot=(cfg.narrow_vo_layers.index(layer) if layer in cfg.narrow_vo_layers
+                 else wide_vo.index(layer) if layer in wide_vo else None),
+        key_offset=cfg.key_offset and layer in KEY_OFFSET_LAYERS,
+        value_embed=ve_layers.index(layer) if layer in ve_layers else None,
+        value_gate=gated.index(layer) if layer in ve_layers and layer in gated else None,
+        reads_layer7=cfg.late_attn_from_layer7 and layer > CACHED_LAYER,
+        mudd=layer == MUDD_LAYER,
+        skip_target=cfg.skip_connection and layer == SKIP_TARGET_LAYER,
+        bigram=cfg.bigram_embed and layer in attending and layer > 0,
+        xsa=cfg.xsa and layer in XSA_LAYERS and layer in attending,
+        out_gate=cfg.attn_output_gates and layer in OUTPUT_GATE_LAYERS,
+        dc_mha=cfg.dc_mha and layer == DC_LAYER,
+        gates_post=layer == POST_GATE_LAYER,
+    ) for layer in range(NUM_LAYERS))
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """How a forward of one size runs on this device: every fast-path choice, resolved once per
+    stage (resolve_execution) and passed to the model with the step, never re-tested inside it.
+    With the ForwardShape it keys the compiled graph of a step."""
+    attention: str  # the attention backend: fa3 | fa4 | varlen | flex | sdpa
+    mlp_fused: bool  # the ReLU² MLP's custom backward (T6.1); False: the plain expression
+    mlp_kernel: bool  # ... with the Triton TMA GEMM (Hopper or newer); False: torch matmuls
+    mlp_e4m3: bool  # the fused MLP's forward in e4m3 (T6.2)
+    qkv_e4m3: bool  # the Q/K/V projection in e4m3 (T6.3)
+    lm_head_fp8: bool  # the lm_head and its gradients in FP8 (T4.4)
+    ce_candidates: int  # the training cross-entropy's columns (T4.6): a sampled softmax; 0: the full one
+    dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
+    qk_rope_kernel: bool  # QK-norm, rotary, key offset and q's scale as Triton kernels (T6.4); False: torch
+    cuda_graph: bool  # the training step's forward and backward replayed from a CUDA graph (T5.3)
+    evaluation_chunk: int  # evaluation: tokens per lm_head product and soft-capped cross-entropy; 0 in training
+
+
+def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.device, tokens: int,
+                      training: bool, ce_candidates: int = 0) -> ExecutionPlan:
+    """The plan of a forward of `tokens` tokens on one rank: the settings, what the device has, and
+    the size thresholds below which a forward launched from the host (the host-bound stage 1 without
+    CUDA graphs) keeps the paths that launch faster. A graphed step launches nothing from the host, so
+    the fused MLP and e4m3 Q/K/V thresholds do not apply to it (T5.3). ce_candidates: the stage's
+    candidate budget (T4.6). Evaluation (training=False) stays bf16 and takes the full softmax."""
+    cuda = device.type == "cuda" and torch.cuda.is_available()
+    kernels = cuda and triton is not None
+    hopper = kernels and torch.cuda.get_device_capability(device)[0] >= 9  # TMA, e4m3 GEMMs
+    graphed = training and cfg.cuda_graphs and cuda
+    backend = resolve_attention_backend(cfg.attention_backend, device.type)
+    narrow_qk = bool(model.narrow_qk_layers)
+    if backend == "fa4" and tokens < cfg.fa4_min_tokens:  # FA4's per-call host cost outweighs its kernels
+        backend = fa4_small_forward_backend(narrow_qk)
+    if backend == "varlen" and varlen_attn is None:  # asked for, or auto's and FA4's fallback without FA3
+        raise SetupError("attention backend varlen needs torch >= 2.10 built with CUDA (torch.nn.attention.varlen): "
+                         "install FlashAttention-4 (requirements-gpu.txt) or set ATTENTION_BACKEND=flex")
+    if backend == "varlen" and narrow_qk:
+        raise SetupError("NARROW_QK_LAYERS needs q and k narrower than v, which torch's varlen attention does not "
+                         "take: use ATTENTION_BACKEND=fa4 or flex, or set NARROW_QK_LAYERS= (empty) for full-width heads")
+    fused_mlp = cfg.fused_mlp and (graphed or tokens >= cfg.fused_mlp_min_tokens)
+    # the narrow width is a power of two where the wide one is
+    qk_rope_kernel = (kernels and cfg.qk_rope_kernel
+                      and qk_rope_kernel_supports(model.head_dim // 2 if narrow_qk else model.head_dim))
+    return ExecutionPlan(
+        attention=backend, mlp_fused=fused_mlp, mlp_kernel=fused_mlp and hopper,
+        mlp_e4m3=training and cfg.fp8_mlp and fused_mlp and hopper,
+        qkv_e4m3=training and cfg.fp8_qkv and hopper and (graphed or tokens >= cfg.fp8_qkv_min_tokens),
+        lm_head_fp8=training and cfg.fp8_lm_head and cuda, ce_candidates=ce_candidates if training else 0,
+        dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
+        qk_rope_kernel=qk_rope_kernel,
+        cuda_graph=graphed,
+        # the logits of 64 tokens (13 MB in fp32) stay in a CPU's cache; a GPU takes 32768 at a time
+        evaluation_chunk=0 if training else min(32768 if cuda else 64, tokens))
+
+
+def norm(x: Tensor) -> Tensor:
+    """RMSNorm without weights (eps: F.rms_norm's default, fp32's machine epsilon for bf16 and fp32) (T3.2)."""
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def rope_frequencies(head_dim: int) -> Tensor:
+    """Half-truncated RoPE (#17): head_dim/4 frequencies 1 ... 1/1024 rad/token rotate the first
+    head_dim/2 dimensions as interleaved pairs (#58); the other half is stationary (T3.9). Narrow Q/K
+    heads (head_dim/2 wide, T3.18) are turned whole by the same frequencies."""
+    return (1 / 1024) ** torch.linspace(0, 1, head_dim // 4, dtype=torch.float64)
+
+
+def yarn(frequencies: Tensor, long_windows: list[int]) -> tuple[Tensor, float]:
+    """YaRN (#31, T3.9): on each long-window change W_old -> W_new, interpolate the frequencies that
+    rotate less than 32 times over W_old and raise the softmax scale by 1 + 0.2·ln(W_new/W_old).
+    Returns (frequencies, attention scale) after the given sequence of long windows."""
+    freqs, scale = frequencies.clone(), ATTN_SCALE_INIT
+    for old, new in zip(long_windows, long_windows[1:]):
+        if new == old:
+            continue
+        rotations = old * freqs / (2 * math.pi)
+        keep = ((rotations - 1) / (32 - 1)).clamp(0, 1)
+        freqs = freqs * (old / new + keep * (1 - old / new))
+        scale *= 1 + 0.2 * math.log(new / old)
+    return freqs, scale
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (..., D) with its first 2·P dimensions rotated as P interleaved pairs by the angles whose
+    cos/sin (..., P), broadcasting against x's leading dimensions, are given; the rest stationary
+    (T3.9). The model's tables have P = head_dim/4: half of a wide head turns, all of a narrow one (T3.18)."""
+    turning = 2 * cos.size(-1)
+    pairs = x[..., :turning].unflatten(-1, (turning // 2, 2))
+    x1, x2 = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((rotated, x[..., turning:]), dim=-1)
+
+
+def shift_key_half(k: Tensor) -> Tensor:
+    """Partial key offset (#49, T3.11): the stationary half of each key takes the previous token's."""
+    half = k.size(-1) // 2
+    return torch.cat([k[:, :, :half], torch.cat([k[:1, :, half:], k[:-1, :, half:]])], dim=-1)
+
+
+def exclusive_self_attention(y: Tensor, v: Tensor, alpha: Tensor) -> Tensor:
+    """Gated XSA (arXiv 2603.09078; #82, #85; T3.13): removes tanh(α) of each head output's component
+    along the token's own value vector. y, v (T, H, D); alpha (T, H) or (H,)."""
+    yf, vf = y.float(), v.float()
+    along = (yf * vf).sum(-1, keepdim=True) / vf.square().sum(-1, keepdim=True).clamp_min(1e-8)
+    return (yf - torch.tanh(alpha.float())[..., None] * along * vf).to(y.dtype)
+
+
+ATTENTION_BACKENDS = ("auto", "fa3", "fa4", "varlen", "flex", "sdpa")
+FA4_GPU_MAJORS = (9, 10)  # Hopper (sm90) and datacenter Blackwell (sm100): the GPUs FA4's kernels target
+
+
+def fa4_runs_here(device_type: str) -> bool:
+    """FlashAttention-4 is importable and this process's GPU is one its kernels target."""
+    return (fa4_interface is not None and device_type == "cuda"
+            and torch.cuda.get_device_capability()[0] in FA4_GPU_MAJORS)
+
+
+def fa4_small_forward_backend(narrow_qk: bool) -> str:
+    """Where forwards below FA4_MIN_TOKENS go with ATTENTION_BACKEND=fa4: FA3, else torch's varlen
+    attention, which takes one head width, so narrow Q/K heads (T3.18) stay on FA4."""
+    if flash_attn_varlen_func is not None:
+        return "fa3"
+    return "fa4" if narrow_qk else "varlen"
+
+
+def resolve_attention_backend(requested: str, device_type: str) -> str:
+    """auto on CUDA: FlashAttention-4 where it runs (docs/TECHNIQUES.md T3.8), else FA3 where
+    importable, else torch's varlen attention; SDPA on the CPU."""
+    if requested not in ATTENTION_BACKENDS:
+        raise SetupError(f"ATTENTION_BACKEND={requested}: use one of {', '.join(ATTENTION_BACKENDS)}")
+    if requested == "fa3" and flash_attn_varlen_func is None:
+        raise SetupError("ATTENTION_BACKEND=fa3 needs FlashAttention-3 (flash_attn_interface): install it or use auto")
+    if requested == "fa4" and fa4_interface is None:
+        raise SetupError("ATTENTION_BACKEND=fa4 needs FlashAttention-4 (flash_attn.cute): "
+                         "pip install -r requirements-gpu.txt, or use auto")
+    if requested == "fa4" and not fa4_runs_here(device_type):
+        raise SetupError("ATTENTION_BACKEND=fa4 runs on Hopper or Blackwell GPUs (sm90, sm100): use auto")
+    if requested != "auto":
+        return requested
+    if device_type != "cuda":
+        return "sdpa"
+    if fa4_runs_here(device_type):
+        return "fa4"
+    return "fa3" if flash_attn_varlen_func is not None else "varlen"
+
+
+@dataclass
+class AttnArgs:
+    """The document layout of one forward as the attention kernels take it, built once per forward."""
+    cu_seqlens: Tensor  # document boundaries [0, ..., T] (varlen kernels)
+    doc_ids: Tensor  # document of every position (DC-MHA, flex and SDPA masks)
+    max_seqlen: int
+    backend: str
+    block_masks: dict  # flex: one block mask per window, made on first use
+
+    def doubled(self) -> "AttnArgs":
+        """The same documents over the doubled sequence of paired-head layers (2t, 2t + 1)."""
+        return AttnArgs(2 * self.cu_seqlens, self.doc_ids.repeat_interleave(2), 2 * self.max_seqlen,
+                        self.backend, {})
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, args: AttnArgs, window: int) -> Tensor:
+    """Causal attention within documents over keys at most `window` positions back (NO_WINDOW:
+    unbounded). q, k, v: (S, H, D), q already scaled."""
+    if args.backend == "fa3":
+        return flash_attn_varlen_func(q, k, v, args.cu_seqlens, args.cu_seqlens, args.max_seqlen, args.max_seqlen,
+                                      softmax_scale=1.0, causal=True, window_size=(window, 0))
+    if args.backend == "fa4":
+        return fa4_varlen_attention(q, k, v, args.cu_seqlens, args.max_seqlen, window)[0]
+    if args.backend == "varlen":
+        return varlen_attn(q, k, v, args.cu_seqlens, args.cu_seqlens, args.max_seqlen, args.max_seqlen, scale=1.0,
+                           window_size=(window, 0))
+    S, doc_ids = q.size(0), args.doc_ids
+    if args.backend == "flex":
+        if window not in args.block_masks:
+            def doc_causal_window(b, h, qi, ki):
+                inside = (qi >= ki) & (doc_ids[qi] == doc_ids[ki])
+                return inside if window == NO_WINDOW else inside & (qi - ki <= window)
+            args.block_masks[window] = create_block_mask(doc_causal_window, None, None, S, S, device=q.device)
+        out = flex_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                             block_mask=args.block_masks[window], scale=1.0)
+        return out[0].transpose(0, 1)
+    if args.backend == "sdpa":
+        pos = torch.arange(S, device=q.device)
+        mask = (pos[:, None] >= pos[None, :]) & (doc_ids[:, None] == doc_ids[None, :])
+        if window != NO_WINDOW:
+            mask &= pos[:, None] - pos[None, :] <= window
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                             attn_mask=mask, scale=1.0)
+        return out.transpose(0, 1)
+    raise ValueError(f"unknown attention backend {args.backend!r} (one of {', '.join(ATTENTION_BACKENDS[1:])})")
+
+
+def scalar_layout(cfg: ModelConfig) -> dict[str, tuple[Tensor, bool]]:
+    """Named scalars: initial value and whether it is learned (a part of the `scalars` parameter,
+    in this order) or fixed by a switch that is off (T3.5). Skip and smear exist only when on."""
+    parts = {"attn_lambdas": (torch.tensor([0.5, 1.0]).repeat(NUM_LAYERS, 1), True) if cfg.attn_lambdas
+             else (torch.ones(NUM_LAYERS, 2), False)}
+    if cfg.smear_gate:
+        parts["smear_lambda"] = (torch.tensor(0.0), True)
+    if cfg.skip_connection:
+        parts["skip_lambda"] = (torch.tensor(SKIP_LAMBDA_INIT), True)
+    return parts
+
+
+def mudd_gate_outputs(cfg: ModelConfig) -> tuple[list, list]:
+    """The MUDD gates' outputs (T3.16), ((kind, layer), width, initial value) each: those of the pre
+    gate (from x0, for layers before POST_GATE_LAYER), then those of the post gate."""
+    H = cfg.num_heads
+    outputs = [(("xsa", layer), H, 0.0) for layer in XSA_LAYERS if cfg.xsa and layer in cfg.attention_layers]
+    outputs += [(("out_gate", layer), H, 0.25) for layer in OUTPUT_GATE_LAYERS if cfg.attn_output_gates]
+    for layer in cfg.attention_layers:
+        if layer != MUDD_LAYER:  # x0 and bigram injections; the MUDD layer mixes its own
+            outputs.append((("x0", layer), 1, 0.0))
+            if cfg.bigram_embed:
+                outputs.append((("bigram", layer), 1, BIGRAM_LAMBDA_INIT))
+    if cfg.skip_connection:
+        outputs.append((("skip", SKIP_TARGET_LAYER), 1, 0.5))
+    if cfg.dc_mha:
+        outputs += [(("dc_w1", DC_LAYER), H, 1.0), (("dc_w2", DC_LAYER), H, 0.0)]
+    pre = [o for o in outputs if o[0][1] < POST_GATE_LAYER]
+    return pre, [o for o in outputs if o[0][1] >= POST_GATE_LAYER]
+
+
+def mudd_connection_outputs(cfg: ModelConfig) -> tuple[list, list]:
+    """The MUDD connections' coefficients (T3.14), (name, 1, initial value) each, for the layer-10 block
+    and the final mix. At init they equal the static architecture they replaced: the residual
+    lambdas, value-embedding gate 2 (= 2σ(0)), bigram 0.05, no x0, and the backout −0.5·layer7."""
+    residual = RESIDUAL_LAMBDA_INIT if cfg.residual_lambdas else 1.0
+    layer = dict.fromkeys(MUDD_LAYER_OUTPUTS, 0.0)
+    layer.update(ve_gate_first_heads=2.0, ve_gate_last_heads=2.0, attn_residual=residual, attn_out=1.0,
+                 attn_bigram=BIGRAM_LAMBDA_INIT, mlp_residual=residual, mlp_out=1.0)
+    final = dict.fromkeys(MUDD_FINAL_OUTPUTS, 0.0)
+    final["layer7"] = -BACKOUT_LAMBDA_INIT if cfg.backout else 0.0
+    return [(name, 1, value) for name, value in layer.items()], [(name, 1, value) for name, value in final.items()]
+
+
+class MuddBlock(nn.Module):
+    """Two small per-token MLPs, x -> scale·(W2·GELU(W1[i]·x) + b2) for i = 0, 1, each with named
+    outputs of given widths: MUDD connections (#81, fixed scale 0.1) and MUDD gates (#85, learned scale)."""
+
+    def __init__(self, dim: int, outputs: tuple[list, list], scale: float, learned_scale: bool):
+        super().__init__()
+        self.outputs = outputs
+        initial = torch.tensor([value for part in outputs for _, width, value in part for _ in range(width)])
+        bound = dim ** -0.5  # Kaiming-uniform
+        self.w1 = nn.Parameter(torch.empty(2, MUDD_HIDDEN, dim, dtype=torch.bfloat16).uniform_(-bound, bound))
+        self.w2 = nn.Parameter(torch.zeros(len(initial), MUDD_HIDDEN, dtype=torch.bfloat16))
+        self.b2 = nn.Parameter((initial / scale).to(torch.bfloat16))
+        self.scale = nn.Parameter(torch.tensor(scale)) if learned_scale else scale
+
+    def forward(self, which: int, x: Tensor) -> dict:
+        """{name: (T, width)} of MLP `which` on x (T, dim)."""
+        names, widths = zip(*[(name, width) for name, width, _ in self.outputs[which]])
+        first = sum(width for _, width, _ in self.outputs[0]) if which else 0
+        rows = slice(first, first + sum(widths))
+        out = F.gelu(x @ self.w1[which].t()) @ self.w2[rows].t() + self.b2[rows]
+        return dict(zip(names, (self.scale * out).split(widths, -1)))
+
+
+@dataclass
+class ForwardContext:
+    """What the layers of one forward share besides the residual stream x."""
+    x_input: Tensor  # the residual entering layer 0
+    x0: Tensor  # the normalized embedding, re-injected after every attention (T3.4)
+    bigram: Tensor | None  # the bigram embedding, re-injected likewise (LayerPlan.bigram)
+    value_embeds: tuple[Tensor, ...]  # one (T, d) block per value-embedding layer (none when off)
+    gates: dict  # MUDD gate outputs {(kind, layer): (T, width)}; the post gate's added at its layer
+    scalars: dict[str, Tensor]
+    shape: ForwardShape
+    execution: ExecutionPlan
+    attn: AttnArgs
+    attn_paired: AttnArgs | None  # the doubled sequence of paired-head layers
+    rope: tuple[Tensor, Tensor]  # cos, sin (T, 1, hd/4) at positions 0..T-1
+    rope_paired: tuple[Tensor, Tensor] | None  # cos, sin (T, 2, 1, hd/4): the paired-head positions
+    # The banks unbound once per forward into per-layer views: their backward is one stack per bank,
+    # where indexing the bank in each layer would zero-fill a bank-sized gradient per layer (#56, #74).
+    qk: tuple[Tensor, ...]  # per attention slot: (2·H·w, d), Q then K rows, w its Q/K head width (T3.18)
+    vo: tuple[Tensor, ...]  # per attention slot: (2, H·w, d), V (out, in) then O stored (in, out) if narrow_vo
+    # else (2, d, d), V then O (out, in); w its V/O head width (T3.21)
+    mlp_fc: tuple[Tensor, ...]  # per MLP slot: (hidden, d)
+    mlp_proj: tuple[Tensor, ...]  # per MLP slot: (hidden, d), stored (in, out)
+    qkv8: "QKVBankFP8 | None"  # with execution.qkv_e4m3: the e4m3 Q/K/V weights (T6.3)
+    mlp8: "MLPBankFP8 | None"  # with execution.mlp_e4m3: the e4m3 MLP weights (T6.2)
+    outputs: dict[int, Tensor]  # residual after each layer so far
+
+
+class GPT(nn.Module):
+    """GPT with banked weights: Q/K, V/O and MLP matrices of all layers live in 3-D parameters
+    (#61, T3.1) that the optimizer orthogonalizes batch-wise. Activations are bf16. `max_tokens`:
+    the longest forward on one rank (sizes the rotary tables); `max_train_tokens`: the longest training
+    forward (sizes the n-gram row cache whose gradient the backward fills; None: max_tokens)."""
+
+    def __init__(self, cfg: ModelConfig, max_tokens: int, max_train_tokens: int | None = None):
+        super().__init__()
+        if cfg.num_heads * cfg.head_dim != cfg.model_dim or cfg.num_heads % 2:
+            raise SetupError(f"need NUM_HEADS * HEAD_DIM == MODEL_DIM and an even NUM_HEADS, got "
+                             f"{cfg.num_heads}x{cfg.head_dim} vs {cfg.model_dim}")
+        self.config = cfg
+        self.layers = layer_plans(cfg)
+        self._init_matrices(cfg)  # parameters in the order they draw from the random generator
+        self._init_embeddings(cfg, max_tokens, max_train_tokens or max_tokens)
+        self._init_scalars(cfg)
+        self.mudd = MuddBlock(cfg.model_dim, mudd_connection_outputs(cfg), MUDD_SCALE, learned_scale=False)
+        self.gates = MuddBlock(cfg.model_dim, mudd_gate_outputs(cfg), MUDD_GATE_SCALE_INIT, learned_scale=True)
+        # prefix token of every token, filled by the trainer when the prefix-token loss runs (#88); -1: none
+        self.register_buffer("prefix_ids", torch.full((cfg.vocab_size,), -1, dtype=torch.long), persistent=False)
+        # the sampled cross-entropy's (T4.6): the step its negatives are swept for (set by the trainer,
+        # read on the device), and the most distinct targets a forward had beyond its budget
+        self.register_buffer("candidate_step", torch.zeros((), dtype=torch.long), persistent=False)
+        self.register_buffer("candidate_shortfall", torch.zeros((), dtype=torch.long), persistent=False)
+        hd, positions = cfg.head_dim, 2 * max_tokens  # paired layers double the sequence
+        self.register_buffer("rope_base", rope_frequencies(hd), persistent=False)
+        self.register_buffer("rope_cos", torch.empty(positions, hd // 4, dtype=torch.bfloat16), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(positions, hd // 4, dtype=torch.bfloat16), persistent=False)
+        self.register_buffer("attn_scale", torch.tensor(ATTN_SCALE_INIT), persistent=False)
+        self.register_buffer("narrow_attn_scale", torch.tensor(ATTN_SCALE_INIT * NARROW_QK_SCALE_MUL),
+                             persistent=False)  # narrow Q/K heads' (T3.18)
+        self.set_long_windows([1])
+
+    def _apply(self, fn, recurse=True):
+        """Module.to and the like, the n-gram row cache (ngram_cache) kept a leaf whose .grad the backward
+        fills: Module moves buffers with autograd on, which would leave a moved cache the output of a copy."""
+        super()._apply(fn, recurse)
+        if hasattr(self, "ngram_cache"):
+            self.ngram_cache.detach_().requires_grad_()
+        return self
+
+    def _init_matrices(self, cfg: ModelConfig):
+        d, H, hd, V = cfg.model_dim, cfg.num_heads, cfg.head_dim, cfg.vocab_size
+        n_attn, bf16 = len(cfg.attention_layers), dict(dtype=torch.bfloat16)
+        bound = math.sqrt(3) * 0.5 * d ** -0.5  # uniform with std 0.5/sqrt(d)
+        self.lm_head = nn.Parameter(torch.empty(V, d, **bf16).normal_(0, 0.005))
+        self.embed = nn.Parameter(self.lm_head.detach().clone())  # tied at init (#51, T3.15)
+        # Q/K per head pair (#80): slot a holds H/2 Q groups then H/2 K groups of (2·hd, d); the narrow
+        # layers' (T3.18) in a bank of their own, (hd, d) per head pair (NorMuon takes one shape per bank)
+        n_narrow = len(cfg.narrow_qk_layers)
+        if n_attn > n_narrow:
+            self.qk_bank = nn.Parameter(torch.empty((n_attn - n_narrow) * H, 2 * hd, d, **bf16).uniform_(-bound, bound))
+        if n_narrow:
+            self.qk_narrow_bank = nn.Parameter(torch.empty(n_narrow * H, hd, d, **bf16).uniform_(-bound, bound))
+        # V and O per attention slot: (d, d) each as (out, in); the layers with narrow V/O heads (T3.21) in a
+        # bank of their own, V (H·hd/2, d) as (out, in) and O stored (in, out) so that both are one shape
+        n_narrow_vo = len(cfg.narrow_vo_layers)
+        if n_attn > n_narrow_vo:
+            self.vo_bank = nn.Parameter(torch.empty(2 * (n_attn - n_narrow_vo), d, d, **bf16).uniform_(-bound, bound))
+        if n_narrow_vo:
+            self.vo_narrow_bank = nn.Parameter(torch.empty(2 * n_narrow_vo, H * hd // 2, d, **bf16).uniform_(-bound, bound))
+        mlp = torch.empty(len(cfg.mlp_layers), 2, cfg.mlp_hidden, d, **bf16)  # per MLP slot
+        mlp[:, 0].uniform_(-bound, bound)  # fc (hidden, d); proj stored (hidden, d) = (in, out), zero (#5)
+        mlp[:, 1].zero_()
+        self.mlp_bank = nn.Parameter(mlp)
+
+    def _init_embeddings(self, cfg: ModelConfig, max_tokens: int, max_train_tokens: int):
+        d, H, V, bf16 = cfg.model_dim, cfg.num_heads, cfg.vocab_size, dict(dtype=torch.bfloat16)
+        if cfg.value_embeds:  # (#14, #63, #70; T3.3) token-major (V, layers·d): one gather serves every
+            # layer, and the gradient is one scatter into the table
+            self.value_embeds = nn.Parameter(torch.empty(V, len(cfg.value_embed_layers) * d, **bf16).normal_(0, 0.01))
+            gated = sum(plan.value_gate is not None for plan in self.layers)
+            self.ve_gate_bank = nn.Parameter(torch.zeros(gated, H, GATE_INPUTS, **bf16))
+        if cfg.ngram_rows:  # the n-gram table's rows of one forward, which NgramTable.load fills (#92; T3.19):
+            # `ngram_cache` holds a training forward's distinct rows (a leaf whose gradient is the per-row sums),
+            # `ngram_eval_cache` those of a longer forward (validation's, no gradient), `ngram_inverse` each
+            # position's place per order
+            orders = len(cfg.ngram_orders)
+            cache = torch.zeros(max_train_tokens * orders, d, **bf16).requires_grad_()
+            self.register_buffer("ngram_cache", cache, persistent=False)
+            if max_tokens > max_train_tokens:
+                self.register_buffer("ngram_eval_cache", torch.zeros(max_tokens * orders, d, **bf16), persistent=False)
+            self.register_buffer("ngram_inverse", torch.zeros(max_tokens, orders, dtype=torch.long), persistent=False)
+            self.bigram_embedding = self.ngram_embedding
+        elif cfg.bigram_embed:  # hashed bigram table with random sign rows (#62, #83, #85; T3.4)
+            self.bigram_embed = nn.Parameter(torch.zeros(cfg.bigram_rows, d, **bf16))
+            signs = torch.randn(BIGRAM_SIGN_ROWS, d).sign().to(torch.bfloat16)
+            self.register_buffer("bigram_signs", signs, persistent=False)
+            self.bigram_embedding = self.hashed_bigram_embedding
+        if cfg.smear_gate:  # one-token look-back on the embeddings (#34, T3.6)
+            self.smear_gate = nn.Parameter(torch.zeros(1, GATE_INPUTS, **bf16))
+
+    def _init_scalars(self, cfg: ModelConfig):
+        # per-sublayer residual and output weights (#9, #73; T3.5); fixed at 1 when switched off
+        if cfg.residual_lambdas:
+            self.resid_lambdas = nn.Parameter(torch.full((NUM_LAYERS, 2), RESIDUAL_LAMBDA_INIT))
+            self.post_lambdas = nn.Parameter(torch.ones(NUM_LAYERS, 2))
+        else:
+            self.register_buffer("resid_lambdas", torch.ones(NUM_LAYERS, 2), persistent=False)
+            self.register_buffer("post_lambdas", torch.ones(NUM_LAYERS, 2), persistent=False)
+        for i in cfg.mlp_layers:  # each MLP's delayed scale of post for its e4m3 forward, one allocation each (T6.2)
+            self.register_buffer(f"fp8_post_scale{i}", torch.ones((), dtype=torch.float32))
+        layout = scalar_layout(cfg)
+        learned = [value.flatten() for value, is_learned in layout.values() if is_learned]
+        if learned:  # attention lambdas, smear, skip
+            self.scalars = nn.Parameter(torch.cat(learned))
+        fixed = [value.flatten() for value, is_learned in layout.values() if not is_learned]
+        self.register_buffer("fixed_scalars", torch.cat(fixed) if fixed else torch.zeros(0), persistent=False)
+        self.scalar_parts, offsets = {}, {True: 0, False: 0}
+        for name, (value, is_learned) in layout.items():
+            self.scalar_parts[name] = (is_learned, offsets[is_learned], value.shape)
+            offsets[is_learned] += value.numel()
+
+    # --- schedule-dependent state -----------------------------------------------------------------
+    @torch.no_grad()
+    def set_long_windows(self, long_windows: list[int]):
+        """Rotary tables and softmax scale for the long windows used so far (YaRN if enabled)."""
+        freqs, scale = yarn(self.rope_base, long_windows) if self.config.yarn else (self.rope_base, ATTN_SCALE_INIT)
+        angles = torch.arange(self.rope_cos.size(0), dtype=torch.float64, device=freqs.device)[:, None] * freqs
+        self.rope_cos.copy_(angles.cos())
+        self.rope_sin.copy_(angles.sin())
+        self.attn_scale.fill_(scale)
+        self.narrow_attn_scale.fill_(scale * NARROW_QK_SCALE_MUL)
+
+    # --- losses -------------------------------------------------------------------------------------
+    def training_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
+                      execution: ExecutionPlan, target_weights: Tensor,
+                      grad_scale: float = 1.0) -> tuple[Tensor, Tensor]:
+        """(loss to backpropagate, mean next-token CE). target_weights weighs the target columns
+        (t+1 ... t+n_predict, then the prefix target); the fused lm_head + soft-capped cross-entropy
+        (FP8 where the plan says, T4.4) scores every column at once, against the whole vocabulary or,
+        where the plan gives a candidate budget, against the step's candidates (T4.6; the mean CE
+        is then the candidates' too)."""
+        x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
+        targets = self.target_columns(target_ids.long(), shape)
+        if execution.ce_candidates:
+            loss, ce, shortfall = sampled_lm_head_softcap_ce(x, self.lm_head, targets, target_weights,
+                                                             execution.ce_candidates, self.candidate_step,
+                                                             grad_scale, execution.lm_head_fp8)
+            self.candidate_shortfall.copy_(torch.maximum(self.candidate_shortfall, shortfall))
+            return loss, ce
+        return lm_head_softcap_ce(x, self.lm_head, targets, target_weights, grad_scale, execution.lm_head_fp8)
+
+    def evaluation_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
+                        execution: ExecutionPlan, chunk: int) -> Tensor:
+        """The summed next-token cross-entropy, the lm_head applied `chunk` tokens at a time."""
+        x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
+        targets = target_ids.long()
+        total = x.new_zeros((), dtype=torch.float32)
+        for i in range(0, x.size(0), chunk):
+            z = softcap(x[i: i + chunk] @ self.lm_head.t())
+            total = total + (torch.logsumexp(z, -1) - z.gather(1, targets[i: i + chunk, None])[:, 0]).sum()
+        return total
+
+    def masked_evaluation_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
+                               execution: ExecutionPlan, chunk: int, banned_next_table: Tensor) -> Tensor:
+        """[summed next-token cross-entropy with validation masking, the same without] from one forward: the
+        masked one gives the next tokens banned_next_table bans after each input token probability 0 (their
+        logits -inf after the soft-cap; #91, T4.5), the lm_head applied `chunk` tokens at a time."""
+        x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
+        targets = target_ids.long()
+        totals = x.new_zeros(2, dtype=torch.float32)
+        for i in range(0, x.size(0), chunk):
+            z = softcap(x[i: i + chunk] @ self.lm_head.t())
+            banned = banned_next(banned_next_table, input_ids[i: i + chunk], z.size(1))
+            columns = targets[i: i + chunk, None]
+            target_logits = z.gather(1, columns)[:, 0]
+            # the masked logits feed only the log-sum-exp, so a compiled graph need not keep a masked copy
+            masked_lse = torch.logsumexp(z.masked_fill(banned, float("-inf")), -1)
+            masked_targets = target_logits.masked_fill(banned.gather(1, columns)[:, 0], float("-inf"))
+            totals = totals + torch.stack([(masked_lse - masked_targets).sum(),
+                                           (torch.logsumexp(z, -1) - target_logits).sum()])
+        return totals
+
+    def target_columns(self, targets: Tensor, shape: ForwardShape) -> Tensor:
+        """Target matrix (T, N), -1 = none: multi-token prediction (#53, T4.2) scores the same logits
+        against the targets t+1 .. t+n_predict (none past the end); the prefix-token loss (#88, T4.3)
+        against the token spelling the longest proper prefix of the next token."""
+        T, n = targets.size(0), shape.n_predict
+        # Columns as shifted slices of the padded targets, stacked: torch 2.11's inductor fails on
+        # CUDA (loop merging) for the same matrix built as a gather over (T, n) indices joined with
+        # the prefix column by cat.
+        padded = torch.cat([targets, targets.new_full((n - 1,), -1)]) if n > 1 else targets
+        columns = [padded[k: k + T] for k in range(n)]
+        if shape.prefix_target:
+            columns.append(self.prefix_ids[targets])
+        return torch.stack(columns, 1)
+
+    # --- forward ------------------------------------------------------------------------------------
+    def hidden_states(self, input_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
+                      execution: ExecutionPlan) -> Tensor:
+        """The final normalized hidden states (T, d) of a batch of packed documents."""
+        ctx = self.context(input_ids.long(), cu_seqlens, shape, execution)
+        x = ctx.x_input
+        for layer in self.layers:
+            x = ctx.outputs[layer.index] = self.layer(layer, x, ctx)
+        return norm(self.final_mix(x, ctx))
+
+    def layer(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext) -> Tensor:
+        """One layer: attention input -> attention -> residual update -> MLP -> residual update. The
+        residual updates re-inject x0 and the bigram embedding with their gates (T3.4), or at the
+        MUDD layer mix earlier residuals densely (T3.14)."""
+        i = layer.index
+        if layer.gates_post:
+            ctx.gates.update(self.gates(1, x))
+        mix = self.mudd(0, x) if layer.mudd else {}  # the MUDD layer's coefficients
+        if layer.attn_slot is not None:
+            a_in = norm(ctx.outputs[CACHED_LAYER] if layer.reads_layer7 else x)
+            v_extra = self.value_input(layer, a_in, x, ctx, mix) if layer.value_input else None
+            y = self.attention(layer, a_in, v_extra, ctx)
+            if layer.mudd:
+                layer7 = ctx.outputs[CACHED_LAYER]
+                x = (1 + mix["mix_residual"]) * x + mix["mix_input"] * ctx.x_input + mix["mix_layer7"] * layer7
+                x = mix["attn_residual"] * x + mix["attn_out"] * y + mix["attn_input"] * ctx.x_input
+                if layer.bigram:
+                    x = x + mix["attn_bigram"] * ctx.bigram
+            else:
+                x = self.resid_lambdas[i, 0] * x + self.post_lambdas[i, 0] * y + ctx.gates["x0", i] * ctx.x0
+                if layer.bigram:
+                    x = x + ctx.gates["bigram", i] * ctx.bigram
+        if layer.skip_target:  # U-net remnant 3 -> 6 with a per-token gate (#45, #55; T3.7)
+            gate = ctx.gates["skip", i]
+            x = x + torch.sigmoid(ctx.scalars["skip_lambda"]) * gate * ctx.outputs[SKIP_SOURCE_LAYER]
+        if layer.mlp_slot is None:  # no MLP (MLP_LAYERS, T3.1)
+            return x
+        out = self.mlp(layer, norm(x), ctx)
+        if layer.mudd:
+            return mix["mlp_residual"] * x + mix["mlp_out"] * out
+        return self.resid_lambdas[i, 1] * x + self.post_lambdas[i, 1] * out
+
+    def context(self, ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape, execution: ExecutionPlan) -> ForwardContext:
+        """Embeddings, the pre MUDD gate, the attention layout and the per-layer weights (in e4m3
+        too where the plan says): what the layers share."""
+        cfg, scalars = self.config, self.named_scalars()
+        x = self.embed[ids]
+        if cfg.smear_gate:  # (#34, T3.6)
+            gate = torch.sigmoid(x[1:, :GATE_INPUTS] @ self.smear_gate.t())
+            x = torch.cat([x[:1], x[1:] + scalars["smear_lambda"] * gate * x[:-1]])
+        x0 = norm(x)
+        gates = self.gates(0, x0)
+        x_input, bigram = x0, None
+        if cfg.bigram_embed:  # (#62, T3.4)
+            bigram = self.bigram_embedding(ids)
+            x_input = x0 + gates["bigram", 0] * bigram
+        value_embeds = self.value_embeds[ids].split(cfg.model_dim, -1) if cfg.value_embeds else ()
+        attn, rope, attn_paired, rope_paired = self.attention_layout(ids.size(0), cu_seqlens, shape, execution)
+        n_attn, d = len(cfg.attention_layers), cfg.model_dim
+        mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
+        qk_banks, qk = self.qk_banks(), [None] * n_attn
+        for bank, slots in qk_banks:
+            for slot, matrices in zip(slots, bank.view(len(slots), -1, d).unbind(0)):
+                qk[slot] = matrices
+        vo_banks, vo = self.vo_banks(), [None] * n_attn
+        for bank, slots in vo_banks:
+            for slot, pair in zip(slots, bank.view(len(slots), 2, -1, d).unbind(0)):
+                vo[slot] = pair
+        return ForwardContext(
+            x_input=x_input, x0=x0, bigram=bigram, value_embeds=value_embeds, gates=gates, scalars=scalars,
+            shape=shape, execution=execution, attn=attn, attn_paired=attn_paired, rope=rope, rope_paired=rope_paired,
+            qk=tuple(qk), vo=tuple(vo), mlp_fc=mlp_fc, mlp_proj=mlp_proj,
+            qkv8=QKVBankFP8.quantize(qk_banks, vo_banks) if execution.qkv_e4m3 else None,
+            mlp8=MLPBankFP8.quantize(self.mlp_bank) if execution.mlp_e4m3 else None, outputs={})
+
+    def qk_banks(self) -> list[tuple[Tensor, list[int]]]:
+        """Each Q/K bank with the attention slots whose Q/K matrices it holds, in its order: qk_bank
+        (wide heads), then qk_narrow_bank (T3.18); a bank no layer uses is absent."""
+        return self._banks((("qk_bank", False), ("qk_narrow_bank", True)), "narrow_qk", "qk_slot")
+
+    def vo_banks(self) -> list[tuple[Tensor, list[int]]]:
+        """Each V/O bank with the attention slots whose V and O it holds, in its order: vo_bank (wide
+        heads), then vo_narrow_bank (T3.21); a bank no layer uses is absent."""
+        return self._banks((("vo_bank", False), ("vo_narrow_bank", True)), "narrow_vo", "vo_slot")
+
+    def _banks(self, names: tuple, narrow_field: str, slot_field: str) -> list[tuple[Tensor, list[int]]]:
+        banks = []
+        for name, narrow in names:
+            plans = sorted((p for p in self.layers if p.attn_slot is not None and getattr(p, narrow_field) == narrow),
+                           key=lambda p: getattr(p, slot_field))
+            if plans:
+                banks.append((getattr(self, name), [p.attn_slot for p in plans]))
+        return banks
+
+    def hashed_bigram_embedding(self, ids: Tensor) -> Tensor:
+        """The bigram table's row of each (previous, current) token pair times its sign row (T3.4)."""
+        return self.bigram_embed[bigram_ids(ids, self.config.bigram_rows)] * self.bigram_signs[bigram_sign_ids(ids)]
+
+    def ngram_embedding(self, ids: Tensor) -> Tensor:
+        """With NGRAM_ROWS: the sum over the orders of each position's n-gram rows, read from the row cache
+        NgramTable.load filled for these ids (T3.19)."""
+        return self.ngram_cache_for(ids.size(0))[self.ngram_inverse[: ids.size(0)]].sum(1)
+
+    def ngram_cache_for(self, tokens: int) -> Tensor:
+        """The n-gram row cache of a forward of `tokens` tokens: the training one (its gradient is the per-row
+        sums) up to the longest training forward, beyond it (validation's) one without a gradient, so that each
+        backward fills a gradient of the training forward's size, not validation's (T3.19)."""
+        orders = self.ngram_inverse.size(1)
+        return self.ngram_cache if tokens * orders <= self.ngram_cache.size(0) else self.ngram_eval_cache
+
+    def attention_layout(self, T: int, cu_seqlens: Tensor, shape: ForwardShape, execution: ExecutionPlan) -> tuple:
+        """(AttnArgs, rotary tables) of the plain sequence, then of the doubled one (paired heads) or Nones."""
+        positions = torch.arange(T, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+        doc_ids = torch.searchsorted(cu_seqlens, positions, right=True)
+        attn = AttnArgs(cu_seqlens, doc_ids, shape.max_seq_len, execution.attention, {})
+        rope = (self.rope_cos[:T, None], self.rope_sin[:T, None])
+        if not self.config.paired_heads:
+            return attn, rope, None, None
+        quarter = self.config.head_dim // 4  # the doubled sequence's tables, as (token, half of the heads)
+        rope_paired = tuple(t[: 2 * T].view(T, 2, 1, quarter) for t in (self.rope_cos, self.rope_sin))
+        return attn, rope, attn.doubled(), rope_paired
+
+    def value_input(self, layer: LayerPlan, a_in: Tensor, x: Tensor, ctx: ForwardContext, mix: dict) -> Tensor:
+        """The extra value input (T, H, hd) of an attention: the value embedding with its gate
+        (#55, #70; T3.3), at the MUDD layer one MUDD gate per half of the heads, plus the dense
+        value mix of earlier residuals (T3.14)."""
+        T, H, hd = x.size(0), self.config.num_heads, self.config.head_dim
+        v_extra = 0
+        if layer.value_embed is not None:
+            ve = ctx.value_embeds[layer.value_embed]
+            if layer.mudd:
+                gate = torch.cat([mix["ve_gate_first_heads"].expand(T, H // 2),
+                                  mix["ve_gate_last_heads"].expand(T, H - H // 2)], -1)
+            else:
+                half = GATE_INPUTS // 2
+                gate = 2 * torch.sigmoid(torch.cat([a_in[:, :half], ve[:, :half]], -1)
+                                         @ self.ve_gate_bank[layer.value_gate].t())
+            v_extra = gate[..., None] * ve.view(T, H, hd)
+        if layer.mudd:
+            layer7 = ctx.outputs[CACHED_LAYER]
+            v_extra = v_extra + (mix["v_input"] * ctx.x_input + mix["v_layer7"] * layer7
+                                 + mix["v_residual"] * x).view(T, H, hd)
+        return v_extra
+
+    def attention(self, layer: LayerPlan, x: Tensor, v_extra: Tensor | None, ctx: ForwardContext) -> Tensor:
+        """One attention sublayer on the normalized input x (T3.8-T3.13, T3.16-T3.18, T3.21)."""
+        cfg, i, slot = self.config, layer.index, layer.attn_slot
+        T, H, hd = x.size(0), cfg.num_heads, cfg.head_dim
+        qk_hd, scale = (hd // 2, self.narrow_attn_scale) if layer.narrow_qk else (hd, self.attn_scale)
+        v_hd = hd // 2 if layer.narrow_vo else hd
+        w_v, w_o = ctx.vo[slot][0], ctx.vo[slot][1]
+        lambdas = ctx.scalars["attn_lambdas"][i]  # pre-multiplied into the weights (#47, #48)
+        w_qkv, w_o = lambdas[0] * torch.cat([ctx.qk[slot], w_v]), lambdas[1] * w_o
+        if ctx.execution.qkv_e4m3:  # e4m3 forward (T6.3): the bank's scale times the lambda
+            qkv = fp8_normed_linear(x, w_qkv, ctx.qkv8.weights[slot], ctx.qkv8.scales[slot] * lambdas[0])
+        else:
+            qkv = x @ w_qkv.t()
+        # QK-norm, rotary, key offset, q's scale, v's extra input, the paired heads' layout (T6.4)
+        q, k, v = qk_norm_rope(qkv, v_extra, *(ctx.rope_paired if layer.paired_heads else ctx.rope), scale,
+                               H, qk_hd, layer.paired_heads, layer.key_offset, ctx.execution.qk_rope_kernel)
+        window = ctx.shape.long_window if layer.long_window else ctx.shape.short_window
+        y = attend(q, k, v, ctx.attn_paired if layer.paired_heads else ctx.attn, window).reshape(T, H, v_hd)
+        if layer.dc_mha:  # cross-head composition on a local window (#85, T3.17); w1 RMS-normalized
+            w1 = F.rms_norm(ctx.gates["dc_w1", i].float(), (H,), eps=1e-6)
+            y = y + dc_mha(q, k, v, ctx.attn.doc_ids, w1, ctx.gates["dc_w2", i], DC_WINDOW,
+                           ctx.execution.dc_mha_kernel)
+        if layer.xsa:  # (T3.13)
+            y = exclusive_self_attention(y, v, ctx.gates["xsa", i])
+        if layer.out_gate:  # (#28, #85; T3.16)
+            y = y * ctx.gates["out_gate", i][..., None]
+        y = y.reshape(T, H * v_hd)
+        return y @ w_o if layer.narrow_vo else y @ w_o.t()  # a narrow O is stored (in, out)
+
+    def mlp(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext) -> Tensor:
+        """The ReLU² MLP (#5) on the normalized input x: plain, fused (T6.1) or its e4m3 forward,
+        which refreshes the layer's delayed scale of post (T6.2), as the plan says."""
+        fc, proj, execution = ctx.mlp_fc[layer.mlp_slot], ctx.mlp_proj[layer.mlp_slot], ctx.execution
+        if execution.mlp_e4m3:
+            post_scale = getattr(self, f"fp8_post_scale{layer.index}")
+            out, post_amax = fp8_relu_square_mlp(x, fc, proj, ctx.mlp8, layer.mlp_slot, post_scale)
+            post_scale.copy_(post_amax.clamp_min(1e-12).view(()) * (FP8_POST_MARGIN / E4M3_MAX))
+            return out
+        if execution.mlp_fused:
+            return relu_square_mlp(x, fc, proj, execution.mlp_kernel)
+        return relu_square_mlp_reference(x, fc, proj)
+
+    def final_mix(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+        """MUDD's dense mix of earlier residuals before the head (#81, T3.14); at init its layer-7
+        term is the backout (#40, T3.12)."""
+        f, out = self.mudd(1, x), ctx.outputs
+        x = (x + f["input"] * ctx.x_input + f["layer7"] * out[CACHED_LAYER] + f["layer9"] * out[MUDD_LAYER - 1]
+             + f["layer3"] * out[SKIP_SOURCE_LAYER])
+        if self.config.value_embeds:
+            x = x + f["value_embed"] * ctx.value_embeds[0]
+        return x
+
+    def named_scalars(self) -> dict[str, Tensor]:
+        return {name: (self.scalars if learned else self.fixed_scalars)[offset: offset + math.prod(shape)].view(shape)
+                for name, (learned, offset, shape) in self.scalar_parts.items()}
+
+
+def bigram_ids(ids: Tensor, rows: int) -> Tensor:
+    """Hash of (previous, current) token into rows-1 buckets; the first token gets the last row."""
+    prev = torch.cat([ids[:1], ids[:-1]])
+    hashed = ((36313 * ids) ^ (27191 * prev)) % (rows - 1)
+    hashed[:1].fill_(rows - 1)  # fill_, not `hashed[0] = ...`: a host scalar copied in would sync in eager mode
+    return hashed
+
+
+def bigram_sign_ids(ids: Tensor) -> Tensor:
+    prev = torch.cat([ids[:1], ids[:-1]])
+    signs = (prev ^ ids) % BIGRAM_SIGN_ROWS
+    signs[:1].fill_(0)
+    return signs
+
+
+# Hashed n-gram table (record #92 "ANVIL2", PR #360; T3.19): per order n, a polynomial hash of the tokens
+# x[t-n+1..t] (each + 1) modulo the Mersenne prime 2^31 - 1, started at n so the orders hash apart, scattered
+# by a multiplication modulo the prime, then taken modulo the table's hashed rows. Integer arithmetic on the
+# device, every product below 2^62: the same rows on every rank, process and device.
+NGRAM_PRIME, NGRAM_BASE, NGRAM_SCATTER = 2**31 - 1, 1_000_003, 1_460_320_421
+
+
+def ngram_ids(ids: Tensor, rows: int, orders: tuple[int, ...]) -> Tensor:
+    """(T, len(orders)) rows of each position's n-gram of each order in a table of `rows` rows: the first
+    rows - len(orders) are hashed; order k's n-grams that would reach before the first position of the
+    flattened batch take reserved row rows - len(orders) + k (as bigram_ids reserves the last row)."""
+    hashed_rows, x = rows - len(orders), ids.long() + 1
+    columns = []
+    for k, n in enumerate(orders):
+        h = torch.full_like(x, n)
+        for back in range(n - 1, -1, -1):  # x[t - back], zeros before the first position
+            h = (h * NGRAM_BASE + torch.cat([x.new_zeros(back), x[: x.size(0) - back]])) % NGRAM_PRIME
+        row = (h * NGRAM_SCATTER) % NGRAM_PRIME % hashed_rows
+        row[: n - 1].fill_(hashed_rows + k)
+        columns.append(row)
+    return torch.stack(columns, 1)
+
+
+def padded_unique(values: Tensor, fill: int) -> tuple[Tensor, Tensor]:
+    """(the distinct values in increasing order, then `fill` up to values' length; each value's place in
+    it): torch.unique's answer with a static shape and no host sync (T3.19). `fill` exceeds every value."""
+    ordered, order = values.sort()
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    place = first.cumsum(0) - 1
+    inverse = torch.empty_like(values).scatter_(0, order, place)
+    return torch.full_like(values, fill).scatter_(0, place, ordered), inverse  # equal values write one place
+
+# =============================================================================================
+# Optimizer
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """How one parameter is optimized and communicated (T2.1)."""
+    optimizer: str  # "normuon" | "adam"
+    comm: str  # "sharded": reduce-scatter + all-gather along dim 0 | "replicated": all-reduce (flat, per dtype)
+    # | "sparse": (row id, row sum) pairs to the rows' owners (a LazyRowTable, not a parameter of NorMuonAdam)
+    lr_mul: float = 1.0
+    wd_mul: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    matrix_shape: tuple[int, int] | None = None  # NorMuon: each bank entry is one such matrix
+    matrix_lr_muls: tuple[float, ...] = (1.0,)  # NorMuon: cycled over the bank's matrix index
+
+    def matrix_lr_mul(self, index: Tensor) -> Tensor:
+        """NorMuon: the learning-rate multiplier of the bank's matrices `index`: the table's
+        matrix_lr_muls times √(rows/cols) for tall matrices (#42, T2.4)."""
+        rows, cols = self.matrix_shape
+        return torch.tensor(self.matrix_lr_muls)[index % len(self.matrix_lr_muls)] * max(1.0, rows / cols) ** 0.5
+
+
+def param_table(cfg: ModelConfig) -> dict[str, ParamSpec]:
+    """The optimizer's table (T2.1): how each parameter of GPT(cfg) is optimized. Within its group
+    (replicated, bank, sharded table) a parameter's place here is its place in the optimizer's
+    communication and work order: the big MLP bank sits between the two small banks, so the first
+    wait and the last gather are short. Parameters a switch removes are simply absent from the model."""
+    return {
+        "qk_bank": ParamSpec("normuon", "sharded", matrix_shape=(2 * cfg.head_dim, cfg.model_dim), wd_mul=1.0),
+        "qk_narrow_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.head_dim, cfg.model_dim), wd_mul=1.0),
+        "mlp_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.mlp_hidden, cfg.model_dim), wd_mul=1.0,
+                              matrix_lr_muls=(1.0, 2.0)),  # projections (odd index) x2
+        "vo_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.model_dim, cfg.model_dim), wd_mul=1.0),
+        "vo_narrow_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.num_heads * cfg.head_dim // 2, cfg.model_dim),
+                                    wd_mul=1.0),
+        "scalars": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.99)),
+        "smear_gate": ParamSpec("adam", "replicated", lr_mul=0.01, betas=(0.9, 0.99)),
+        "ve_gate_bank": ParamSpec("adam", "replicated", wd_mul=1.0, betas=(0.9, 0.99)),
+        "lm_head": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
+        "bigram_embed": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
+        # lazy sparse Adam without weight decay: the replay of untouched steps has no closed form for cautious decay
+        "ngram_table": ParamSpec("adam", "sparse", lr_mul=75.0, betas=(0.75, 0.95)),
+        "post_lambdas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
+        "resid_lambdas": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.95)),
+        "value_embeds": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
+        "embed": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
+        "mudd.w1": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
+        "mudd.w2": ParamSpec("adam", "replicated", lr_mul=0.25, wd_mul=1.0, betas=(0.9, 0.99)),
+        "mudd.b2": ParamSpec("adam", "replicated", lr_mul=0.25, betas=(0.9, 0.99)),
+        "gates.w1": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
+        "gates.w2": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
+        "gates.b2": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
+        "gates.scale": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
+    }
+
+
+def param_specs(model: nn.Module) -> dict[str, ParamSpec]:
+    """The table's rows of the model's parameters, in table order; every parameter must have one."""
+    table, names = param_table(model.config), dict(model.named_parameters())
+    missing = set(names) - set(table)
+    if missing:
+        raise ValueError(f"parameters without an optimizer spec: {sorted(missing)}")
+    return {label: spec for label, spec in table.items() if label in names}
+
+
+def _fp32_from_bf16_and_mantissa(hi: Tensor, mantissa: Tensor) -> Tensor:
+    """The exact fp32 master weight whose top 16 bits are the bf16 weight (T2.6)."""
+    bits = (hi.view(torch.int16).to(torch.int32) << 16) | (mantissa.to(torch.int32) & 0xFFFF)
+    return bits.view(torch.float32)
+
+
+def _split_fp32_to_bf16_and_mantissa(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Inverse of the above: truncated bf16 top half and the low 16 bits as int16."""
+    bits = x.view(torch.int32)
+    hi = (bits >> 16).to(torch.int16).view(torch.bfloat16)
+    mantissa = (((bits & 0xFFFF) ^ 0x8000) - 0x8000).to(torch.int16)
+    return hi, mantissa
+
+
+def master_weight(weight: Tensor, mantissa: Tensor | None) -> Tensor:
+    """The fp32 master of a weight: exact from bf16 + mantissa where kept (T2.6), else the weight in fp32."""
+    return weight.float() if mantissa is None else _fp32_from_bf16_and_mantissa(weight, mantissa)
+
+
+def store_master(weight: Tensor, mantissa: Tensor | None, w32: Tensor):
+    """Write an fp32 master back into the weight (and its mantissa where kept, T2.6)."""
+    if mantissa is None:
+        weight.copy_(w32)
+    else:
+        hi, low = _split_fp32_to_bf16_and_mantissa(w32)
+        weight.copy_(hi)
+        mantissa.copy_(low)
+
+
+def normuon_momentum(grad: Tensor, momentum: Tensor, mu: Tensor, grad_scale: float) -> Tensor:
+    """Nesterov momentum in EMA form: m ← μm + (1−μ)g, returns (1−μ)g + μm (#3, T2.2)."""
+    g = grad.float() * grad_scale
+    momentum.lerp_(g, 1 - mu)
+    return g.lerp(momentum, mu)
+
+
+def twin_rail_momentum(grad: Tensor, fast: Tensor, slow: Tensor, mu: Tensor, fast_beta: Tensor,
+                       fast_weight: Tensor, slow_beta: float, grad_scale: float) -> Tensor:
+    """Two EMA rails of the gradient (record #92, PR #360; T2.9): fast ← β_f·fast + (1−β_f)g on a
+    scheduled β_f, slow ← β_s·slow + (1−β_s)g on a constant β_s; their blend b = w·fast + (1−w)·slow
+    takes the Nesterov look-ahead: returns (1−μ)g + μb. With β_f = μ and w = 1 it is normuon_momentum."""
+    g = grad.float() * grad_scale
+    fast.lerp_(g, 1 - fast_beta)
+    slow.lerp_(g, 1 - slow_beta)
+    blend = fast_weight * fast + (1 - fast_weight) * slow
+    return g.lerp(blend, mu)
+
+
+def normuon_update(update: Tensor, second_moment: Tensor, weight: Tensor, mantissa: Tensor | None,
+                   lr: Tensor, lr_muls: Tensor, wd_lr: Tensor, beta2: float, axis: int):
+    """NorMuon (arXiv 2510.05491, #41; T2.4): per-row (axis -1) or per-column (axis -2) RMS equalization
+    of the orthogonalized update by an EMA second moment, keeping each matrix's Frobenius norm;
+    then the step with cautious, lr-coupled weight decay (#43, T2.5) on the fp32 master weight."""
+    O = update.float()
+    n = O.size(axis)
+    v_mean = O.square().mean(axis, keepdim=True)
+    norm = (v_mean.sum((-2, -1), keepdim=True) * n).sqrt()
+    second_moment.lerp_(v_mean, 1 - beta2)
+    scale = second_moment.clamp_min(1e-10).rsqrt()
+    scaled_norm = (v_mean * scale.square()).sum((-2, -1), keepdim=True).mul(n).sqrt()
+    O = O * scale * (norm / scaled_norm.clamp_min(1e-10))
+    lr_eff = lr * lr_muls
+    w32 = master_weight(weight, mantissa)
+    decay = (O * w32 >= 0) * w32 * (wd_lr * lr_eff)
+    store_master(weight, mantissa, w32 - lr_eff * O - decay)
+
+
+def normuon_bank_step(grad: Tensor, momentum: Tensor, second_moment: Tensor, weight: Tensor,
+                      mantissa: Tensor | None, mu: Tensor, lr: Tensor, lr_muls: Tensor, wd_lr: Tensor,
+                      grad_scale: float, beta2: float, axis: int, method: str, use_triton: bool):
+    """A whole NorMuon step of one bank shard: Nesterov momentum, orthogonalization, variance
+    normalization and the cautious update; compiled as one graph per bank (#74, T2.3)."""
+    update = normuon_momentum(grad, momentum, mu, grad_scale)
+    orthogonal = polar_iterations(polar_normalize(update, method), method, use_triton)
+    normuon_update(orthogonal, second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
+
+
+def rails_bank_step(grad: Tensor, rails: tuple, second_moment: Tensor, weight: Tensor,
+                    mantissa: Tensor | None, mu: Tensor, lr: Tensor, lr_muls: Tensor, wd_lr: Tensor,
+                    grad_scale: float, beta2: float, axis: int, method: str, use_triton: bool):
+    """normuon_bank_step with the two rails of twin_rail_momentum (MUON_RAILS=1, T2.9); `rails`:
+    (fast, slow, fast_beta, fast_weight, slow_beta)."""
+    fast, slow, fast_beta, fast_weight, slow_beta = rails
+    update = twin_rail_momentum(grad, fast, slow, mu, fast_beta, fast_weight, slow_beta, grad_scale)
+    orthogonal = polar_iterations(polar_normalize(update, method), method, use_triton)
+    normuon_update(orthogonal, second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
+
+
+def tail_ema_update(ema: Tensor, weight: Tensor, mantissa: Tensor | None, rate: Tensor):
+    """The weights' fp32 EMA (T5.4) one step on: ema ← ema + rate·(w − ema), w a bank's exact fp32
+    master (bf16 + mantissa, T2.6) or the weight in fp32; rate 1 sets it to w exactly."""
+    ema.lerp_(master_weight(weight, mantissa), rate)
+
+
+def adam_update(grad: Tensor, kept_grad: Tensor | None, weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
+                step_size: Tensor, wd_lr2: Tensor, beta1: float, beta2: float, eps: float, grad_scale: float):
+    """Adam with cautious weight decay (#50, T2.5): decay only where the update shrinks |w|; strength
+    lr²·wd so it follows the schedule. step_size carries the bias correction. kept_grad: the
+    previous step's gradient (T2.7), added here in fp32 rather than by autograd in a pass of its own."""
+    g = grad.float() if kept_grad is None else grad.float() + kept_grad.float()
+    g = g * grad_scale
+    exp_avg.lerp_(g, 1 - beta1)
+    exp_avg_sq.lerp_(g.square(), 1 - beta2)
+    w = weight.float()
+    u = step_size * exp_avg / (exp_avg_sq.sqrt() + eps)
+    u = u + (u * w > 0) * w * wd_lr2
+    weight.copy_(w - u)
+
+
+class RankRows:
+    """This rank's rows of a parameter viewed as (n, ...): rows [start, start + rows) of a padded
+    (n_pad = rows·world, ...) layout. Padding rows exist only in communication buffers. A 0-d
+    parameter counts as one row (it is always replicated)."""
+
+    def __init__(self, view_shape: tuple[int, ...], rank: int, world: int):
+        self.view_shape = view_shape
+        n = view_shape[0] if view_shape else 1
+        self.rows = -(-n // world)
+        self.padded = self.rows * world != n
+        self.start = rank * self.rows
+        self.real_rows = max(0, min(n - self.start, self.rows))
+
+    def full(self, t: Tensor) -> Tensor:
+        return t.view(self.view_shape)
+
+
+class WaitOnce:
+    """The work of one collective that several gradients share (a flat all-reduce): the first wait()
+    waits for it, later ones return at once."""
+
+    def __init__(self, work):
+        self.work = work
+
+    def wait(self):
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+
+
+class FlatReplicatedGrads:
+    """The gradients of a set of replicated parameters sent as one flat all-reduce per dtype (T2.1;
+    modded-nanogpt record #92 sends one flat all-reduce per gradient dtype for its replicated
+    parameters): one launch and one latency per dtype instead of one per parameter.
+
+    The layout is fixed at construction: per dtype, the parameters in the given (launch) order, each
+    starting on a 16-byte boundary, the alignment inductor's kernels assume of their inputs, so the
+    compiled Adam update takes a view as it took a gradient of its own. Padding stays zero. Two preallocated buffer sets
+    alternate between launches: a gradient kept on a step without Adam (T2.7) still sits in the
+    previous launch's set while the next launch fills the other. That is enough, because every launch
+    of a layout covers all its labels, and each label's earlier kept gradient is either consumed by
+    that launch's update or summed into it, so no launch but the latest holds a kept view. Every
+    launch's work is waited for before its set is filled again (by the update or the keep of the
+    next launch, or by NorMuonAdam._settle_kept before its state is replaced).
+
+    The gradients are copied in (one multi-tensor copy per dtype) rather than being views of the
+    buffer from the backward on: the CUDA graphs hand out their own static gradient outputs (T5.3),
+    eager autograd would need .grad kept alive and zeroed instead of set to None, and the kept gradient
+    would need the parameters' .grad swapped between buffer sets every step. The copy moves the small
+    parameters' bytes once (about 0.4 MB at the default size)."""
+
+    ALIGN_BYTES = 16
+
+    def __init__(self, params: dict[str, Tensor]):
+        by_dtype: dict[torch.dtype, list[str]] = {}
+        for label, p in params.items():
+            by_dtype.setdefault(p.dtype, []).append(label)
+        self.buffer_sets: tuple[list, list] = ([], [])  # per set: (flat buffer, labels, views) per dtype
+        for dtype, labels in by_dtype.items():
+            align = max(1, self.ALIGN_BYTES // params[labels[0]].element_size())
+            offsets, end = [], 0
+            for label in labels:
+                offsets.append(end)
+                end += -(-params[label].numel() // align) * align
+            for buffer_set in self.buffer_sets:
+                flat = torch.zeros(end, dtype=dtype, device=params[labels[0]].device)
+                views = [flat[o: o + params[label].numel()].view(params[label].shape)
+                         for label, o in zip(labels, offsets)]
+                buffer_set.append((flat, labels, views))
+        self.next_set = 0
+
+    def launch(self, grads: dict[str, Tensor]) -> dict[str, tuple[WaitOnce, Tensor]]:
+        """Copy `grads` (label -> gradient, the layout's labels) into the next buffer set and launch
+        one async SUM all-reduce per dtype; label -> (its dtype's work, its view of the sum)."""
+        buffer_set = self.buffer_sets[self.next_set]
+        self.next_set ^= 1
+        reductions = {}
+        for flat, labels, views in buffer_set:
+            torch._foreach_copy_(views, [grads[label] for label in labels])
+            work = WaitOnce(dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True))
+            reductions.update((label, (work, view)) for label, view in zip(labels, views))
+        return reductions
+
+
+# The schedule's scalars an update reads from the device, per update rule of a label (NorMuonAdam.scalars);
+# "rails": NorMuon's with MUON_RAILS=1 (T2.9)
+STEP_SCALARS = {"normuon": ("momentum", "lr", "wd_lr"), "adam": ("step_size", "wd_lr2"),
+                "rails": ("momentum", "lr", "wd_lr", "fast_beta", "fast_weight")}
+
+
+class NorMuonAdam:
+    """One optimizer for every parameter, without DDP (#61, T2.1).
+
+    step(): (1) launch the gradient reductions asynchronously, each in its gradient's dtype: the
+    replicated parameters' gradients copied into one flat buffer per dtype (in the default model bf16
+    for the gates and MUDD weights, fp32 for the scalars, the lambdas and gates.scale) and
+    all-reduced as one collective per dtype (FlatReplicatedGrads, laid out on the first step of each set of labels),
+    then one reduce-scatter per sharded parameter (bf16); (2) update in the same order: wait for a
+    reduction, update this rank's rows from it (a replicated parameter from its view of the flat
+    sum), launch their all-gather; (3) wait for the gathers. Gradients are SUM-reduced and scaled by
+    1/world in the update functions. At world size 1 nothing is sent or copied: the updates read .grad.
+    The order (`comm_order`): small replicated parameters (their per-dtype flat all-reduces, dtypes
+    in order of first appearance), then the NorMuon banks, then the big sharded Adam tables, each
+    group in table order. NCCL runs collectives in launch order, so waiting in launch order never
+    waits for an unrelated reduction, and bank i is orthogonalized while bank i+1 and the tables are
+    still reducing. Every replicated parameter is an Adam parameter, so the flat all-reduces go
+    first on an Adam step and, on a step without Adam, first among the reductions launched after
+    the gathers for the kept gradients (below).
+
+    Step sizes: a NorMuon matrix moves by muon_lr × the schedule's lr multiplier × its spec's lr_mul
+    × spec.matrix_lr_mul(i); an Adam parameter by adam_lr × the lr multiplier × its spec's lr_mul.
+
+    Adam every other step (T2.7): on a step without Adam, each Adam parameter's gradient is moved out
+    of .grad into `kept` (its reduction launched at once, so it overlaps the next step: the
+    replicated ones as their flat all-reduces, kept as views of that launch's buffer set), and the
+    next step's update adds it to the new one inside the Adam kernel. Autograd would otherwise add
+    the two in a separate full pass over every table.
+
+    Tied embedding (#51, #53; T3.15): while tied, embed's gradient is added to lm_head's, only lm_head
+    is reduced and updated and embed is overwritten with it; untie() hands lm_head's Adam state to
+    embed. Both are stored (vocab, dim), so tying needs no transpose."""
+
+    def __init__(self, params: dict[str, nn.Parameter], specs: dict[str, ParamSpec], config: OptimConfig,
+                 rank: int = 0, world_size: int = 1, tied: tuple[str, str] | None = None, compile: bool = False,
+                 tail_ema_blends: dict[str, float] | None = None):
+        self.params, self.specs, self.config = params, specs, config
+        # TAIL_EMA_FRAC (T5.4): label -> the EMA's share of its weights after tail_ema_blend
+        self.tail_ema_blends = {label: blend for label, blend in (tail_ema_blends or {}).items() if label in params}
+        self.rank, self.world = rank, world_size
+        self.tied = self.initial_tie = tied  # (follower, leader) = ("embed", "lm_head") while tied
+        group = lambda label: (specs[label].comm != "replicated", specs[label].optimizer != "normuon")  # noqa: E731
+        self.comm_order = sorted((label for label in specs if label in params), key=group)
+        self.grad_scale = 1.0 / world_size
+        self.state: dict[str, dict[str, Tensor | int]] = {}
+        self.kept: dict[str, tuple] = {}  # Adam label -> (reduction work or None, this rank's gradient rows)
+        self.flat_layouts: dict[tuple[str, ...], FlatReplicatedGrads] = {}  # replicated labels sent together
+        self.rows: dict[str, RankRows] = {}
+        self.lr_muls: dict[str, Tensor] = {}  # NorMuon: per-matrix lr multipliers of the local rows
+        on_cuda = next(iter(params.values())).is_cuda
+        self.use_triton = triton_applies(next(iter(params.values())))  # symmetric kernels on every bank
+        bank_step = rails_bank_step if config.muon_rails else normuon_bank_step
+        if on_cuda and compile:  # one graph per bank and table shape
+            allow_graph_per_shape()
+            self._normuon_fn = torch.compile(bank_step, dynamic=False, fullgraph=True)
+            self._adam_fn = torch.compile(adam_update, dynamic=False, fullgraph=True)
+            self._tail_ema_fn = torch.compile(tail_ema_update, dynamic=False, fullgraph=True)
+        else:
+            self._normuon_fn, self._adam_fn, self._tail_ema_fn = bank_step, adam_update, tail_ema_update
+        # each label's update rule: its spec's optimizer, "rails" for the banks with MUON_RAILS=1 (T2.9)
+        self.rules = {label: "rails" if config.muon_rails and spec.optimizer == "normuon" else spec.optimizer
+                      for label, spec in specs.items()}
+        for label, p in params.items():
+            self._init_state(label, p, specs[label])
+        self.tail_ema_rate = torch.zeros((), device=next(iter(params.values())).device)  # this tick's, on the device
+        # This step's schedule scalars on the device (T5.3): one copy per step into a tensor that stays
+        # where it is, so a CUDA graph of the step reads each step's values; each value on a 16-byte
+        # boundary, the alignment inductor's kernels assume of their inputs.
+        self.scalar_slots: dict[str, list[int]] = {}  # label -> its values' places in `scalars`
+        count = 0
+        for label in self.comm_order:
+            names = STEP_SCALARS[self.rules[label]]
+            self.scalar_slots[label] = [4 * (count + i) for i in range(len(names))]
+            count += len(names)
+        self.scalars = torch.zeros(4 * count, device=next(iter(params.values())).device)
+        self.scalar_views = {label: dict(zip(STEP_SCALARS[self.rules[label]], (self.scalars[i] for i in slots)))
+                             for label, slots in self.scalar_slots.items()}
+        # what a bank's step takes as its momentum: the EMA buffer, or the two rails with their scalars (T2.9)
+        self.bank_momentum = {label: st["momentum"] if self.rules[label] == "normuon" else
+                              (st["momentum"], st["slow_momentum"], self.scalar_views[label]["fast_beta"],
+                               self.scalar_views[label]["fast_weight"], config.muon_rails_slow_beta)
+                              for label, st in self.state.items() if self.rules[label] != "adam"}
+
+    def _init_state(self, label: str, p: Tensor, spec: ParamSpec):
+        view = (-1, *spec.matrix_shape) if spec.optimizer == "normuon" else tuple(p.shape)
+        view = tuple(p.view(view).shape)
+        rows = self.rows[label] = RankRows(view, self.rank, self.world)
+        local = (rows.rows, *view[1:]) if spec.comm == "sharded" else view
+        st = self.state[label] = {}
+        zeros = lambda shape, dtype=torch.float32: torch.zeros(shape, dtype=dtype, device=p.device)  # noqa: E731
+        if label in self.tail_ema_blends:
+            st["tail_ema"] = zeros(local)  # this rank's rows' EMA (T5.4)
+        if spec.optimizer == "adam":
+            st.update(exp_avg=zeros(local), exp_avg_sq=zeros(local), step=0)
+            return
+        matrix_rows, cols = spec.matrix_shape
+        st["momentum"] = zeros(local)  # with MUON_RAILS=1 the fast rail (T2.9)
+        if self.rules[label] == "rails":
+            st["slow_momentum"] = zeros(local)
+        st["second_moment"] = zeros((local[0], matrix_rows, 1) if matrix_rows >= cols else (local[0], 1, cols))
+        if self.config.mantissa_tracking and p.dtype == torch.bfloat16:
+            st["mantissa"] = zeros(local, torch.int16)
+        index = torch.arange(local[0]) + (rows.start if spec.comm == "sharded" else 0)
+        self.lr_muls[label] = spec.matrix_lr_mul(index).view(-1, 1, 1).to(p.device)
+
+    # --- step ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, lr_multiplier: float = 1.0, momentum: float = 0.95, adam: bool = True, device_work=None,
+             fast_rail: tuple[float, float] | None = None):
+        """One update: NorMuon on the banks with this momentum, Adam on the rest when `adam` (the
+        schedule runs it on every other step with two steps' gradients, T2.7). `fast_rail`: with
+        MUON_RAILS=1 the fast rail's beta and blend weight (T2.9; None: momentum and 1). At world size 1 the
+        device work is one function of this step's tensors, the host's bookkeeping (the Adam step
+        counts, the kept gradients, the tie) runs around it, and `device_work(work)` runs it: work()
+        when None, else OptimizerGraphs' capture or replay of its CUDA graph (T5.3)."""
+        params = self.params
+        follower = self.tied[0] if self.tied else None
+        tie = follower is not None and params[follower].grad is not None
+        with_grad, active, kept = self.step_labels(lambda label: params[label].grad is not None, adam, follower)
+        self._load_scalars(active, lr_multiplier, momentum, fast_rail or (momentum, 1.0))
+        if self.world > 1:
+            self._step_with_collectives(active, kept, tie, adam)
+        else:
+            grads = {label: self.rows[label].full(params[label].grad)
+                     for label in with_grad + ([follower] if tie else [])}
+            earlier = {label: grad for label, (_, grad) in self.kept.items()}
+            work = functools.partial(self._local_step, self.tied, adam, active, kept, grads, earlier)
+            (device_work or (lambda work: work()))(work)
+            for label in active:
+                self.kept.pop(label, None)
+            self.kept.update((label, (None, grads[label])) for label in kept)
+        if tie:
+            params[follower].grad = None
+        for label in with_grad:
+            params[label].grad = None
+
+    def step_labels(self, has_grad, adam: bool, follower: str | None) -> tuple[list, list, list]:
+        """(the labels a step updates or keeps, those it updates, those whose gradient it keeps for the
+        next Adam step), in comm_order; `has_grad(label)`: whether the label has a gradient; the
+        follower of the tie (None when untied) is neither updated nor kept."""
+        with_grad = [label for label in self.comm_order if has_grad(label) and label != follower]
+        active = [label for label in with_grad if adam or self.specs[label].optimizer == "normuon"]
+        return with_grad, active, [label for label in with_grad if label not in active]
+
+    def _load_scalars(self, active: list[str], lr_multiplier: float, momentum: float, fast_rail: tuple[float, float]):
+        """Advance the Adam step counts of the labels updated now and copy this step's scalars (float64
+        on the host, then float32) into `scalars` with one non-blocking copy from a fresh pinned tensor:
+        the caching host allocator keeps it until the copy has run."""
+        cfg, values = self.config, [0.0] * self.scalars.numel()
+        for label in active:
+            spec = self.specs[label]
+            if spec.optimizer == "normuon":
+                label_values = (momentum, cfg.muon_lr * lr_multiplier * spec.lr_mul,
+                                cfg.muon_weight_decay * spec.wd_mul * cfg.muon_lr * lr_multiplier, *fast_rail)
+            else:
+                beta1, beta2 = spec.betas
+                self.state[label]["step"] += 1
+                t = self.state[label]["step"]
+                lr = cfg.adam_lr * spec.lr_mul * lr_multiplier
+                label_values = (lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t),
+                                lr * lr * cfg.adam_weight_decay * spec.wd_mul)
+            # zip: a "normuon" rule has no slots for the fast rail's two values
+            for slot, value in zip(self.scalar_slots[label], label_values):
+                values[slot] = value
+        host = torch.tensor(values, dtype=torch.float32, pin_memory=self.scalars.is_cuda)
+        self.scalars.copy_(host, non_blocking=True)
+
+    def _local_step(self, tied: tuple[str, str] | None, adam: bool, active: list[str], kept: list[str],
+                    grads: dict[str, Tensor], earlier: dict[str, Tensor]):
+        """The device work of a step at world size 1 on the tensors given (`grads`: the follower's too
+        while tied; `earlier`: the gradients kept before): the tie's gradient sum, the updates, the
+        kept gradients summed with those kept before, the follower's copy."""
+        follower, leader = tied if tied else (None, None)
+        if follower in grads:
+            grads[leader].add_(grads[follower])
+        for label in active:
+            self._update(label, grads[label], earlier.get(label))
+        for label in kept:
+            if label in earlier:  # two steps without Adam in a row (the warm-up's stage edges): sum them
+                grads[label].add_(earlier[label])
+        if tied and adam:
+            self.params[follower].copy_(self.params[leader])
+
+    def _step_with_collectives(self, active: list[str], kept: list[str], tie: bool, adam: bool):
+        """A step at world size > 1: reductions, updates and gathers in comm_order, each collective
+        launched asynchronously; the kept gradients' reductions after the gathers."""
+        params = self.params
+        if tie:
+            follower, leader = self.tied
+            params[leader].grad.add_(params[follower].grad)
+        reductions = self._launch_reductions(active)
+        gathers = []
+        for label, (work, grad) in zip(active, reductions):
+            if work is not None:
+                work.wait()
+            kept_grad = self._kept_grad(label) if self.specs[label].optimizer == "adam" else None
+            gathers.append(self._update(label, grad, kept_grad))
+        for gather in gathers:
+            if gather is not None:
+                gather()
+        for label, (work, grad) in zip(kept, self._launch_reductions(kept)):
+            self._keep(label, work, grad)  # after the gathers: these reductions overlap the next step
+        if self.tied and adam:
+            follower, leader = self.tied
+            params[follower].copy_(params[leader])
+
+    def _keep(self, label: str, work, grad: Tensor):
+        """Hold a step's gradient (its reduction under way) for the next Adam update of the label."""
+        earlier = self._kept_grad(label)
+        if earlier is not None:  # two steps without Adam in a row (the warm-up's stage edges): sum them
+            if work is not None:
+                work.wait()
+            work, grad = None, grad.add_(earlier)
+        self.kept[label] = (work, grad)
+
+    def _kept_grad(self, label: str) -> Tensor | None:
+        """The kept gradient rows of `label`, reduced (the reduction waited for), or None."""
+        if label not in self.kept:
+            return None
+        work, grad = self.kept.pop(label)
+        if work is not None:
+            work.wait()
+        return grad
+
+    def _launch_reductions(self, labels: list[str]) -> list[tuple]:
+        """Launch the reductions of `labels` (in comm_order) in that order: the replicated ones as one
+        flat all-reduce per dtype, laid out on the first launch of this set of labels; one
+        reduce-scatter per sharded label. (work, gradient rows) per label."""
+        replicated = tuple(label for label in labels if self.specs[label].comm == "replicated")
+        flat = {}
+        if replicated:
+            if replicated not in self.flat_layouts:
+                self.flat_layouts[replicated] = FlatReplicatedGrads({label: self.params[label] for label in replicated})
+            flat = self.flat_layouts[replicated].launch({label: self.params[label].grad for label in replicated})
+        return [flat[label] if label in flat else self._launch_reduce_scatter(label) for label in labels]
+
+    def _launch_reduce_scatter(self, label: str):
+        grad, rows = self.params[label].grad, self.rows[label]
+        full = rows.full(grad)
+        if rows.padded:
+            padded = full.new_zeros((rows.rows * self.world, *full.shape[1:]))
+            padded[: full.size(0)] = full
+            full = padded
+        local = full.new_empty((rows.rows, *full.shape[1:]))
+        return dist.reduce_scatter_tensor(local, full, op=dist.ReduceOp.SUM, async_op=True), local
+
+    def _local_weight(self, label: str) -> tuple[Tensor, Tensor, bool]:
+        """(the full weight as viewed, this rank's rows of it, whether they are sharded)."""
+        p, spec, rows = self.params[label], self.specs[label], self.rows[label]
+        full_weight = rows.full(p.data)
+        if not (spec.comm == "sharded" and self.world > 1):
+            return full_weight, full_weight, False
+        if rows.padded:
+            weight = full_weight.new_zeros((rows.rows, *full_weight.shape[1:]))
+            weight[: rows.real_rows] = full_weight[rows.start: rows.start + rows.real_rows]
+            return full_weight, weight, True
+        return full_weight, full_weight[rows.start: rows.start + rows.rows], True
+
+    def _update(self, label: str, grad: Tensor, kept_grad: Tensor | None):
+        """Update this rank's rows of one parameter with this step's scalars (`scalar_views`) and, for
+        Adam, the gradient kept by the step before (T2.7); returns a wait function for their all-gather."""
+        spec, st, cfg, scalars = self.specs[label], self.state[label], self.config, self.scalar_views[label]
+        full_weight, weight, sharded = self._local_weight(label)
+        if spec.optimizer == "normuon":
+            rows, cols = spec.matrix_shape
+            self._normuon_fn(grad, self.bank_momentum[label], st["second_moment"], weight, st.get("mantissa"),
+                             scalars["momentum"], scalars["lr"], self.lr_muls[label], scalars["wd_lr"],
+                             self.grad_scale, cfg.muon_beta2, -1 if rows >= cols else -2,
+                             cfg.orthogonalizer, self.use_triton)
+        else:
+            beta1, beta2 = spec.betas
+            self._adam_fn(grad, kept_grad, weight, st["exp_avg"], st["exp_avg_sq"], scalars["step_size"],
+                          scalars["wd_lr2"], beta1, beta2, cfg.adam_eps, self.grad_scale)
+        return self._launch_gather(label, full_weight, weight) if sharded else None
+
+    def _launch_gather(self, label: str, full_weight: Tensor, weight: Tensor):
+        """All-gather this rank's rows `weight` of a sharded parameter into every rank's full weight; a wait function."""
+        if self.rows[label].padded:
+            gathered = weight.new_empty((self.rows[label].rows * self.world, *weight.shape[1:]))
+            work = dist.all_gather_into_tensor(gathered, weight, async_op=True)
+            n = full_weight.size(0)
+            return lambda: (work.wait(), full_weight.copy_(gathered[:n]))
+        work = dist.all_gather_into_tensor(full_weight, weight, async_op=True)  # in place
+        return work.wait
+
+    # --- the weights' EMA over the last steps (TAIL_EMA_FRAC; record #92, PR #360; T5.4) ------------
+    def _own_rows(self, label: str) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Views of this rank's real rows of a tail-averaged label: (weight, mantissa or None, EMA)."""
+        p, spec, rows, st = self.params[label], self.specs[label], self.rows[label], self.state[label]
+        sharded = spec.comm == "sharded" and self.world > 1
+        start, n = (rows.start, rows.real_rows) if sharded else (0, rows.full(p.data).size(0))
+        mantissa = st.get("mantissa")
+        return (rows.full(p.data)[start: start + n], None if mantissa is None else mantissa[:n], st["tail_ema"][:n])
+
+    @torch.no_grad()
+    def tail_ema_update(self, rate: float):
+        """After a step of the window: each tail-averaged label's EMA of this rank's rows, one fused
+        lerp per label on the weights the step left (rate 1: the EMA starts as them)."""
+        self.tail_ema_rate.fill_(rate)
+        for label in self.tail_ema_blends:
+            weight, mantissa, ema = self._own_rows(label)
+            self._tail_ema_fn(ema, weight, mantissa, self.tail_ema_rate)
+
+    @torch.no_grad()
+    def tail_ema_blend(self):
+        """At the end of training: w ← w + blend·(EMA − w) on this rank's rows (the fp32 master of a bank,
+        its mantissa kept exact), then every rank gathers the full, identical weights."""
+        gathers = []
+        for label, blend in self.tail_ema_blends.items():
+            full_weight, weight, sharded = self._local_weight(label)
+            st = self.state[label]
+            mantissa = st.get("mantissa")
+            store_master(weight, mantissa, master_weight(weight, mantissa).lerp(st["tail_ema"], blend))
+            if sharded:
+                gathers.append(self._launch_gather(label, full_weight, weight))
+        for gather in gathers:
+            gather()
+
+    # --- state ----------------------------------------------------------------------------------
+    def untie(self):
+        """Give the follower (embed) the leader's (lm_head's) Adam state and update both from now on (#53)."""
+        follower, leader = self.tied
+        for key in ("exp_avg", "exp_avg_sq"):
+            self.state[follower][key].copy_(self.state[leader][key])
+        self.state[follower]["step"] = self.state[leader]["step"]
+        self.tied = None
+
+    def _settle_kept(self) -> dict[str, Tensor]:
+        """Wait for the kept gradients' reductions (a flat buffer set must not be filled again while
+        one is in flight); label -> kept gradient rows, left in `kept` with nothing to wait for."""
+        kept = {label: self._kept_grad(label) for label in list(self.kept)}
+        self.kept = {label: (None, grad) for label, grad in kept.items()}
+        return kept
+
+    def state_dict(self) -> dict:
+        """Moments, step counts, the tie, and the gradients kept for the next Adam step (T2.7)."""
+        kept = self._settle_kept()
+        return {"tied": self.tied,
+                "state": {label: {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in st.items()}
+                          for label, st in self.state.items()},
+                "kept": {label: grad.clone() for label, grad in kept.items()}}
+
+    def reset(self):
+        """A new optimizer's state: zero moments, buffers and step counts, the tables tied again."""
+        self.tied = self.initial_tie
+        self._settle_kept()
+        self.kept = {}
+        for st in self.state.values():
+            for key, value in st.items():
+                if isinstance(value, Tensor):
+                    value.zero_()  # in place: compiled functions keep their inputs
+                else:
+                    st[key] = 0
+
+    def load_state_dict(self, state: dict):
+        self._settle_kept()
+        self.tied = state["tied"]
+        self.kept = {label: (None, grad.clone()) for label, grad in state["kept"].items()}
+        for label, st in state["state"].items():
+            for key, value in st.items():
+                if isinstance(value, Tensor):
+                    self.state[label][key].copy_(value)  # in place: compiled functions keep their inputs
+                else:
+                    self.state[label][key] = value
+
+
+# --- Tables with lazy sparse Adam: the hashed n-gram table (#92; T3.19) -----------------------------------
+# What one process may hold of the table and its Adam state: an 80 GB GPU less the model's peak (about 45 GB
+# in rank-slice mode) and room for the row cache and the kept gradients
+NGRAM_STATE_GIB = 28
+
+
+def lazy_adam_replayed(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, last_step: Tensor, replay: Tensor,
+                       local: Tensor, eps: float) -> Tensor:
+    """The fp32 weights of a LazyRowTable's local rows as dense Adam has them now: the stored ones moved by
+    the replay sum of the steps since each row's last update (T3.19)."""
+    coefficient = replay[last_step[local].long()].float()[:, None]
+    return weight[local].float() - coefficient * exp_avg[local] / (exp_avg_sq[local].sqrt() + eps)
+
+
+def lazy_adam_rows(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, last_step: Tensor, replay: Tensor,
+                   step_numbers: Tensor, local: Tensor, sums: Tensor, scalars: Tensor, beta1: float, beta2: float,
+                   eps: float, grad_scale: float):
+    """One Adam step of a LazyRowTable's rows `local` (T3.19), in place: replay the steps each row missed,
+    update it with its gradient sum, then give every replay sum this step's term. scalars: float64 on the
+    device, (t, the step size with its bias correction, lr²·wd), so one compiled graph serves every step."""
+    t, step_size, wd_lr2 = scalars[0], scalars[1], scalars[2]
+    missed = (t - 1 - last_step[local]).float()[:, None]
+    w = lazy_adam_replayed(weight, exp_avg, exp_avg_sq, last_step, replay, local, eps)
+    m = exp_avg[local] * beta1 ** missed
+    v = exp_avg_sq[local] * beta2 ** missed
+    g = sums * grad_scale
+    m = m.lerp(g, 1 - beta1)
+    v = v.lerp(g.square(), 1 - beta2)
+    u = step_size.float() * m / (v.sqrt() + eps)
+    u = u + (u * w > 0) * w * wd_lr2.float()  # adam_update's cautious decay (T2.5)
+    weight[local] = (w - u).to(weight.dtype)
+    exp_avg[local], exp_avg_sq[local] = m, v
+    last_step[local] = t.to(last_step.dtype)
+    replay.add_(torch.where(step_numbers < t, step_size * (beta1 / math.sqrt(beta2)) ** (t - step_numbers), 0.0))
+
+
+def lazy_rowwise_rows(weight: Tensor, row_sq: Tensor, last_step: Tensor, local: Tensor, sums: Tensor,
+                      scalars: Tensor, beta2: float, eps: float, grad_scale: float):
+    """One row-wise RMSprop step of a LazyRowTable's rows `local` (NGRAM_OPTIMIZER=rowwise, T3.19), in place:
+    each row's second moment (the mean square of its gradient's values) decayed over the steps it missed, then
+    the row moved by its gradient over that moment's root. scalars as lazy_adam_rows'."""
+    t, step_size, wd_lr2 = scalars[0], scalars[1], scalars[2]
+    missed = (t - 1 - last_step[local]).float()
+    g = sums * grad_scale
+    v = (row_sq[local] * beta2 ** missed).lerp(g.square().mean(dim=1), 1 - beta2)
+    w = weight[local].float()
+    u = step_size.float() * g / (v.sqrt() + eps)[:, None]
+    u = u + (u * w > 0) * w * wd_lr2.float()  # adam_update's cautious decay (T2.5)
+    weight[local] = (w - u).to(weight.dtype)
+    row_sq[local] = v
+    last_step[local] = t.to(last_step.dtype)
+
+
+class RowAdam:
+    """NGRAM_OPTIMIZER=adam: Adam per value, fp32 moments, the steps a row missed replayed in closed form when it
+    is next read or updated (LazyRowTable's docstring). 10 bytes a value beside the 4-byte step of a row."""
+    label = "lazy sparse Adam"
+    bytes_per_value = 2 + 4 + 4  # the bf16 weight, the fp32 first and second moments
+    bytes_per_row = 4  # the last update's step (int32)
+
+    def __init__(self, local: tuple[int, int], max_steps: int, device: torch.device, compile_fns):
+        self.exp_avg = torch.zeros(local, device=device)
+        self.exp_avg_sq = torch.zeros(local, device=device)
+        self.replay = torch.zeros(max_steps + 1, dtype=torch.float64, device=device)  # C_s by last step s
+        self.step_numbers = torch.arange(max_steps + 1, dtype=torch.float64, device=device)
+        self._rows_fn, self._read_fn = compile_fns(lazy_adam_rows, lazy_adam_replayed)
+
+    @staticmethod
+    def step_size(lr: float, t: int, beta1: float, beta2: float) -> float:
+        return lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+
+    def update(self, weight: Tensor, last_step: Tensor, local: Tensor, sums: Tensor, scalars: Tensor,
+               beta1: float, beta2: float, eps: float, grad_scale: float):
+        self._rows_fn(weight, self.exp_avg, self.exp_avg_sq, last_step, self.replay, self.step_numbers, local, sums,
+                      scalars, beta1, beta2, eps, grad_scale)
+
+    def read(self, weight: Tensor, last_step: Tensor, local: Tensor, eps: float) -> Tensor:
+        """The rows in fp32 as dense Adam has them now: the stored ones moved by their replay sum."""
+        return self._read_fn(weight, self.exp_avg, self.exp_avg_sq, last_step, self.replay, local, eps)
+
+    def current(self, weight: Tensor, last_step: Tensor, local: Tensor, eps: float) -> Tensor:
+        """read's rows in the table's dtype, which a load puts in the model's row cache."""
+        return self.read(weight, last_step, local, eps).to(weight.dtype)
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "replay": self.replay}
+
+
+class RowwiseRMSprop:
+    """NGRAM_OPTIMIZER=rowwise: no first moment and one fp32 second moment per row, the mean square of the row's
+    gradient values, as large embedding tables keep it (FBGEMM's row-wise AdaGrad, with an EMA here: the spec's
+    beta2, bias-corrected). A row a step leaves out gets a zero gradient, so it does not move and only its
+    moment decays: the lazy update equals the dense one with no replay, up to float rounding. 2 bytes a value
+    (the bf16 weight) beside 8 a row, so one process holds record #92's per-rank rows (T3.19)."""
+    label = "row-wise RMSprop"
+    bytes_per_value = 2  # the bf16 weight
+    bytes_per_row = 4 + 4  # the last update's step (int32), the fp32 second moment
+
+    def __init__(self, local: tuple[int, int], max_steps: int, device: torch.device, compile_fns):
+        self.row_sq = torch.zeros(local[0], device=device)
+        (self._rows_fn,) = compile_fns(lazy_rowwise_rows)
+
+    @staticmethod
+    def step_size(lr: float, t: int, beta1: float, beta2: float) -> float:
+        return lr * math.sqrt(1 - beta2 ** t)
+
+    def update(self, weight: Tensor, last_step: Tensor, local: Tensor, sums: Tensor, scalars: Tensor,
+               beta1: float, beta2: float, eps: float, grad_scale: float):
+        self._rows_fn(weight, self.row_sq, last_step, local, sums, scalars, beta2, eps, grad_scale)
+
+    def read(self, weight: Tensor, last_step: Tensor, local: Tensor, eps: float) -> Tensor:
+        return self.current(weight, last_step, local, eps).float()
+
+    def current(self, weight: Tensor, last_step: Tensor, local: Tensor, eps: float) -> Tensor:
+        """The stored rows as they are: nothing to replay, and no fp32 round trip on a load."""
+        return weight[local]
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {"row_sq": self.row_sq}
+
+
+ROW_OPTIMIZERS = {"adam": RowAdam, "rowwise": RowwiseRMSprop}
+
+
+def lazy_table_bytes_per_row(dim: int, optimizer: str) -> int:
+    """One table row's bytes with its optimizer state (NGRAM_OPTIMIZER): its values' and the row's own."""
+    rule = ROW_OPTIMIZERS[optimizer]
+    return dim * rule.bytes_per_value + rule.bytes_per_row
+
+
+class LazyRowTable:
+    """A table trained on the rows each step touches, by a lazy sparse optimizer (RowAdam by default) and no dense
+    gradient (record #92, PR #360; T3.19). It is no parameter: NorMuonAdam never sees it. A subclass says which rows a
+    forward's ids read (row_ids: (T, k) row ids, k per position) and names the model's row cache and inverse.
+
+    Sharding: rank r owns the rows [r·S, (r+1)·S), S = ⌈rows / world⌉, with their optimizer state, and one scratch
+    row (local index S) that padded_unique's padding reads and writes. load (before each forward): the ids'
+    rows, the distinct ones and each position's place among them (padded_unique: static shapes) into the
+    model's row cache with their current weights; at world size 1 one gather, above it the distinct row ids go
+    to their owners and the weights come back. add_gradient (after each backward) keeps the cache's gradient:
+    one sum per distinct row. step (on an Adam step): the kept (row, gradient) pairs of every micro-batch, and
+    with ADAM_EVERY_OTHER_STEP of the step before (T2.7), are summed per row here, sent to the rows' owners and
+    summed there; each owner updates its rows. Above world size 1 every exchange is two all_to_all_single of
+    compact lists, their sizes sent first (one host sync each).
+
+    Lazy Adam: a row last updated at Adam step s and untouched since has had zero gradients, so at step t dense
+    Adam has moved it over the steps k = s+1 .. t-1 by a_k·β1^(k-s)·m / (β2^((k-s)/2)·√v + eps) (a_k: the step
+    size, with the schedule's lr multiplier and the bias correction) and decayed its moments by β1^(t-1-s),
+    β2^(t-1-s). That is C_s·m / (√v + eps) with C_s = Σ_k a_k·r^(k-s), r = β1/√β2: `replay[s]`, which every
+    Adam step adds its term to for every s (one fp64 vector op). Every read (load) and the row's next update
+    apply it, so a forward sees dense Adam's weights. Exact in fp32 except for eps: the replay adds eps to √v
+    where dense Adam's step k adds eps·β2^(-(k-s)/2) (the same when eps = 0; no difference while √v ≫ eps). In
+    bf16 the weight is rounded once per update instead of once per step. Weight decay (the spec's wd_mul): the
+    cautious, lr-coupled decay of adam_update (T2.5) on the rows an Adam step updates, as dense Adam decays
+    them then; none on the steps a row misses, where dense Adam decays each weight whose sign is the update's
+    until it crosses zero (a crossing per weight, no closed form of the replay's kind). NGRAM_OPTIMIZER=rowwise
+    swaps the rows' optimizer for RowwiseRMSprop (no momentum, a second moment per row), which needs no replay."""
+    cache_buffer: str  # the model's row cache (a leaf whose gradient is the per-row sums) that load fills
+    inverse_buffer: str  # ... and each position's places in it
+
+    def __init__(self, rows: int, dim: int, spec: ParamSpec, optim: OptimConfig, max_steps: int,
+                 device: torch.device, rank: int, world_size: int, dtype: torch.dtype, compile: bool = False):
+        self.rows, self.spec, self.optim = rows, spec, optim
+        self.world = world_size
+        self.shard_rows = -(-self.rows // world_size)
+        self.start = rank * self.shard_rows
+        local = (self.shard_rows + 1, dim)  # the owned rows and the scratch row
+        self.weight = torch.zeros(local, dtype=dtype, device=device)
+        self.last_step = torch.zeros(local[0], dtype=torch.int32, device=device)  # 0: never updated
+        self.step_count = 0  # Adam steps taken
+        self.kept: list[tuple[Tensor, Tensor]] = []  # (row ids, their gradient sums) since the last Adam step
+        self.scalars = torch.zeros(3, dtype=torch.float64, device=device)  # the update's (t, step size, lr²·wd)
+
+        def compile_fns(*fns):
+            if not (compile and device.type == "cuda"):
+                return fns
+            allow_graph_per_shape()  # one graph per stage's row count; above world size 1 the counts vary
+            return tuple(torch.compile(f, dynamic=world_size > 1, fullgraph=True) for f in fns)
+        # the update's and the read's gathers and arithmetic fused on the GPU; the rows' optimizer decided here
+        self.rule: RowAdam | RowwiseRMSprop = ROW_OPTIMIZERS[optim.ngram_optimizer](local, max_steps, device, compile_fns)
+
+    def buffers(self, model: nn.Module, tokens: int) -> tuple[Tensor, Tensor]:
+        """The model's row cache and inverse that load fills for a forward of `tokens` tokens."""
+        return self.training_cache(model), getattr(model, self.inverse_buffer)
+
+    def training_cache(self, model: nn.Module) -> Tensor:
+        """The model's row cache of training forwards: the leaf whose gradient is the per-row sums."""
+        return getattr(model, self.cache_buffer)
+
+    # --- forward and backward -----------------------------------------------------------------------
+    @torch.no_grad()
+    def load(self, ids: Tensor, cache: Tensor, inverse: Tensor) -> Tensor:
+        """Fill the model's row cache for a forward on `ids`: each position's places in `inverse`, the distinct
+        rows' current weights in `cache`. Returns the distinct row ids (then `rows` as padding), as many as the
+        cache holds (the forward's distinct rows always fit), which add_gradient takes with the cache's gradient."""
+        row_ids = self.row_ids(ids)
+        distinct, places = padded_unique(row_ids.flatten(), self.rows)
+        distinct = distinct[: cache.size(0)]
+        inverse[: ids.size(0)].copy_(places.view_as(row_ids))
+        if self.world == 1:
+            cache[: distinct.numel()].copy_(self.current(distinct))  # the padding reads the scratch row
+        else:
+            owned = distinct[: int((distinct < self.rows).sum())]
+            cache[: owned.numel()].copy_(self.fetch(owned))
+        return distinct
+
+    def add_gradient(self, distinct: Tensor, cache_grad: Tensor):
+        """Keep a backward's per-row gradient sums (the row cache's gradient) for the next Adam step."""
+        self.kept.append((distinct, cache_grad[: distinct.numel()].clone()))
+
+    # --- optimizer ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, lr_multiplier: float, adam: bool = True):
+        """On an Adam step, sum the kept gradients per row on the rows' owners and update those rows; on a
+        step without Adam keep them for the next one (T2.7)."""
+        if not adam:
+            return
+        rows = torch.cat([self.last_step.new_zeros(0, dtype=torch.long), *(rows for rows, _ in self.kept)])
+        grads = torch.cat([self.weight.new_zeros(0, self.weight.size(1), dtype=torch.float32),
+                           *(grad.float() for _, grad in self.kept)])
+        self.kept = []
+        self.update(*self.owner_sums(rows, grads), lr_multiplier)
+
+    def owner_sums(self, rows: Tensor, grads: Tensor) -> tuple[Tensor, Tensor]:
+        """From (row id, gradient) pairs of this rank, repeats and padding (`rows`) allowed: (local rows, each
+        one's gradient summed over every pair of every rank) of the rows this rank owns, scratch-padded."""
+        distinct, places = padded_unique(rows, self.rows)
+        sums = torch.zeros_like(grads).index_add_(0, places, grads)
+        if self.world == 1:
+            return distinct, sums
+        count = int((distinct < self.rows).sum())
+        received, (received_sums,), _, _ = self.to_owners(distinct[:count], sums[:count])
+        distinct, places = padded_unique(received - self.start, self.shard_rows)
+        return distinct, torch.zeros_like(received_sums).index_add_(0, places, received_sums)
+
+    def update(self, local: Tensor, sums: Tensor, lr_multiplier: float):
+        """One step of the table's optimizer (on the Adam steps, T2.7): the rows `local` (duplicates only of the
+        scratch row) with their gradients summed over the ranks (RowAdam: after replaying the steps they missed,
+        then every replay sum takes this step's term; RowwiseRMSprop: their moments decayed over those steps)."""
+        beta1, beta2 = self.spec.betas
+        self.step_count += 1
+        t = self.step_count
+        lr = self.optim.adam_lr * self.spec.lr_mul * lr_multiplier
+        step_size = self.rule.step_size(lr, t, beta1, beta2)
+        wd_lr2 = lr * lr * self.optim.adam_weight_decay * self.spec.wd_mul  # adam_update's decay (T2.5)
+        host = torch.tensor([t, step_size, wd_lr2], dtype=torch.float64, pin_memory=self.scalars.is_cuda)
+        self.scalars.copy_(host, non_blocking=True)
+        self.rule.update(self.weight, self.last_step, local, sums, self.scalars, beta1, beta2, self.optim.adam_eps,
+                         1.0 / self.world)
+
+    def replayed(self, local: Tensor) -> Tensor:
+        """The fp32 weights of local rows as the dense optimizer has them now (Adam: the stored ones moved by
+        their replay sum; row-wise: the stored ones)."""
+        return self.rule.read(self.weight, self.last_step, local, self.optim.adam_eps)
+
+    def current(self, local: Tensor) -> Tensor:
+        """The weights of local rows in the table's dtype as the dense optimizer has them now (what a load reads)."""
+        return self.rule.current(self.weight, self.last_step, local, self.optim.adam_eps)
+
+    # --- exchange (world size > 1) --------------------------------------------------------------------
+    def to_owners(self, rows: Tensor, *payloads: Tensor) -> tuple[Tensor, list[Tensor], list[int], list[int]]:
+        """Send the increasing row ids `rows`, and the payloads' rows with them, to their owners: (the ids
+        received, the payloads received, the counts sent to and received from each rank)."""
+        sent = torch.bincount(rows // self.shard_rows, minlength=self.world)
+        received = torch.empty_like(sent)
+        dist.all_to_all_single(received, sent)
+        sent, received = sent.tolist(), received.tolist()
+
+        def exchange(t: Tensor) -> Tensor:
+            out = t.new_empty((sum(received), *t.shape[1:]))
+            dist.all_to_all_single(out, t, received, sent)
+            return out
+
+        return exchange(rows), [exchange(p) for p in payloads], sent, received
+
+    def fetch(self, rows: Tensor) -> Tensor:
+        """The current weights of the increasing row ids `rows`, from their owners."""
+        asked, _, sent, received = self.to_owners(rows)
+        served = self.current(asked - self.start)
+        out = served.new_empty((rows.numel(), served.size(1)))
+        dist.all_to_all_single(out, served, sent, received)
+        return out
+
+    # --- state ----------------------------------------------------------------------------------------
+    def tensors(self) -> dict[str, Tensor]:
+        return {"weight": self.weight, "last_step": self.last_step, **self.rule.tensors()}
+
+    def state_dict(self, device: torch.device | str | None = None) -> dict:
+        """This rank's rows, their optimizer state, the step count and the kept gradients: copies,
+        on `device` (None: where they are; the warm-up keeps its copy in host memory, as large as the table)."""
+        def copy(t: Tensor) -> Tensor:
+            return t.to(device, copy=True) if device is not None else t.clone()
+        return {"step_count": self.step_count, "kept": [(copy(r), copy(g)) for r, g in self.kept],
+                **{name: copy(t) for name, t in self.tensors().items()}}
+
+    def load_state_dict(self, state: dict):
+        for name, t in self.tensors().items():
+            t.copy_(state[name])
+        device = self.weight.device
+        self.step_count, self.kept = state["step_count"], [(r.to(device, copy=True), g.to(device, copy=True))
+                                                           for r, g in state["kept"]]
+
+    def reset(self):
+        """Zero rows and moments, no step taken."""
+        for t in self.tensors().values():
+            t.zero_()
+        self.step_count, self.kept = 0, []
+
+
+class NgramTable(LazyRowTable):
+    """The hashed n-gram table (T3.19): rows zero at init (as the bigram table starts, T3.4), each position
+    reading one row per order (ngram_ids); no weight decay (its spec)."""
+    cache_buffer, inverse_buffer = "ngram_cache", "ngram_inverse"
+
+    def __init__(self, cfg: ModelConfig, optim: OptimConfig, max_steps: int, device: torch.device,
+                 rank: int = 0, world_size: int = 1, dtype: torch.dtype = torch.bfloat16, compile: bool = False):
+        super().__init__(cfg.ngram_rows, cfg.model_dim, param_table(cfg)["ngram_table"], optim, max_steps, device,
+                         rank, world_size, dtype, compile)
+        self.orders = cfg.ngram_orders
+
+    def row_ids(self, ids: Tensor) -> Tensor:
+        return ngram_ids(ids, self.rows, self.orders)
+
+    def buffers(self, model: nn.Module, tokens: int) -> tuple[Tensor, Tensor]:
+        return model.ngram_cache_for(tokens), model.ngram_inverse
+
+
+# =============================================================================================
+# Data
+# =============================================================================================
+
+BOS_ID = 50256  # <|endoftext|> precedes every document
+SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256
+SHARD_HEADER_BYTES = 4 * SHARD_HEADER_INTS
+DOWNLOAD_HINT = ("download FineWeb shards with `python data/cached_fineweb10B.py 9`, or point TRAIN_FILES / VAL_FILES "
+                 "at your shards")
+MAX_DOCS_PER_BATCH = {16384: 64, 32768: 96, 49152: 128}  # cu_seqlens lengths (#78)
+
+
+class ShardError(SetupError):
+    """A token shard that cannot be used: the message names the file and the defect (also .path, .defect)."""
+
+    def __init__(self, path, defect: str):
+        self.path, self.defect = os.fspath(path), defect
+        super().__init__(f"{self.path}: {defect}")
+
+
+def read_shard_header(path: str) -> int:
+    """Check a shard's magic, version and size; return its token count. data/shards.py keeps a copy for
+    the data scripts (tests/data/test_shards.py holds them equal). A folder is an error here, not at its
+    first read: its size would pass the size check."""
+    if not os.path.isfile(path):
+        kind = "a folder" if os.path.isdir(path) else "not a regular file"
+        raise ShardError(path, f"{kind}, not a token shard: give a pattern of .bin files, e.g. "
+                               f"{os.path.join(path, '*_train_*.bin')!r}")
+    size = os.path.getsize(path)
+    if size < SHARD_HEADER_BYTES:
+        raise ShardError(path, f"{size} bytes, shorter than the {SHARD_HEADER_BYTES}-byte header (truncated download?)")
+    magic, version, tokens = (int(v) for v in np.fromfile(path, dtype="<i4", count=3))
+    if magic != SHARD_MAGIC:
+        raise ShardError(path, f"bad magic number: expected {SHARD_MAGIC}, got {magic} (not a token shard?)")
+    if version != SHARD_VERSION:
+        raise ShardError(path, f"unsupported version {version} (expected {SHARD_VERSION})")
+    expected = SHARD_HEADER_BYTES + 2 * tokens
+    if size != expected:
+        raise ShardError(path, f"size mismatch: header says {tokens} tokens = {expected} bytes, file has {size} bytes"
+                               + (" (truncated? download it again)" if size < expected else ""))
+    return tokens
+
+
+def find_shards(pattern: str) -> list[str]:
+    """The shard files a pattern names, in order, each header checked."""
+    files = sorted(glob.glob(pattern))
+    if not files:
+        raise FileNotFoundError(f"no token shards match {pattern!r}: {DOWNLOAD_HINT}")
+    for path in files:
+        read_shard_header(path)
+    return files
+
+
+class Shard:
+    """One shard's tokens in (pinned) host memory and the positions of its documents' BOS tokens."""
+
+    def __init__(self, path: str, pin_memory: bool):
+        n = read_shard_header(path)
+        storage = torch.empty(n, dtype=torch.int16, pin_memory=pin_memory)
+        self.tokens = storage.numpy().view(np.uint16)
+        with open(path, "rb") as f:
+            f.seek(SHARD_HEADER_BYTES)
+            if f.readinto(self.tokens) != 2 * n:
+                raise ShardError(path, f"could not read {n} tokens")
+        self.path = path
+        self.bos = np.flatnonzero(self.tokens == BOS_ID)
+
+
+def max_docs_per_batch(tokens: int) -> int:
+    return MAX_DOCS_PER_BATCH.get(tokens) or max(16, -(-(tokens // 300) // 128) * 128)
+
+
+def plan_batch(bos: np.ndarray, first_doc: int, shard_len: int, tokens: int, num_ranks: int,
+               max_seq_len: int, max_docs: int):
+    """BOS-aligned packing (#26, T1.2): every rank gets consecutive documents starting at a
+    BOS, each truncated to max_seq_len and the last cut to fit, totalling exactly tokens+1.
+    A rank's (max_docs)-th segment takes all it still needs, across document boundaries, so that
+    cu_seqlens keeps a fixed length. Returns (per-rank [(start, end)], next document index), or
+    None when the shard runs out (the caller re-plans from the next shard)."""
+    plan, i = [], first_doc
+    for _ in range(num_ranks):
+        segments, length = [], 0
+        while length < tokens + 1:
+            if i >= len(bos):
+                return None
+            start = int(bos[i])
+            need = tokens + 1 - length
+            if len(segments) == max_docs - 1:
+                end = start + need
+                if end > shard_len:
+                    return None
+                i = int(np.searchsorted(bos, end))
+            else:
+                next_start = int(bos[i + 1]) if i + 1 < len(bos) else shard_len
+                end = min(next_start, start + max_seq_len, start + need)
+                i += 1
+            segments.append((start, end))
+            length += end - start
+        plan.append(segments)
+    return plan, i
+
+
+def cu_seqlens_for(lengths: list[int], tokens: int, max_docs: int) -> np.ndarray:
+    """[0, c1, ..., tokens] for segments of the given lengths (the last one loses its final token,
+    which is only a target), padded to max_docs+1 entries by repeating tokens."""
+    cu = np.full(max_docs + 1, tokens, dtype=np.int32)
+    cu[0] = 0
+    cu[1: len(lengths) + 1] = np.minimum(np.cumsum(lengths), tokens)
+    return cu
+
+
+def capped_lengths(lengths: list[int], attention_cap: int) -> list[int]:
+    """The attention cap (record #92, PR #360; T5.5): each segment longer than attention_cap split into
+    consecutive virtual segments of attention_cap tokens and the rest, so attention never spans more;
+    the tokens and their targets stay where they are. n segments of T + 1 tokens become at most
+    n + T // attention_cap (max_segments_per_batch)."""
+    pieces = []
+    for length in lengths:
+        whole, rest = divmod(length, attention_cap)
+        pieces += [attention_cap] * whole + ([rest] if rest else [])
+    return pieces
+
+
+def max_segments_per_batch(tokens: int, attention_cap: int) -> int:
+    """cu_seqlens' fixed length less one: the packed documents (max_docs_per_batch) and, with an
+    attention cap, the at most tokens // attention_cap cuts it adds (capped_lengths)."""
+    return max_docs_per_batch(tokens) + (tokens // attention_cap if attention_cap else 0)
+
+
+def repeated_data_warning(hp: "Hyperparameters", files: list[str]) -> str | None:
+    """A warning line when the run's steps read more tokens than the train files hold, so that it
+    trains on the same documents again: losses then measure memorization. A lower bound: documents
+    cut at max_seq_len leave their tails unread, so a run may repeat data even without it."""
+    schedule = Schedule(hp.schedule)
+    steps = hp.run.stop_after or schedule.total_steps
+    need = sum(hp.schedule.stages[schedule.stage(step)].batch_tokens for step in range(steps))
+    if hp.run.rank_slice:
+        need //= RANKS_PER_STEP
+    have = sum(read_shard_header(path) for path in files)
+    if need <= have:
+        return None
+    remedy = "add train shards" + ("" if hp.run.rank_slice else " or train rank-slice (RANK_SLICE=1)")
+    return (f"warning: the run reads at least {need:,} training tokens and the {len(files)} train files hold "
+            f"{have:,}: it repeats its data (at least {need / have:.1f} passes) and its val loss then measures "
+            f"memorization; {remedy}")
+
+
+class TrainLoader:
+    """Training batches for one rank: the planner's slice of consecutive documents, the next shard
+    loaded by a background thread, cycling over the files when they run out (logged once per
+    pass). next_batch() accepts a new batch size and max_seq_len at any step."""
+
+    def __init__(self, pattern: str, rank: int, world_size: int, device: torch.device, log=print,
+                 grad_accum: int = 1):
+        self.files = find_shards(pattern)
+        self.rank, self.world_size, self.device, self.log = rank, world_size, device, log
+        self.grad_accum = grad_accum
+        self._step_slices, self._step_shape = [], None  # this rank's remaining micro-batches of the step
+        self.pin_memory = device.type == "cuda"
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        self.file_index, self.passes, self.doc_cursor = 0, 1, 0
+        self.shard = Shard(self.files[0], self.pin_memory)
+        self._next_shard = self._pool.submit(Shard, self.files[1 % len(self.files)], self.pin_memory)
+
+    def _advance_shard(self):
+        self.file_index += 1
+        if self.file_index % len(self.files) == 0:
+            self.passes += 1
+            self.log(f"data: starting pass {self.passes} over {len(self.files)} train files")
+        self.shard = self._next_shard.result()
+        following = self.files[(self.file_index + 1) % len(self.files)]
+        self._next_shard = self._pool.submit(Shard, following, self.pin_memory)
+        self.doc_cursor = 0
+
+    def next_batch(self, tokens: int, max_seq_len: int, into: tuple[Tensor, Tensor] | None = None,
+                   attention_cap: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+        """(inputs int32 (tokens,), targets int32 (tokens,), cu_seqlens int32) on the device; with
+        `into` (a (tokens + 1,) token buffer and a cu_seqlens buffer on the device), written there:
+        the static inputs of a CUDA graph (T5.3). attention_cap > 0: cu_seqlens splits the documents
+        into attention segments of at most that many tokens (T5.5); the tokens are the same."""
+        max_docs = max_docs_per_batch(tokens)
+        if self._step_slices and self._step_shape != (tokens, max_seq_len):
+            raise ValueError(f"batch shape changed to {(tokens, max_seq_len)} in the middle of a step "
+                             f"planned for {self._step_shape}")
+        if not self._step_slices:
+            # Plan the whole step (world_size x grad_accum slices) at once, so that a shard
+            # boundary falls at the same place on 1, 2, 4 or 8 GPUs.
+            ranks = self.world_size * self.grad_accum
+            for _ in range(2 * len(self.files) + 1):
+                planned = plan_batch(self.shard.bos, self.doc_cursor, len(self.shard.tokens), tokens,
+                                     ranks, max_seq_len, max_docs)
+                if planned is not None:
+                    break
+                self._advance_shard()
+            else:
+                raise SetupError(f"no train shard holds a batch of {tokens} tokens x {ranks} slices: the "
+                                 f"{len(self.files)} train files are too small")
+            plan, self.doc_cursor = planned
+            self._step_slices = [plan[k * self.world_size + self.rank] for k in range(self.grad_accum)]
+            self._step_shape = (tokens, max_seq_len)
+        segments = self._step_slices.pop(0)
+        buf = torch.empty(tokens + 1, dtype=torch.int32, pin_memory=self.pin_memory)
+        np.concatenate([self.shard.tokens[s:e] for s, e in segments], out=buf.numpy(), casting="safe")
+        lengths = [e - s for s, e in segments]
+        if attention_cap:
+            lengths = capped_lengths(lengths, attention_cap)
+        cu = torch.from_numpy(cu_seqlens_for(lengths, tokens, max_segments_per_batch(tokens, attention_cap)))
+        if self.pin_memory:
+            cu = cu.pin_memory()
+        if into is None:
+            buf, cu = buf.to(self.device, non_blocking=True), cu.to(self.device, non_blocking=True)
+        else:
+            buf, cu = into[0].copy_(buf, non_blocking=True), into[1].copy_(cu, non_blocking=True)
+        return buf[:-1], buf[1:], cu
+
+
+class ValidationSet:
+    """The first val_tokens (+1) tokens of the validation files, in chunks of seq_len tokens
+    (chunk i is evaluated by rank i % world_size); documents are not truncated."""
+
+    def __init__(self, pattern: str, val_tokens: int, seq_len: int, rank: int, world_size: int, device: torch.device):
+        if val_tokens % seq_len:
+            raise SetupError(f"VAL_TOKENS={val_tokens} must be a multiple of VAL_SEQ_LEN={seq_len}")
+        parts, have = [], 0
+        for path in find_shards(pattern):
+            parts.append(Shard(path, pin_memory=False).tokens)
+            have += len(parts[-1])
+            if have > val_tokens:
+                break
+        if have < val_tokens + 1:
+            raise SetupError(f"validation files {pattern!r} hold {have} tokens; VAL_TOKENS={val_tokens} needs "
+                             f"{val_tokens + 1} (its last input's target): lower VAL_TOKENS")
+        self.tokens = np.concatenate(parts)[: val_tokens + 1].astype(np.int32)
+        self.seq_len, self.device = seq_len, device
+        self.chunks = list(range(rank, val_tokens // seq_len, world_size))
+        self.max_docs = max_docs_per_batch(seq_len)
+
+    def batch(self, chunk: int) -> tuple[Tensor, Tensor, Tensor]:
+        seq = self.tokens[chunk * self.seq_len: (chunk + 1) * self.seq_len + 1]
+        starts = np.flatnonzero(seq[:-1] == BOS_ID)
+        bounds = np.unique(np.concatenate([[0], starts, [self.seq_len]]))
+        lengths = list(np.diff(bounds))
+        if len(lengths) > self.max_docs:  # fold the excess documents into the last segment
+            lengths = lengths[: self.max_docs - 1] + [int(sum(lengths[self.max_docs - 1:]))]
+        cu = cu_seqlens_for(lengths, self.seq_len, self.max_docs)
+        seq = torch.from_numpy(seq).to(self.device)
+        return seq[:-1], seq[1:], torch.from_numpy(cu).to(self.device)
+
+    def __iter__(self):
+        return (self.batch(chunk) for chunk in self.chunks)
+
+
+GPT2_SPECIAL_TOKEN = "<|endoftext|>"
+# What reads GPT-2's tokenizer files, by the switch that turns it off (a missing file's error names both)
+TOKENIZER_USERS = {"PREFIX_LOSS": "the prefix-token loss", "VAL_MASK": "validation masking"}
+
+
+def gpt2_tokenizer_file(tokenizer_dir: str, name: str, switch: str) -> str:
+    """The path of GPT-2's tokenizer file `name` in tokenizer_dir; FileNotFoundError naming the fix if
+    it is missing. switch: the setting whose technique reads it (TOKENIZER_USERS)."""
+    path = os.path.join(tokenizer_dir, name)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{TOKENIZER_USERS[switch]} ({switch}=1) needs GPT-2's tokenizer file {path}: the repository keeps it "
+            f"in data/gpt2/ (restore it with `git checkout -- data/gpt2`, or `python data/cached_fineweb10B.py` "
+            f"fetches it); or set TOKENIZER_DIR to a folder holding {name}, or {switch}=0")
+    return path
+
+
+def gpt2_byte_of() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte: printable Latin-1 characters stand for their own
+    byte, the other bytes for chr(256 + n) in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    byte_of = {chr(b): b for b in printable}
+    byte_of.update({chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in printable)})
+    return byte_of
+
+
+def gpt2_token_bytes(tokenizer_dir: str, switch: str = "PREFIX_LOSS") -> dict[int, bytes]:
+    """The byte string of every GPT-2 token id (the special token excluded), read from
+    tokenizer_dir/encoder.json, whose keys spell bytes in GPT-2's byte-level alphabet (gpt2_byte_of)."""
+    path = gpt2_tokenizer_file(tokenizer_dir, "encoder.json", switch)
+    byte_of = gpt2_byte_of()
+    try:
+        with open(path, encoding="utf-8") as f:
+            encoder = json.load(f)
+        return {int(i): bytes(byte_of[c] for c in token) for token, i in encoder.items() if token != GPT2_SPECIAL_TOKEN}
+    except (ValueError, KeyError) as error:
+        raise SetupError(f"{path} is not a GPT-2 encoder.json ({type(error).__name__}: {error})") from None
+
+
+def prefix_token_ids(token_bytes: dict[int, bytes], vocab_size: int) -> Tensor:
+    """For every id: the token whose bytes are the longest proper prefix of its bytes, -1 where none
+    is a token (single bytes, the special token, padding ids) (#88, T4.3)."""
+    id_of = {b: i for i, b in token_bytes.items()}
+    table = [-1] * vocab_size
+    for i, b in token_bytes.items():
+        if i >= vocab_size:
+            raise SetupError(f"token id {i} does not fit the vocabulary of {vocab_size} (VOCAB_SIZE)")
+        table[i] = next((id_of[b[:n]] for n in range(len(b) - 1, 0, -1) if b[:n] in id_of), -1)
+    return torch.tensor(table, dtype=torch.long)
+
+
+# --- Validation masking (#91, T4.5) ---------------------------------------------------------------
+# Next tokens that GPT-2's tokenizer cannot emit after the input token get probability 0 in the
+# validation loss. The rule, its argument and its source: data/bpe_mask.py, which also builds the table
+# offline and checks token shards against it.
+
+# The pre-tokenizer's first alternatives: a contraction is a piece of its own, even before more letters
+GPT2_CONTRACTIONS = ("'s", "'t", "'re", "'ve", "'m", "'ll", "'d")
+# Unicode's White_Space property: the regex's \\s as tiktoken applies it (Python's str.isspace differs)
+UNICODE_WHITE_SPACE = frozenset([*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028,
+                                 0x2029, 0x202F, 0x205F, 0x3000])
+# What a token starts or ends with, for the pre-tokenizer: a space (U+0020), other whitespace, a letter, a
+# number, any other character; inside a character (its UTF-8 bytes continue in the neighbouring token); or
+# unknown (bytes that are no valid UTF-8 or do not show their character, a character unassigned in this
+# Python's Unicode tables)
+EDGE_SPACE, EDGE_WHITESPACE, EDGE_LETTER, EDGE_NUMBER, EDGE_OTHER, EDGE_MID_CHAR, EDGE_UNKNOWN = range(7)
+EDGE_CONTRACTION_END = 7  # a previous token's end that may close a contraction piece (a letter)
+# (previous token's end, next token's start) that always lie in one pre-token piece: the regex's runs of
+# letters, of numbers and of other characters, each with one optional leading space; and any seam inside
+# a character
+EDGES_IN_ONE_PIECE = ((EDGE_LETTER, EDGE_LETTER), (EDGE_NUMBER, EDGE_NUMBER), (EDGE_OTHER, EDGE_OTHER),
+                      (EDGE_SPACE, EDGE_LETTER), (EDGE_SPACE, EDGE_NUMBER), (EDGE_SPACE, EDGE_OTHER))
+VAL_MASK_VERSION = 1  # part of the cached table's name: raise it when the rule changes
+BYTE_POPCOUNT = np.array([b.bit_count() for b in range(256)], dtype=np.uint8)
+
+
+def gpt2_merge_ranks(tokenizer_dir: str) -> dict[bytes, int]:
+    """bytes -> id of every GPT-2 token, where an id is the priority of the merge that makes the token
+    (the rank tiktoken merges by): checked against vocab.bpe, whose n-th merge must join two tokens into
+    token 256 + n, after ids 0-255 for the single bytes."""
+    token_bytes = gpt2_token_bytes(tokenizer_dir, "VAL_MASK")
+    path = gpt2_tokenizer_file(tokenizer_dir, "vocab.bpe", "VAL_MASK")
+    with open(path, encoding="utf-8") as f:
+        merges = [line for line in f.read().splitlines()[1:] if line]  # after the "#version" line
+    ranks, byte_of = {b: i for i, b in token_bytes.items()}, gpt2_byte_of()
+    mismatch = (f"{path} does not match {os.path.join(tokenizer_dir, 'encoder.json')}: {{}}. Use the two files of one "
+                f"GPT-2 tokenizer (`git checkout -- data/gpt2`), or VAL_MASK=0")
+    if sorted(i for i, b in token_bytes.items() if len(b) == 1) != list(range(256)):
+        raise SetupError(mismatch.format("ids 0-255 of encoder.json are not the 256 single bytes"))
+    if len(merges) != len(token_bytes) - 256:
+        raise SetupError(mismatch.format(f"{len(merges)} merges for {len(token_bytes) - 256} tokens beyond the bytes"))
+    for n, merge in enumerate(merges):
+        try:
+            left, right = (bytes(byte_of[c] for c in half) for half in merge.split(" "))
+        except (KeyError, ValueError):  # a character outside the alphabet, or not two halves
+            left = right = None
+        if left not in ranks or right not in ranks or ranks.get(left + right) != 256 + n:
+            raise SetupError(mismatch.format(f"merge {n + 1} ({merge!r}) does not join two tokens into {256 + n}"))
+    return ranks
+
+
+def bpe_merges(parts: list[bytes], ranks: dict[bytes, int]):
+    """Byte-pair encoding as tiktoken applies it to one pre-token piece, in place on its parts (at first its
+    single bytes): repeatedly join the adjacent pair whose concatenation is the lowest-ranked token, the
+    leftmost of equal ones, until no pair's is a token. Yields (rank, index of the joined part) after each join."""
+    while True:
+        joins = [(rank, i) for i, rank in enumerate(map(ranks.get, map(bytes.__add__, parts, parts[1:])))
+                 if rank is not None]
+        if not joins:
+            return
+        rank, i = min(joins)
+        parts[i: i + 2] = [parts[i] + parts[i + 1]]
+        yield rank, i
+
+
+def bpe_edge_pieces(token: bytes, ranks: dict[bytes, int]) -> tuple[list, list] | None:
+    """A token's bytes byte-pair encoded alone, its two ends followed: ([[last part, rank of the join that
+    absorbs it into a longer last part, None: none], ...], the same for the first part), in order. None when
+    the joins do not end in the token itself or their ranks ever decrease (the rule's argument needs both,
+    so such a token bans nothing; GPT-2 has none)."""
+    parts = [token[i: i + 1] for i in range(len(token))]
+    last, first, previous = [[parts[-1], None]], [[parts[0], None]], -1
+    for rank, i in bpe_merges(parts, ranks):
+        if rank < previous:
+            return None
+        previous = rank
+        if i == len(parts) - 1:  # the join made a longer last part
+            last[-1][1] = rank
+            last.append([parts[-1], None])
+        if i == 0:  # ... a longer first part
+            first[-1][1] = rank
+            first.append([parts[0], None])
+    return (last, first) if parts == [token] else None
+
+
+def _edge_class_of(char_bytes: bytes) -> int:
+    """The EDGE_* class of one character's UTF-8 bytes."""
+    try:
+        char = char_bytes.decode("utf-8")
+    except UnicodeDecodeError:
+        return EDGE_UNKNOWN
+    if char == " ":
+        return EDGE_SPACE
+    if ord(char) in UNICODE_WHITE_SPACE:
+        return EDGE_WHITESPACE
+    category = unicodedata.category(char)
+    if category == "Cn":  # unassigned in this Python's tables: the tokenizer's may know it as a letter
+        return EDGE_UNKNOWN
+    return {"L": EDGE_LETTER, "N": EDGE_NUMBER}.get(category[0], EDGE_OTHER)
+
+
+def _utf8_length(lead: int) -> int:
+    """Bytes of the UTF-8 sequence a byte starts; 0 for a continuation byte or one that starts none."""
+    for length, (low, high) in enumerate(((0x00, 0x7F), (0xC2, 0xDF), (0xE0, 0xEF), (0xF0, 0xF4)), start=1):
+        if low <= lead <= high:
+            return length
+    return 0
+
+
+def token_end_class(token: bytes) -> int:
+    """The EDGE_* class of the character a token ends with (EDGE_MID_CHAR: the next token completes it)."""
+    for size in range(1, min(4, len(token)) + 1):
+        if 0x80 <= token[-size] < 0xC0:  # a continuation byte: the character starts further back
+            continue
+        length = _utf8_length(token[-size])
+        if length > size:
+            return EDGE_MID_CHAR
+        return _edge_class_of(token[-size:]) if length == size else EDGE_UNKNOWN
+    return EDGE_UNKNOWN  # continuation bytes only: whether their character ends here is not in the token
+
+
+def token_start_class(token: bytes) -> int:
+    """The EDGE_* class of the character a token starts with (EDGE_MID_CHAR: a continuation byte)."""
+    if 0x80 <= token[0] < 0xC0:
+        return EDGE_MID_CHAR
+    length = _utf8_length(token[0])
+    return _edge_class_of(token[:length]) if 0 < length <= len(token) else EDGE_UNKNOWN
+
+
+def banned_next_table(ranks: dict[bytes, int], vocab_size: int) -> np.ndarray:
+    """Validation masking's table (#91, T4.5): (vocab_size, ceil(vocab_size / 8)) uint8 where bit x % 8 of
+    byte x // 8 of row p says that GPT-2's tokenizer never emits token x right after token p: (1) their
+    seam always lies inside one pre-token piece (EDGES_IN_ONE_PIECE; not a letter's after a token that may
+    end a contraction piece), and (2) byte-pair encoding p's bytes followed by x's does not give [p, x].
+    (2) is decided per join T = L + F (both tokens, rank c) from how each token's ends move when it is
+    encoded alone: while p's last part L (made at rank α, a byte: -1) has not been absorbed (at rank β)
+    and x's first part F (made at γ) not (at δ), the seam pair (L, F) joins first iff β > max(c, γ) and
+    δ ≥ max(c, α)."""
+    never = np.iinfo(np.int64).max
+    rows_by_last, columns_by_first = {}, {}  # part -> [(rank that absorbs it, id of a token it ends/starts)]
+    for token, i in ranks.items():
+        if i >= vocab_size:
+            raise SetupError(f"token id {i} does not fit the vocabulary of {vocab_size} (VOCAB_SIZE)")
+        ends = bpe_edge_pieces(token, ranks)
+        for by_part, parts in zip((rows_by_last, columns_by_first), ends or ()):
+            for part, absorbed in parts:
+                by_part.setdefault(part, []).append((never if absorbed is None else absorbed, i))
+    columns = {}  # first part -> (-absorption rank ascending, token ids): F's tokens for a δ threshold are a prefix
+    for part, entries in columns_by_first.items():
+        absorbed, ids = np.array(sorted(entries, reverse=True), dtype=np.int64).T
+        columns[part] = (-absorbed, ids)
+    made = {part: ranks[part] if len(part) > 1 else -1 for part in {*rows_by_last, *columns}}
+    joins_by_last = {}  # L -> [(threshold for β, threshold for δ, F)] of every join T = L + F
+    for token, rank in ranks.items():
+        for k in range(1, len(token)):
+            left, right = token[:k], token[k:]
+            if left in rows_by_last and right in columns:
+                joins_by_last.setdefault(left, []).append((max(rank, made[right]), max(rank, made[left]), right))
+    table = np.zeros((vocab_size, (vocab_size + 7) // 8), dtype=np.uint8)
+    banned = np.zeros(vocab_size, dtype=bool)
+    for left, joins in joins_by_last.items():
+        joins.sort(key=lambda join: join[0])
+        absorbed, rows = np.array(rows_by_last[left], dtype=np.int64).T
+        # row p bans the union of the columns of the joins whose β threshold lies below its own β: the
+        # rows in order of β take growing unions
+        taken = np.searchsorted([join[0] for join in joins], absorbed)
+        banned[:], done = False, 0
+        for n in np.unique(taken[taken > 0]):
+            for _, delta_threshold, right in joins[done:n]:
+                negative_absorbed, ids = columns[right]
+                banned[ids[: np.searchsorted(negative_absorbed, -delta_threshold, side="right")]] = True
+            table[rows[taken == n]] |= np.packbits(banned, bitorder="little")
+            done = n
+    # (1): clear the columns whose seam with the row's token may be a piece boundary
+    ends, starts = np.full(vocab_size, EDGE_UNKNOWN), np.full(vocab_size, EDGE_UNKNOWN)
+    for token, i in ranks.items():
+        ends[i], starts[i] = token_end_class(token), token_start_class(token)
+    for contraction in GPT2_CONTRACTIONS:  # tiktoken keeps a piece that is a token whole
+        piece = contraction.encode()
+        parts = [piece] if piece in ranks else [piece[i: i + 1] for i in range(len(piece))]
+        for _ in bpe_merges(parts, ranks):
+            pass
+        ends[ranks[parts[-1]]] = EDGE_CONTRACTION_END
+    in_one_piece = np.zeros((EDGE_CONTRACTION_END + 1, vocab_size), dtype=bool)  # by the row's end class
+    in_one_piece[EDGE_MID_CHAR] = True
+    in_one_piece[:, starts == EDGE_MID_CHAR] = True
+    for end, start in EDGES_IN_ONE_PIECE:
+        in_one_piece[end, starts == start] = True
+    in_one_piece[EDGE_CONTRACTION_END] = in_one_piece[EDGE_LETTER] & (starts != EDGE_LETTER)
+    packed = np.packbits(in_one_piece, axis=1, bitorder="little")
+    for start in range(0, vocab_size, 4096):
+        table[start: start + 4096] &= packed[ends[start: start + 4096]]
+    return table
+
+
+def banned_pair_count(table: np.ndarray) -> int:
+    """How many (previous, next) pairs a banned_next_table bans."""
+    return sum(int(BYTE_POPCOUNT[table[i: i + 4096]].sum(dtype=np.int64)) for i in range(0, len(table), 4096))
+
+
+def validation_mask(tokenizer_dir: str, vocab_size: int) -> tuple[np.ndarray, str]:
+    """banned_next_table of the GPT-2 tokenizer in tokenizer_dir, and a line for the log saying what it bans
+    and where it came from: tokenizer_dir/cache/ keeps it (vocab_size² / 8 bytes, 316 MB for 50,304) named
+    by a hash of both tokenizer files, the rule's version and this Python's Unicode tables; without it, it
+    is built (a few seconds on one CPU core) and stored there."""
+    start = time.perf_counter()
+    ranks = gpt2_merge_ranks(tokenizer_dir)
+    key = hashlib.sha256(f"{VAL_MASK_VERSION} {vocab_size} {unicodedata.unidata_version}".encode())
+    for name in ("encoder.json", "vocab.bpe"):
+        with open(os.path.join(tokenizer_dir, name), "rb") as f:
+            key.update(f.read())
+    path = os.path.join(tokenizer_dir, "cache", f"val_mask_{vocab_size}_{key.hexdigest()[:16]}.npz")
+    if os.path.isfile(path):
+        with np.load(path) as cached:
+            table, count = cached["table"], int(cached["count"])
+        origin = f"loaded from {path} in {time.perf_counter() - start:.1f}s"
+    else:
+        table = banned_next_table(ranks, vocab_size)
+        count = banned_pair_count(table)
+        origin = f"built from {tokenizer_dir} in {time.perf_counter() - start:.1f}s"
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            partial = f"{path}.{os.getpid()}.part"  # each rank its own; os.replace makes the table appear whole
+            with open(partial, "wb") as f:
+                np.savez(f, table=table, count=count)
+            os.replace(partial, path)
+            origin += f", cached as {path}"
+        except OSError as error:
+            origin += f" (not cached: {error.strerror or error})"
+    pairs = len(ranks) + 1  # the special token too
+    return table, (f"{count:,} (previous, next) token pairs banned, {count / pairs ** 2:.2%} of {pairs:,}²; "
+                   f"table {origin}")
+
+
+def banned_positions(table: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """The positions t at which a banned_next_table bans tokens[t + 1] after tokens[t]."""
+    previous, following = tokens[:-1].astype(np.int64), tokens[1:].astype(np.int64)
+    return np.flatnonzero((table[previous, following >> 3] >> (following & 7)) & 1)
+
+
+def check_validation_pairs(table: np.ndarray, tokens: np.ndarray) -> str:
+    """Stop unless every adjacent pair of the validation tokens is one the table allows: a banned one would
+    make the masked loss infinite, and means the tokens are not GPT-2's encoding of text. Returns a note."""
+    banned = banned_positions(table, tokens)
+    if len(banned):
+        t = int(banned[0])
+        raise SetupError(f"VAL_MASK=1: {len(banned):,} of the {len(tokens) - 1:,} adjacent validation token pairs "
+                         f"are ones GPT-2's tokenizer never emits (the first: tokens {t} and {t + 1}, ids "
+                         f"{tokens[t]} {tokens[t + 1]}), so the masked loss would be infinite: the validation "
+                         f"files are not GPT-2's encoding of text; use VAL_MASK=0")
+    return f"none of the {len(tokens) - 1:,} adjacent validation token pairs is banned"
+
+
+def banned_next(table: Tensor, ids: Tensor, vocab_size: int) -> Tensor:
+    """(len(ids), vocab_size) bool: the next tokens a banned_next_table (on the device) bans after each id."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=table.device)
+    return ((table[ids.long()].unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :vocab_size].bool()
+
+
+# =============================================================================================
+# Schedule and training
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one step takes from the schedule: the loader its batch shape, the model its windows,
+    target columns and loss weights, the optimizer its learning-rate multiplier, momentum and
+    whether Adam runs."""
+    step: int
+    stage: int
+    tokens_per_rank: int
+    shape: ForwardShape
+    target_weights: tuple[float, ...]  # multi-token prediction targets, then the prefix target
+    long_windows: tuple[int, ...]  # the long windows so far, in tokens, each change once (YaRN)
+    attention_cap: int  # the loader splits documents into attention segments of at most this many tokens (T5.5)
+    graph_stage: int  # the first stage whose training forward is this stage's: its CUDA graphs serve both
+    lr_multiplier: float
+    momentum: float
+    fast_rail: tuple[float, float]  # MUON_RAILS: the fast rail's beta and its weight in the blend (T2.9)
+    adam_step: bool
+    untie: bool  # untie embed and lm_head after this step
+    tail_ema_rate: float  # TAIL_EMA_FRAC: the weights' EMA's rate after this step; 1 starts it, 0 none (T5.4)
+
+
+class Schedule:
+    """The stage table (T5.1) turned into per-step plans: stage boundaries at the cumulative
+    fractions of the scheduled steps, then the extension; a linear cooldown of the lr multiplier to
+    the floor; the Muon momentum warm-up and cool-down (T2.8)."""
+
+    def __init__(self, config: ScheduleConfig):
+        self.config = cfg = config
+        n = cfg.num_scheduled_iterations
+        self.num_scheduled = n
+        fractions = [stage.fraction for stage in cfg.stages[:-1]]
+        self.stage_starts = [round(n * sum(fractions[:k])) for k in range(len(fractions))] + [n]
+        self.total_steps = n + cfg.num_extension_iterations
+        self.stage_ends = self.stage_starts[1:] + [self.total_steps]
+        forwards = [forward_columns(stage) for stage in cfg.stages]
+        self.graph_stages = [forwards.index(forward) for forward in forwards]  # StepPlan.graph_stage
+        self.cooldown_start = int(n * (1 - cfg.cooldown_frac))
+        self.untie_step = (round(n * cfg.untie_embed_at) | 1) if cfg.untie_embed_at > 0 else None  # an Adam step
+        self.rails_engage_step = round(n * cfg.muon_rails_engage_at)
+        self.tail_ema_steps = round(cfg.tail_ema_frac * self.total_steps)
+        self.tail_ema_start = self.total_steps - self.tail_ema_steps if self.tail_ema_steps else None
+
+    def plan(self, step: int, final: bool = False) -> StepPlan:
+        """The plan of `step`; `final`: the last validation's, with FINAL_LONG_WINDOW."""
+        cfg, stage = self.config, self.stage(step)
+        row, block = cfg.stages[stage], cfg.window_block_size
+        tau = self.stage_progress(step)
+        mtp = [interpolate(w, tau) for w in row.mtp_weights] if cfg.multi_token_prediction else [1.0]
+        prefix = interpolate(row.prefix_weight, tau) if cfg.prefix_loss and row.prefix_weight else None
+        window = cfg.final_long_window if final else row.long_window
+        windows = (row.short_window * block, window * block) if cfg.sliding_windows else (NO_WINDOW, NO_WINDOW)
+        so_far = [s.long_window for s in cfg.stages[: stage + 1]]  # each change once: a taper's equal window
+        # is no second YaRN rescale, and its plan equals stage 3's (T5.5)
+        return StepPlan(
+            step=step, stage=stage, tokens_per_rank=row.batch_tokens // RANKS_PER_STEP,
+            shape=ForwardShape(*windows, row.max_seq_len, len(mtp), prefix is not None),
+            target_weights=tuple(mtp + ([] if prefix is None else [prefix])),
+            long_windows=tuple(w * block for i, w in enumerate(so_far) if i == 0 or w != so_far[i - 1]),
+            attention_cap=row.attention_cap, graph_stage=self.graph_stages[stage],
+            lr_multiplier=self.lr_multiplier(step), momentum=self.momentum(step), fast_rail=self.fast_rail(step),
+            adam_step=step % 2 == 1 or not cfg.adam_every_other_step, untie=step == self.untie_step,
+            tail_ema_rate=self.tail_ema_rate(step))
+
+    def stage(self, step: int) -> int:
+        return max(i for i, start in enumerate(self.stage_starts) if step >= start)
+
+    def stage_progress(self, step: int) -> float:
+        """Fraction of the current stage elapsed before this step; a stage and its taper row count as
+        one span, so the taper continues the stage's weights where the cut left them (T5.5)."""
+        stage, stages = self.stage(step), self.config.stages
+        first = stage - 1 if stages[stage].taper else stage
+        last = stage + 1 if stage + 1 < len(stages) and stages[stage + 1].taper else stage
+        start, end = self.stage_starts[first], self.stage_ends[last]
+        return (step - start) / (end - start)
+
+    def lr_multiplier(self, step: int) -> float:
+        stage_mul = self.config.stages[self.stage(step)].lr_mul
+        if step < self.cooldown_start:
+            return stage_mul
+        tau = min(1.0, (step - self.cooldown_start) / (self.num_scheduled - self.cooldown_start))
+        return stage_mul * (1 - tau) + self.config.lr_floor * tau
+
+    def momentum(self, step: int) -> float:
+        cfg = self.config
+        low, high = cfg.muon_momentum_min, cfg.muon_momentum_max
+        warm = min(1.0, step / cfg.muon_momentum_warmup_steps) if cfg.muon_momentum_warmup_steps else 1.0
+        cooldown_start = self.total_steps - cfg.muon_momentum_cooldown_steps
+        if step > cooldown_start:
+            return high - (high - low) * (step - cooldown_start) / cfg.muon_momentum_cooldown_steps
+        return low + (high - low) * warm
+
+    def fast_rail(self, step: int) -> tuple[float, float]:
+        """MUON_RAILS' fast rail (T2.9): (its beta, its weight in the blend with the slow rail). Until
+        the engage step it is today's single EMA: the scheduled momentum, weight 1."""
+        cfg = self.config
+        if step < self.rails_engage_step:
+            return self.momentum(step), 1.0
+        return cfg.muon_rails_fast_beta, cfg.muon_rails_fast_weight
+
+    def tail_ema_rate(self, step: int) -> float:
+        """The tail EMA's rate after `step` (T5.4): 0 before its window (the last TAIL_EMA_FRAC of the
+        steps), 1 at the window's first step (the EMA starts as that step's weights), then TAIL_EMA_RATE
+        (0: 2/(window + 1), record #92's)."""
+        cfg, start = self.config, self.tail_ema_start
+        if start is None or step < start:
+            return 0.0
+        return 1.0 if step == start else cfg.tail_ema_rate or 2 / (self.tail_ema_steps + 1)
+
+    def warmup_steps(self) -> list[int]:
+        """Steps whose graphs the warm-up compiles: the first two and both sides of every stage start."""
+        steps = {0, 1}
+        for start in self.stage_starts[1:]:
+            steps.update(s for s in range(start - 2, start + 2) if 0 <= s < self.total_steps)
+        return sorted(steps)
+
+
+def forward_columns(stage: Stage) -> tuple:
+    """What a stage's training forward is made of: its shapes, its execution plan's inputs (tokens per
+    rank, candidate budget) and the attention cap (the cu_seqlens' length). Two stages alike here, a
+    taper row and the stage it is cut from unless a column changed, share their CUDA graphs (T5.5)."""
+    return (stage.batch_tokens, stage.max_seq_len, stage.short_window, stage.long_window, len(stage.mtp_weights),
+            stage.prefix_weight is not None, stage.ce_candidates, stage.attention_cap)
+
+
+def tail_ema_blends(cfg: ScheduleConfig, specs: dict[str, ParamSpec]) -> dict[str, float]:
+    """TAIL_EMA_FRAC's labels, each with the EMA's share of its weights after the blend (T5.4): the
+    NorMuon banks at TAIL_EMA_BANK_BLEND, embed and lm_head at TAIL_EMA_EMBED_BLEND; a share of 0 leaves
+    its labels out."""
+    if not cfg.tail_ema_frac:
+        return {}
+    blends = {label: cfg.tail_ema_bank_blend for label, spec in specs.items() if spec.optimizer == "normuon"}
+    blends.update((label, cfg.tail_ema_embed_blend) for label in ("embed", "lm_head") if label in specs)
+    return {label: blend for label, blend in blends.items() if blend}
+
+
+def interpolate(weights: tuple[float, float], tau: float) -> float:
+    """A stage's weight at fraction tau of it: (start, end) linearly."""
+    start, end = weights
+    return start if start == end else start * (1 - tau) + end * tau
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+class CandidateShortfall(RuntimeError):
+    """A training forward had more distinct targets than its stage's candidate budget (T4.6)."""
+
+
+# The log's lines, defined once: the trainer writes them with these functions and records/tool.py
+# parses them with these patterns (the field's format: step:250/1270 val_loss:3.9812 train_time:...).
+LOG_SEPARATOR = "=" * 100  # after the source, and after the environment report
+LOG_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf"
+STEP_LINE_RE = re.compile(rf"^step:(?P<step>\d+)/(?P<total>\d+)(?: val_loss:(?P<val_loss>{LOG_NUMBER}))?"
+                          rf"(?: train_loss:(?P<train_loss>{LOG_NUMBER}))? train_time:(?P<train_time>\d+(?:\.\d+)?)ms"
+                          rf" step_avg:(?P<step_avg>{LOG_NUMBER})ms$")
+PEAK_MEMORY_RE = re.compile(r"^peak memory allocated: (?P<allocated>\d+) MiB reserved: (?P<reserved>\d+) MiB"
+                            r"(?: \(cpu: [^)]*\))?$")
+FINAL_WINDOWS_RE = re.compile(rf"^final_windows (?P<setting>.+) val_loss:(?P<val_loss>{LOG_NUMBER})$")
+UNMASKED_VAL_RE = re.compile(rf"^unmasked step:(?P<step>\d+)/(?P<total>\d+) val_loss:(?P<val_loss>{LOG_NUMBER})$")
+DESCRIPTION_RE = re.compile(r"^(?P<key>[a-z_]+): (?P<value>.*)$")  # run_id: ..., hyperparameters: {...}
+
+
+def step_line(step: int, total: int, train_ms: float, val_loss: float | None = None,
+              train_loss: float | None = None) -> str:
+    """A step line: after a validation (val_loss) or a training step (train_loss when logged)."""
+    parts = [f"step:{step}/{total}"]
+    if val_loss is not None:
+        parts.append(f"val_loss:{val_loss:.4f}")
+    if train_loss is not None:
+        parts.append(f"train_loss:{train_loss:.4f}")
+    return " ".join(parts + [f"train_time:{train_ms:.0f}ms", f"step_avg:{train_ms / max(step, 1):.2f}ms"])
+
+
+def unmasked_val_line(step: int, total: int, val_loss: float) -> str:
+    """With VAL_MASK=1, the line after each validation's step line: the same forward's loss without the
+    mask (T4.5); the step line's val_loss is the masked one."""
+    return f"unmasked step:{step}/{total} val_loss:{val_loss:.4f}"
+
+
+def peak_memory_line(allocated_mib: int, reserved_mib: int, cpu: bool = False) -> str:
+    """The run's last line; on the CPU both numbers are the process's peak resident memory."""
+    return (f"peak memory allocated: {allocated_mib} MiB reserved: {reserved_mib} MiB"
+            + (" (cpu: peak resident set size)" if cpu else ""))
+
+
+def final_windows_line(setting: str, val_loss: float) -> str:
+    """bench/eval_windows.py's score of the final model under another final-validation setting."""
+    return f"final_windows {setting} val_loss:{val_loss:.4f}"
+
+
+class RunLog:
+    """Rank 0 writes logs/<run_id>.txt through one buffered handle and echoes chosen lines to the
+    console. The file is flushed with each console line and at exit, so the step lines between
+    cost the timed loop no system call (T5.3)."""
+
+    def __init__(self, path: str | None):
+        self.path, self.file = path, None
+        if path:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            self.file = open(path, "a", buffering=1 << 20)
+            atexit.register(self.file.close)
+
+    def __call__(self, text: str, console: bool = True):
+        if self.file is None:
+            return
+        self.file.write(text + "\n")
+        if console:
+            print(text, flush=True)
+            self.file.flush()
+
+
+def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU model and how many of its cores this process may use: the launch-bound stages run at
+    the host's speed, so two machines with the same GPU can differ there."""
+    model = "unknown model"
+    try:
+        with open(cpuinfo) as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model} ({usable} cores usable)"
+
+
+def environment_report() -> str:
+    try:
+        smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout.rstrip()
+    except (OSError, subprocess.TimeoutExpired):
+        smi = ""
+    lines = [f"Running Python {sys.version.replace(chr(10), ' ')}",
+             f"Running PyTorch {torch.__version__} compiled for CUDA {torch.version.cuda}",
+             f"Running Triton version {triton.__version__ if triton else 'not installed'}",
+             f"Running on host CPU {host_cpu()}",
+             smi or "nvidia-smi: not available"]
+    return "\n".join(lines)
+
+
+def environment_overrides(environ=os.environ) -> str:
+    """The hyperparameter variables set for this run, as shell assignments (RUN_ID excluded)."""
+    names = [name for name in hyperparameter_variables() if name != "RUN_ID"]
+    return " ".join(f"{name}={shlex.quote(environ[name])}" for name in names if name in environ)
+
+
+def data_label(data: DataConfig) -> str:
+    name = os.path.basename(data.train_files).lower()
+    kind = "proxy" if "proxy" in name else "FineWeb" if name.startswith("fineweb_") else "custom"
+    return f"{kind} (train {data.train_files}; val {data.val_files}, {data.val_tokens} tokens)"
+
+
+def check_hyperparameters(hp: Hyperparameters):
+    stages, run = hp.schedule.stages, hp.run
+    if len(stages) < 2 or stages[-1].fraction is not None or any(s.fraction is None for s in stages[:-1]):
+        raise SetupError("the stage table needs stages with a fraction of the scheduled steps, then the extension")
+    fractions = [s.fraction for s in stages[:-1]]
+    if min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-6:
+        raise SetupError(f"STAGE_FRACTION={','.join(f'{f:.6g}' for f in fractions)}: the stages' fractions of the "
+                         f"scheduled steps must be positive and add up to 1 (within 1e-6)")
+    check_taper(hp.schedule)
+    if len(set(run.seeds)) < len(run.seeds):
+        raise SetupError(f"SEEDS={','.join(map(str, run.seeds))} repeats a seed: each run's log is named by its seed")
+    total_steps = Schedule(hp.schedule).total_steps
+    if run.gpu_memory_gib < 0 or (run.gpu_memory_gib > 0 and run.device != "cuda"):
+        raise SetupError(f"GPU_MEMORY_GIB={run.gpu_memory_gib:g}: give the GiB this process's CUDA allocator may hold "
+                         f"(> 0, DEVICE=cuda), or 0 for the whole GPU")
+    if not 0 <= run.stop_after <= total_steps:
+        raise SetupError(f"STOP_AFTER={run.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
+    if not 0 <= hp.schedule.tail_ema_frac <= 1:
+        raise SetupError(f"TAIL_EMA_FRAC={hp.schedule.tail_ema_frac}: the tail EMA's share of the steps must lie in 0..1 (0: off)")
+    for stage in stages:
+        if stage.batch_tokens % RANKS_PER_STEP:
+            raise SetupError(f"STAGE_BATCH_TOKENS entry {stage.batch_tokens} is not divisible by {RANKS_PER_STEP}")
+        if not 0 <= stage.ce_candidates <= hp.model.vocab_size or stage.ce_candidates % 16:
+            raise SetupError(f"STAGE_CE_CANDIDATES entry {stage.ce_candidates}: use a multiple of 16 (the FP8 "
+                             f"lm_head's GEMM) up to VOCAB_SIZE={hp.model.vocab_size}, or 0 for the full softmax")
+        if stage.attention_cap < 0:
+            raise SetupError(f"STAGE_ATTENTION_CAP entry {stage.attention_cap}: give the longest attention span in "
+                             f"tokens, or 0 for no cap")
+    if hp.optim.orthogonalizer in REMOVED_ORTHOGONALIZERS:
+        raise SetupError(f"ORTHOGONALIZER={hp.optim.orthogonalizer} was removed: "
+                         f"{REMOVED_ORTHOGONALIZERS[hp.optim.orthogonalizer]} (T2.3); use one of {', '.join(ORTHOGONALIZERS)}")
+    if hp.optim.orthogonalizer not in ORTHOGONALIZERS:
+        raise SetupError(f"ORTHOGONALIZER={hp.optim.orthogonalizer}: use one of {', '.join(ORTHOGONALIZERS)}"
+                         f"{nearest_hint(hp.optim.orthogonalizer, list(ORTHOGONALIZERS))}")
+    check_layer_layout(hp.model)
+    check_ngram_settings(hp)
+
+
+def check_taper(cfg: ScheduleConfig):
+    """TAPER_FRACTION (T5.5) and the table agree: with a fraction > 0, one taper row right before the
+    extension (from_env sets it with set_taper; STAGE_FRACTION may then give it another share); with 0, none."""
+    tapers = [i for i, stage in enumerate(cfg.stages) if stage.taper]
+    if cfg.taper_fraction < 0:
+        raise SetupError(f"TAPER_FRACTION={cfg.taper_fraction}: give a share of the scheduled steps >= 0 (0: no taper row)")
+    if tapers != ([len(cfg.stages) - 2] if cfg.taper_fraction else []):
+        raise SetupError(f"TAPER_FRACTION={cfg.taper_fraction} but the stage table has {len(tapers)} taper rows: "
+                         f"build the table with set_taper(stages, TAPER_FRACTION), as from_env does")
+
+
+def check_ngram_settings(hp: Hyperparameters):
+    """NGRAM_ROWS, NGRAM_ORDERS and NGRAM_OPTIMIZER (T3.19): the table replaces the bigram table, so the bigram
+    injection must be on."""
+    model = hp.model
+    if hp.optim.ngram_optimizer not in ROW_OPTIMIZERS:
+        raise SetupError(f"NGRAM_OPTIMIZER={hp.optim.ngram_optimizer}: one of {', '.join(ROW_OPTIMIZERS)}")
+    if not model.ngram_rows:
+        return
+    orders = ",".join(map(str, model.ngram_orders))
+    if not model.ngram_orders or min(model.ngram_orders) < 2 or list(model.ngram_orders) != sorted(set(model.ngram_orders)):
+        raise SetupError(f"NGRAM_ORDERS={orders}: give increasing n-gram lengths of 2 or more, e.g. 2,3")
+    if not len(model.ngram_orders) < model.ngram_rows <= NGRAM_PRIME:
+        raise SetupError(f"NGRAM_ROWS={model.ngram_rows}: give more rows than NGRAM_ORDERS has orders (one reserved "
+                         f"row each) and at most {NGRAM_PRIME}, or 0 for the bigram table")
+    if not model.bigram_embed:
+        raise SetupError("NGRAM_ROWS supplies the bigram injection's rows (T3.19): set BIGRAM_EMBED=1, or NGRAM_ROWS=0")
+
+
+def check_row_tables(hp: Hyperparameters, world_size: int):
+    """The n-gram row table at this world size (T3.19). Above world size 1 its loads exchange rows with the
+    rows' owners, sizes first (a host sync), so they run between the step's micro-batches, not in its CUDA
+    graphs (T5.3). Each process holds ⌈NGRAM_ROWS / world size⌉ rows of the n-gram table with their optimizer
+    state (rank-slice mode, at world size 1, the whole table): at most NGRAM_STATE_GIB beside the model."""
+    if hp.model.ngram_rows and world_size > 1 and hp.run.device == "cuda" and hp.execution.cuda_graphs:
+        raise SetupError(f"NGRAM_ROWS at world size {world_size} exchanges rows between processes with a "
+                         f"host sync, which the step's CUDA graphs cannot hold: set CUDA_GRAPHS=0 (or run in "
+                         f"rank-slice mode on one GPU)")
+    rows, dim, optimizer = hp.model.ngram_rows, hp.model.model_dim, hp.optim.ngram_optimizer
+    if not rows:
+        return
+    row_bytes = lazy_table_bytes_per_row(dim, optimizer)
+    largest = NGRAM_STATE_GIB * 2**30 // row_bytes * world_size
+    if rows > largest:
+        holds = "rank-slice mode holds the whole table" if hp.run.rank_slice else f"world size {world_size}"
+        other = "" if optimizer == "rowwise" else \
+            f", or NGRAM_OPTIMIZER=rowwise ({lazy_table_bytes_per_row(dim, 'rowwise')} bytes per row)"
+        raise SetupError(f"NGRAM_ROWS={rows} does not fit: {row_bytes} bytes per row with NGRAM_OPTIMIZER={optimizer}'s "
+                         f"state, at most {NGRAM_STATE_GIB} GiB per process beside the model ({holds}); "
+                         f"the largest that fits: NGRAM_ROWS={largest}{other}")
+
+
+# Layers whose attention has a role the others' lack: long windows and key offset (3, 10), output
+# gates (3, 10), the MUDD value mix and DC-MHA (10).
+ATTENTION_REQUIRED_LAYERS = tuple(sorted({*LONG_WINDOW_LAYERS, *KEY_OFFSET_LAYERS, *OUTPUT_GATE_LAYERS,
+                                          MUDD_LAYER, DC_LAYER}))
+
+
+def check_layer_layout(model: ModelConfig):
+    """ATTENTION_LAYERS, VALUE_EMBED_LAYERS and MLP_LAYERS: increasing layer indices; attention kept where a
+    layer's attention has a role of its own; value embeddings only on attention layers; the MUDD layer's MLP."""
+    def listed(values):
+        return ",".join(map(str, values))
+
+    for name, layers in (("ATTENTION_LAYERS", model.attention_layers), ("VALUE_EMBED_LAYERS", model.value_embed_layers),
+                         ("MLP_LAYERS", model.mlp_layers), ("NARROW_QK_LAYERS", model.narrow_qk_layers),
+                         ("NARROW_VO_LAYERS", model.narrow_vo_layers)):
+        if any(not 0 <= layer < NUM_LAYERS for layer in layers) or list(layers) != sorted(set(layers)):
+            raise SetupError(f"{name}={listed(layers)}: give increasing layer indices from 0 to {NUM_LAYERS - 1}")
+    missing = [layer for layer in ATTENTION_REQUIRED_LAYERS if layer not in model.attention_layers]
+    if missing:
+        raise SetupError(f"ATTENTION_LAYERS={listed(model.attention_layers)} drops the attention of layer(s) "
+                         f"{listed(missing)}, which the architecture needs (long windows, key offset, output gates, "
+                         f"the MUDD value mix, DC-MHA): keep {listed(ATTENTION_REQUIRED_LAYERS)}")
+    stray = [layer for layer in model.value_embed_layers if layer not in model.attention_layers]
+    if stray:
+        raise SetupError(f"VALUE_EMBED_LAYERS={listed(model.value_embed_layers)} names layer(s) {listed(stray)} "
+                         f"without attention (ATTENTION_LAYERS={listed(model.attention_layers)}): value embeddings "
+                         "enter through an attention's values")
+    if model.value_embeds and not model.value_embed_layers:
+        raise SetupError("VALUE_EMBED_LAYERS is empty: name at least one layer, or turn them off with VALUE_EMBEDS=0")
+    if MUDD_LAYER not in model.mlp_layers:
+        raise SetupError(f"MLP_LAYERS={listed(model.mlp_layers)} drops the MLP of layer {MUDD_LAYER}, whose MLP output "
+                         f"the MUDD residual mix weighs (T3.14): keep {MUDD_LAYER}")
+    check_narrow_qk_layers(model)
+    check_narrow_vo_layers(model)
+
+
+def check_narrow_qk_layers(model: ModelConfig):
+    """NARROW_QK_LAYERS (T3.18): attention layers whose roles work with Q/K heads half as wide and wholly
+    rotated: not the key offset's (no stationary half to shift) nor DC-MHA's (one width for q, k, v)."""
+    narrow = model.narrow_qk_layers
+    stray = [layer for layer in narrow if layer not in model.attention_layers]
+    if stray:
+        raise SetupError(f"NARROW_QK_LAYERS={','.join(map(str, narrow))} names layer(s) {','.join(map(str, stray))} "
+                         f"without attention (ATTENTION_LAYERS={','.join(map(str, model.attention_layers))}): set "
+                         "NARROW_QK_LAYERS to attention layers only (empty: every head full width)")
+    if narrow and model.head_dim % 4:
+        raise SetupError(f"NARROW_QK_LAYERS needs HEAD_DIM divisible by 4 (narrow heads are HEAD_DIM/2 wide), "
+                         f"got {model.head_dim}")
+    for switch, on, layers in (("KEY_OFFSET", model.key_offset, KEY_OFFSET_LAYERS),
+                               ("DC_MHA", model.dc_mha, (DC_LAYER,))):
+        clash = [layer for layer in narrow if on and layer in layers]
+        if clash:
+            raise SetupError(f"NARROW_QK_LAYERS names layer(s) {','.join(map(str, clash))}, whose {switch} needs "
+                             f"full-width Q/K heads: leave them wide or set {switch}=0")
+
+
+def check_narrow_vo_layers(model: ModelConfig):
+    """NARROW_VO_LAYERS (T3.21): narrow layers (V/O halved only where Q/K are, the (64, 64) pair) whose values
+    take no extra input, since a value embedding's plane and the MUDD value mix are full width."""
+    narrow_vo, listed = model.narrow_vo_layers, ",".join(map(str, model.narrow_vo_layers))
+    wide_qk = [layer for layer in narrow_vo if layer not in model.narrow_qk_layers]
+    if wide_qk:
+        raise SetupError(f"NARROW_VO_LAYERS={listed} names layer(s) {','.join(map(str, wide_qk))} whose Q/K heads are "
+                         f"full width (NARROW_QK_LAYERS={','.join(map(str, model.narrow_qk_layers))}): V/O heads are "
+                         "halved only on narrow layers")
+    if MUDD_LAYER in narrow_vo:
+        raise SetupError(f"NARROW_VO_LAYERS={listed} names layer {MUDD_LAYER}, whose values take the full-width MUDD "
+                         "value mix (T3.14): leave its V/O heads wide")
+    fed = [layer for layer in narrow_vo if model.value_embeds and layer in model.value_embed_layers]
+    if fed:
+        raise SetupError(f"NARROW_VO_LAYERS={listed} names layer(s) {','.join(map(str, fed))} whose values take a "
+                         f"full-width value embedding (VALUE_EMBED_LAYERS={','.join(map(str, model.value_embed_layers))}): "
+                         "drop them from one list or the other")
+
+
+# --- CUDA graphs of the training step (#92, T5.3) ------------------------------------------------
+
+
+class CudaGraph:
+    """One CUDA graph: capture(fn) runs fn once eagerly on the capture stream (lazy set-up such as
+    cuBLAS workspaces and any autotuning happens there, outside the capture), then records fn's
+    kernels; replay() launches them again on the addresses they were captured with. The graphs of
+    one StepGraphs share a memory pool: they run one at a time, and outputs that must outlive other
+    graphs' replays are protected by the capture order (StepGraphs.capture_order)."""
+
+    def __init__(self, pool, stream: "torch.cuda.Stream"):
+        self.graph, self.pool, self.stream = torch.cuda.CUDAGraph(), pool, stream
+
+    def capture(self, fn):
+        """(fn's eager result, its result in the graph's memory, written by each replay)."""
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            eager = fn()
+        torch.cuda.current_stream().wait_stream(self.stream)
+        torch.cuda.empty_cache()  # the eager run's cached activations, free for the graph's pool
+        with torch.cuda.graph(self.graph, pool=self.pool, stream=self.stream):
+            captured = fn()
+        return eager, captured
+
+    def replay(self):
+        self.graph.replay()
+
+
+@dataclass
+class CapturedStep:
+    """One key's graphs and static memory: the buffers the loader writes each micro-batch into,
+    the mean CE and the gradients the graphs leave."""
+    tokens: Tensor  # (tokens + 1,): the inputs are tokens[:-1], the targets tokens[1:]
+    cu_seqlens: Tensor
+    target_weights: Tensor
+    first: CudaGraph  # the first micro-batch: writes ce and grads
+    accumulate: CudaGraph | None  # each further micro-batch (gradient accumulation): adds into them
+    ce: Tensor
+    grads: dict[str, Tensor]
+    # each row table's (distinct rows, row cache's gradient) of the first micro-batch's graph, then of the
+    # accumulating one's: per micro-batch, handed to the table after each replay (T3.19)
+    rows: list[tuple[Tensor, Tensor]]
+    accumulate_rows: list[tuple[Tensor, Tensor]]
+
+
+class GraphMismatch(RuntimeError):
+    pass
+
+
+class StepGraphs:
+    """The training step's forward and backward as CUDA graphs (#92, T5.3), captured in the warm-up
+    and replayed in the timed loop, one per key: (graph stage, Adam step). A stage fixes the shapes and
+    the execution plan (stages alike in them share the first one's graphs: StepPlan.graph_stage); Adam
+    and non-Adam steps get their own outputs, so the gradient a non-Adam step keeps for the next Adam
+    step (T2.7) survives that step's replay. Each capture is checked against eager execution on the
+    same batch (CE and every gradient's norm); every parameter and buffer must stay where the graphs
+    read it (check_addresses). The optimizer and its collectives run outside the graphs, so any world
+    size works; `max_over_ranks` makes every rank stop together when one rank's check fails.
+    Row tables (T3.19; world size 1, where a load is device work alone): each graph loads the
+    micro-batch's rows into the model's row caches before the forward and leaves the caches' gradients
+    as outputs; after each replay `run` hands them to the tables, whose Adam steps run outside."""
+
+    def __init__(self, loss_fn, model: nn.Module, grad_accum: int, grad_scale: float, new_graph=None,
+                 rtol: float = 1e-2, grad_rtol: float = 5e-2, max_over_ranks=lambda t: t,
+                 row_tables: "list[LazyRowTable]" = ()):
+        self.loss_fn, self.model, self.grad_accum, self.grad_scale = loss_fn, model, grad_accum, grad_scale
+        self.rtol, self.grad_rtol, self.max_over_ranks = rtol, grad_rtol, max_over_ranks
+        self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        self.row_tables = list(row_tables)
+        if new_graph is None:
+            pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+            new_graph = lambda: CudaGraph(pool, stream)  # noqa: E731
+        self.new_graph = new_graph
+        self.steps: dict[tuple[int, bool], CapturedStep] = {}
+        self.addresses: dict[str, int] = {}
+        self.worst_share = 0.0  # of its tolerance, the largest graph-against-eager difference seen
+
+    @staticmethod
+    def key(plan: StepPlan) -> tuple[int, bool]:
+        return plan.graph_stage, plan.adam_step
+
+    def capture(self, plan: StepPlan, execution: ExecutionPlan, batch: tuple[Tensor, Tensor, Tensor],
+                target_weights: Tensor):
+        """Capture the graphs of plan's key on `batch` (one micro-batch), replay them, and stop with
+        GraphMismatch unless they give eager execution's results."""
+        inputs, targets, cu_seqlens = batch
+        tokens, cu_seqlens = torch.cat([inputs, targets[-1:]]), cu_seqlens.clone()
+        inputs, targets = tokens[:-1], tokens[1:]
+        weights, names = target_weights.clone(), list(self.params)
+        caches = [table.training_cache(self.model) for table in self.row_tables]
+
+        def forward_backward() -> tuple[Tensor, dict[str, Tensor], list[tuple[Tensor, Tensor]]]:
+            distincts = [table.load(inputs, *table.buffers(self.model, inputs.size(0))) for table in self.row_tables]
+            loss, ce = self.loss_fn(inputs, targets, cu_seqlens, plan.shape, execution, weights, self.grad_scale)
+            grads = torch.autograd.grad(loss, [*(self.params[name] for name in names), *caches], allow_unused=True)
+            return (ce.float() * self.grad_scale, {name: g for name, g in zip(names, grads) if g is not None},
+                    list(zip(distincts, grads[len(names):])))
+
+        first = self.new_graph()
+        (eager_ce, eager_grads, eager_rows), (ce, grads, rows) = first.capture(forward_backward)
+        reference = self.summary(eager_ce, eager_grads, eager_rows)
+        del eager_ce, eager_grads, eager_rows
+        # eager execution's own spread on this batch (kernels that reduce with atomics differ run to run)
+        noise = (self.summary(*forward_backward()) - reference).abs()
+        step = CapturedStep(tokens, cu_seqlens, weights, first, None, ce, grads, rows, [])
+        first.replay()
+        self.compare(plan, "", self.summary(ce, grads, rows), reference, noise, self.labels(grads))
+        if self.grad_accum > 1:
+            def accumulate() -> list[tuple[Tensor, Tensor]]:
+                more_ce, more, more_rows = forward_backward()
+                ce.add_(more_ce)
+                torch._foreach_add_(list(grads.values()), [more[name] for name in grads])
+                return more_rows  # a micro-batch's rows are its own: not added into the first's
+
+            step.accumulate = self.new_graph()
+            _, step.accumulate_rows = step.accumulate.capture(accumulate)
+            first.replay()
+            step.accumulate.replay()  # the same micro-batch twice: twice the reference, the same rows
+            twice = torch.cat([2 * reference[:len(grads) + 1], reference[len(grads) + 1:]])
+            self.compare(plan, " with an accumulated micro-batch", self.summary(ce, grads, step.accumulate_rows),
+                         twice, 2 * noise, self.labels(grads))
+        self.steps[self.key(plan)] = step
+
+    @staticmethod
+    def capture_order(keys) -> list[tuple[int, bool]]:
+        """Non-Adam steps' graphs first, then Adam steps', each in stage order. The graphs share one
+        memory pool, so a graph captured later may hold its outputs where an earlier one keeps its
+        temporaries, and that earlier graph's replay overwrites them. A non-Adam step's gradient
+        is kept (T2.7) through the next step's replay, an Adam step or, at a stage edge, the next
+        stage's non-Adam step: captured first, the kept gradients were live during every capture
+        that can run while they are kept, so no such graph put anything there."""
+        return sorted(keys, key=lambda key: (key[1], key[0]))
+
+    def check_kept_gradients(self, more_replays=()):
+        """Stop unless every non-Adam graph's outputs survive the replay of every graph that can run
+        while they are kept: replay the non-Adam graphs in stage order, then the Adam graphs, then
+        `more_replays`, and compare each non-Adam graph's outputs with what they were right after its
+        own replay. more_replays: (replay, the key of the graphs whose outputs it changes in place or
+        None) of further graphs in the pool, the optimizer's (OptimizerGraphs)."""
+        def replay(step: CapturedStep):
+            step.first.replay()
+            if step.accumulate is not None:
+                step.accumulate.replay()
+
+        kept = {}
+        for key in sorted(key for key in self.steps if not key[1]):
+            step = self.steps[key]
+            replay(step)
+            kept[key] = self.summary(step.ce, step.grads)
+        for key in sorted(key for key in self.steps if key[1]):
+            replay(self.steps[key])
+        for replay_more, changed in more_replays:
+            replay_more()
+            if changed in kept:
+                kept[changed] = self.summary(self.steps[changed].ce, self.steps[changed].grads)
+        lost = [key for key, before in kept.items()
+                if not torch.equal(self.summary(self.steps[key].ce, self.steps[key].grads), before)]
+        device = next(iter(self.params.values())).device
+        if self.max_over_ranks(torch.tensor(float(bool(lost)), device=device)).item():
+            where = f"stage {lost[0][0] + 1}'s non-Adam graph" if lost else "another rank's non-Adam graph"
+            raise GraphMismatch(f"the CUDA graphs overwrite a gradient kept for the next Adam step ({where}): "
+                                f"their shared memory overlaps; run with CUDA_GRAPHS=0 and report it")
+
+    def read_tensors(self) -> list[tuple[str, Tensor]]:
+        """What the graphs read besides their inputs: the model's parameters and buffers, the row tables' state."""
+        tables = [(f"{type(table).__name__}.{name}", t) for table in self.row_tables for name, t in table.tensors().items()]
+        return [*self.model.named_parameters(), *self.model.named_buffers(), *tables]
+
+    def record_addresses(self):
+        """Where every parameter, buffer and row table tensor is now: where the graphs read them."""
+        self.addresses = {name: t.data_ptr() for name, t in self.read_tensors()}
+
+    @staticmethod
+    def summary(ce: Tensor, grads: dict[str, Tensor], rows: list[tuple[Tensor, Tensor]] = ()) -> Tensor:
+        """The CE, each gradient's norm, each row cache's gradient norm."""
+        return torch.stack([ce.float(), *(g.float().norm() for g in grads.values()),
+                            *(cache_grad.float().norm() for _, cache_grad in rows)])
+
+    def labels(self, grads: dict[str, Tensor]) -> list[str]:
+        """What summary's entries are, for a mismatch's line."""
+        return ["CE", *(f"{name}'s gradient norm" for name in grads),
+                *(f"{type(table).__name__}'s row gradient norm" for table in self.row_tables)]
+
+    def compare(self, plan: StepPlan, what: str, got: Tensor, expected: Tensor, noise: Tensor, labels: list[str]):
+        """The CE within rtol of `expected`, each gradient norm within grad_rtol (a norm sums roundings
+        that a graph's other memory layout may order differently), both widened by four times eager
+        execution's own spread; keeps the worst share of its tolerance any value used, for the log."""
+        rtol = torch.full_like(expected, self.grad_rtol)
+        rtol[0] = self.rtol
+        tolerance = rtol * expected.abs() + 4 * noise + 1e-6
+        shares = torch.where(torch.isfinite(got), (got - expected).abs() / tolerance, torch.inf)
+        worst = self.max_over_ranks(shares.max())
+        self.worst_share = max(self.worst_share, worst.item())
+        if self.worst_share <= 1:
+            return
+        graph = f"the CUDA graph of stage {plan.stage + 1} ({'Adam' if plan.adam_step else 'non-Adam'} step{what})"
+        if shares.max() <= 1:
+            raise GraphMismatch(f"{graph} differs from eager execution on another rank (see its log); "
+                                f"run with CUDA_GRAPHS=0 and report it")
+        i = int(shares.argmax())
+        name = labels[i]
+        raise GraphMismatch(f"{graph} gives {name} {got[i].item():.6g} where eager execution gives "
+                            f"{expected[i].item():.6g}; run with CUDA_GRAPHS=0 and report it")
+
+    def check_addresses(self):
+        """Stop unless every parameter, buffer and row table tensor is where the graphs read it (state is
+        restored with copy_, never by assigning new tensors)."""
+        for name, t in self.read_tensors():
+            if self.addresses.get(name) != t.data_ptr():
+                raise GraphMismatch(f"{name} is no longer at the address the CUDA graphs read: restore state "
+                                    f"in place (copy_), or run with CUDA_GRAPHS=0")
+
+    def run(self, plan: StepPlan, loader: "TrainLoader", target_weights: Tensor) -> Tensor:
+        """The step's micro-batches from `loader` through its key's graphs, each row table given each micro-batch's
+        rows and their gradients; sets each parameter's .grad to its static gradient and returns the mean CE."""
+        step = self.steps[self.key(plan)]
+        step.target_weights.copy_(target_weights)
+        for k in range(self.grad_accum):
+            loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len, into=(step.tokens, step.cu_seqlens),
+                              attention_cap=plan.attention_cap)
+            (step.first if k == 0 else step.accumulate).replay()
+            for table, (distinct, cache_grad) in zip(self.row_tables, step.rows if k == 0 else step.accumulate_rows):
+                table.add_gradient(distinct.clone(), cache_grad)  # the next replay rewrites both; add_gradient copies the gradient
+        self.set_grads(self.key(plan))
+        return step.ce
+
+    def set_grads(self, key: tuple[int, bool]):
+        """Set each parameter's .grad to its static gradient of key's graphs."""
+        for name, grad in self.steps[key].grads.items():
+            self.params[name].grad = grad
+
+
+class OptimizerGraphs:
+    """The optimizer's step as CUDA graphs too (#47, T5.3), at world size 1 (at more ranks the step
+    launches collectives and stays eager): one graph per key (forward key, Adam step, tied, kept
+    gradients): the StepGraphs key whose static gradients are the step's .grad, and each gradient
+    kept by the step before (T2.7) as (label, the StepGraphs key whose static gradient it is). The
+    keys are those the schedule's steps meet (planned_keys), captured by the warm-up after the
+    forward graphs, in their memory pool and on their stream: an optimizer graph works in place on
+    the parameters, the optimizer's state and the forward graphs' outputs, all live while it is
+    captured, so it holds nothing in the pool between replays. The host's bookkeeping (the Adam step
+    counts and the scalars they give, the kept gradients, the tie) runs in NorMuonAdam.step at every
+    step, replayed or eager; a step whose key was not captured stops the run.
+
+    Each capture is checked against an eager step from the same state (parameters, moments, the
+    forward graphs' gradients), which is restored in place after. The replay launches the eager
+    step's kernels on the same inputs, so they agree bit for bit unless a kernel rounds in another
+    order: the tolerance is `rtol` (1 %, the bf16 tolerance of the graph checks) of each tensor's
+    largest change in the step plus one rounding of its dtype. The capture runs on half the check's
+    learning rate and momentum, so a value baked into a graph shows as a difference."""
+
+    def __init__(self, optimizer: NorMuonAdam, step_graphs: StepGraphs, new_graph=None, rtol: float = 1e-2):
+        self.optimizer, self.step_graphs, self.rtol = optimizer, step_graphs, rtol
+        self.new_graph = new_graph or step_graphs.new_graph  # the forward graphs' pool and stream
+        self.graphs: dict[tuple, CudaGraph] = {}
+        self.kept_owners: dict[int, tuple[int, bool]] = {}  # a non-Adam forward graph's gradient's address -> its key
+        self.addresses: list[int] = []
+        self.worst_share = 0.0  # of its tolerance, the largest graph-against-eager difference seen
+
+    def key(self, forward_key: tuple[int, bool], adam: bool) -> tuple:
+        """The key of a step now: its forward key and Adam flag, the optimizer's tie and kept gradients."""
+        opt = self.optimizer
+        kept = frozenset((label, self.kept_owners.get(grad.data_ptr())) for label, (_, grad) in opt.kept.items())
+        return forward_key, adam, opt.tied is not None, kept
+
+    def planned_keys(self, plans: list[StepPlan]) -> list[tuple]:
+        """The key of each step of `plans` (consecutive, from the first step on), simulating the host
+        bookkeeping of NorMuonAdam.step and the trainer's untie."""
+        opt, keys, kept = self.optimizer, [], {}
+        tied = opt.initial_tie
+        for plan in plans:
+            forward_key = StepGraphs.key(plan)
+            keys.append((forward_key, plan.adam_step, tied is not None, frozenset(kept.items())))
+            grads = self.step_graphs.steps[forward_key].grads
+            _, active, kept_now = opt.step_labels(grads.__contains__, plan.adam_step, tied[0] if tied else None)
+            kept = {label: owner for label, owner in kept.items() if label not in active}
+            kept.update((label, forward_key) for label in kept_now)
+            if plan.untie:
+                tied = None
+        return keys
+
+    @staticmethod
+    def describe(key: tuple) -> str:
+        (stage, _), adam, tied, kept = key
+        owners = sorted({owner for _, owner in kept}, key=repr)
+        sources = ", ".join("memory no forward graph wrote" if owner is None else f"stage {owner[0] + 1}'s non-Adam graph"
+                            for owner in owners)
+        return (f"stage {stage + 1}, {'Adam' if adam else 'non-Adam'} step, {'tied' if tied else 'untied'}, "
+                + (f"gradients kept from {sources}" if kept else "no gradient kept"))
+
+    def capture(self, plans: list[StepPlan]):
+        """Capture and check the graph of every key the steps of `plans` meet (see planned_keys), each
+        on the scalars of its first step; the optimizer's state as it was after."""
+        opt = self.optimizer
+        self.kept_owners = {grad.data_ptr(): key for key, step in self.step_graphs.steps.items() if not key[1]
+                            for grad in step.grads.values()}
+        firsts = {}
+        for key, plan in zip(self.planned_keys(plans), plans):
+            firsts.setdefault(key, plan)
+        tied, kept = opt.tied, dict(opt.kept)
+        for key, plan in firsts.items():
+            self._capture(key, plan)
+        opt.tied, opt.kept = tied, kept
+
+    def _capture(self, key: tuple, plan: StepPlan):
+        opt, graph = self.optimizer, self.new_graph()
+        state = self._state({key[0]} | {owner for _, owner in key[3]})
+        saved = {name: t.clone() for name, t in state.items()}
+        steps = {label: st["step"] for label, st in opt.state.items() if "step" in st}
+
+        def restore():
+            for name, t in state.items():
+                t.copy_(saved[name])  # in place: the graphs read these addresses
+            for label, step in steps.items():
+                opt.state[label]["step"] = step
+
+        def step(device_work=None, scale: float = 1.0):
+            self._arrange(key)
+            opt.step(plan.lr_multiplier * scale, plan.momentum * scale, plan.adam_step, device_work=device_work,
+                     fast_rail=tuple(value * scale for value in plan.fast_rail))
+
+        step(graph.capture, scale=0.5)
+        restore()
+        step()
+        expected = {name: t.clone() for name, t in self._compared(state).items()}
+        restore()
+        step(lambda work: graph.replay())
+        self._compare(key, self._compared(state), expected, self._compared(saved))
+        restore()
+        self.graphs[key] = graph
+
+    def _arrange(self, key: tuple):
+        """The host state a step of `key` finds: the tie, the kept gradients, each .grad."""
+        opt, steps = self.optimizer, self.step_graphs.steps
+        forward_key, _, tied, kept = key
+        opt.tied = opt.initial_tie if tied else None
+        order = sorted(kept, key=lambda item: opt.comm_order.index(item[0]))
+        opt.kept = {label: (None, opt.rows[label].full(steps[owner].grads[label])) for label, owner in order}
+        for p in opt.params.values():
+            p.grad = None
+        self.step_graphs.set_grads(forward_key)
+
+    def _state(self, forward_keys) -> dict[str, Tensor]:
+        """The tensors an optimizer step changes in place: the parameters, the optimizer's state, and
+        the gradients of the forward graphs of `forward_keys` (its own, those whose gradients it keeps)."""
+        opt = self.optimizer
+        state = {label: p.detach() for label, p in opt.params.items()}
+        state.update((f"{label}'s {name}", t) for label, st in opt.state.items()
+                     for name, t in st.items() if isinstance(t, Tensor))
+        for owner in forward_keys:
+            state.update((f"{label}'s gradient of stage {owner[0] + 1}'s {'Adam' if owner[1] else 'non-Adam'} graph", g)
+                         for label, g in self.step_graphs.steps[owner].grads.items())
+        return state
+
+    def _compared(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """What the check compares: the tensors of `state`, a bank's fp32 master weight (T2.6) in place
+        of its bf16 weight and mantissa."""
+        compared = {name: t for name, t in state.items() if t.is_floating_point()}
+        for label, st in self.optimizer.state.items():
+            if "mantissa" in st:
+                weight = self.optimizer.rows[label].full(state[label])
+                compared[label] = _fp32_from_bf16_and_mantissa(weight, state[f"{label}'s mantissa"])
+        return compared
+
+    def _compare(self, key: tuple, got: dict[str, Tensor], expected: dict[str, Tensor], before: dict[str, Tensor]):
+        for name, value in expected.items():
+            if torch.equal(got[name], value):
+                continue
+            difference = (got[name].float() - value.float()).abs()
+            change = (value.float() - before[name].float()).abs().max()
+            tolerance = self.rtol * change + torch.finfo(value.dtype).eps * value.float().abs()
+            shares = torch.where(difference > 0, difference / tolerance, 0.0)
+            share = shares.max().item()
+            self.worst_share = max(self.worst_share, share)
+            if share > 1:
+                i = int(shares.argmax())
+                raise GraphMismatch(f"the CUDA graph of the optimizer step ({self.describe(key)}) gives {name} "
+                                    f"{got[name].flatten()[i].item():.6g} where eager execution gives "
+                                    f"{value.flatten()[i].item():.6g}; run with OPTIMIZER_GRAPHS=0 and report it")
+
+    def check_kept_gradients(self):
+        """StepGraphs.check_kept_gradients with every optimizer graph replayed too, each of a non-Adam
+        step changing its own forward graph's gradients (the tie's sum, T2.7's sum); the parameters and
+        the optimizer's state restored in place after."""
+        state = self._state(())
+        saved = {name: t.clone() for name, t in state.items()}
+        try:
+            self.step_graphs.check_kept_gradients([(torch.no_grad()(graph.replay), None if key[1] else key[0])
+                                                   for key, graph in self.graphs.items()])
+        finally:
+            for name, t in state.items():
+                t.copy_(saved[name])
+
+    def _addresses(self) -> list[int]:
+        opt = self.optimizer
+        tensors = [opt.scalars, *opt.lr_muls.values(),
+                   *(t for st in opt.state.values() for t in st.values() if isinstance(t, Tensor))]
+        return [t.data_ptr() for t in tensors]
+
+    def record_addresses(self):
+        """Where the optimizer's state, per-matrix lr multipliers and scalars are now: where the graphs read them."""
+        self.addresses = self._addresses()
+
+    def check_addresses(self):
+        if self._addresses() != self.addresses:
+            raise GraphMismatch("the optimizer's state is no longer at the addresses its CUDA graphs read: restore "
+                                "it in place (copy_), or run with OPTIMIZER_GRAPHS=0")
+
+    def step(self, plan: StepPlan):
+        """The optimizer step of `plan`, its device work replayed from the graph of its key; the
+        parameters' .grad are the static gradients of plan's forward graphs (StepGraphs.run)."""
+        key = self.key(StepGraphs.key(plan), plan.adam_step)
+        graph = self.graphs.get(key)
+        if graph is None:
+            raise GraphMismatch(f"step {plan.step} has no CUDA graph of the optimizer step ({self.describe(key)}): "
+                                f"the warm-up captured {len(self.graphs)} others; run with OPTIMIZER_GRAPHS=0 and report it")
+        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, device_work=lambda work: graph.replay(),
+                            fast_rail=plan.fast_rail)
+
+
+class Trainer:
+    """Owns the model, optimizer, schedule and data of one run, and performs its steps."""
+
+    def __init__(self, hp: Hyperparameters, rank: int, world_size: int, device: torch.device, log: RunLog):
+        self.hp, self.rank, self.world_size, self.device, self.log = hp, rank, world_size, device, log
+        self.grad_accum = grad_accum_steps(hp, world_size)
+        self.grad_scale = 1.0 / self.grad_accum
+        self.schedule = Schedule(hp.schedule)
+        self.last_step = hp.run.stop_after or self.schedule.total_steps  # the run's final validation
+        # inputs first: a missing or damaged file stops the run before the model takes the GPU
+        data = hp.data
+        find_shards(data.train_files)
+        self.val_set = ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, rank, world_size, device)
+        self.token_bytes = gpt2_token_bytes(data.tokenizer_dir) if hp.schedule.prefix_loss else None
+        self.banned_next_table = self.load_validation_mask()
+        self.stage_execution, self.validation_execution = self.resolve_executions()
+        torch.manual_seed(hp.run.seed)
+        self.model = GPT(hp.model, longest_forward(hp), longest_training_forward(hp)).to(device)
+        self._share_initialization()
+        self.ngram = self.ngram_table()
+        self.row_tables = [self.ngram] if self.ngram is not None else []
+        specs = param_specs(self.model)
+        self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), specs, hp.optim, rank, world_size,
+                                     tied=("embed", "lm_head"), compile=hp.execution.compile,
+                                     tail_ema_blends=tail_ema_blends(hp.schedule, specs))
+        # TAIL_EMA_FRAC (T5.4): the run blends the EMA in at its end when its last step is past the window's start
+        start = self.schedule.tail_ema_start
+        self.blend_tail_ema = bool(self.optimizer.tail_ema_blends) and start is not None and start < self.last_step
+        if hp.execution.compile:  # one graph per stage shape
+            allow_graph_per_shape()
+        compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.execution.compile else (lambda f: f)
+        self.training_loss = compiled(self.model.training_loss)
+        self.evaluation_loss = self.validation_function(compiled)
+        # the graphs are captured by the warm-up, before the clock (T5.3)
+        graphs = hp.run.warmup and all(plan.cuda_graph for plan in self.stage_execution)
+        self.step_graphs = StepGraphs(self.training_loss, self.model, self.grad_accum, self.grad_scale,
+                                      max_over_ranks=self.max_over_ranks, row_tables=self.row_tables) if graphs else None
+        self.forward_backward = self.eager_forward_backward  # StepGraphs.run once they are captured
+        optimizer_graphs = graphs and hp.execution.optimizer_graphs and world_size == 1  # collectives stay eager
+        self.optimizer_graphs = OptimizerGraphs(self.optimizer, self.step_graphs) if optimizer_graphs else None
+        self.optimizer_step = self.eager_optimizer_step  # OptimizerGraphs.step once they are captured
+        self.long_windows = None  # those the model's rotary tables are set for
+        self.losses = torch.zeros(self.schedule.total_steps, device=device)
+        self.checked_steps = 0
+        self.pending_check = None  # (first step, CUDA event of its flag's copy) of the check in flight
+        self.position = "before the warm-up"  # where the run is, for an interruption's line
+        # what a periodic check reads a period later: a non-finite loss (0/1), the candidate shortfall (T4.6)
+        self.check_flags = torch.zeros(2, dtype=torch.long, pin_memory=device.type == "cuda")
+        # Every step's target-column weights on the device, made once: a per-step copy from host
+        # memory would block the CPU until the GPU drained its queue, exposing launch gaps.
+        self.target_weights = [torch.tensor(self.schedule.plan(step).target_weights, device=device)
+                               for step in range(self.schedule.total_steps)]
+        # Every step's number on the device, for the model's candidate_step (the sampled CE's sweep, T4.6)
+        sampled = any(plan.ce_candidates for plan in self.stage_execution)
+        self.candidate_steps = torch.arange(self.schedule.total_steps, device=device) if sampled else None
+
+    def ngram_table(self) -> "NgramTable | None":
+        """With NGRAM_ROWS: the hashed n-gram table this rank owns a share of (T3.19); the log says its size."""
+        hp = self.hp
+        if not hp.model.ngram_rows:
+            return None
+        table = NgramTable(hp.model, hp.optim, self.schedule.total_steps, self.device, self.rank, self.world_size,
+                           compile=hp.execution.compile)
+        optimizer = hp.optim.ngram_optimizer
+        gib = table.shard_rows * lazy_table_bytes_per_row(hp.model.model_dim, optimizer) / 2**30
+        self.log(f"n-gram table (T3.19): {hp.model.ngram_rows} rows, orders {','.join(map(str, hp.model.ngram_orders))}; "
+                 f"{table.shard_rows} rows per process, {gib:.2f} GiB with their optimizer state; {table.rule.label}")
+        return table
+
+    def load_rows(self, inputs: Tensor) -> list[Tensor]:
+        """Fill each row table's cache in the model for a forward on `inputs` (T3.19); their distinct rows."""
+        return [table.load(inputs, *table.buffers(self.model, inputs.size(0))) for table in self.row_tables]
+
+    def keep_row_gradients(self, distincts: list[Tensor]):
+        """After a backward: each row table keeps its cache's gradient (the per-row sums), which is then cleared."""
+        for table, distinct in zip(self.row_tables, distincts):
+            cache = table.training_cache(self.model)
+            table.add_gradient(distinct, cache.grad)
+            cache.grad = None
+
+    def load_validation_mask(self) -> Tensor | None:
+        """Validation masking's table on the device (VAL_MASK=1, T4.5), else None; the log says which
+        validation the run uses."""
+        data = self.hp.data
+        if not data.val_mask:
+            self.log("validation: plain next-token cross-entropy (VAL_MASK=0)")
+            return None
+        table, summary = validation_mask(data.tokenizer_dir, self.hp.model.vocab_size)
+        checked = check_validation_pairs(table, self.val_set.tokens)
+        self.log(f"validation: masked (VAL_MASK=1, T4.5), the next tokens GPT-2's tokenizer cannot emit after the "
+                 f"input token at probability 0; each step line's val_loss is the masked one, the `unmasked` line "
+                 f"after it the same forward's without; {summary}; {checked}")
+        return torch.from_numpy(table).to(self.device)
+
+    def validation_function(self, compiled):
+        """The validation's loss function, chosen here once: the summed cross-entropy, or with VAL_MASK=1 the
+        masked and the plain sum from one forward (T4.5)."""
+        if self.banned_next_table is None:
+            return compiled(self.model.evaluation_loss)
+        return functools.partial(compiled(self.model.masked_evaluation_loss), banned_next_table=self.banned_next_table)
+
+    def resolve_executions(self) -> tuple[tuple[ExecutionPlan, ...], ExecutionPlan]:
+        """The execution plan of each stage's training forward and of the validation forward, decided
+        once here; the log gets one line per distinct plan."""
+        hp, tokens = self.hp, [stage.batch_tokens // RANKS_PER_STEP for stage in self.hp.schedule.stages]
+        stages = tuple(resolve_execution(hp.execution, hp.model, self.device, n, training=True,
+                                         ce_candidates=stage.ce_candidates)
+                       for n, stage in zip(tokens, hp.schedule.stages))
+        validation = resolve_execution(hp.execution, hp.model, self.device, hp.data.val_seq_len, training=False)
+        users = {}
+        for plan, name in zip(stages, stage_names(hp.schedule.stages)):
+            users.setdefault(plan, []).append(name)
+        users.setdefault(validation, []).append("validation")
+        for plan, names in users.items():
+            fields = " ".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in dataclasses.asdict(plan).items())
+            self.log(f"execution plan ({', '.join(names)}): {fields}")
+        return stages, validation
+
+    def _share_initialization(self):
+        if self.world_size > 1:  # the same initialization on every rank
+            random_buffers = [self.model.bigram_signs] if hasattr(self.model, "bigram_signs") else []
+            for tensor in [*self.model.parameters(), *random_buffers]:
+                dist.broadcast(tensor.data, 0)
+
+    def start_over(self, hp: Hyperparameters, log: "RunLog"):
+        """The initial state of another run with hp's seed (SEEDS), as a new process would draw it:
+        the parameters and buffers of a fresh model, a fresh optimizer's state; the compiled graphs stay."""
+        self.hp, self.log = hp, log
+        torch.manual_seed(hp.run.seed)
+        fresh = GPT(self.model.config, longest_forward(hp), longest_training_forward(hp))
+        own = {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
+        with torch.no_grad():  # every tensor, the non-persistent random ones too (bigram signs)
+            for name, tensor in [*fresh.named_parameters(), *fresh.named_buffers()]:
+                own[name].copy_(tensor)
+        self._share_initialization()
+        self.optimizer.reset()
+        if self.ngram is not None:
+            self.ngram.reset()
+        self._clear_run_state()
+        if self.step_graphs is not None:
+            self.step_graphs.check_addresses()
+        if self.optimizer_graphs is not None:
+            self.optimizer_graphs.check_addresses()
+
+    def _clear_run_state(self):
+        """What a run leaves outside the weights and the optimizer's state (the gradients kept for
+        Adam, T2.7, are the optimizer's): gradients, the losses, the YaRN tables' windows, the
+        periodic checks and the candidate shortfall they read (T4.6)."""
+        for p in self.model.parameters():
+            p.grad = None
+        for table in self.row_tables:
+            table.training_cache(self.model).grad = None
+        self.losses.zero_()
+        self.model.candidate_shortfall.zero_()
+        self.long_windows = None
+        self.checked_steps, self.pending_check = 0, None
+
+    def set_long_windows(self, long_windows: tuple[int, ...]):
+        """The YaRN state that lives in the model, refreshed when a stage changes the long window."""
+        if long_windows != self.long_windows:
+            self.model.set_long_windows(list(long_windows))
+            self.long_windows = long_windows
+
+    def train_step(self, plan: StepPlan, loader: "TrainLoader") -> Tensor:
+        self.set_long_windows(plan.long_windows)
+        if self.candidate_steps is not None:
+            self.model.candidate_step.copy_(self.candidate_steps[plan.step])
+        mean_ce = self.forward_backward(plan, loader, self.target_weights[plan.step])
+        self.optimizer_step(plan)
+        for table in self.row_tables:  # their Adam on the rows the step touched, eagerly (T3.19)
+            table.step(plan.lr_multiplier, plan.adam_step)
+        if plan.untie and self.optimizer.tied:
+            self.optimizer.untie()
+        if plan.tail_ema_rate:  # the last TAIL_EMA_FRAC of the steps (T5.4)
+            self.optimizer.tail_ema_update(plan.tail_ema_rate)
+        self.losses[plan.step] = mean_ce
+        return mean_ce
+
+    def eager_optimizer_step(self, plan: StepPlan):
+        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, fast_rail=plan.fast_rail)
+
+    def eager_forward_backward(self, plan: StepPlan, loader: "TrainLoader", target_weights: Tensor) -> Tensor:
+        """The step's micro-batches forward and backward, their gradients summed in .grad (the row tables' kept
+        per micro-batch, T3.19); the mean CE."""
+        mean_ce = torch.zeros((), device=self.device)
+        for _ in range(self.grad_accum):
+            inputs, targets, cu_seqlens = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len,
+                                                            attention_cap=plan.attention_cap)
+            distincts = self.load_rows(inputs)
+            loss, ce = self.training_loss(inputs, targets, cu_seqlens, plan.shape, self.stage_execution[plan.stage],
+                                          target_weights, self.grad_scale)
+            loss.backward()
+            self.keep_row_gradients(distincts)
+            mean_ce += ce / self.grad_accum
+        return mean_ce
+
+    def capture_graphs(self, loader: "TrainLoader"):
+        """One CUDA graph per (graph stage, Adam step) key the run uses, captured on a batch of its first
+        step and checked against eager execution there (T5.3); then, with OPTIMIZER_GRAPHS=1, the
+        optimizer step's graphs of every key the run's steps meet (OptimizerGraphs)."""
+        plans, steps = {}, [self.schedule.plan(step) for step in range(self.last_step)]
+        for plan in steps:
+            plans.setdefault(StepGraphs.key(plan), plan)
+        start = time.perf_counter()
+        for key in StepGraphs.capture_order(plans):
+            plan = plans[key]
+            self.set_long_windows(plan.long_windows)
+            batches = [loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len, attention_cap=plan.attention_cap)
+                       for _ in range(self.grad_accum)]
+            self.step_graphs.capture(plan, self.stage_execution[plan.stage], batches[0], self.target_weights[plan.step])
+        if self.optimizer_graphs is None:
+            self.step_graphs.check_kept_gradients()
+            optimizer = ("the optimizer step runs eagerly (OPTIMIZER_GRAPHS=0, or world size > 1: its collectives "
+                         "launch from Python)")
+        else:
+            self.optimizer_graphs.capture(steps)
+            self.optimizer_graphs.check_kept_gradients()
+            self.optimizer_graphs.record_addresses()
+            optimizer = (f"{len(self.optimizer_graphs.graphs)} of the optimizer step (one per stage, Adam step, "
+                         f"tie and kept gradients), each equal to an eager step (the largest difference: "
+                         f"{self.optimizer_graphs.worst_share:.2f} of its tolerance)")
+        self.step_graphs.record_addresses()
+        self._sync()
+        self.log(f"CUDA graphs: {len(plans)} captured (one per distinct stage forward and Adam/non-Adam step) in "
+                 f"{time.perf_counter() - start:.1f}s, each equal to eager execution on its batch "
+                 f"(the largest difference: {self.step_graphs.worst_share:.2f} of its tolerance); {optimizer}; "
+                 f"the gradients kept by non-Adam steps survive every other graph's replay")
+
+    def validation_shape(self, step: int, final: bool = False) -> tuple[ForwardShape, tuple[int, ...]]:
+        """(forward shape, long windows) of the validation before `step`."""
+        plan = self.schedule.plan(step, final)
+        shape = dataclasses.replace(plan.shape, max_seq_len=self.hp.data.val_seq_len, n_predict=1, prefix_target=False)
+        return shape, plan.long_windows
+
+    def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> tuple[float, float | None]:
+        return self.validation_loss(*self.validation_shape(step, final), max_batches)
+
+    @torch.no_grad()
+    def validation_loss(self, shape: ForwardShape, long_windows: tuple[int, ...],
+                        max_batches: int | None = None) -> tuple[float, float | None]:
+        """Mean next-token cross-entropy over the validation set, all ranks, with the rotary tables of
+        `long_windows` (bench/eval_windows.py tries other shapes than the schedule's): (the run's loss,
+        masked with VAL_MASK=1; the same forward's without the mask then, else None) (T4.5)."""
+        self.set_long_windows(long_windows)
+        totals = torch.zeros(1 if self.banned_next_table is None else 2, device=self.device)
+        count = 0
+        for i, (inputs, targets, cu_seqlens) in enumerate(self.val_set):
+            if max_batches is not None and i >= max_batches:
+                break
+            self.load_rows(inputs)
+            totals += self.evaluation_loss(inputs, targets, cu_seqlens, shape, self.validation_execution,
+                                           self.validation_execution.evaluation_chunk)
+            count += inputs.numel()
+        stats = torch.cat([totals, torch.tensor([float(count)], device=self.device)])
+        if self.world_size > 1:
+            dist.all_reduce(stats)
+        loss, *unmasked = (stats[:-1] / stats[-1]).tolist()
+        return loss, (unmasked[0] if unmasked else None)
+
+    def max_over_ranks(self, value: Tensor) -> Tensor:
+        """A per-rank tensor's maximum over all ranks (a collective: every rank must call it)."""
+        value = value.detach().clone()
+        if self.world_size > 1:
+            dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return value
+
+    def global_mean(self, value: Tensor) -> float:
+        """Mean of a per-rank scalar over all ranks (a collective: every rank must call it)."""
+        value = value.detach().clone()
+        if self.world_size > 1:
+            dist.all_reduce(value)
+        return value.item() / self.world_size
+
+    def check_finite(self, upto: int, wait: bool = True):
+        """Stop at the first non-finite training loss among the steps not checked yet, or at a
+        candidate shortfall (T4.6). wait=False (the periodic check) queues the test with no host
+        sync: its flags land in pinned memory and are read at the next check, long finished by then,
+        so a bad step stops the run one period late."""
+        if self.pending_check is not None:
+            (start, copied), self.pending_check = self.pending_check, None
+            self.read_check_flags(copied, start, self.checked_steps, upto)
+        recent = self.recent_losses(self.checked_steps, upto)
+        shortfall = self.model.candidate_shortfall.clone()
+        if self.world_size > 1 and self.candidate_steps is not None:
+            dist.all_reduce(shortfall, op=dist.ReduceOp.MAX)  # every rank stops together
+        self.check_flags.copy_(torch.stack([(~torch.isfinite(recent)).any().long(), shortfall]), non_blocking=True)
+        copied = torch.cuda.Event() if self.device.type == "cuda" else None  # the CPU's copy is done on return
+        if copied is not None:
+            copied.record()
+        if wait:
+            self.read_check_flags(copied, self.checked_steps, upto, upto)
+        else:
+            self.pending_check = (self.checked_steps, copied)
+        self.checked_steps = upto
+
+    def read_check_flags(self, copied: "torch.cuda.Event | None", start: int, end: int, detected_at: int):
+        if copied is not None:
+            copied.synchronize()
+        nonfinite, shortfall = self.check_flags.tolist()
+        if nonfinite:
+            self.raise_nonfinite(start, end, detected_at)
+        if shortfall:
+            budgets = ",".join(str(stage.ce_candidates) for stage in self.hp.schedule.stages)
+            raise CandidateShortfall(f"a training forward had {shortfall} more distinct targets than its stage's "
+                                     f"cross-entropy candidates (STAGE_CE_CANDIDATES={budgets}; detected at step "
+                                     f"{detected_at}); raise that stage's entry, or 0 for the full softmax")
+
+    def recent_losses(self, start: int, end: int) -> Tensor:
+        recent = self.losses[start:end].clone()
+        if self.world_size > 1:
+            dist.all_reduce(recent)  # a NaN on any rank shows on every rank
+        return recent
+
+    def raise_nonfinite(self, start: int, end: int, detected_at: int):
+        recent = self.recent_losses(start, end)  # every rank is here: the flag was reduced over ranks
+        first = int((~torch.isfinite(recent)).nonzero()[0])  # losses[s] is the loss of the step line step:s+1
+        raise NonFiniteLoss(f"non-finite training loss {recent[first].item()} at step {start + first + 1} "
+                            f"(detected at step {detected_at}); lower the learning rates or check the data")
+
+    def warmup(self):
+        """Compile every graph the run will use (each stage's shapes, Adam and non-Adam steps, the
+        untie step, every validation shape) on real steps, then restore the initial state (#47, T5.2).
+        Every Adam step it compiles follows a non-Adam one (T2.7's kept gradient is an input): a
+        caller that starts a stage on an Adam step after it (SKIP_GUARD_CHECKS) needs a graph it lacks."""
+        steps = [step for step in self.schedule.warmup_steps() if step < self.last_step]
+        validations = {}  # one validation per distinct shape the run validates with
+        for step in self.validation_steps():
+            validations.setdefault(self.validation_shape(step, final=step == self.schedule.total_steps), step)
+        self.log(f"Compiling model and warming up kernels on steps {steps}")
+        self.position = "during the warm-up"
+        initial_model = copy.deepcopy(self.model.state_dict())
+        initial_optimizer = self.optimizer.state_dict()
+        initial_tables = [table.state_dict("cpu") for table in self.row_tables]  # a 3.9M-row table's copy: 28 GiB
+        loader = TrainLoader(self.hp.data.train_files, self.rank, self.world_size, self.device, log=lambda _: None,
+                             grad_accum=self.grad_accum)
+        start = time.perf_counter()
+        for step in steps:
+            self.train_step(self.schedule.plan(step), loader)
+            self._sync()
+            self.log(f"warm-up step {step} done at {time.perf_counter() - start:.0f}s")
+        for step in validations.values():
+            self.evaluate(step, final=step == self.schedule.total_steps, max_batches=1)
+        self.log(f"warm-up validations ({len(validations)} shapes) done at {time.perf_counter() - start:.0f}s")
+        if self.step_graphs is not None:
+            self.capture_graphs(loader)
+        if self.blend_tail_ema:  # T5.4's kernels, off the clock; the reset below undoes what they wrote
+            self.optimizer.tail_ema_update(1.0)
+            self.optimizer.tail_ema_blend()
+        self.log(f"Compile and warm-up took {time.perf_counter() - start:.0f}s. Resetting model")
+        if self.hp.execution.compile and self.hp.execution.skip_guard_checks:  # host time in the launch-bound stages (T5.2)
+            torch.compiler.set_stance(skip_guard_eval_unsafe=True)
+        self.model.load_state_dict(initial_model)
+        self.optimizer.load_state_dict(initial_optimizer)
+        for table, initial in zip(self.row_tables, initial_tables):
+            table.load_state_dict(initial)
+        self._clear_run_state()
+        if self.step_graphs is not None:
+            self.step_graphs.check_addresses()
+            self.forward_backward = self.step_graphs.run
+        if self.optimizer_graphs is not None:
+            self.optimizer_graphs.check_addresses()
+            self.optimizer_step = self.optimizer_graphs.step
+
+    def validation_steps(self) -> list[int]:
+        """The steps before which the run validates: the first, every VAL_LOSS_EVERY-th, the last."""
+        every = self.hp.run.val_loss_every
+        return sorted({0, self.last_step, *(range(every, self.last_step, every) if every > 0 else ())})
+
+    def run_each(self, runs: list[Hyperparameters]):
+        """Warm up once (WARMUP), then train each of `runs` (SEEDS: the compiled graphs serve every run,
+        each after the first starts over under its own log); yields (run, final val loss) after each."""
+        if self.hp.run.warmup:
+            self.warmup()
+        for i, run in enumerate(runs):
+            if i > 0:
+                self.start_over(run, open_run_log(run, self.rank, self.world_size, self.device))
+            yield run, self.run()
+
+    def run(self) -> float:
+        loader = TrainLoader(self.hp.data.train_files, self.rank, self.world_size, self.device, log=self.log,
+                             grad_accum=self.grad_accum)
+        if warning := repeated_data_warning(self.hp, loader.files):
+            self.log(warning)
+        gc.collect()
+        gc.freeze()  # on the clock the collector neither pauses the host nor scans the model's objects (T5.3)
+        gc.disable()
+        try:
+            val_loss = self.timed_steps(loader)
+        finally:
+            gc.enable()
+            gc.unfreeze()
+            gc.collect()
+        self.log_memory()
+        if self.hp.run.save_checkpoint:
+            self.save_checkpoint()
+        return val_loss
+
+    def timed_steps(self, loader: "TrainLoader") -> float:
+        """The timed loop: train steps, with the validations (off the clock) where they fall."""
+        run, total = self.hp.run, self.schedule.total_steps
+        self._sync()
+        training_ms, t0 = 0.0, time.perf_counter()
+        if self.token_bytes is not None:  # built on the clock, like the reference's
+            self.model.prefix_ids.copy_(prefix_token_ids(self.token_bytes, self.hp.model.vocab_size))
+        val_loss = float("nan")
+        validation_steps = set(self.validation_steps())
+        # each stage's first step line waits for the GPU, so its train_time is the GPU's and the ms/step
+        # per stage (records/tool.py stages) hold with the step graphs too, where the host runs ahead (T5.3)
+        stage_edges = set(self.schedule.stage_starts[1:])
+        self.position = "at step 0"
+        for step in range(self.last_step + 1):
+            last = step == self.last_step
+            if last and self.blend_tail_ema:  # on the clock, before the final validation (T5.4)
+                self.optimizer.tail_ema_blend()
+            if step in validation_steps:
+                self._sync()
+                training_ms += 1000 * (time.perf_counter() - t0)
+                self.check_finite(step)
+                val_loss, unmasked_val_loss = self.evaluate(step, final=step == total)
+                self.log(step_line(step, total, training_ms, val_loss=val_loss))
+                if unmasked_val_loss is not None:
+                    self.log(unmasked_val_line(step, total, unmasked_val_loss))
+                self._sync()
+                t0 = time.perf_counter()
+            if last:
+                break
+            ce = self.train_step(self.schedule.plan(step), loader)
+            if run.nonfinite_check_every and (step + 1) % run.nonfinite_check_every == 0:
+                self.check_finite(step + 1, wait=False)
+            if step + 1 in stage_edges:
+                self._sync()
+            self.log_step(step + 1, training_ms + 1000 * (time.perf_counter() - t0), ce)
+            self.position = f"at step {step + 1}"
+        return val_loss
+
+    def log_step(self, steps_done: int, elapsed_ms: float, ce: Tensor):
+        train_loss = None
+        every = self.hp.run.train_loss_every
+        if every and steps_done % every == 0:
+            train_loss = self.global_mean(ce)
+        self.log(step_line(steps_done, self.schedule.total_steps, elapsed_ms, train_loss=train_loss),
+                 console=steps_done % 25 == 0 or steps_done <= 10)
+
+    def log_memory(self):
+        if self.device.type == "cuda":
+            self.log(peak_memory_line(torch.cuda.max_memory_allocated() // 2**20,
+                                      torch.cuda.max_memory_reserved() // 2**20))
+        else:  # the same line with the process's peak resident memory
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # KiB on Linux
+            self.log(peak_memory_line(rss, rss, cpu=True))
+
+    def save_checkpoint(self):
+        folder = os.path.join("checkpoints", self.hp.run.run_id)
+        os.makedirs(folder, exist_ok=True)
+        if self.rank == 0:
+            torch.save({"hyperparameters": self.hp.flat(), "model": self.model.state_dict()},
+                       os.path.join(folder, "model.pt"))
+        torch.save(self.optimizer.state_dict(), os.path.join(folder, f"optimizer_rank{self.rank}.pt"))
+        if self.ngram is not None:  # this rank's rows of the table and their Adam state (T3.19)
+            torch.save(self.ngram.state_dict(), os.path.join(folder, f"ngram_rank{self.rank}.pt"))
+        self.log(f"checkpoint: {folder}/")
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+def check_world_size(hp: Hyperparameters, world_size: int):
+    if world_size not in (1, 2, 4, 8):
+        raise SetupError(f"world size {world_size} is not supported: run on 1, 2, 4 or 8 GPUs "
+                         f"(gradient accumulation 8 // world_size keeps the 8-GPU math)")
+    if hp.run.rank_slice and world_size != 1:
+        raise SetupError("RANK_SLICE=1 runs one rank's share on a single GPU: use --nproc_per_node=1 (NGPU=1)")
+
+
+def check_inputs(hp: Hyperparameters):
+    """What a run reads before its first step, checked on the CPU: the shards and the tokenizer files."""
+    data = hp.data
+    find_shards(data.train_files)
+    val_set = ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, 0, 1, torch.device("cpu"))
+    if hp.schedule.prefix_loss:
+        prefix_token_ids(gpt2_token_bytes(data.tokenizer_dir), hp.model.vocab_size)
+    if data.val_mask:  # builds the table once and caches it for the ranks torchrun starts next
+        check_validation_pairs(validation_mask(data.tokenizer_dir, hp.model.vocab_size)[0], val_set.tokens)
+
+
+def allow_graph_per_shape():
+    """Dynamo's recompile limit (8) raised to 64: one graph per stage shape and per optimizer table shape."""
+    for name in ("recompile_limit", "cache_size_limit"):  # the name before and since PyTorch 2.6
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
+
+
+def check_gpus(hp: Hyperparameters, world_size: int):
+    """Enough CUDA GPUs visible for world_size processes (run.sh's --check gets WORLD_SIZE=NGPU)."""
+    if hp.run.device != "cuda":
+        return
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible == 0:
+        raise SetupError("no CUDA GPU visible. train_gpt.py trains on NVIDIA GPUs (H100-class); `SMOKE=1 "
+                         "./run.sh` trains a tiny model on the CPU, DEVICE=cpu runs this one there (slowly)")
+    if visible < world_size:
+        fits = max(n for n in (1, 2, 4, 8) if n <= visible)
+        raise SetupError(f"{world_size} processes (NGPU) but {visible} CUDA GPU(s) visible: use NGPU={fits} "
+                         f"(fewer GPUs accumulate gradients: the same training)")
+
+
+def limit_gpu_memory(gib: float, device: torch.device):
+    """GPU_MEMORY_GIB: the caching allocator on device holds at most gib GiB from now on (its share of the GPU's
+    memory, torch.cuda.set_per_process_memory_fraction); past it an allocation first frees cached blocks, then
+    raises torch.OutOfMemoryError. Memory outside the allocator (the CUDA context, kernels' code) is not counted."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    if gib * 2**30 > total:
+        raise SetupError(f"GPU_MEMORY_GIB={gib:g} is more than this GPU's {total / 2**30:.1f} GiB: give less, or 0 "
+                         f"for the whole GPU")
+    index = torch.cuda.current_device() if device.index is None else device.index
+    torch.cuda.set_per_process_memory_fraction(gib * 2**30 / total, index)
+
+
+# CPU runs (tests, SMOKE=1): torch's bf16 and fp16 matrix products on a CPU without bf16 GEMM instructions
+# (AVX512-BF16, AMX: the CI runners') are scalar loops, far slower than MKL's fp32 GEMM (README, Tests).
+_CPU_GEMMS = None
+
+
+def cpu_16bit_gemms_in_fp32() -> None:
+    """From now on in this process, aten::mm and aten::bmm on the CPU multiply bf16/fp16 operands as fp32
+    and round the result once to their dtype: a bf16 GEMM's fp32-accumulated products (summation order
+    aside), the same on every CPU, autograd's backward products included (they dispatch to the same ops).
+    Other dtypes and devices are untouched. Called by init_process on the CPU and by tests/helpers.py."""
+    global _CPU_GEMMS
+    if _CPU_GEMMS is not None:
+        return
+
+    def kernel(op):
+        def product(a: Tensor, b: Tensor) -> Tensor:
+            shape = (*a.shape[:-1], b.size(-1))
+            if a.dtype in (torch.bfloat16, torch.float16) and b.dtype == a.dtype:
+                out = torch.empty(shape, dtype=torch.float32)
+                return op(a.float(), b.float(), out=out).to(a.dtype)
+            return op(a, b, out=torch.empty(shape, dtype=torch.promote_types(a.dtype, b.dtype)))  # the .out kernels
+        return product
+
+    library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # "Overriding a previously registered kernel": the point
+        warnings.simplefilter("ignore")
+        library.impl("mm", kernel(torch.mm), "CPU")
+        library.impl("bmm", kernel(torch.bmm), "CPU")
+    _CPU_GEMMS = library  # the registration lives as long as the Library object
+
+
+def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
+    """(rank, world size, device) of this process; the process group when several run."""
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    check_world_size(hp, world_size)
+    check_row_tables(hp, world_size)
+    if hp.run.device == "cuda":
+        check_gpus(hp, world_size)
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        if hp.run.gpu_memory_gib > 0:
+            limit_gpu_memory(hp.run.gpu_memory_gib, device)
+    else:
+        device = torch.device(hp.run.device)
+        if device.type == "cpu":
+            cpu_16bit_gemms_in_fp32()
+    if world_size > 1:
+        cuda = device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    return rank, world_size, device
+
+
+def planned_runs(hp: Hyperparameters, world_size: int) -> list[Hyperparameters]:
+    """The runs this process makes: hp, or (SEEDS) one per seed, logged as RUN_ID_s<seed>. A missing
+    RUN_ID becomes rank 0's uuid4 on every rank."""
+    run_id = hp.run.run_id or str(uuid.uuid4())
+    if world_size > 1:  # every rank logs under rank 0's id
+        shared = [run_id]
+        dist.broadcast_object_list(shared, 0)
+        run_id = shared[0]
+    if not hp.run.seeds:
+        return [hp.replace(run_id=run_id)]
+    return [hp.replace(seed=seed, run_id=f"{run_id}_s{seed}") for seed in hp.run.seeds]
+
+
+def open_run_log(hp: Hyperparameters, rank: int, world_size: int, device: torch.device) -> RunLog:
+    """The run's log (rank 0 writes it): this source, the environment, the run's description."""
+    log = RunLog(os.path.join(hp.run.log_dir, f"{hp.run.run_id}.txt") if rank == 0 else None)
+    with open(__file__) as f:
+        log(f.read().rstrip("\n") + "\n" + LOG_SEPARATOR, console=False)
+    log(environment_report() + "\n" + LOG_SEPARATOR, console=False)
+    hardware = f"{world_size}x {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"
+    capped = [f"gpu_memory: the allocator capped at {hp.run.gpu_memory_gib:g} GiB of "
+              f"{torch.cuda.get_device_properties(device).total_memory / 2**30:.1f} (GPU_MEMORY_GIB)"] \
+        if hp.run.gpu_memory_gib > 0 else []
+    log("\n".join([f"run_id: {hp.run.run_id}", f"hardware: {hardware}", *capped,
+                   f"mode: {'rank-slice' if hp.run.rank_slice else 'full-batch'}", f"world_size: {world_size}",
+                   f"grad_accum_steps: {grad_accum_steps(hp, world_size)}", f"data: {data_label(hp.data)}",
+                   f"overrides: {environment_overrides()}", f"hyperparameters: {json.dumps(hp.flat())}"]))
+    return log
+
+
+def report_setup_error(error: Exception, rank: int, log: RunLog | None):
+    """One line naming the fix, from rank 0 only (torchrun would print it once per process), and
+    into the run's log when it is open; exit code 1."""
+    message = f"error: {error}"
+    if log is not None:
+        log(message, console=False)
+    if rank == 0:
+        print(message, file=sys.stderr, flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    raise SystemExit(1)
+
+
+def report_interrupt(where: str, rank: int, log: RunLog | None):
+    """Ctrl-C: one `interrupted ...` line (console and log, which keeps everything before it), exit 130."""
+    if log is not None:
+        log(f"interrupted {where}", console=False)
+    if rank == 0:
+        print(f"interrupted {where}", file=sys.stderr, flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    raise SystemExit(130)
+
+
+def main():
+    """Train; `python train_gpt.py --check` only checks the settings and inputs (run.sh does so
+    before it starts torchrun, so a bad setting is one line, not one traceback per process)."""
+    rank, log = int(os.environ.get("RANK", 0)), None
+    if sys.argv[1:] in (["--help"], ["-h"]):
+        return print(__doc__.strip())
+    try:
+        if sys.argv[1:] not in ([], ["--check"]):
+            raise SetupError(f"unknown arguments {sys.argv[1:]}: settings are environment variables (README)")
+        hp = Hyperparameters.from_env()
+        check_hyperparameters(hp)
+        if sys.argv[1:] == ["--check"]:
+            world_size = int(os.environ.get("WORLD_SIZE", 1))
+            check_world_size(hp, world_size)
+            check_row_tables(hp, world_size)
+            check_gpus(hp, world_size)
+            check_inputs(hp)
+            return print(f"settings and inputs ok ({data_label(hp.data)})")
+        rank, world_size, device = init_process(hp)
+        runs = planned_runs(hp, world_size)
+        log = open_run_log(runs[0], rank, world_size, device)
+        trainer = Trainer(runs[0], rank, world_size, device, log)
+    except (SetupError, FileNotFoundError) as error:
+        report_setup_error(error, rank, log)
+    except KeyboardInterrupt:
+        report_interrupt("during set-up", rank, log)
+    try:
+        for _ in trainer.run_each(runs):  # each run logs its own results
+            pass
+    except (NonFiniteLoss, CandidateShortfall, GraphMismatch) as error:
+        trainer.log(f"error: {error}")
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        report_interrupt(trainer.position, rank, trainer.log)
+    except torch.OutOfMemoryError:
+        capped = f"GPU_MEMORY_GIB={hp.run.gpu_memory_gib:g} caps this process's allocator; " \
+            if hp.run.gpu_memory_gib > 0 else ""
+        trainer.log(f"error: out of GPU memory. {capped}Free the GPU (other processes?), keep PYTORCH_ALLOC_CONF="
+            "expandable_segments:True, or lower STAGE_BATCH_TOKENS / VAL_SEQ_LEN for smaller GPUs.")
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+# =============================================================================================
+# Fast paths
+# =============================================================================================
+# Each fused op is one block, in this order: its torch reference (the definition and the fallback),
+# the Triton kernels, their launcher (traced by torch.compile, or in a custom op where the op cannot
+# be traced), the autograd function, and the dispatcher the model or optimizer calls. One rule picks the path:
+# a dispatcher's `use_triton=None` means triton_applies(input) (a CUDA tensor with Triton installed,
+# and the shapes the kernels take); True forces the kernels (tests run them in Triton's CPU
+# interpreter), False the reference. What the model runs (FP8, the fused MLP, DC-MHA's kernels) the
+# execution plan decides once per stage (resolve_execution) and passes as explicit flags.
+TRITON_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
+
+
+def triton_applies(t: Tensor) -> bool:
+    """Whether the Triton kernels run for this tensor by default: on CUDA, with Triton installed."""
+    return t.is_cuda and triton is not None
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# --- Orthogonalization: Polar Express (T2.3) --------------------------------------------------------
+# Polar Express (Amsel, Persson, Musco, Gower 2025; #38): five per-iteration odd quintics,
+# computed for num_iters=5, safety_factor=2e-2, cushion=2, applied after X / (1.02·‖X‖ + 1e-6).
+POLAR_EXPRESS_COEFFS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+# Classic Muon Newton-Schulz quintic (#3): singular values land in about [0.68, 1.13].
+NEWTON_SCHULZ_COEFFS = ((3.4445, -4.7750, 2.0315),) * 5
+# Polar Express's greedy construction (Amsel et al. 2025), re-derived here (bench/quintic_maps.py; T2.3):
+# each map the odd quintic closest to 1 on the interval its input can reach from a floor ℓ on
+# σ_i(G)/‖G‖_F, that interval raised 2^-7 at the top and cut to at least 0.02 x its top (bf16 guards).
+# Exact-arithmetic envelopes for σ_i(G)/‖G‖_F in [ℓ, 1] (polar_express: [0.8467, 1.1411] from 1e-3):
+# five maps from 3e-3: [0.9931, 1.0069]; six from 1e-3: [0.9984, 1.0016]; six from 3e-4: [0.9121, 1.0879].
+GREEDY5_FLOOR_3E3_COEFFS = (
+    (7.710969245867679, -22.113754790481156, 16.24874301773847),
+    (4.144837788446324, -3.434457866214604, 0.7291428289304236),
+    (3.6219906611071337, -2.841498004519581, 0.5932121716542422),
+    (2.520263341903864, -1.837610522467476, 0.4271193069501146),
+    (1.9194472142571712, -1.2898333752956908, 0.3719505132726187),
+)
+GREEDY6_FLOOR_3E4_COEFFS = (
+    (7.710969245867679, -22.113754790481156, 16.24874301773847),
+    (4.144837788446324, -3.434457866214604, 0.7291428289304236),
+    (4.144837788446322, -3.4344578662146046, 0.7291428289304237),
+    (4.12645868223001, -3.413555682612789, 0.7243452639561597),
+    (3.1657177848996447, -2.340118382992727, 0.4814640317675152),
+    (2.1907616171925604, -1.5529037214894479, 0.39749933657357994),
+)
+ORTHOGONALIZERS = {  # name: (coefficients, norm safety factor, norm epsilon)
+    "polar_express": (POLAR_EXPRESS_COEFFS, 1.02, 1e-6),
+    "newton_schulz": (NEWTON_SCHULZ_COEFFS, 1.0, 1e-7),
+    "polar_express5_l3e3": (GREEDY5_FLOOR_3E3_COEFFS, 1.02, 1e-6),
+    "polar_express6_l3e4": (GREEDY6_FLOOR_3E4_COEFFS, 1.02, 1e-6),
+}
+# Map sets measured and taken out: what they cost
+REMOVED_ORTHOGONALIZERS = {"polar_express6_l1e3": "six maps from 1e-3 gave main's loss at a sixth more work",
+                           "polar_express4_l1e2": "four maps from 1e-2 cost more loss than the time they save"}
+
+
+def polar_normalize(G: Tensor, method: str = "polar_express") -> Tensor:
+    """G / (safety·‖G‖_F + eps) per matrix, in bf16: the start of the iteration."""
+    _, safety, eps = ORTHOGONALIZERS[method]
+    norm = torch.linalg.vector_norm(G.float(), dim=(-2, -1), keepdim=True)
+    return (G / (norm * safety + eps)).bfloat16()
+
+
+def orthogonalize_float64(G: Tensor, method: str = "polar_express") -> Tensor:
+    """The same iteration (normalization, then the method's odd polynomials) in float64: the function
+    every bf16 path approximates, for tests and benchmarks."""
+    coeffs, safety, eps = ORTHOGONALIZERS[method]
+    X = G.double()
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * safety + eps)
+    tall = X.size(-2) > X.size(-1)
+    for a, b, c in coeffs:
+        A = X.mT @ X if tall else X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + (X @ B if tall else B @ X)
+    return X
+
+
+def _gemm_dtype(X: Tensor) -> torch.dtype:
+    # On the CPU the products run in fp32, rounded to bf16 where a bf16 GEMM rounds: same function,
+    # but CPU bf16 GEMMs run ~60x slower than fp32 without AVX512-BF16 (CI, tests).
+    return torch.float32 if X.device.type == "cpu" else torch.bfloat16
+
+
+def polar_iterations_reference(X: Tensor, method: str = "polar_express") -> Tensor:
+    """The odd-polynomial iteration on a normalized bf16 bank X (B, rows, cols) in torch. Wide and
+    square matrices iterate on X·Xᵀ, tall ones on Xᵀ·X (#74), so the symmetric products are
+    min(rows, cols)² and nothing is transposed in memory. (a·X + X·B is not folded into X·(B + a·I)
+    here: torch would round B to bf16 before adding a·I, 1.1-1.5e-2 from float64.)"""
+    coeffs, _, _ = ORTHOGONALIZERS[method]
+    tall, work = X.size(-2) > X.size(-1), _gemm_dtype(X)
+    for a, b, c in coeffs:
+        Y = X.to(work)
+        A = (Y.mT @ Y if tall else Y @ Y.mT).bfloat16().to(work)
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c).bfloat16().to(work)
+        X = (torch.baddbmm(Y, Y, B, beta=a) if tall else torch.baddbmm(Y, B, Y, beta=a)).bfloat16()
+    return X
+
+# Symmetric batched products for Newton-Schulz / Polar Express (#27, #69, #74): only output tiles
+# on or below the diagonal are computed (a 1-D enumeration of the triangle), each stored at
+# [m, n] and mirrored to [n, m]; fp32 accumulation; operands loaded along their contiguous dim.
+# Odd sizes wrap the output offsets (loads stay in bounds) and mask the stores and reduction.
+# UPCAST only serves Triton's CPU interpreter (TRITON_INTERPRET=1), whose dot cannot do bf16 and
+# whose fp32-to-bf16 cast truncates: there the kernels round to nearest themselves (_to_dtype).
+if triton is not None:
+    @triton.jit
+    def _lower_triangle_tile(t):
+        # linear index t = row*(row+1)/2 + col (col <= row): fp32 sqrt guess, integer corrections
+        r = ((tl.sqrt((8 * t + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)
+        r = tl.where((r + 1) * (r + 2) // 2 <= t, r + 1, r)
+        r = tl.where(r * (r + 1) // 2 > t, r - 1, r)
+        return r, t - r * (r + 1) // 2
+
+    @triton.jit
+    def _to_dtype(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
+        # x.to(dtype) as a GPU casts: fp32 to the nearest bf16 (ties to even); Triton's CPU
+        # interpreter (UPCAST) truncates, so there the bits are rounded first
+        if UPCAST:
+            if dtype == tl.bfloat16:
+                bits = x.to(tl.uint32, bitcast=True)
+                x = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        return x.to(dtype)
+
+    @triton.jit
+    def _store_symmetric(out_ptr, c, pid_m, pid_n, offs_m, offs_n, N, stride_om, UPCAST: tl.constexpr):
+        # tile (m, n) and, off the diagonal, its transpose at (n, m)
+        c = _to_dtype(c, out_ptr.dtype.element_ty, UPCAST)
+        mask = (offs_m[:, None] < N) & (offs_n[None, :] < N)
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], c, mask=mask)
+        if pid_m != pid_n:
+            mask_t = (offs_n[:, None] < N) & (offs_m[None, :] < N)
+            tl.store(out_ptr + offs_n[:, None] * stride_om + offs_m[None, :], tl.trans(c), mask=mask_t)
+
+    @triton.jit
+    def _aat_kernel(a_ptr, out_ptr, M, K, alpha, beta, gamma, stride_ab, stride_am, stride_ob, stride_om,
+                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ADD_A: tl.constexpr,
+                    ADD_I: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+        # out[b] = alpha·A[b]·A[b]ᵀ (+ beta·A[b] when ADD_A, for square symmetric A) (+ gamma·I when ADD_I);
+        # A (M, K) row-major
+        pid_m, pid_n = _lower_triangle_tile(tl.program_id(0))
+        pid_b = tl.program_id(1).to(tl.int64)
+        a_ptr += pid_b * stride_ab
+        out_ptr += pid_b * stride_ob
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_k = tl.arange(0, BLOCK_K)
+        rm, rn = offs_m % M, offs_n % M
+        a_ptrs = a_ptr + rm[:, None] * stride_am + offs_k[None, :]
+        b_ptrs = a_ptr + rn[:, None] * stride_am + offs_k[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            if EVEN_K:
+                a, b = tl.load(a_ptrs), tl.load(b_ptrs)
+            else:
+                k_mask = offs_k[None, :] < K - k * BLOCK_K
+                a = tl.load(a_ptrs, mask=k_mask, other=0.0)
+                b = tl.load(b_ptrs, mask=k_mask, other=0.0)
+            if UPCAST:
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=INPUT_PRECISION)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+        acc = alpha * acc
+        if ADD_A:
+            acc += beta * tl.load(a_ptr + rm[:, None] * stride_am + rn[None, :]).to(tl.float32)
+        if ADD_I:
+            acc = tl.where(offs_m[:, None] == offs_n[None, :], acc + gamma, acc)
+        _store_symmetric(out_ptr, acc, pid_m, pid_n, offs_m, offs_n, M, stride_om, UPCAST)
+
+    @triton.jit
+    def _ata_kernel(a_ptr, out_ptr, M, K, stride_ab, stride_am, stride_ob, stride_om,
+                    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+        # out[b] = A[b]ᵀ·A[b], A (M, K) row-major, reduction over M; tiles [BLOCK_R, BLOCK_N] along K
+        pid_i, pid_j = _lower_triangle_tile(tl.program_id(0))
+        pid_b = tl.program_id(1).to(tl.int64)
+        a_ptr += pid_b * stride_ab
+        out_ptr += pid_b * stride_ob
+        offs_i = pid_i * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_j = pid_j * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_r = tl.arange(0, BLOCK_R)
+        ci, cj = (offs_i, offs_j) if EVEN_N else (offs_i % K, offs_j % K)
+        a_ptrs = a_ptr + offs_r[:, None] * stride_am + ci[None, :]
+        b_ptrs = a_ptr + offs_r[:, None] * stride_am + cj[None, :]
+        acc = tl.zeros((BLOCK_N, BLOCK_N), dtype=tl.float32)
+        for r in range(0, tl.cdiv(M, BLOCK_R)):
+            if EVEN_M:
+                a, b = tl.load(a_ptrs), tl.load(b_ptrs)
+            else:
+                r_mask = offs_r[:, None] < M - r * BLOCK_R
+                a = tl.load(a_ptrs, mask=r_mask, other=0.0)
+                b = tl.load(b_ptrs, mask=r_mask, other=0.0)
+            if UPCAST:
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            acc = tl.dot(tl.trans(a), b, acc, input_precision=INPUT_PRECISION)
+            a_ptrs += BLOCK_R * stride_am
+            b_ptrs += BLOCK_R * stride_am
+        _store_symmetric(out_ptr, acc, pid_i, pid_j, offs_i, offs_j, K, stride_om, UPCAST)
+
+
+# Launch configurations (block, block_k, num_warps, num_stages) per (kernel, output size, reduction size),
+# tuned on an H100 with `python bench/bench_orthogonalize.py --sweep`; other sizes use the defaults.
+SYMMETRIC_KERNEL_CONFIGS: dict[tuple[str, int, int], tuple[int, int, int, int]] = {
+    ("xxt", 256, 768): (128, 64, 4, 3),
+    ("ba_plus_caa", 256, 256): (64, 32, 4, 4),
+    ("xxt", 768, 768): (128, 64, 4, 3),
+    ("ba_plus_caa", 768, 768): (128, 64, 8, 3),
+    ("xtx", 768, 3072): (128, 64, 8, 3),
+}
+
+
+def _symmetric_launch(A: Tensor, kernel: str, n_out: int, reduction: int, config: tuple | None):
+    """Output buffer, grid, tile sizes and launch options for an (n_out x n_out) symmetric product of A."""
+    if A.dim() != 3 or not A.is_contiguous():
+        raise ValueError(f"expected a contiguous (batch, rows, cols) tensor, got {tuple(A.shape)}")
+    fp32 = A.dtype == torch.float32
+    big = n_out >= 512  # 768-wide Gram matrices: 128-tiles; small ones (256): more, smaller programs
+    default = (128 if big else 64, 32 if fp32 else 64, 8 if big else 4, 3 if fp32 else 4)
+    block, block_k, num_warps, num_stages = config or SYMMETRIC_KERNEL_CONFIGS.get((kernel, n_out, reduction), default)
+    tiles = triton.cdiv(n_out, block)
+    options = dict(num_warps=num_warps, num_stages=num_stages, INPUT_PRECISION="ieee" if fp32 else "tf32",
+                   UPCAST=TRITON_INTERPRETER and not fp32)
+    out = A.new_empty((A.size(0), n_out, n_out))
+    return out, (tiles * (tiles + 1) // 2, A.size(0)), block, block_k, options
+
+
+def xxt(A: Tensor, config: tuple | None = None) -> Tensor:
+    """A·Aᵀ for a batch A (B, M, K) -> (B, M, M). config: (block, block_k, num_warps, num_stages)."""
+    B, M, K = A.shape
+    out, grid, block, block_k, options = _symmetric_launch(A, "xxt", M, K, config)
+    _aat_kernel[grid](A, out, M, K, 1.0, 0.0, 0.0, A.stride(0), A.stride(1), out.stride(0), out.stride(1),
+                      BLOCK_M=block, BLOCK_K=block_k, EVEN_K=K % block_k == 0, ADD_A=False, ADD_I=False, **options)
+    return out
+
+
+def ba_plus_caa(A: Tensor, alpha: float, beta: float, config: tuple | None = None, identity: float = 0.0) -> Tensor:
+    """beta·A + alpha·A·A (+ identity·I) for a batch of symmetric A (B, N, N) (A·A = A·Aᵀ)."""
+    B, N, _ = A.shape
+    out, grid, block, block_k, options = _symmetric_launch(A, "ba_plus_caa", N, N, config)
+    _aat_kernel[grid](A, out, N, N, float(alpha), float(beta), float(identity), A.stride(0), A.stride(1),
+                      out.stride(0), out.stride(1), BLOCK_M=block, BLOCK_K=block_k, EVEN_K=N % block_k == 0,
+                      ADD_A=True, ADD_I=identity != 0.0, **options)
+    return out
+
+
+def xtx(A: Tensor, config: tuple | None = None) -> Tensor:
+    """Aᵀ·A for a batch A (B, M, K) -> (B, K, K)."""
+    B, M, K = A.shape
+    out, grid, block, block_k, options = _symmetric_launch(A, "xtx", K, M, config)
+    _ata_kernel[grid](A, out, M, K, A.stride(0), A.stride(1), out.stride(0), out.stride(1),
+                      BLOCK_N=block, BLOCK_R=block_k, EVEN_M=M % block_k == 0, EVEN_N=K % block == 0, **options)
+    return out
+
+
+def polar_iterations(X: Tensor, method: str = "polar_express", use_triton: bool | None = None) -> Tensor:
+    """polar_iterations_reference's function; with the symmetric Triton kernels, a·X + X·B is one
+    product X·(B + a·I), a·I added in the kernel's fp32 epilogue: baddbmm with beta != 0 first copies
+    X into its output, a device-to-device copy of the whole bank per iteration."""
+    if not (triton_applies(X) if use_triton is None else use_triton):
+        return polar_iterations_reference(X, method)
+    coeffs, _, _ = ORTHOGONALIZERS[method]
+    tall, work = X.size(-2) > X.size(-1), _gemm_dtype(X)
+    for a, b, c in coeffs:
+        Y = X.to(work)
+        B = ba_plus_caa(xtx(X) if tall else xxt(X), alpha=c, beta=b, identity=a).to(work)
+        X = (Y @ B if tall else B @ Y).bfloat16()
+    return X
+
+
+def orthogonalize(G: Tensor, method: str = "polar_express", use_triton: bool | None = None) -> Tensor:
+    """Approximate U·Vᵀ (the orthogonal polar factor) of every matrix of a bank G (B, rows, cols), in bf16."""
+    return polar_iterations(polar_normalize(G, method), method, use_triton)
+
+
+# --- lm_head and soft-capped multi-target cross-entropy (T4.1, T4.4) ---------------------------------
+# Logit soft-cap z = 23·σ((u+5)/7.5) (#54) and the FP8 lm_head scales: x/x_s and W/w_s in e4m3, the
+# logit gradient in e5m2 as du/grad_s with grad_s = FP8_GRAD_SCALE·grad_scale (#51, #55, #65).
+SOFTCAP_SCALE, SOFTCAP_SHIFT, SOFTCAP_TEMPERATURE = 23.0, 5.0, 7.5
+FP8_X_SCALE, FP8_W_SCALE, FP8_GRAD_SCALE = 100 / 448, 1.6 / 448, 0.75 / 448
+E4M3_MAX, E5M2_MAX = 448.0, 57344.0  # largest finite float8_e4m3fn / float8_e5m2
+MAX_TARGETS = 4  # target columns per row of the fused cross-entropy
+
+
+def softcap(logits: Tensor) -> Tensor:
+    """Asymmetric logit soft-cap into (0, 23) (#54), computed in fp32 (or the logits' wider dtype)."""
+    u = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return SOFTCAP_SCALE * torch.sigmoid((u + SOFTCAP_SHIFT) / SOFTCAP_TEMPERATURE)
+
+
+def softcap_ce_reference(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float,
+                         grad_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """Plain-torch form of the fused kernel. logits u (T, V); targets (T, N) int, −1 = none;
+    weights (N,). Returns per row loss_t = Σ_k w_k·[y_tk ≥ 0]·(lse − z[y_tk]), ce0_t = lse − z[y_t0]
+    (0 where y_t0 = −1) and grad_mul·∂(Σ_t loss_t)/∂u in grad_dtype (e5m2: saturated)."""
+    z = softcap(logits)
+    lse = torch.logsumexp(z, -1, keepdim=True)
+    valid = targets >= 0
+    safe_targets = targets.clamp_min(0)
+    ce = lse - z.gather(1, safe_targets)
+    w_valid = weights.to(z.dtype) * valid
+    loss_rows = (ce * w_valid).sum(-1)
+    ce0_rows = torch.where(valid[:, 0], ce[:, 0], 0.0)
+    dz = torch.exp(z - lse) * w_valid.sum(-1, keepdim=True)
+    dz = dz.scatter_add(1, safe_targets, -w_valid)  # duplicate targets add up
+    sigma = z / SOFTCAP_SCALE
+    grad = (grad_mul * SOFTCAP_SCALE / SOFTCAP_TEMPERATURE) * sigma * (1 - sigma) * dz
+    if grad_dtype == torch.float8_e5m2:
+        grad = grad.clamp(-E5M2_MAX, E5M2_MAX)
+    return loss_rows, ce0_rows, grad.to(grad_dtype)
+
+
+# Fused soft-capped multi-target cross-entropy, forward and backward in one kernel (#60, #67, #79;
+# T4.1). Persistent programs take rows t = pid, pid + programs, ...; each row is read from memory
+# once and held in registers as up to three power-of-two parts (`vocab_parts`: 32768 + 16384 + 2048
+# for GPT-2's 50,304, the last one masked): sweep 1 sums exp(z − 23) (z < 23: no running max),
+# sweep 2 writes the logit gradient from the held logits, then the ≤ MAX_TARGETS target columns are
+# rewritten after a barrier. With tanh: z = h + h·t, t = tanh((u+5)/15), h = 23/2;
+# dz/du = 23/(4·7.5)·(1 − t²).
+if triton is not None:
+    @triton.jit
+    def _tanh(x, FAST: tl.constexpr):
+        if FAST:  # one MUFU op, ~2^-11 relative error (the reference's fast-math kernel does the same)
+            return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        else:
+            return 2 * tl.sigmoid(2 * x) - 1
+
+    @triton.jit
+    def _softcap_tanh(u, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr, FAST_TANH: tl.constexpr):
+        """t = tanh((u + 5)/15) of logits u (z = h + h·t)."""
+        return _tanh((u.to(tl.float32) + SHIFT) * (0.5 / TEMPERATURE), FAST_TANH)
+
+    @triton.jit
+    def _load_part(u_row, offs, V, MASKED: tl.constexpr):
+        if MASKED:
+            return tl.load(u_row + offs, mask=offs < V, other=0.0)
+        else:
+            return tl.load(u_row + offs)
+
+    @triton.jit
+    def _softcap_exp_sum(u, offs, V, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr, HALF: tl.constexpr,
+                         MASKED: tl.constexpr, FAST_TANH: tl.constexpr):
+        """Σ exp(z − 23) over a part of one row's logits u (masked-off columns excluded)."""
+        LOG2E: tl.constexpr = 1.4426950408889634
+        t = _softcap_tanh(u, SHIFT, TEMPERATURE, FAST_TANH)
+        e = tl.exp2((t - 1) * (HALF * LOG2E))
+        if MASKED:
+            e = tl.where(offs < V, e, 0.0)
+        return tl.sum(e, axis=0)
+
+    @triton.jit
+    def _softcap_grad_store(u, g_row, offs, V, scale, bias, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr,
+                            HALF: tl.constexpr, SATURATE_AT: tl.constexpr, MASKED: tl.constexpr,
+                            FAST_TANH: tl.constexpr):
+        """Writes scale·(1 − t²)·exp(z − lse) for a part of one row (bias: (h − lse)·log2 e)."""
+        LOG2E: tl.constexpr = 1.4426950408889634
+        t = _softcap_tanh(u, SHIFT, TEMPERATURE, FAST_TANH)
+        g = scale * (1 - t * t) * tl.exp2(t * (HALF * LOG2E) + bias)
+        if SATURATE_AT > 0:  # e5m2: saturate, never overflow to inf
+            g = tl.minimum(tl.maximum(g, -SATURATE_AT), SATURATE_AT)
+        if MASKED:
+            tl.store(g_row + offs, g.to(g_row.dtype.element_ty), mask=offs < V)
+        else:
+            tl.store(g_row + offs, g.to(g_row.dtype.element_ty))
+
+    @triton.jit
+    def _softcap_ce_kernel(logits_ptr, targets_ptr, weights_ptr, loss_ptr, ce0_ptr, grad_ptr,
+                           n_rows, V, stride_logits, stride_targets, stride_grad, grad_mul,
+                           CAP: tl.constexpr, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr,
+                           N_TARGETS: tl.constexpr, N_PAD: tl.constexpr, PART_A: tl.constexpr, PART_B: tl.constexpr,
+                           PART_C: tl.constexpr, SATURATE_AT: tl.constexpr, FAST_TANH: tl.constexpr):
+        LOG2E: tl.constexpr = 1.4426950408889634
+        HALF: tl.constexpr = CAP * 0.5
+        k = tl.arange(0, N_PAD)
+        weights = tl.load(weights_ptr + k, mask=k < N_TARGETS, other=0.0).to(tl.float32)
+        coef = grad_mul * (CAP / (4 * TEMPERATURE))
+        # parts A and B are whole; C is the masked rest (B and C may be absent: size 0)
+        offs_a = tl.arange(0, PART_A)
+        if PART_B > 0:
+            offs_b = PART_A + tl.arange(0, PART_B)
+        if PART_C > 0:
+            offs_c = PART_A + PART_B + tl.arange(0, PART_C)
+        first_row, programs = tl.program_id(0).to(tl.int64), tl.num_programs(0)
+        for i in range(0, tl.cdiv(n_rows - first_row, programs)):
+            row = first_row + i * programs
+            u_row = logits_ptr + row * stride_logits
+            g_row = grad_ptr + row * stride_grad
+            u_a = _load_part(u_row, offs_a, V, False)  # every load of the row in flight at once
+            if PART_B > 0:
+                u_b = _load_part(u_row, offs_b, V, False)
+            if PART_C > 0:
+                u_c = _load_part(u_row, offs_c, V, True)
+            total = _softcap_exp_sum(u_a, offs_a, V, SHIFT, TEMPERATURE, HALF, False, FAST_TANH)
+            if PART_B > 0:
+                total += _softcap_exp_sum(u_b, offs_b, V, SHIFT, TEMPERATURE, HALF, False, FAST_TANH)
+            if PART_C > 0:
+                total += _softcap_exp_sum(u_c, offs_c, V, SHIFT, TEMPERATURE, HALF, True, FAST_TANH)
+            lse = CAP + tl.log(total)
+            ys = tl.load(targets_ptr + row * stride_targets + k, mask=k < N_TARGETS, other=-1).to(tl.int32)
+            valid = ys >= 0
+            u_y = tl.load(u_row + tl.maximum(ys, 0)).to(tl.float32)
+            ce = lse - CAP * tl.sigmoid((u_y + SHIFT) / TEMPERATURE)
+            w_valid = tl.where(valid, weights, 0.0)
+            tl.store(loss_ptr + row, tl.sum(w_valid * ce, axis=0))
+            tl.store(ce0_ptr + row, tl.sum(tl.where((k == 0) & valid, ce, 0.0), axis=0))
+            weight_sum = tl.sum(w_valid, axis=0)
+            bias = (HALF - lse) * LOG2E  # z − lse = h·t + h − lse
+            _softcap_grad_store(u_a, g_row, offs_a, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+                                SATURATE_AT, False, FAST_TANH)
+            if PART_B > 0:
+                _softcap_grad_store(u_b, g_row, offs_b, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+                                    SATURATE_AT, False, FAST_TANH)
+            if PART_C > 0:
+                _softcap_grad_store(u_c, g_row, offs_c, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+                                    SATURATE_AT, True, FAST_TANH)
+            tl.debug_barrier()  # the sweep's stores to the target columns land before their rewrite
+            t_y = _softcap_tanh(u_y, SHIFT, TEMPERATURE, FAST_TANH)
+            same_target = tl.sum(tl.where(ys[:, None] == ys[None, :], w_valid[None, :], 0.0), axis=1)
+            g_y = coef * (1 - t_y * t_y) * (weight_sum * tl.exp2(t_y * (HALF * LOG2E) + bias) - same_target)
+            if SATURATE_AT > 0:
+                g_y = tl.minimum(tl.maximum(g_y, -SATURATE_AT), SATURATE_AT)
+            tl.store(g_row + ys, g_y.to(grad_ptr.dtype.element_ty), mask=valid)
+
+    @triton.jit
+    def _transpose_kernel(src_ptr, dst_ptr, M, N, stride_src, stride_dst,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        # dst (N, M) = srcᵀ: a tile read along src's rows, written along dst's rows
+        offs_m = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        offs_n = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tile = tl.load(src_ptr + offs_m[:, None] * stride_src + offs_n[None, :], mask=mask)
+        tl.store(dst_ptr + offs_n[:, None] * stride_dst + offs_m[None, :], tl.trans(tile), mask=tl.trans(mask))
+
+
+def vocab_parts(V: int) -> tuple[int, int, int]:
+    """A row of V logits as the kernel holds it: the largest power of two A <= V, the largest B <=
+    V − A (0 if none), and C, the next power of two >= the rest (masked; 0 if none)."""
+    part_a = 1 << (V.bit_length() - 1)
+    rest = V - part_a
+    part_b = 1 << (rest.bit_length() - 1) if rest else 0
+    rest -= part_b
+    return part_a, part_b, (1 << (rest - 1).bit_length()) if rest else 0
+
+
+def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float, grad_dtype: torch.dtype,
+               use_triton: bool | None = None, num_warps: int = 16, programs: int | None = None,
+               fast_tanh: bool | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """softcap_ce_reference's function; the fused Triton kernel where use_triton (default: on CUDA).
+    programs: persistent programs (default one per SM: a 50,304-logit row takes all of an SM's
+    registers at 16 warps, 128 per thread; larger vocabularies spill; T4.4).
+    fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter)."""
+    if not (triton_applies(logits) if use_triton is None else use_triton):
+        return softcap_ce_reference(logits, targets, weights, grad_mul, grad_dtype)
+    T, V = logits.shape
+    N = targets.size(1)
+    if not 1 <= N <= MAX_TARGETS or weights.numel() != N or logits.stride(1) != 1 or targets.stride(1) != 1:
+        raise ValueError(f"need unit-stride (T, V) logits, (T, N <= {MAX_TARGETS}) targets and N weights, got "
+                         f"{tuple(logits.shape)} {tuple(targets.shape)} {tuple(weights.shape)}")
+    interpreting = TRITON_INTERPRETER
+    loss_rows = torch.empty(T, dtype=torch.float32, device=logits.device)
+    ce0_rows = torch.empty(T, dtype=torch.float32, device=logits.device)
+    grad = torch.empty((T, V), dtype=grad_dtype, device=logits.device)
+    if programs is None:
+        programs = T if interpreting else _sm_count(logits.device)
+    if fast_tanh is None:
+        fast_tanh = not interpreting
+    part_a, part_b, part_c = vocab_parts(V)
+    _softcap_ce_kernel[(max(1, min(T, programs)),)](
+        logits, targets, weights.contiguous(), loss_rows, ce0_rows, grad, T, V, logits.stride(0),
+        targets.stride(0), grad.stride(0), float(grad_mul), CAP=SOFTCAP_SCALE, SHIFT=SOFTCAP_SHIFT,
+        TEMPERATURE=SOFTCAP_TEMPERATURE, N_TARGETS=N, N_PAD=max(2, triton.next_power_of_2(N)), PART_A=part_a,
+        PART_B=part_b, PART_C=part_c, SATURATE_AT=E5M2_MAX if grad_dtype == torch.float8_e5m2 else 0.0,
+        FAST_TANH=fast_tanh, num_warps=num_warps)
+    return loss_rows, ce0_rows, grad
+
+
+def transpose_copy(src: Tensor, use_triton: bool | None = None, block_m: int = 64, block_n: int = 128,
+                   num_warps: int = 4) -> Tensor:
+    """A contiguous copy of srcᵀ for a 2-D tensor with unit column stride (1- or 2-byte elements:
+    the FP8 operands _scaled_mm wants K-major); tiled Triton kernel where use_triton (default: CUDA)."""
+    if not (triton_applies(src) if use_triton is None else use_triton):
+        return src.t().contiguous()
+    M, N = src.shape
+    if src.stride(1) != 1:
+        raise ValueError("transpose_copy needs unit column stride")
+    dst = torch.empty((N, M), dtype=src.dtype, device=src.device)
+    _transpose_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
+        src, dst, M, N, src.stride(0), dst.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+    return dst
+
+
+def _scale_tensor(value: float, device: torch.device) -> Tensor:
+    """A 0-d float32 scale in its own allocation: cuBLASLt (CUDA 13) rejects scale pointers that
+    are not 16-byte aligned, e.g. views into a shared buffer."""
+    return torch.full((), value, dtype=torch.float32, device=device)
+
+
+# The lm_head + loss as two custom ops (opaque to torch.compile): the forward computes the logits,
+# runs the fused cross-entropy, which writes the logit gradient at once (the logits are freed),
+# and the backward only multiplies the upstream scalar in and does the two products.
+# FP8 (#19, #67; T4.4): e4m3 x and W inputs select it; logits = x8·W8ᵀ (fast accumulation),
+# gradient e5m2, dx = g8·W8 and dW = g8ᵀ·x8 in FP8 with transposed copies for the K-major operands.
+@torch.library.custom_op("speedrun::lm_head_softcap_ce", mutates_args=())
+def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: Tensor,
+                                grad_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    if x.dtype == torch.float8_e4m3fn:
+        logits = torch._scaled_mm(x, w.t(), scale_a=_scale_tensor(FP8_X_SCALE, x.device),
+                                  scale_b=_scale_tensor(FP8_W_SCALE, x.device), out_dtype=torch.bfloat16,
+                                  use_fast_accum=True)
+        grad_dtype, grad_mul = torch.float8_e5m2, 1 / FP8_GRAD_SCALE  # stores du/grad_s
+    else:
+        logits = x @ w.t()
+        grad_dtype, grad_mul = logits.dtype, grad_scale
+    loss_rows, ce0_rows, grad = softcap_ce(logits, targets, weights, grad_mul, grad_dtype)
+    return loss_rows.sum() * grad_scale, ce0_rows.mean(), grad
+
+
+@_lm_head_softcap_ce_forward.register_fake
+def _(x, w, targets, weights, grad_scale):
+    fp8 = x.dtype == torch.float8_e4m3fn
+    logits_dtype = torch.bfloat16 if fp8 else x.dtype
+    loss_dtype = torch.promote_types(logits_dtype, torch.float32)
+    grad = x.new_empty((x.size(0), w.size(0)), dtype=torch.float8_e5m2 if fp8 else logits_dtype)
+    return x.new_empty((), dtype=loss_dtype), x.new_empty((), dtype=loss_dtype), grad
+
+
+@torch.library.custom_op("speedrun::lm_head_softcap_ce_backward", mutates_args=())
+def _lm_head_softcap_ce_backward(g: Tensor, grad_logits: Tensor, x: Tensor, w: Tensor,
+                                 grad_scale: float) -> tuple[Tensor, Tensor]:
+    if grad_logits.dtype == torch.float8_e5m2:
+        grad_s = (g.float() * (FP8_GRAD_SCALE * grad_scale)).reshape(())  # the upstream scalar, folded in
+        grad_x = torch._scaled_mm(grad_logits, transpose_copy(w).t(), scale_a=grad_s,
+                                  scale_b=_scale_tensor(FP8_W_SCALE, w.device), out_dtype=torch.bfloat16)
+        grad_w = torch._scaled_mm(transpose_copy(grad_logits), transpose_copy(x).t(), scale_a=grad_s,
+                                  scale_b=_scale_tensor(FP8_X_SCALE, x.device), out_dtype=torch.bfloat16)
+        return grad_x, grad_w
+    g = g.to(grad_logits.dtype)
+    return (grad_logits @ w).mul_(g), (grad_logits.t() @ x).mul_(g)
+
+
+@_lm_head_softcap_ce_backward.register_fake
+def _(g, grad_logits, x, w, grad_scale):
+    dtype = torch.bfloat16 if grad_logits.dtype == torch.float8_e5m2 else x.dtype
+    return x.new_empty(x.shape, dtype=dtype), w.new_empty(w.shape, dtype=dtype)
+
+
+def to_e4m3(t: Tensor, scale: Tensor | float) -> Tensor:
+    """t / scale in e4m3, saturated at ±448 (scale broadcasts against t)."""
+    return (t.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+class _LMHeadSoftcapCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, grad_scale: float, fp8: bool):
+        if fp8:  # quantized in the compiled graph, where inductor fuses the scale and cast
+            x, w = to_e4m3(x, FP8_X_SCALE), to_e4m3(w, FP8_W_SCALE)
+        loss, ce0_mean, grad_logits = _lm_head_softcap_ce_forward(x, w, targets, weights, grad_scale)
+        ctx.save_for_backward(x, w, grad_logits)
+        ctx.grad_scale = grad_scale
+        ctx.mark_non_differentiable(ce0_mean)
+        return loss, ce0_mean
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_ce0: Tensor):
+        x, w, grad_logits = ctx.saved_tensors
+        grad_x, grad_w = _lm_head_softcap_ce_backward(grad_loss, grad_logits, x, w, ctx.grad_scale)
+        return grad_x, grad_w, None, None, None, None
+
+
+def lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, grad_scale: float = 1.0,
+                       fp8: bool = False) -> tuple[Tensor, Tensor]:
+    """Training loss of the lm_head (V, d) on hidden states x (T, d): (Σ_t loss_t · grad_scale as a
+    0-d fp32 tensor, mean ce0_t), with loss_t, ce0_t of softcap_ce_reference for targets (T, N ≤ 4)
+    (−1: none) and weights (N,). fp8 applies on CUDA (needs T % 16 == 0); elsewhere the plain path."""
+    fp8 = fp8 and x.is_cuda
+    if fp8 and x.size(0) % 16:
+        raise ValueError(f"the FP8 lm_head needs a multiple of 16 tokens, got {x.size(0)}")
+    return _LMHeadSoftcapCE.apply(x.contiguous(), lm_head, targets, weights, grad_scale, fp8)
+
+
+# --- Sampled (shared-negative) soft-capped cross-entropy for training (#92, T4.6) ----------------------
+# Over the stages whose budget is not 0, the training loss scores one forward's tokens against a
+# shared set of candidate columns: every target of the forward and a sweep of negatives. The set is
+# built on the device with static shapes (CUDA graphs, no host sync); the loss is lm_head_softcap_ce
+# on the candidates' lm_head rows, so the fused kernel and the FP8 path run unchanged on a
+# (tokens, budget) logit matrix. Validation always takes the full softmax.
+GOLDEN_RATIO = (1 + 5 ** 0.5) / 2
+
+
+def sweep_stride(vocab_size: int) -> tuple[int, int]:
+    """(G, G⁻¹ mod V): the step through the vocabulary from one position of the negatives' sweep to
+    the next, the integer nearest V/φ that is coprime with V (so j -> j·G mod V visits every token
+    once, and a stretch of the sweep spreads over the whole id range: frequent low ids and rare high
+    ones alike), and its inverse."""
+    stride = round(vocab_size / GOLDEN_RATIO)
+    while math.gcd(stride, vocab_size) != 1:
+        stride += 1
+    return stride, pow(stride, -1, vocab_size)
+
+
+def candidate_set(targets: Tensor, vocab_size: int, budget: int, step: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The candidate columns of one forward (T4.6): (candidates (budget,) token ids, each once; the
+    targets (T, N) as indices into candidates, −1 where none; shortfall, 0-d: how many distinct
+    targets did not fit). `step` is a 0-d integer tensor, so the set changes from step to step
+    without a host sync, a new shape or a recompile.
+
+    The distinct targets take the first slots, in token order; the other budget − n slots take the
+    non-targets in the order of this step's sweep, whose position j holds token ((s + j)·G) mod V
+    (G: sweep_stride) from s = step·⌊budget/4⌋ mod V. Every token's slot is computed directly (a
+    target: the count of targets below it; a non-target: n plus the count of non-targets before it
+    in the sweep; beyond the budget: the spare slot `budget`) and one scatter writes the tokens to
+    their slots, so each slot below the budget is written exactly once: no duplicates, no sort.
+    Each step starts the sweep a quarter of the budget further; while a step's distinct targets take
+    at most three quarters of the budget, every token of that quarter is among its candidates, so
+    any ⌈V / ⌊budget/4⌋⌉ consecutive steps cover the vocabulary. If the distinct targets exceed the
+    budget, the candidates are the lowest-numbered targets and no negatives, the other targets are
+    left out of the loss (−1), and shortfall counts them: the trainer stops at its next check."""
+    V, device = vocab_size, targets.device
+    stride, inverse = sweep_stride(V)
+    tokens = torch.arange(V, device=device)
+    is_target = torch.zeros(V + 1, dtype=torch.bool, device=device)  # row V: where the −1s land
+    is_target = is_target.index_fill_(0, torch.where(targets >= 0, targets, V).flatten(), True)[:V]
+    n_targets = is_target.sum()
+    start = (step * (budget // 4)) % V
+    swept = ((start + tokens) * stride) % V  # the token at each position of this step's sweep
+    negative_rank = torch.cumsum(~is_target[swept], 0) - 1  # among the non-targets, in sweep order
+    position = (tokens * inverse - start) % V  # each token's position in the sweep
+    slot = torch.where(is_target, torch.cumsum(is_target, 0) - 1, n_targets + negative_rank[position])
+    slot = slot.clamp_max(budget)
+    candidates = torch.empty(budget + 1, dtype=torch.long, device=device).scatter_(0, slot, tokens)[:budget]
+    target_slot = slot[targets.clamp_min(0)]
+    candidate_targets = torch.where((targets >= 0) & (target_slot < budget), target_slot, -1)
+    return candidates, candidate_targets, (n_targets - budget).clamp_min(0)
+
+
+def sampled_softcap_ce_reference(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, candidates: Tensor,
+                                 grad_scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    """The sampled cross-entropy by its definition, for autograd: logits z = softcap(x·W[c]ᵀ) of the
+    candidate rows c only, each target looked up among the candidates (one not among them counts as
+    none), then (Σ_t Σ_k w_k·(lse_t − z_t[y_tk])·grad_scale, mean ce0_t) as lm_head_softcap_ce's.
+    The gradient reaches x and, through the gather, W's candidate rows only."""
+    z = softcap(x @ lm_head[candidates].t())
+    slot_of = torch.full((lm_head.size(0),), -1, dtype=torch.long, device=x.device)
+    slot_of[candidates] = torch.arange(candidates.numel(), device=x.device)
+    slots = torch.where(targets >= 0, slot_of[targets.clamp_min(0)], -1)
+    valid = slots >= 0
+    ce = torch.logsumexp(z, -1, keepdim=True) - z.gather(1, slots.clamp_min(0))
+    loss = (ce * weights.to(z.dtype) * valid).sum() * grad_scale
+    return loss, torch.where(valid[:, 0], ce[:, 0], 0.0).mean().detach()
+
+
+def sampled_lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, budget: int,
+                               step: Tensor, grad_scale: float = 1.0, fp8: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """lm_head_softcap_ce against `budget` candidate columns (candidate_set's for `step`): the
+    candidates' rows of the lm_head gathered (with fp8, the e4m3 weight's rows: the fixed-scale
+    quantization commutes with the gather, so only the gathered rows are quantized), the fused
+    kernel on the (T, budget) logits (its exponent sums already take the soft-cap's bound, 23, in
+    place of a running maximum) with the targets remapped; the gradient reaches W's candidate rows
+    only (autograd's scatter of the gather). (loss, mean ce0 over the candidates, shortfall)."""
+    candidates, candidate_targets, shortfall = candidate_set(targets, lm_head.size(0), budget, step)
+    loss, ce0 = lm_head_softcap_ce(x, lm_head[candidates], candidate_targets, weights, grad_scale, fp8)
+    return loss, ce0, shortfall
+
+
+# --- MLP: ReLU² with the activation in the GEMM (T6.1) ------------------------------------------------
+
+
+def relu_square_mlp_reference(x: Tensor, fc: Tensor, proj: Tensor) -> Tensor:
+    """The MLP, relu(x·fcᵀ)²·proj (#5), with fc (hidden, d) and proj (hidden, d) stored (in, out);
+    also the model's choice where the step is launch-bound (stage 1), compiled by inductor."""
+    return torch.relu(x @ fc.t()).square() @ proj
+
+# Fused MLP up-projection + ReLU² (#59, #87; T6.1): one persistent TMA GEMM C = A·Bᵀ
+# (A (M, K), B (N, K), both row-major bf16) with fp32 accumulation and the activation in the
+# epilogue. Forward: post = relu(x·fcᵀ)², so the pre-activation never reaches memory. Backward:
+# dpre = (grad·projᵀ)·2·√post, as √post = relu(pre). TMA zero-fills out-of-bounds loads and clips
+# out-of-bounds stores, so ragged M, N, K need no masks.
+if triton is not None:
+    @triton.jit
+    def _grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+        # GROUP_M row blocks share each sweep over the column blocks (L2 reuse of both operands)
+        per_group = GROUP_M * tiles_n
+        first_m = (tile // per_group) * GROUP_M
+        rows = tl.minimum(tiles_m - first_m, GROUP_M)
+        return first_m + (tile % per_group) % rows, (tile % per_group) // rows
+
+    @triton.jit
+    def _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, acc, m, n, inv_act_scale,
+                              EPILOGUE: tl.constexpr):
+        if EPILOGUE == "relu_square_grad":  # aux holds post
+            acc = acc * (2.0 * tl.sqrt(aux_desc.load([m, n]).to(tl.float32)))
+        else:
+            acc = tl.maximum(acc, 0.0)
+            acc = acc * acc
+        c_desc.store([m, n], acc.to(tl.bfloat16))
+        if EPILOGUE == "relu_square_fp8":  # also post in e4m3 at the given scale, and its running amax
+            c8_desc.store([m, n], tl.minimum(acc * inv_act_scale, 448.0).to(c8_desc.dtype))
+            tl.atomic_max(amax_ptr, tl.max(tl.max(acc, 1), 0), sem="relaxed")
+
+    @triton.jit
+    def _relu_square_gemm_kernel(a_desc, b_desc, c_desc, aux_desc, c8_desc, scale_ptr, act_scale_ptr, amax_ptr,
+                                 M, N, K, num_programs,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 GROUP_M: tl.constexpr, EPILOGUE: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
+                                 FLATTEN: tl.constexpr, UPCAST: tl.constexpr):
+        tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+        if EPILOGUE == "relu_square_fp8":  # e4m3 operands: the product's scale, and post's inverse scale
+            product_scale = tl.load(scale_ptr)
+            inv_act_scale = 1.0 / tl.load(act_scale_ptr)
+        else:
+            product_scale = 1.0
+            inv_act_scale = 1.0
+        # the epilogue keeps its own tile counter, so the pipelined loads do not depend on the stores
+        epilogue_tile = tl.program_id(0) - num_programs
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, num_programs, flatten=FLATTEN):
+            pid_m, pid_n = _grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k in range(0, tl.cdiv(K, BLOCK_K)):
+                a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+                b = b_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
+                if UPCAST:
+                    a, b = a.to(tl.float32), b.to(tl.float32)
+                acc = tl.dot(a, tl.trans(b), acc)
+            if EPILOGUE == "relu_square_fp8":
+                acc = acc * product_scale
+            epilogue_tile += num_programs
+            pid_m, pid_n = _grouped_tile(epilogue_tile, tiles_m, tiles_n, GROUP_M)
+            m, n = pid_m * BLOCK_M, pid_n * BLOCK_N
+            if SPLIT_EPILOGUE:  # two (BLOCK_M, BLOCK_N/2) halves: half the shared memory for C and aux
+                left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+                _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, left, m, n, inv_act_scale, EPILOGUE)
+                _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, right, m, n + BLOCK_N // 2,
+                                      inv_act_scale, EPILOGUE)
+            else:
+                _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, acc, m, n, inv_act_scale, EPILOGUE)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Launch of _relu_square_gemm_kernel (bench/bench_mlp.py --sweep times the alternatives)."""
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    stages: int = 3
+    warps: int = 8
+    group_m: int = 8
+    persistent: bool = True  # one program per SM looping over the tiles, else one program per tile
+    flatten: bool = True  # pipeline across tiles: the next tile's loads overlap this tile's epilogue
+    split_epilogue: bool = True
+
+
+RELU_SQUARE_GEMM_CONFIGS = {"relu_square": GemmConfig(), "relu_square_grad": GemmConfig(),
+                            "relu_square_fp8": GemmConfig(block_k=128)}
+
+
+def _tma_ready(t: Tensor) -> bool:
+    """Row-major from a 16-byte aligned address (TMA's requirement). torch.compile can trace neither
+    data_ptr() nor storage_offset(): in a traced launch only the layout is judged here, and the
+    descriptor built at run time asserts the address (TensorDescriptor: "base must be 16-byte aligned")."""
+    if torch.compiler.is_compiling():
+        return t.is_contiguous()
+    return t.is_contiguous() and t.data_ptr() % 16 == 0
+
+
+def _tma_operand(t: Tensor) -> Tensor:
+    """t, or a copy of it that _tma_ready."""
+    return t if _tma_ready(t) else t.clone(memory_format=torch.contiguous_format)
+
+
+def relu_square_gemm(a: Tensor, b: Tensor, aux: Tensor | None = None, config: GemmConfig | None = None,
+                     out: Tensor | None = None) -> Tensor:
+    """Triton: relu(a·bᵀ)² when aux is None, else (a·bᵀ)·2·√aux; a (M, K), b (N, K), aux (M, N),
+    all bf16, bf16 out (M, N). N and K must be multiples of 8 (16-byte TMA row strides)."""
+    epilogue = "relu_square" if aux is None else "relu_square_grad"
+    config = config or RELU_SQUARE_GEMM_CONFIGS[epilogue]
+    (M, K), N = a.shape, b.size(0)
+    tensors = [t for t in (a, b, aux, out) if t is not None]
+    if b.size(1) != K or any(t.shape != (M, N) for t in (aux, out) if t is not None):
+        raise ValueError(f"expected a (M, K), b (N, K), aux and out (M, N), got {[tuple(t.shape) for t in tensors]}")
+    if N % 8 or K % 8:
+        raise ValueError(f"N={N} and K={K} must be multiples of 8 (16-byte TMA row strides)")
+    if any(t.dtype != torch.bfloat16 for t in tensors):
+        raise ValueError(f"expected bf16 tensors, got {[t.dtype for t in tensors]}")
+    if out is None:
+        out = a.new_empty((M, N))
+    elif not _tma_ready(out):
+        raise ValueError("out must be contiguous from a 16-byte aligned address")
+    _launch_relu_square_gemm(a, b, out, aux, None, None, None, None, epilogue, config)
+    return out
+
+
+def relu_square_fp8_gemm(a: Tensor, b: Tensor, product_scale: Tensor, act_scale: Tensor,
+                         config: GemmConfig | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Triton, e4m3 operands a (M, K) and b (N, K): post = relu(product_scale·a·bᵀ)² in bf16, the
+    same in e4m3 as min(post / act_scale, 448), and post's amax (fp32, shape (1,)). product_scale
+    and act_scale are fp32 one-element tensors. N and K must be multiples of 16 (TMA row strides)."""
+    config = config or RELU_SQUARE_GEMM_CONFIGS["relu_square_fp8"]
+    (M, K), N = a.shape, b.size(0)
+    if b.size(1) != K or a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"expected e4m3 a (M, K) and b (N, K), got {a.dtype} {tuple(a.shape)}, {b.dtype} {tuple(b.shape)}")
+    if N % 16 or K % 16:
+        raise ValueError(f"N={N} and K={K} must be multiples of 16 (16-byte TMA row strides)")
+    if product_scale.numel() != 1 or act_scale.numel() != 1:
+        raise ValueError("product_scale and act_scale must be one-element tensors")
+    post = a.new_empty((M, N), dtype=torch.bfloat16)
+    post8 = a.new_empty((M, N), dtype=torch.float8_e4m3fn)
+    amax = torch.zeros(1, dtype=torch.float32, device=a.device)
+    _launch_relu_square_gemm(a, b, post, None, post8, product_scale.float(), act_scale.float(), amax,
+                             "relu_square_fp8", config)
+    return post, post8, amax
+
+
+def _launch_relu_square_gemm(a, b, out, aux, out8, scale, act_scale, amax, epilogue, config):
+    c_block = [config.block_m, config.block_n // 2 if config.split_epilogue else config.block_n]
+    a_desc = TensorDescriptor.from_tensor(_tma_operand(a), [config.block_m, config.block_k])
+    b_desc = TensorDescriptor.from_tensor(_tma_operand(b), [config.block_n, config.block_k])
+    aux_desc = None if aux is None else TensorDescriptor.from_tensor(_tma_operand(aux), c_block)
+    out8_desc = None if out8 is None else TensorDescriptor.from_tensor(out8, c_block)
+    M, N = out.shape
+    tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
+    # persistent: one program per SM (a few on the CPU interpreter, so each still loops over tiles)
+    slots = _sm_count(a.device) if a.is_cuda else 4
+    programs = min(tiles, slots) if config.persistent else tiles
+    _relu_square_gemm_kernel[(programs,)](
+        a_desc, b_desc, TensorDescriptor.from_tensor(out, c_block), aux_desc, out8_desc, scale, act_scale, amax,
+        M, N, a.size(1), programs,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        EPILOGUE=epilogue, SPLIT_EPILOGUE=config.split_epilogue, FLATTEN=config.flatten,
+        UPCAST=TRITON_INTERPRETER, num_warps=config.warps, num_stages=config.stages)
+
+
+def tma_gemm_applies(t: Tensor) -> bool:
+    """Where relu_square_gemm can run: triton_applies and a GPU with TMA (Hopper or newer)."""
+    return triton_applies(t) and torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+# The two GEMMs. torch.compile traces the Triton launches (TMA descriptors included) into its graph
+# and inductor launches the kernels itself: no custom op, whose Python path costs host time per call
+# (T6.1). use_triton=False: the same products in torch.
+def relu_square_matmul(x: Tensor, w: Tensor, use_triton: bool) -> Tensor:
+    """post = relu(x·wᵀ)², x (M, K), w (N, K)."""
+    if use_triton:
+        return relu_square_gemm(x, w)
+    return torch.relu(x @ w.t()).square()
+
+
+def relu_square_grad_matmul(grad: Tensor, w: Tensor, post: Tensor, use_triton: bool) -> Tensor:
+    """dpre = (grad·wᵀ)·2·√post, grad (M, K), w (N, K), post (M, N)."""
+    if use_triton:
+        return relu_square_gemm(grad, w, post)
+    return (grad @ w.t()) * (2 * post.sqrt())
+
+
+class ReluSquareMLP(torch.autograd.Function):
+    """relu_square_mlp_reference's function saving x and post only: the backward's first GEMM
+    produces dpre directly (dpre = (grad·projᵀ)·2·√post, as √post = relu(pre)), the other three are cuBLAS."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool):
+        post = relu_square_matmul(x, fc, use_triton)
+        ctx.save_for_backward(x, fc, proj, post)
+        ctx.use_triton = use_triton
+        return post @ proj
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return *relu_square_mlp_backward(grad, *ctx.saved_tensors, ctx.use_triton), None
+
+
+def relu_square_mlp_backward(grad: Tensor, x: Tensor, fc: Tensor, proj: Tensor, post: Tensor,
+                             use_triton: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dfc, dproj) of the ReLU² MLP from x and post alone (ReluSquareMLP, FP8ReluSquareMLP)."""
+    dpre = relu_square_grad_matmul(grad, proj, post, use_triton)
+    return dpre @ fc, dpre.t() @ x, post.t() @ grad
+
+
+def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool) -> Tensor:
+    """The fused MLP: relu_square_mlp_reference's function with the ReLU² in the GEMM epilogues
+    where use_triton (tma_gemm_applies says where they run), else the same products in torch."""
+    return ReluSquareMLP.apply(x, fc, proj, use_triton)
+
+
+# --- FP8 MLP forward (the reference's #84, #89; T6.2) -------------------------------------------------
+# The training forward's two MLP products in e4m3 with fp32 accumulation; the backward stays bf16
+# (it reads the bf16 x, fc, proj and post). Tensorwise scales: x, RMS-normalized without weights so
+# that no element exceeds √d, at the static scale √d/448 (no amax pass; the reference measures the
+# amax per call); each layer's fc and proj by their amax per forward (one pass over the bank: the
+# weights change only at optimizer steps); post by a delayed scale, the layer's previous amax of post
+# times FP8_POST_MARGIN (post's amax is known only once the GEMM that writes it is done); values
+# above it clamp to 448.
+FP8_POST_MARGIN = 1.8
+
+
+def quantize_e4m3(t: Tensor, amax: Tensor | float) -> tuple[Tensor, Tensor | float]:
+    """(t / scale in e4m3, scale), scale = amax / 448 in fp32 (amax broadcasts against t)."""
+    scale = amax.float().clamp_min(1e-12) / E4M3_MAX if isinstance(amax, Tensor) else amax / E4M3_MAX
+    return to_e4m3(t, scale), scale
+
+
+def quantize_normed_e4m3(x: Tensor) -> tuple[Tensor, float]:
+    """quantize_e4m3 of an RMS-normalized x (no weights): its elements are bounded by √d."""
+    return quantize_e4m3(x, x.size(-1) ** 0.5)
+
+
+@dataclass
+class MLPBankFP8:
+    """The MLP bank (L, 2, hidden, d), one entry per MLP slot, in e4m3, each slot's fc and proj with its own scale."""
+    fc: Tensor  # (L, hidden, d)
+    proj_t: Tensor  # (L, d, hidden): proj transposed, so proj_t[i].t() is the column-major operand cuBLAS takes
+    scales: Tensor  # (L, 2, 4) fp32: [i, 0, 0] fc's, [i, 1, 0] proj's; 16 bytes apart, as cuBLASLt wants
+
+    @classmethod
+    def quantize(cls, bank: Tensor) -> "MLPBankFP8":
+        bank = bank.detach()
+        q, scale = quantize_e4m3(bank, bank.abs().amax(dim=(2, 3), keepdim=True))
+        return cls(q[:, 0], q[:, 1].transpose(1, 2).contiguous(), F.pad(scale.view(-1, 2, 1), (0, 3)))
+
+
+def fp8_relu_square_mlp_reference(x: Tensor, fc: Tensor, proj: Tensor, post_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """(out, amax of post): the FP8 MLP forward's arithmetic in fp32 on the e4m3 values; x RMS-normalized."""
+    x8, x_scale = quantize_normed_e4m3(x)
+    fc8, fc_scale = quantize_e4m3(fc, fc.abs().amax())
+    proj8, proj_scale = quantize_e4m3(proj, proj.abs().amax())
+    post = torch.relu((x8.float() @ fc8.float().t()) * (x_scale * fc_scale)).square()
+    post8 = (post / post_scale).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    out = (post8.float() @ proj8.float()) * (post_scale * proj_scale)
+    return out.bfloat16(), post.amax().view(1)
+
+
+# The down-projection as a custom op: inductor's own lowering of _scaled_mm rejects the per-layer
+# scale views. The up-projection's Triton launch is traced, as relu_square_matmul's.
+@torch.library.custom_op("speedrun::fp8_down_projection", mutates_args=())
+def fp8_down_projection(post8: Tensor, post_scale: Tensor, proj8_t: Tensor, proj_scale: Tensor) -> Tensor:
+    """post8·proj in bf16: post8 (M, hidden) e4m3 at post_scale, proj given transposed (d, hidden) in
+    e4m3 at proj_scale."""
+    return torch._scaled_mm(post8, proj8_t.t(), scale_a=post_scale, scale_b=proj_scale,
+                            out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
+@fp8_down_projection.register_fake
+def _fp8_down_projection_fake(post8, post_scale, proj8_t, proj_scale):
+    return post8.new_empty((post8.size(0), proj8_t.size(0)), dtype=torch.bfloat16)
+
+
+def fp8_relu_square_mlp_forward(x8: Tensor, fc8: Tensor, product_scale: Tensor, post_scale: Tensor,
+                                proj8_t: Tensor, proj_scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, post, amax of post): post = relu(product_scale·x8·fc8ᵀ)² in bf16 (the backward's),
+    out = (post in e4m3 at post_scale)·proj in bf16, proj given transposed in e4m3 at proj_scale."""
+    post, post8, amax = relu_square_fp8_gemm(x8, fc8, product_scale, post_scale)
+    return fp8_down_projection(post8, post_scale, proj8_t, proj_scale), post, amax
+
+
+class FP8ReluSquareMLP(torch.autograd.Function):
+    """relu_square_mlp's function with an e4m3 forward (see above); the backward is ReluSquareMLP's."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, fc: Tensor, proj: Tensor, fc8: Tensor, proj8_t: Tensor, fc_scale: Tensor,
+                proj_scale: Tensor, post_scale: Tensor):
+        x8, x_scale = quantize_normed_e4m3(x)
+        out, post, amax = fp8_relu_square_mlp_forward(x8, fc8, x_scale * fc_scale, post_scale, proj8_t, proj_scale)
+        ctx.save_for_backward(x, fc, proj, post)
+        ctx.mark_non_differentiable(amax)
+        return out, amax
+
+    @staticmethod
+    def backward(ctx, grad: Tensor, _amax_grad):
+        return *relu_square_mlp_backward(grad, *ctx.saved_tensors, True), None, None, None, None, None
+
+
+def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, slot: int,
+                        post_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """(out, amax of post) of the MLP in bank slot `slot` with the e4m3 forward; x RMS-normalized (norm), fc
+    and proj the bf16 weights the backward reads, post_scale a one-element fp32 tensor of its own
+    (16-byte aligned)."""
+    return FP8ReluSquareMLP.apply(x, fc, proj, bank8.fc[slot], bank8.proj_t[slot], bank8.scales[slot, 0, 0],
+                                  bank8.scales[slot, 1, 0], post_scale)
+
+
+# --- FP8 Q/K/V projections (T6.3) ----------------------------------------------------------------------
+# The attention input is RMS-normalized, so it takes the MLP's static e4m3 scale; each layer's Q, K
+# and V rows are quantized once per forward with one scale per layer. cuBLAS multiplies (fast
+# accumulation, as the lm_head's forward); the backward is the bf16 product's, from the bf16 input
+# and weight it saves.
+@dataclass
+class QKVBankFP8:
+    """Each attention slot's Q, K, V weights in e4m3, (2·H·w + H·w_v, d) for Q/K heads w and V heads w_v
+    wide ((3d, d) unless narrow, T3.18, T3.21), and their scales (0-d fp32), indexed by attention slot."""
+    weights: tuple[Tensor, ...]
+    scales: tuple[Tensor, ...]
+
+    @classmethod
+    def quantize(cls, qk_banks: list[tuple[Tensor, list[int]]],
+                 vo_banks: list[tuple[Tensor, list[int]]]) -> "QKVBankFP8":
+        """From GPT.qk_banks() and GPT.vo_banks(): one quantization per pair of a Q/K bank and a V/O bank
+        whose slots share a layout (one scale per slot either way)."""
+        d = qk_banks[0][0].size(-1)
+        n_attn = sum(len(slots) for _, slots in qk_banks)
+        # each slot's (bank, place in the bank), then the slots grouped by their pair of banks
+        qk_of = {slot: (b, i) for b, (_, slots) in enumerate(qk_banks) for i, slot in enumerate(slots)}
+        v_of = {slot: (b, i) for b, (_, slots) in enumerate(vo_banks) for i, slot in enumerate(slots)}
+        groups: dict[tuple[int, int], list[int]] = {}
+        for slot in range(n_attn):
+            groups.setdefault((qk_of[slot][0], v_of[slot][0]), []).append(slot)
+        weights, scales = [None] * n_attn, [None] * n_attn
+        for (qk_index, vo_index), group in groups.items():
+            qk_matrices, qk_slots = qk_banks[qk_index]
+            vo_pairs, vo_slots = vo_banks[vo_index]
+            qk = bank_slots(qk_matrices.detach().view(len(qk_slots), -1, d), [qk_of[slot][1] for slot in group])
+            v = bank_slots(vo_pairs.detach().view(len(vo_slots), 2, -1, d)[:, 0], [v_of[slot][1] for slot in group])
+            w = torch.cat([qk, v], 1)
+            w8, scale = quantize_e4m3(w, w.abs().amax(dim=(1, 2), keepdim=True))
+            for slot, slot_w8, slot_scale in zip(group, w8.unbind(0), scale.view(len(group)).unbind(0)):
+                weights[slot], scales[slot] = slot_w8, slot_scale
+        return cls(tuple(weights), tuple(scales))
+
+
+def bank_slots(matrices: Tensor, indices: list[int]) -> Tensor:
+    """matrices[indices] for a Python list of indices: the tensor itself where it is all of them in order,
+    else a stack of views (a list index would copy the indices from the host, which a CUDA graph capture
+    refuses)."""
+    if indices == list(range(matrices.size(0))):
+        return matrices
+    return torch.stack([matrices[i] for i in indices])
+
+
+def fp8_normed_linear_reference(x: Tensor, w8: Tensor, w_scale: Tensor) -> Tensor:
+    """fp8_normed_linear's forward in fp32 on the e4m3 values: x RMS-normalized, w ≈ w8·w_scale."""
+    x8, x_scale = quantize_normed_e4m3(x)
+    return ((x8.float() @ w8.float().t()) * (x_scale * w_scale)).bfloat16()
+
+
+class FP8NormedLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, w8: Tensor, w_scale: Tensor):
+        x8, x_scale = quantize_normed_e4m3(x)
+        ctx.save_for_backward(x, w)
+        one = torch.ones((), dtype=torch.float32, device=x.device)
+        return torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=(w_scale * x_scale).float().reshape(()),
+                                out_dtype=torch.bfloat16, use_fast_accum=True)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, w = ctx.saved_tensors
+        return grad @ w, grad.t() @ x, None, None
+
+
+def fp8_normed_linear(x: Tensor, w: Tensor, w8: Tensor, w_scale: Tensor) -> Tensor:
+    """x @ wᵀ (bf16) for an RMS-normalized x (T, d), with the forward in e4m3: w8 ≈ w / w_scale
+    (0-d fp32); the gradients are those of x @ wᵀ in bf16."""
+    return FP8NormedLinear.apply(x, w, w8, w_scale)
+
+
+# --- QK-norm + rotary (T6.4) --------------------------------------------------------------------------
+# What each attention layer does between its Q/K/V projection and attend: QK-norm (T3.2), half-truncated
+# rotary (T3.9), the key offset (T3.11), the softmax scale into q, the extra value input (T3.3, T3.14)
+# and the paired heads' doubled sequence (T3.10). Compiled, inductor spreads it over several elementwise
+# and reduction kernels (~1 TB/s on an H100). Ours (issue #51, item 3): Triton kernels that read the
+# projection once and write q, k, v once; the backward writes the projection's whole gradient, dv
+# included, so no concatenation of dq, dk and dv follows it. v passes through them for that reason (a
+# copy where the torch path hands attend a view).
+def qk_norm_rope_reference(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor,
+                           heads: int, qk_head_dim: int, paired: bool,
+                           key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """attend's q, k, v from the projection qkv (T, heads·(2·qk_head_dim + hd)): q and k (qk_head_dim
+    wide: hd, or hd/2 on narrow layers, T3.18) RMS-normalized per head and rotated by cos, sin
+    (attention_layout's tables: (T, 1, hd/4), or (T, 2, 1, hd/4) for paired heads; apply_rope says
+    which dimensions turn), the keys' stationary half from the previous position where key_offset,
+    q times the softmax scale (0-d), v plus v_extra (T, heads, hd) where given. Shaped (T, heads, ·),
+    or for paired heads (2T, heads/2, ·): heads h and h + heads/2 of token t at positions 2t and
+    2t + 1 (#58)."""
+    T, H, qk_hd = qkv.size(0), heads, qk_head_dim
+    hd = qkv.size(1) // H - 2 * qk_hd
+    q, k, v = (t.view(T, H, -1) for t in qkv.split([H * qk_hd, H * qk_hd, H * hd], dim=1))
+    q, k = norm(q), norm(k)  # QK-norm
+    if v_extra is not None:
+        v = v + v_extra
+    if paired:  # rotated as (T, 2, H/2, ·) views of the projection (plain strides), then interleaved
+        q, k = (apply_rope(t.view(T, 2, H // 2, qk_hd), cos, sin) for t in (q, k))
+        q, k, v = (t.reshape(2 * T, H // 2, -1) for t in (q, k, v))
+    else:
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if key_offset:
+        k = shift_key_half(k)
+    return (q * scale).to(v.dtype), k, v
+
+
+# The kernels work on head rows: row n = t·H + h is head h of token t. Its q and k (HD wide) are at
+# qkv[t, h·HD:] and H·HD further, its v (VD wide: HD, or 2·HD on narrow layers, T3.18) at
+# qkv[t, 2·H·HD + h·VD:], and it is row n of the outputs, (T·H, HD) and (T·H, VD) row-major, which is
+# attend's (T, H, ·) and, for paired heads, (2T, H/2, ·): head n % (H/2) at position n // (H/2) of the
+# doubled sequence. So row n rotates its first 2·PAIRS dimensions at position n // SEQ_HEADS (H/2 with
+# paired heads, else H) and its key offset takes the stationary half of row n − SEQ_HEADS (its own at
+# the first position). The backward recomputes the norms from the projection, which it saves.
+if triton is not None:
+    @triton.jit
+    def _projection_rows(rows, H: tl.constexpr, HD: tl.constexpr, VD: tl.constexpr):
+        # offsets of the head rows' q in the projection (T, H·(2·HD + VD)), and of their v
+        token = (rows // H).to(tl.int64) * (H * (2 * HD + VD))
+        return token + (rows % H) * HD, token + 2 * H * HD + (rows % H) * VD
+
+    @triton.jit
+    def _rope_tables(cos_ptr, sin_ptr, rows, live, SEQ_HEADS: tl.constexpr, HD: tl.constexpr, PAIRS: tl.constexpr):
+        # cos and sin per pair (2i, 2i + 1) at each row's position; the stationary pairs turn by 0. Loaded 4
+        # pairs a thread, the layout that _rotate's split gives the pairs (8 values a thread), so the
+        # tables need no move through shared memory (and no barrier) to meet them.
+        pairs = tl.max_contiguous(tl.arange(0, HD // 2), 4)
+        at = (rows // SEQ_HEADS)[:, None] * PAIRS + pairs[None, :]
+        turning = live[:, None] & (pairs < PAIRS)[None, :]
+        cos = tl.load(cos_ptr + at, mask=turning, other=1.0).to(tl.float32)
+        sin = tl.load(sin_ptr + at, mask=turning, other=0.0).to(tl.float32)
+        return cos, sin
+
+    @triton.jit
+    def _rotate(x, cos, sin, BLOCK: tl.constexpr, HD: tl.constexpr):
+        # pairs (a, b) = (x[2i], x[2i + 1]) -> (a·cos + b·sin, b·cos − a·sin), as apply_rope
+        a, b = tl.split(tl.reshape(x, (BLOCK, HD // 2, 2)))
+        return tl.reshape(tl.join(a * cos + b * sin, b * cos - a * sin), (BLOCK, HD))
+
+    @triton.jit
+    def _reciprocal_rms(x, EPS: tl.constexpr, HD: tl.constexpr):
+        # F.rms_norm's 1 / sqrt(mean(x²) + eps) per row, (BLOCK, 1); its default eps for bf16 and fp32
+        # inputs is that of its fp32 arithmetic
+        return tl.rsqrt(tl.sum(x * x, 1) / HD + EPS)[:, None]
+
+    @triton.jit
+    def _normed(ptrs, live, EPS: tl.constexpr, HD: tl.constexpr):
+        x = tl.load(ptrs, mask=live[:, None], other=0.0).to(tl.float32)
+        return x * _reciprocal_rms(x, EPS, HD)
+
+    @triton.jit
+    def _normed_rotated_grad(x, grad, cos, sin, EPS: tl.constexpr, BLOCK: tl.constexpr, HD: tl.constexpr):
+        # the gradient of the projection's rows x from that of rotate(norm(x)): the rotation by −angle,
+        # then RMSNorm's backward r·(g − n·mean(g·n)), n = r·x, r = 1/rms(x), as r·g − x·r³·mean(g·x): its
+        # two sums independent, so their reductions overlap
+        grad = _rotate(grad, cos, -sin, BLOCK, HD)
+        reciprocal_rms = _reciprocal_rms(x, EPS, HD)
+        grad_dot_x = (tl.sum(grad * x, 1) / HD)[:, None]
+        return reciprocal_rms * grad - x * (reciprocal_rms * reciprocal_rms * reciprocal_rms * grad_dot_x)
+
+    @triton.jit
+    def _program_rows(cos_ptr, sin_ptr, n_rows, H: tl.constexpr, HD: tl.constexpr, VD: tl.constexpr,
+                      PAIRS: tl.constexpr, SEQ_HEADS: tl.constexpr, BLOCK: tl.constexpr):
+        # this program's head rows, which are live, the q/k columns, the rows' q in the projection and in
+        # the q/k outputs, their v in the projection and in the v output, and their rotation tables
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = rows < n_rows
+        cols, v_cols = tl.arange(0, HD)[None, :], tl.arange(0, VD)[None, :]
+        source, v_source = _projection_rows(rows, H, HD, VD)
+        out, v_out = rows.to(tl.int64)[:, None] * HD + cols, rows.to(tl.int64)[:, None] * VD + v_cols
+        cos, sin = _rope_tables(cos_ptr, sin_ptr, rows, live, SEQ_HEADS, HD, PAIRS)
+        return rows, live, cols, source[:, None] + cols, out, v_source[:, None] + v_cols, v_out, cos, sin
+
+    @triton.jit
+    def _qk_norm_rope_forward_kernel(qkv_ptr, v_extra_ptr, cos_ptr, sin_ptr, scale_ptr, q_ptr, k_ptr, v_ptr, n_rows,
+                                     H: tl.constexpr, HD: tl.constexpr, VD: tl.constexpr, PAIRS: tl.constexpr,
+                                     SEQ_HEADS: tl.constexpr, KEY_OFFSET: tl.constexpr, EPS: tl.constexpr,
+                                     BLOCK: tl.constexpr):
+        rows, live, cols, source, out, v_source, v_out, cos, sin = _program_rows(cos_ptr, sin_ptr, n_rows, H, HD, VD,
+                                                                                 PAIRS, SEQ_HEADS, BLOCK)
+        q = _rotate(_normed(qkv_ptr + source, live, EPS, HD), cos, sin, BLOCK, HD) * tl.load(scale_ptr)
+        tl.store(q_ptr + out, q.to(q_ptr.dtype.element_ty), mask=live[:, None])
+        k = _rotate(_normed(qkv_ptr + H * HD + source, live, EPS, HD), cos, sin, BLOCK, HD)
+        if KEY_OFFSET:  # the stationary half of row n − SEQ_HEADS, normalized by that row's RMS
+            previous = tl.where(rows >= SEQ_HEADS, rows - SEQ_HEADS, rows)
+            previous_source, _ = _projection_rows(previous, H, HD, VD)
+            k_previous = _normed(qkv_ptr + H * HD + previous_source[:, None] + cols, live, EPS, HD)
+            k = tl.where(cols < HD // 2, k, k_previous)
+        tl.store(k_ptr + out, k.to(k_ptr.dtype.element_ty), mask=live[:, None])
+        v = tl.load(qkv_ptr + v_source, mask=live[:, None], other=0.0)
+        if v_extra_ptr is not None:
+            v = v.to(tl.float32) + tl.load(v_extra_ptr + v_out, mask=live[:, None], other=0.0).to(tl.float32)
+        tl.store(v_ptr + v_out, v.to(v_ptr.dtype.element_ty), mask=live[:, None])
+
+    @triton.jit
+    def _projection_grad(x_ptr, grad_x_ptr, at, grad, cos_ptr, sin_ptr, rows, n_rows, SEQ_HEADS: tl.constexpr,
+                         HD: tl.constexpr, PAIRS: tl.constexpr, EPS: tl.constexpr, BLOCK: tl.constexpr):
+        # writes the gradient of the projection's q or k rows x (at `at`) from that of their output
+        live = rows[:, None] < n_rows
+        x = tl.load(x_ptr + at, mask=live, other=0.0).to(tl.float32)
+        cos, sin = _rope_tables(cos_ptr, sin_ptr, rows, rows < n_rows, SEQ_HEADS, HD, PAIRS)
+        grad = _normed_rotated_grad(x, grad, cos, sin, EPS, BLOCK, HD)
+        tl.store(grad_x_ptr + at, grad.to(grad_x_ptr.dtype.element_ty), mask=live)
+
+    @triton.jit
+    def _qk_norm_rope_backward_kernel(qkv_ptr, grad_q_ptr, grad_k_ptr, grad_v_ptr, cos_ptr, sin_ptr, scale_ptr,
+                                      grad_qkv_ptr, n_rows, H: tl.constexpr, HD: tl.constexpr, VD: tl.constexpr,
+                                      PAIRS: tl.constexpr, SEQ_HEADS: tl.constexpr, KEY_OFFSET: tl.constexpr,
+                                      EPS: tl.constexpr, BLOCK: tl.constexpr):
+        # Program p takes part p % 3 (q, k or v) of the rows of block p // 3: one tile in registers, not
+        # three one after another, so more programs fit an SM and keep more loads in flight, and the three
+        # parts of a block run side by side. v's part copies its gradient.
+        part, block = tl.program_id(0) % 3, tl.program_id(0) // 3
+        rows = block * BLOCK + tl.arange(0, BLOCK)
+        live = rows[:, None] < n_rows
+        source, v_source = _projection_rows(rows, H, HD, VD)
+        cols = tl.arange(0, HD)[None, :]
+        out = rows.to(tl.int64)[:, None] * HD + cols
+        if part == 0:
+            grad = tl.load(grad_q_ptr + out, mask=live, other=0.0).to(tl.float32) * tl.load(scale_ptr)
+            _projection_grad(qkv_ptr, grad_qkv_ptr, source[:, None] + cols, grad, cos_ptr, sin_ptr, rows, n_rows,
+                             SEQ_HEADS, HD, PAIRS, EPS, BLOCK)
+        elif part == 1:
+            if KEY_OFFSET:  # row n's stationary half went to row n + SEQ_HEADS (one load with the turning
+                # half), and at the first position to row n too (the first programs only)
+                following = tl.where(cols >= HD // 2, SEQ_HEADS, 0)
+                grad = tl.load(grad_k_ptr + out + following * HD, mask=rows[:, None] + following < n_rows,
+                               other=0.0).to(tl.float32)
+                if block * BLOCK < SEQ_HEADS:
+                    first = (rows[:, None] < SEQ_HEADS) & (following > 0)
+                    grad += tl.load(grad_k_ptr + out, mask=first, other=0.0).to(tl.float32)
+            else:
+                grad = tl.load(grad_k_ptr + out, mask=live, other=0.0).to(tl.float32)
+            _projection_grad(qkv_ptr + H * HD, grad_qkv_ptr + H * HD, source[:, None] + cols, grad, cos_ptr, sin_ptr,
+                             rows, n_rows, SEQ_HEADS, HD, PAIRS, EPS, BLOCK)
+        else:
+            v_cols = tl.arange(0, VD)[None, :]
+            grad_v = tl.load(grad_v_ptr + rows.to(tl.int64)[:, None] * VD + v_cols, mask=live)
+            tl.store(grad_qkv_ptr + v_source[:, None] + v_cols, grad_v.to(grad_qkv_ptr.dtype.element_ty), mask=live)
+
+
+# Head rows per program and warps (bench/bench_qk_rope.py times others: --launch, --backward-launch)
+QK_ROPE_FORWARD_LAUNCH = {"BLOCK": 32, "num_warps": 4}
+QK_ROPE_BACKWARD_LAUNCH = {"BLOCK": 32, "num_warps": 4}
+
+
+def _qk_rope_launch(qkv: Tensor, tensors: tuple, cos: Tensor, heads: int, qk_head_dim: int, paired: bool,
+                    launch: dict) -> tuple[int, dict]:
+    """(head rows, the kernel's constants) of one launch on the projection qkv (T, heads·(2·qk_head_dim + hd))
+    with rotary tables as wide as cos, at launch's BLOCK and num_warps."""
+    if any(not t.is_contiguous() for t in tensors if t is not None):
+        raise ValueError("the QK-norm + rotary kernels take contiguous tensors")
+    constants = {"H": heads, "HD": qk_head_dim, "VD": qkv.size(1) // heads - 2 * qk_head_dim, "PAIRS": cos.size(-1),
+                 "SEQ_HEADS": heads // 2 if paired else heads, "EPS": torch.finfo(torch.float32).eps, **launch}
+    return qkv.size(0) * heads, constants
+
+
+def qk_norm_rope_forward(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor, heads: int,
+                         qk_head_dim: int, paired: bool, key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Triton: qk_norm_rope_reference's q, k, v, from contiguous tensors (scale fp32)."""
+    rows, constants = _qk_rope_launch(qkv, (qkv, v_extra, cos, sin), cos, heads, qk_head_dim, paired,
+                                      QK_ROPE_FORWARD_LAUNCH)
+    q, k, v = (qkv.new_empty(rows, constants[width]) for width in ("HD", "HD", "VD"))
+    grid = (triton.cdiv(rows, constants["BLOCK"]),)
+    _qk_norm_rope_forward_kernel[grid](qkv, v_extra, cos, sin, scale, q, k, v, rows, KEY_OFFSET=key_offset,
+                                       **constants)
+    seq_heads = heads // 2 if paired else heads
+    return q.view(-1, seq_heads, qk_head_dim), k.view(-1, seq_heads, qk_head_dim), v.view(-1, seq_heads, constants["VD"])
+
+
+def qk_norm_rope_backward(qkv: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, cos: Tensor, sin: Tensor,
+                          scale: Tensor, heads: int, qk_head_dim: int, paired: bool, key_offset: bool) -> Tensor:
+    """Triton: the gradient of qkv (T, heads·(2·qk_head_dim + hd)) from those of qk_norm_rope_forward's
+    q, k, v (contiguous); v_extra's is grad_v's."""
+    rows, constants = _qk_rope_launch(qkv, (qkv, grad_q, grad_k, grad_v, cos, sin), cos, heads, qk_head_dim, paired,
+                                      QK_ROPE_BACKWARD_LAUNCH)
+    grad_qkv = torch.empty_like(qkv)
+    grid = (3 * triton.cdiv(rows, constants["BLOCK"]),)  # q, k and v of each block of rows
+    _qk_norm_rope_backward_kernel[grid](qkv, grad_q, grad_k, grad_v, cos, sin, scale, grad_qkv, rows,
+                                        KEY_OFFSET=key_offset, **constants)
+    return grad_qkv
+
+
+class QKNormRope(torch.autograd.Function):
+    """qk_norm_rope_reference's function as Triton kernels, saving the projection only."""
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor, heads: int,
+                qk_head_dim: int, paired: bool, key_offset: bool):
+        qkv = qkv.contiguous()
+        ctx.save_for_backward(qkv, cos, sin, scale)
+        ctx.heads, ctx.qk_head_dim, ctx.paired, ctx.key_offset = heads, qk_head_dim, paired, key_offset
+        v_extra = None if v_extra is None else v_extra.contiguous()
+        return qk_norm_rope_forward(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
+
+    @staticmethod
+    def backward(ctx, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor):
+        qkv, cos, sin, scale = ctx.saved_tensors
+        grad_q, grad_k, grad_v = grad_q.contiguous(), grad_k.contiguous(), grad_v.contiguous()
+        grad_qkv = qk_norm_rope_backward(qkv, grad_q, grad_k, grad_v, cos, sin, scale, ctx.heads, ctx.qk_head_dim,
+                                         ctx.paired, ctx.key_offset)
+        grad_v_extra = grad_v.reshape(qkv.size(0), ctx.heads, -1) if ctx.needs_input_grad[1] else None
+        return grad_qkv, grad_v_extra, None, None, None, None, None, None, None
+
+
+def qk_rope_kernel_supports(head_dim: int) -> bool:
+    """Whether the Triton kernels take this head size: Triton, head_dim a power of two ≥ 4."""
+    return triton is not None and head_dim >= 4 and head_dim & (head_dim - 1) == 0
+
+
+def qk_norm_rope(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor, heads: int,
+                 qk_head_dim: int, paired: bool, key_offset: bool, kernels: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """attend's q, k, v from the projection (qk_norm_rope_reference says what): the Triton kernels where
+    kernels (qk_rope_kernel_supports says where they apply), else the reference."""
+    if kernels:
+        return QKNormRope.apply(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
+    return qk_norm_rope_reference(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
+
+
+# --- Lightweight DC-MHA (T3.17) -----------------------------------------------------------------------
+
+def dc_mha_torch(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor,
+                 window: int = DC_WINDOW) -> Tensor:
+    """dc_mha in plain torch (the kernels' reference). Blocked: each block of `window` queries sees
+    its own and the previous block of keys, so memory and work are O(T·window), not O(T²)."""
+    T, H, D = q.shape
+    n = -(-T // window)
+    pad = n * window - T
+
+    def blocks(t: Tensor) -> Tensor:  # (T, H, C) -> (n, H, window, C)
+        return F.pad(t, (0, 0, 0, 0, 0, pad)).view(n, window, H, t.size(-1)).transpose(1, 2)
+
+    def with_previous(t: Tensor) -> Tensor:  # (n, ..., window, D) -> (n, ..., 2·window, D)
+        return torch.cat([torch.cat([torch.zeros_like(t[:1]), t[:-1]]), t], dim=-2)
+
+    positions = torch.arange(n * window, device=q.device).view(n, window)
+    docs = F.pad(doc_ids, (0, pad), value=-1).view(n, window)  # padding: a document of its own
+    key_positions = torch.cat([positions - window, positions], 1)
+    key_docs = torch.cat([torch.cat([torch.full_like(docs[:1], -2), docs[:-1]]), docs], 1)
+    distance = positions[:, :, None] - key_positions[:, None, :]
+    visible = (distance >= 0) & (distance < window) & (docs[:, :, None] == key_docs[:, None, :])
+    scores = (blocks(q) @ with_previous(blocks(k)).mT).float().masked_fill(~visible[:, None], float("-inf"))
+    mix = (scores.softmax(-1) * blocks(w1[..., None])).sum(1, keepdim=True)  # (n, 1, window, 2·window)
+    out = (mix.to(v.dtype) @ with_previous(blocks(v))) * blocks(w2[..., None])
+    return out.transpose(1, 2).reshape(n * window, H, D)[:T]
+
+
+# Lightweight DC-MHA (#85, T3.17) as Triton kernels. A program takes BLOCK queries; they see
+# three key tiles of BLOCK keys (the two previous blocks and their own), enough for windows up to
+# 2·BLOCK + 1 keys. Forward: per head the softmax normalizer over the three tiles (online), then the
+# probabilities mixed over the heads by w1 into a (kept in bf16 for the backward), then o_h = a·V_h.
+# Backward: per query block da = Σ_h dO_h·V_hᵀ (through an fp32 scratch buffer), dw1_h = Σ_s p_h·da,
+# dS_h = w1_h·p_h·(da − dw1_h) (kept in bf16) and dq_h; then per key tile dk_h = Σ dS_hᵀ·q_h and
+# dv_h = Σ aᵀ·dO_h over the three query blocks that see it, so every gradient has one writer
+# (deterministic, no atomics). Scores are recomputed rather than held, and da is reloaded per tile
+# (ptxas: the backward-query kernel spills 12 bytes instead of 1.1 KB with da held in registers).
+# Tile j of query block i holds the keys of block i + j − 2; a, da and dS are kept as (rows, 3·BLOCK),
+# column j·BLOCK + c for key c of tile j.
+if triton is not None:
+    @triton.jit
+    def _dc_load_head(ptr, rows, h, H: tl.constexpr, D: tl.constexpr, T, UPCAST: tl.constexpr):
+        # rows of head h from a contiguous (T, H, D) tensor, zeros outside [0, T)
+        ok = (rows >= 0) & (rows < T)
+        t = tl.load(ptr + (rows[:, None] * H + h) * D + tl.arange(0, D)[None, :], mask=ok[:, None], other=0.0)
+        return t.to(tl.float32) if UPCAST else t
+
+    @triton.jit
+    def _dc_store_head(ptr, value, rows, h, H: tl.constexpr, D: tl.constexpr, T, UPCAST: tl.constexpr):
+        offs = (rows[:, None] * H + h) * D + tl.arange(0, D)[None, :]
+        tl.store(ptr + offs, _to_dtype(value, ptr.dtype.element_ty, UPCAST), mask=(rows < T)[:, None])
+
+    @triton.jit
+    def _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys, h, T, H: tl.constexpr, D: tl.constexpr,
+                   WINDOW: tl.constexpr, UPCAST: tl.constexpr):
+        # (BLOCK, BLOCK) scores of one key tile; −inf where the key is not in the query's document
+        # among its last WINDOW positions (rows past T carry document −1 and see nothing)
+        key_ok = (keys >= 0) & (keys < T)
+        doc_k = tl.load(docs_ptr + keys, mask=key_ok, other=-2)
+        distance = rows[:, None] - keys[None, :]
+        visible = (doc_q[:, None] == doc_k[None, :]) & (distance >= 0) & (distance < WINDOW)
+        s = tl.dot(q, tl.trans(_dc_load_head(k_ptr, keys, h, H, D, T, UPCAST)))
+        return tl.where(visible, s, float("-inf"))
+
+    @triton.jit
+    def _dc_operand(t, dtype: tl.constexpr, UPCAST: tl.constexpr):
+        # a tile rounded to the storage dtype as the GPU's dot sees it (fp32 again in the interpreter)
+        t = _to_dtype(t, dtype, UPCAST)
+        return t.to(tl.float32) if UPCAST else t
+
+    @triton.jit
+    def _dc_forward_kernel(q_ptr, k_ptr, v_ptr, docs_ptr, w1_ptr, o_ptr, lse_ptr, a_ptr, T,
+                           H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
+                           UPCAST: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK)
+        row_ok = rows < T
+        doc_q = tl.load(docs_ptr + rows, mask=row_ok, other=-1)
+        keys0, keys1, keys2 = rows - 2 * BLOCK, rows - BLOCK, rows
+        a0 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        a1 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        a2 = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        for h in range(H):
+            q = _dc_load_head(q_ptr, rows, h, H, D, T, UPCAST)
+            s = _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys0, h, T, H, D, WINDOW, UPCAST)
+            m = tl.maximum(tl.max(s, 1), -1e30)  # finite: rows that see nothing get total 0
+            total = tl.sum(tl.exp(s - m[:, None]), 1)
+            s = _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys1, h, T, H, D, WINDOW, UPCAST)
+            m_new = tl.maximum(m, tl.max(s, 1))
+            total = total * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), 1)
+            s = _dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys2, h, T, H, D, WINDOW, UPCAST)
+            m = tl.maximum(m_new, tl.max(s, 1))
+            total = total * tl.exp(m_new - m) + tl.sum(tl.exp(s - m[:, None]), 1)
+            total = tl.where(total > 0, total, 1.0)
+            lse = m + tl.log(total)
+            tl.store(lse_ptr + rows * H + h, lse, mask=row_ok)
+            weight = tl.load(w1_ptr + rows * H + h, mask=row_ok, other=0.0)[:, None]
+            lse = lse[:, None]
+            a0 += weight * tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys0, h, T, H, D, WINDOW, UPCAST) - lse)
+            a1 += weight * tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys1, h, T, H, D, WINDOW, UPCAST) - lse)
+            a2 += weight * tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys2, h, T, H, D, WINDOW, UPCAST) - lse)
+        a_rows = a_ptr + rows[:, None] * (3 * BLOCK) + cols[None, :]
+        a0 = _dc_operand(a0, a_ptr.dtype.element_ty, UPCAST)
+        a1 = _dc_operand(a1, a_ptr.dtype.element_ty, UPCAST)
+        a2 = _dc_operand(a2, a_ptr.dtype.element_ty, UPCAST)
+        tl.store(a_rows, a0.to(a_ptr.dtype.element_ty))
+        tl.store(a_rows + BLOCK, a1.to(a_ptr.dtype.element_ty))
+        tl.store(a_rows + 2 * BLOCK, a2.to(a_ptr.dtype.element_ty))
+        for h in range(H):
+            o = tl.dot(a0, _dc_load_head(v_ptr, keys0, h, H, D, T, UPCAST))
+            o = tl.dot(a1, _dc_load_head(v_ptr, keys1, h, H, D, T, UPCAST), o)
+            o = tl.dot(a2, _dc_load_head(v_ptr, keys2, h, H, D, T, UPCAST), o)
+            _dc_store_head(o_ptr, o, rows, h, H, D, T, UPCAST)
+
+    @triton.jit
+    def _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys, h, lse, T, H: tl.constexpr, D: tl.constexpr,
+                  WINDOW: tl.constexpr, UPCAST: tl.constexpr):
+        return tl.exp(_dc_scores(q, k_ptr, docs_ptr, rows, doc_q, keys, h, T, H, D, WINDOW, UPCAST) - lse)
+
+    @triton.jit
+    def _dc_backward_query_kernel(q_ptr, k_ptr, v_ptr, docs_ptr, w1_ptr, lse_ptr, do_ptr, dq_ptr, dw1_ptr,
+                                  da_ptr, ds_ptr, T, T_pad, H: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                                  WINDOW: tl.constexpr, UPCAST: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK)
+        row_ok = rows < T
+        doc_q = tl.load(docs_ptr + rows, mask=row_ok, other=-1)
+        # dL/da per key tile, through a scratch buffer (L2-resident) rather than held in registers
+        da_rows = da_ptr + rows[:, None] * (3 * BLOCK) + cols[None, :]
+        for tile in tl.static_range(3):
+            da = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+            for h in range(H):
+                v = _dc_load_head(v_ptr, rows + (tile - 2) * BLOCK, h, H, D, T, UPCAST)
+                da = tl.dot(_dc_load_head(do_ptr, rows, h, H, D, T, UPCAST), tl.trans(v), da)
+            tl.store(da_rows + tile * BLOCK, da)
+        tl.debug_barrier()
+        ds_type: tl.constexpr = ds_ptr.dtype.element_ty
+        for h in range(H):
+            q = _dc_load_head(q_ptr, rows, h, H, D, T, UPCAST)
+            lse = tl.load(lse_ptr + rows * H + h, mask=row_ok, other=0.0)[:, None]
+            dw1 = tl.zeros((BLOCK,), dtype=tl.float32)
+            for j in range(3):
+                keys = rows + (j - 2) * BLOCK
+                p = _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys, h, lse, T, H, D, WINDOW, UPCAST)
+                dw1 += tl.sum(p * tl.load(da_rows + j * BLOCK), 1)
+            tl.store(dw1_ptr + rows * H + h, dw1, mask=row_ok)
+            w1 = tl.load(w1_ptr + rows * H + h, mask=row_ok, other=0.0)[:, None]
+            ds_rows = ds_ptr + (h * T_pad + rows)[:, None] * (3 * BLOCK) + cols[None, :]
+            dq = tl.zeros((BLOCK, D), dtype=tl.float32)
+            for j in range(3):
+                keys = rows + (j - 2) * BLOCK
+                p = _dc_probs(q, k_ptr, docs_ptr, rows, doc_q, keys, h, lse, T, H, D, WINDOW, UPCAST)
+                ds = _dc_operand(w1 * p * (tl.load(da_rows + j * BLOCK) - dw1[:, None]), ds_type, UPCAST)
+                tl.store(ds_rows + j * BLOCK, ds.to(ds_type))
+                dq = tl.dot(ds, _dc_load_head(k_ptr, keys, h, H, D, T, UPCAST), dq)
+            _dc_store_head(dq_ptr, dq, rows, h, H, D, T, UPCAST)
+
+    @triton.jit
+    def _dc_backward_key_kernel(q_ptr, do_ptr, a_ptr, ds_ptr, dk_ptr, dv_ptr, T, T_pad, H: tl.constexpr,
+                                D: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr):
+        keys = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK)
+        for h in range(H):
+            dk = tl.zeros((BLOCK, D), dtype=tl.float32)
+            dv = tl.zeros((BLOCK, D), dtype=tl.float32)
+            for j in tl.static_range(3):
+                rows = keys + (2 - j) * BLOCK  # the query block that holds these keys as its tile j
+                in_pad = (rows < T_pad)[:, None]
+                tile = j * BLOCK + cols[None, :]
+                ds = tl.load(ds_ptr + (h * T_pad + rows)[:, None] * (3 * BLOCK) + tile, mask=in_pad, other=0.0)
+                a = tl.load(a_ptr + rows[:, None] * (3 * BLOCK) + tile, mask=in_pad, other=0.0)
+                if UPCAST:
+                    ds, a = ds.to(tl.float32), a.to(tl.float32)
+                dk = tl.dot(tl.trans(ds), _dc_load_head(q_ptr, rows, h, H, D, T, UPCAST), dk)
+                dv = tl.dot(tl.trans(a), _dc_load_head(do_ptr, rows, h, H, D, T, UPCAST), dv)
+            _dc_store_head(dk_ptr, dk, keys, h, H, D, T, UPCAST)
+            _dc_store_head(dv_ptr, dv, keys, h, H, D, T, UPCAST)
+
+
+DC_BLOCK = 64  # queries per program and keys per tile: windows up to 129 keys
+# Launch options per kernel. No software pipelining of the head loops: Triton would multi-buffer
+# every tile load they issue, 344-515 KB of shared memory against Hopper's 227 KB per block (tests
+# compile them for sm_90). Warps: the faster of 4 and 8 per kernel (bench/bench_arch.py --dc-warps; T3.17).
+DC_LAUNCH = {"forward": dict(num_warps=8, num_stages=1), "backward_query": dict(num_warps=4, num_stages=1),
+             "backward_key": dict(num_warps=4, num_stages=1)}
+
+
+def _dc_padded_tokens(T: int, block: int) -> int:
+    """Rows of the kernels' (T_pad, 3·block) buffers: T rounded up to whole query blocks."""
+    return -(-T // block) * block
+
+
+def _dc_fits_int32(T: int, H: int, D: int, block: int) -> bool:
+    """q/k/v (T, H, D) and dS (H, T_pad, 3·block) below 2^31 elements."""
+    return max(T * H * D, H * _dc_padded_tokens(T, block) * 3 * block) < 2**31
+
+
+def _dc_launch(q: Tensor, block: int) -> tuple[int, int, int, int, int]:
+    T, H, D = q.shape
+    if not _dc_fits_int32(T, H, D, block):
+        raise ValueError(f"DC-MHA kernels index with int32: {T} tokens x {H} heads x {D} is too many")
+    T_pad = _dc_padded_tokens(T, block)
+    return T, H, D, T_pad // block, T_pad
+
+
+@torch.library.custom_op("speedrun::dc_mha_forward", mutates_args=())
+def dc_mha_forward(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, window: int,
+                   block: int) -> tuple[Tensor, Tensor, Tensor]:
+    """o (T, H, D) = a·V_h per head, the softmax normalizers lse (T, H) fp32 and the head mix a
+    (T_pad, 3·block); q, k, v contiguous (T, H, D), w1 (T, H) fp32."""
+    T, H, D, n, T_pad = _dc_launch(q, block)
+    o, lse = torch.empty_like(q), q.new_empty((T, H), dtype=torch.float32)
+    a = q.new_empty((T_pad, 3 * block))
+    _dc_forward_kernel[(n,)](q, k, v, doc_ids, w1, o, lse, a, T, H=H, D=D, BLOCK=block, WINDOW=window,
+                             UPCAST=TRITON_INTERPRETER, **DC_LAUNCH["forward"])
+    return o, lse, a
+
+
+@dc_mha_forward.register_fake
+def _dc_mha_forward_fake(q, k, v, doc_ids, w1, window, block):
+    return (torch.empty_like(q), q.new_empty((q.size(0), q.size(1)), dtype=torch.float32),
+            q.new_empty((_dc_padded_tokens(q.size(0), block), 3 * block)))
+
+
+@torch.library.custom_op("speedrun::dc_mha_backward", mutates_args=())
+def dc_mha_backward(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, lse: Tensor, a: Tensor,
+                    grad_o: Tensor, window: int, block: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv (T, H, D) and dw1 (T, H) fp32 of dc_mha_forward's o, given grad_o (contiguous)."""
+    T, H, D, n, T_pad = _dc_launch(q, block)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dw1 = torch.empty_like(w1)
+    da, ds = q.new_empty((T_pad, 3 * block), dtype=torch.float32), q.new_empty((H, T_pad, 3 * block))
+    _dc_backward_query_kernel[(n,)](q, k, v, doc_ids, w1, lse, grad_o, dq, dw1, da, ds, T, T_pad, H=H, D=D,
+                                    BLOCK=block, WINDOW=window, UPCAST=TRITON_INTERPRETER,
+                                    **DC_LAUNCH["backward_query"])
+    _dc_backward_key_kernel[(n,)](q, grad_o, a, ds, dk, dv, T, T_pad, H=H, D=D, BLOCK=block,
+                                  UPCAST=TRITON_INTERPRETER, **DC_LAUNCH["backward_key"])
+    return dq, dk, dv, dw1
+
+
+@dc_mha_backward.register_fake
+def _dc_mha_backward_fake(q, k, v, doc_ids, w1, lse, a, grad_o, window, block):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w1)
+
+
+class DCMHAKernel(torch.autograd.Function):
+    """o_h(t) = Σ_s (Σ_g w1[t,g]·p_g(t,s))·v_h(s) with the Triton kernels (dc_mha multiplies by w2)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, window: int, block: int):
+        q, k, v, w1_32 = q.contiguous(), k.contiguous(), v.contiguous(), w1.float().contiguous()
+        o, lse, a = dc_mha_forward(q, k, v, doc_ids, w1_32, window, block)
+        ctx.save_for_backward(q, k, v, doc_ids, w1_32, lse, a)
+        ctx.window, ctx.block, ctx.w1_dtype = window, block, w1.dtype
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o: Tensor):
+        q, k, v, doc_ids, w1_32, lse, a = ctx.saved_tensors
+        dq, dk, dv, dw1 = dc_mha_backward(q, k, v, doc_ids, w1_32, lse, a, grad_o.contiguous(), ctx.window, ctx.block)
+        return dq, dk, dv, None, dw1.to(ctx.w1_dtype), None, None
+
+
+def dc_mha_kernel_supports(T: int, H: int, D: int, window: int, block: int = DC_BLOCK) -> bool:
+    """Whether the Triton DC-MHA kernels take q (T, H, D) and this window: Triton, head_dim a power
+    of two ≥ 16, windows up to 2·block + 1 keys, tensors they can index with int32."""
+    return (triton is not None and D >= 16 and D & (D - 1) == 0 and 1 <= window <= 2 * block + 1
+            and _dc_fits_int32(T, H, D, block))
+
+
+def dc_mha(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor, window: int,
+           use_triton: bool) -> Tensor:
+    """Lightweight DC-MHA (#85, T3.17): the heads' softmax patterns over the last `window` keys
+    of the query's document, mixed across heads by w1 (T, H) and applied to every head's values,
+    scaled by w2 (T, H): out_h(t) = w2[t,h]·Σ_s (Σ_g w1[t,g]·p_g(t,s))·v_h(s). q (T, H, D) carries
+    the softmax scale. The Triton kernels where use_triton (dc_mha_kernel_supports says where they
+    apply), else dc_mha_torch."""
+    if use_triton:
+        return DCMHAKernel.apply(q, k, v, doc_ids, w1, window, DC_BLOCK) * w2[..., None]
+    return dc_mha_torch(q, k, v, doc_ids, w1, w2, window)
+
+
+# --- FlashAttention-4 (Dao-AILab/flash-attention, flash_attn/cute) as custom ops -----------------
+# FA4's CuTe-DSL kernels are JIT-compiled on first use by an autograd.Function dynamo cannot trace;
+# as two custom ops (forward, and backward through FA4's own backward from the saved output and
+# log-sum-exp) they stay opaque to torch.compile, which keeps one graph.
+def _fa4_window_size(window: int) -> tuple[int | None, int]:
+    """FA4's window_size for keys at most `window` back. Unbounded is a left size of None: FA4
+    reads a negative one with a right size of 0 as a local window, unlike FA3 and torch."""
+    return (None if window == NO_WINDOW else window), 0
+
+
+@torch.library.custom_op("speedrun::fa4_varlen_attention", mutates_args=())
+def fa4_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int,
+                         window: int) -> tuple[Tensor, Tensor]:
+    """(out (S, H, D), lse (H, S) fp32) of attend's attention with FA4; q already scaled. FA4's
+    forward itself, as the backward below: its public function adds an autograd.Function (host
+    time per call) whose graph this op replaces."""
+    left, right = _fa4_window_size(window)
+    out, lse, *_ = fa4_interface._flash_attn_fwd(
+        q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
+        max_seqlen_k=max_seqlen, softmax_scale=1.0, causal=True, window_size_left=left,
+        window_size_right=right, return_lse=True)
+    return out, lse
+
+
+@fa4_varlen_attention.register_fake
+def _fa4_varlen_attention_fake(q, k, v, cu_seqlens, max_seqlen, window):
+    S, H = q.shape[:2]
+    return q.new_empty((S, H, v.size(-1))), q.new_empty((H, S), dtype=torch.float32)
+
+
+@torch.library.custom_op("speedrun::fa4_varlen_attention_backward", mutates_args=())
+def fa4_varlen_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                                  cu_seqlens: Tensor, max_seqlen: int, window: int) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of fa4_varlen_attention's out, given grad_out."""
+    left, right = _fa4_window_size(window)
+    dq, dk, dv = fa4_interface._flash_attn_bwd(
+        q, k, v, out, grad_out, lse, softmax_scale=1.0, causal=True, window_size_left=left,
+        window_size_right=right, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
+        max_seqlen_k=max_seqlen)
+    return dq, dk, dv
+
+
+@fa4_varlen_attention_backward.register_fake
+def _fa4_varlen_attention_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, window):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _fa4_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens, max_seqlen, window = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens)
+    ctx.max_seqlen, ctx.window = max_seqlen, window
+
+
+def _fa4_backward(ctx, grad_out: Tensor, _grad_lse: Tensor):
+    q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
+    dq, dk, dv = fa4_varlen_attention_backward(grad_out, q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, ctx.window)
+    return dq, dk, dv, None, None, None
+
+
+fa4_varlen_attention.register_autograd(_fa4_backward, setup_context=_fa4_setup_context)
+
+# FA4 4.0.0b36 picks its SM90 backward tile from the Q/K width alone. For Q/K 64 wide with V 128 wide
+# (narrow Q/K heads, T3.18) that tile needs ~240 KB of shared memory, more than an H100's 227 KB, and
+# fails to launch. This one is the library's tile for 128-wide heads with blocks of 64 query rows by
+# 128 keys, two Q and two dO stages: bench/bench_head_dims.py's tile 128/64,128,2,2, the fastest that
+# launched there (records/experiments/2026-11-27_FourGpusH100, lease 4).
+FA4_NARROW_BACKWARD_TILE = {"base_head_dim": 128, "m_block_size": 64, "n_block_size": 128, "num_stages_Q": 2,
+                            "num_stages_dO": 2}
+
+
+def fa4_backward_tile_for_narrow_qk(library_tile):
+    """FA4's SM90 backward tile choice, with FA4_NARROW_BACKWARD_TILE for Q/K 64 wide and V 128 wide: the
+    library's tile for heads base_head_dim wide, its block sizes and stages replaced."""
+    @functools.wraps(library_tile)
+    def tile(head_dim, head_dim_v, causal, local, sparse_block_size_q=None):
+        if head_dim == 64 and head_dim_v == 128 and sparse_block_size_q is None:
+            fields = dict(FA4_NARROW_BACKWARD_TILE)
+            base = fields.pop("base_head_dim")
+            return dataclasses.replace(library_tile(base, base, causal, local, sparse_block_size_q), **fields)
+        return library_tile(head_dim, head_dim_v, causal, local, sparse_block_size_q)
+    return tile
+
+
+if fa4_interface is not None:
+    fa4_interface._tile_size_bwd_sm90 = fa4_backward_tile_for_narrow_qk(fa4_interface._tile_size_bwd_sm90)
+
+
+if __name__ == "__main__":
+    main()
