@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The table's decision (README, "Reading"): alone on one H200 with the step graphs, seeds 1-3 each, the allocator
+# capped at an 80 GB H100's room on both arms: main's defaults (1415 steps), then main + the row-wise table at
+# 10,575,360 rows with the gain spent as 50 fewer scheduled steps (1350 + 15). Proxy train shards 1-4 (setup:
+# SHARDS='proxy_train_00000[1-4].bin.xz proxy_val_000000.bin.xz' bash bench/lease.sh setup), rank-slice; carry
+# the compile caches of this folder's leases (~19 minutes held with them, staging included).
+need_shards 1 2 3 4
+watch_gpus 60
+note "main, then main + table at 1365 steps, alone on GPU 0 with the step graphs"
+SEEDS=1,2,3 arm 0 pair_main GPU_MEMORY_GIB=77
+SEEDS=1,2,3 arm 0 pair_table NGRAM_OPTIMIZER=rowwise NGRAM_ROWS=10575360 NUM_SCHEDULED_ITERATIONS=1350 GPU_MEMORY_GIB=77
+python records/tool.py stages $L/pair_main_s*.txt $L/pair_table_s*.txt > $L/stages.md 2>&1
+note "stages rc=$?"
+pack_cache
