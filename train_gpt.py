@@ -2220,6 +2220,11 @@ class NgramTable(LazyRowTable):
         return model.ngram_cache_for(tokens), model.ngram_inverse
 
 
+def load_row_caches(tables: "list[LazyRowTable]", model: nn.Module, inputs: Tensor) -> list[Tensor]:
+    """Fill each row table's cache in the model for a forward on `inputs` (T3.19); their distinct rows."""
+    return [table.load(inputs, *table.buffers(model, inputs.size(0))) for table in tables]
+
+
 # =============================================================================================
 # Data
 # =============================================================================================
@@ -3104,14 +3109,9 @@ def check_ngram_settings(hp: Hyperparameters):
 
 
 def check_row_tables(hp: Hyperparameters, world_size: int):
-    """The n-gram row table at this world size (T3.19). Above world size 1 its loads exchange rows with the
-    rows' owners, sizes first (a host sync), so they run between the step's micro-batches, not in its CUDA
-    graphs (T5.3). Each process holds ⌈NGRAM_ROWS / world size⌉ rows of the n-gram table with their optimizer
-    state (rank-slice mode, at world size 1, the whole table): at most NGRAM_STATE_GIB beside the model."""
-    if hp.model.ngram_rows and world_size > 1 and hp.run.device == "cuda" and hp.execution.cuda_graphs:
-        raise SetupError(f"NGRAM_ROWS at world size {world_size} exchanges rows between processes with a "
-                         f"host sync, which the step's CUDA graphs cannot hold: set CUDA_GRAPHS=0 (or run in "
-                         f"rank-slice mode on one GPU)")
+    """The n-gram row table at this world size (T3.19): each process holds ⌈NGRAM_ROWS / world size⌉ rows with
+    their optimizer state (rank-slice mode, at world size 1, the whole table), at most NGRAM_STATE_GIB beside
+    the model."""
     rows, dim, optimizer = hp.model.ngram_rows, hp.model.model_dim, hp.optim.ngram_optimizer
     if not rows:
         return
@@ -3241,9 +3241,10 @@ class CapturedStep:
     ce: Tensor
     grads: dict[str, Tensor]
     # each row table's (distinct rows, row cache's gradient) of the first micro-batch's graph, then of the
-    # accumulating one's: per micro-batch, handed to the table after each replay (T3.19)
-    rows: list[tuple[Tensor, Tensor]]
-    accumulate_rows: list[tuple[Tensor, Tensor]]
+    # accumulating one's: per micro-batch, handed to the table after each replay (T3.19); the distinct rows
+    # None where the loads run outside the graphs (StepGraphs.loads_in_graphs)
+    rows: list[tuple[Tensor | None, Tensor]]
+    accumulate_rows: list[tuple[Tensor | None, Tensor]]
 
 
 class GraphMismatch(RuntimeError):
@@ -3259,17 +3260,19 @@ class StepGraphs:
     same batch (CE and every gradient's norm); every parameter and buffer must stay where the graphs
     read it (check_addresses). The optimizer and its collectives run outside the graphs, so any world
     size works; `max_over_ranks` makes every rank stop together when one rank's check fails.
-    Row tables (T3.19; world size 1, where a load is device work alone): each graph loads the
-    micro-batch's rows into the model's row caches before the forward and leaves the caches' gradients
-    as outputs; after each replay `run` hands them to the tables, whose Adam steps run outside."""
+    Row tables (T3.19): each graph reads the micro-batch's rows from the model's row caches and leaves the
+    caches' gradients as outputs, which `run` hands to the tables after each replay (their Adam steps run
+    outside). Where a load is device work alone (`loads_in_graphs`: world size 1) each graph loads the rows
+    itself before its forward; above it a load exchanges rows with their owners, sizes first (a host sync),
+    so `run` loads each micro-batch eagerly between the loader and the replay, into the caches the graphs read."""
 
     def __init__(self, loss_fn, model: nn.Module, grad_accum: int, grad_scale: float, new_graph=None,
                  rtol: float = 1e-2, grad_rtol: float = 5e-2, max_over_ranks=lambda t: t,
-                 row_tables: "list[LazyRowTable]" = ()):
+                 row_tables: "list[LazyRowTable]" = (), loads_in_graphs: bool = True):
         self.loss_fn, self.model, self.grad_accum, self.grad_scale = loss_fn, model, grad_accum, grad_scale
         self.rtol, self.grad_rtol, self.max_over_ranks = rtol, grad_rtol, max_over_ranks
         self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
-        self.row_tables = list(row_tables)
+        self.row_tables, self.loads_in_graphs = list(row_tables), loads_in_graphs
         if new_graph is None:
             pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
             new_graph = lambda: CudaGraph(pool, stream)  # noqa: E731
@@ -3291,9 +3294,11 @@ class StepGraphs:
         inputs, targets = tokens[:-1], tokens[1:]
         weights, names = target_weights.clone(), list(self.params)
         caches = [table.training_cache(self.model) for table in self.row_tables]
+        if not self.loads_in_graphs:  # the batch's rows, which every forward below reads (run loads them so)
+            self.load_rows(inputs)
 
-        def forward_backward() -> tuple[Tensor, dict[str, Tensor], list[tuple[Tensor, Tensor]]]:
-            distincts = [table.load(inputs, *table.buffers(self.model, inputs.size(0))) for table in self.row_tables]
+        def forward_backward() -> tuple[Tensor, dict[str, Tensor], list[tuple[Tensor | None, Tensor]]]:
+            distincts = self.load_rows(inputs) if self.loads_in_graphs else [None] * len(self.row_tables)
             loss, ce = self.loss_fn(inputs, targets, cu_seqlens, plan.shape, execution, weights, self.grad_scale)
             grads = torch.autograd.grad(loss, [*(self.params[name] for name in names), *caches], allow_unused=True)
             return (ce.float() * self.grad_scale, {name: g for name, g in zip(names, grads) if g is not None},
@@ -3413,6 +3418,9 @@ class StepGraphs:
                 raise GraphMismatch(f"{name} is no longer at the address the CUDA graphs read: restore state "
                                     f"in place (copy_), or run with CUDA_GRAPHS=0")
 
+    def load_rows(self, inputs: Tensor) -> list[Tensor]:
+        return load_row_caches(self.row_tables, self.model, inputs)
+
     def run(self, plan: StepPlan, loader: "TrainLoader", target_weights: Tensor) -> Tensor:
         """The step's micro-batches from `loader` through its key's graphs, each row table given each micro-batch's
         rows and their gradients; sets each parameter's .grad to its static gradient and returns the mean CE."""
@@ -3421,9 +3429,12 @@ class StepGraphs:
         for k in range(self.grad_accum):
             loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len, into=(step.tokens, step.cu_seqlens),
                               attention_cap=plan.attention_cap)
+            loaded = None if self.loads_in_graphs else self.load_rows(step.tokens[:-1])
             (step.first if k == 0 else step.accumulate).replay()
-            for table, (distinct, cache_grad) in zip(self.row_tables, step.rows if k == 0 else step.accumulate_rows):
-                table.add_gradient(distinct.clone(), cache_grad)  # the next replay rewrites both; add_gradient copies the gradient
+            rows = step.rows if k == 0 else step.accumulate_rows
+            for i, (table, (distinct, cache_grad)) in enumerate(zip(self.row_tables, rows)):
+                # the next replay rewrites the graph's rows and gradient; add_gradient copies the gradient
+                table.add_gradient(distinct.clone() if loaded is None else loaded[i], cache_grad)
         self.set_grads(self.key(plan))
         return step.ce
 
@@ -3657,7 +3668,8 @@ class Trainer:
         # the graphs are captured by the warm-up, before the clock (T5.3)
         graphs = hp.run.warmup and all(plan.cuda_graph for plan in self.stage_execution)
         self.step_graphs = StepGraphs(self.training_loss, self.model, self.grad_accum, self.grad_scale,
-                                      max_over_ranks=self.max_over_ranks, row_tables=self.row_tables) if graphs else None
+                                      max_over_ranks=self.max_over_ranks, row_tables=self.row_tables,
+                                      loads_in_graphs=world_size == 1) if graphs else None  # T3.19
         self.forward_backward = self.eager_forward_backward  # StepGraphs.run once they are captured
         optimizer_graphs = graphs and hp.execution.optimizer_graphs and world_size == 1  # collectives stay eager
         self.optimizer_graphs = OptimizerGraphs(self.optimizer, self.step_graphs) if optimizer_graphs else None
@@ -3691,8 +3703,7 @@ class Trainer:
         return table
 
     def load_rows(self, inputs: Tensor) -> list[Tensor]:
-        """Fill each row table's cache in the model for a forward on `inputs` (T3.19); their distinct rows."""
-        return [table.load(inputs, *table.buffers(self.model, inputs.size(0))) for table in self.row_tables]
+        return load_row_caches(self.row_tables, self.model, inputs)
 
     def keep_row_gradients(self, distincts: list[Tensor]):
         """After a backward: each row table keeps its cache's gradient (the per-row sums), which is then cleared."""

@@ -320,16 +320,6 @@ def test_a_table_too_large_for_a_process_names_the_largest_that_fits():
         T.check_row_tables(T.Hyperparameters.of(ngram_rows=8 * largest + 1, **eager), 8)
 
 
-def test_row_tables_take_the_step_graphs_at_world_size_one_only():
-    """Above world size 1 a load exchanges rows with a host sync, which a CUDA graph cannot hold (T5.3)."""
-    settings = {"ngram_rows": 1001}
-    T.check_row_tables(T.Hyperparameters.of(**settings, device="cuda", rank_slice=True), 1)
-    T.check_row_tables(T.Hyperparameters.of(**settings, device="cuda", cuda_graphs=False), 4)
-    with pytest.raises(T.SetupError, match=r"at world size 4 .* set CUDA_GRAPHS=0 \(or run in rank-slice mode") as error:
-        T.check_row_tables(T.Hyperparameters.of(**settings, device="cuda"), 4)
-    assert "\n" not in str(error.value)
-
-
 def test_the_warm_up_keeps_the_tables_initial_state_in_host_memory_and_restores_it(corpus, monkeypatch):
     """The warm-up's copy of each row table (as large as the table: 28 GiB at 3.9M rows, which beside the model
     overflowed an 80 GB GPU) goes to host memory, and the reset after the warm-up brings the table back from it."""
