@@ -13,7 +13,9 @@ SEEDS=1,2,3 arm 0 pair_table NGRAM_OPTIMIZER=rowwise NGRAM_ROWS=10575360 NUM_SCH
 python records/tool.py stages $L/pair_main_s*.txt $L/pair_table_s*.txt > $L/stages.md 2>&1
 note "stages rc=$?"
 pack_cache
-# if the lease lasts: the row-table GPU tests (the loads outside the graphs, as above world size 1, included)
+# if the lease lasts: the table's own work per step at record #92's rows on proxy tokens (no model; ~2 minutes)
+check 0 bench_rows 300 python bench/bench_row_tables.py --profile
+# the row-table GPU tests (the loads outside the graphs, as above world size 1, included)
 check 0 gpu_tests 420 python -m pytest -q -m gpu tests/training/test_step_graphs.py -k row_tables
 # then: where the table's time goes, kernel groups per stage with and without it (graphed steps)
 check 0 prof_main 420 env GPU_MEMORY_GIB=77 python bench/profile_stages.py main=train_gpt.py --out $L/prof_main
