@@ -3295,10 +3295,11 @@ class StepGraphs:
         weights, names = target_weights.clone(), list(self.params)
         caches = [table.training_cache(self.model) for table in self.row_tables]
         if not self.loads_in_graphs:  # the batch's rows, which every forward below reads (run loads them so)
-            self.load_rows(inputs)
+            load_row_caches(self.row_tables, self.model, inputs)
 
         def forward_backward() -> tuple[Tensor, dict[str, Tensor], list[tuple[Tensor | None, Tensor]]]:
-            distincts = self.load_rows(inputs) if self.loads_in_graphs else [None] * len(self.row_tables)
+            distincts = load_row_caches(self.row_tables, self.model, inputs) if self.loads_in_graphs \
+                else [None] * len(self.row_tables)
             loss, ce = self.loss_fn(inputs, targets, cu_seqlens, plan.shape, execution, weights, self.grad_scale)
             grads = torch.autograd.grad(loss, [*(self.params[name] for name in names), *caches], allow_unused=True)
             return (ce.float() * self.grad_scale, {name: g for name, g in zip(names, grads) if g is not None},
@@ -3418,9 +3419,6 @@ class StepGraphs:
                 raise GraphMismatch(f"{name} is no longer at the address the CUDA graphs read: restore state "
                                     f"in place (copy_), or run with CUDA_GRAPHS=0")
 
-    def load_rows(self, inputs: Tensor) -> list[Tensor]:
-        return load_row_caches(self.row_tables, self.model, inputs)
-
     def run(self, plan: StepPlan, loader: "TrainLoader", target_weights: Tensor) -> Tensor:
         """The step's micro-batches from `loader` through its key's graphs, each row table given each micro-batch's
         rows and their gradients; sets each parameter's .grad to its static gradient and returns the mean CE."""
@@ -3429,7 +3427,7 @@ class StepGraphs:
         for k in range(self.grad_accum):
             loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len, into=(step.tokens, step.cu_seqlens),
                               attention_cap=plan.attention_cap)
-            loaded = None if self.loads_in_graphs else self.load_rows(step.tokens[:-1])
+            loaded = None if self.loads_in_graphs else load_row_caches(self.row_tables, self.model, step.tokens[:-1])
             (step.first if k == 0 else step.accumulate).replay()
             rows = step.rows if k == 0 else step.accumulate_rows
             for i, (table, (distinct, cache_grad)) in enumerate(zip(self.row_tables, rows)):

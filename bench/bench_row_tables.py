@@ -17,7 +17,6 @@ ms per training step in rank-slice (a load and a keep every step, the optimizer 
 --profile adds the largest GPU kernels of one repeat per size.
 """
 import argparse
-import glob
 import os
 import statistics
 import sys
@@ -35,7 +34,7 @@ WARMUP = 3
 def token_source(train_files: str | None, needed: int, vocab: int, seed: int) -> np.ndarray:
     """`needed` tokens: the start of the first shard that `train_files` names, or Zipf-distributed ids."""
     if train_files:
-        path = sorted(glob.glob(train_files))[0] if glob.glob(train_files) else train_files
+        path = T.find_shards(train_files)[0]  # no match or a damaged header: its one-line error
         tokens = T.Shard(path, pin_memory=False).tokens
         if tokens.size < needed:
             raise SystemExit(f"{path}: {tokens.size} tokens, the benchmark reads {needed}: give fewer --repeats")

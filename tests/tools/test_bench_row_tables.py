@@ -40,5 +40,7 @@ def test_main_prints_one_row_per_size_and_reads_the_shards_it_is_given(corpus, m
     assert "tokens: the first shard of" in out and "| 32 |" in out and "| 64 |" in out
     with pytest.raises(SystemExit, match="tokens, the benchmark reads"):
         B.token_source(str(corpus / "tiny_train_*.bin"), 10**9, 50304, 0)
+    with pytest.raises(FileNotFoundError, match="no token shards match"):
+        B.token_source(str(corpus / "missing_*.bin"), 100, 50304, 0)
     zipf = B.token_source(None, 1000, 50304, 0)
     assert zipf.dtype == np.int64 and zipf.min() >= 0 and zipf.max() < 50304
