@@ -1899,6 +1899,19 @@ class NorMuonAdam:
 NGRAM_STATE_GIB = 28
 
 
+def summed_row_gradients(rows: tuple[Tensor, ...], grads: tuple[Tensor, ...], fill: int) -> tuple[Tensor, Tensor]:
+    """(the distinct row ids of the parts `rows`, increasing, then `fill` up to their total length; each one's
+    gradient, summed in fp32 over the parts' pairs) (T3.19). Compiled, the fp32 sums are the one buffer it
+    writes: each part's gradients are read in their own dtype and added in place, with no fp32 copy or concat."""
+    distinct, places = padded_unique(torch.cat(rows), fill)
+    sums = grads[0].new_zeros(distinct.numel(), grads[0].size(1), dtype=torch.float32)
+    start = 0
+    for part in grads:
+        sums.index_add_(0, places[start: start + part.size(0)], part.float())
+        start += part.size(0)
+    return distinct, sums
+
+
 def lazy_adam_replayed(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, last_step: Tensor, replay: Tensor,
                        local: Tensor, eps: float) -> Tensor:
     """The fp32 weights of a LazyRowTable's local rows as dense Adam has them now: the stored ones moved by
@@ -2073,6 +2086,7 @@ class LazyRowTable:
             return tuple(torch.compile(f, dynamic=world_size > 1, fullgraph=True) for f in fns)
         # the update's and the read's gathers and arithmetic fused on the GPU; the rows' optimizer decided here
         self.rule: RowAdam | RowwiseRMSprop = ROW_OPTIMIZERS[optim.ngram_optimizer](local, max_steps, device, compile_fns)
+        (self._summed,) = compile_fns(summed_row_gradients)  # fp32 sums straight from the bf16 gradients
 
     def buffers(self, model: nn.Module, tokens: int) -> tuple[Tensor, Tensor]:
         """The model's row cache and inverse that load fills for a forward of `tokens` tokens."""
@@ -2110,23 +2124,19 @@ class LazyRowTable:
         step without Adam keep them for the next one (T2.7)."""
         if not adam:
             return
-        rows = torch.cat([self.last_step.new_zeros(0, dtype=torch.long), *(rows for rows, _ in self.kept)])
-        grads = torch.cat([self.weight.new_zeros(0, self.weight.size(1), dtype=torch.float32),
-                           *(grad.float() for _, grad in self.kept)])
-        self.kept = []
-        self.update(*self.owner_sums(rows, grads), lr_multiplier)
+        kept, self.kept = self.kept, []
+        self.update(*self.owner_sums(kept), lr_multiplier)
 
-    def owner_sums(self, rows: Tensor, grads: Tensor) -> tuple[Tensor, Tensor]:
-        """From (row id, gradient) pairs of this rank, repeats and padding (`rows`) allowed: (local rows, each
-        one's gradient summed over every pair of every rank) of the rows this rank owns, scratch-padded."""
-        distinct, places = padded_unique(rows, self.rows)
-        sums = torch.zeros_like(grads).index_add_(0, places, grads)
+    def owner_sums(self, pairs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+        """From this rank's (row ids, gradients) pairs, repeats and padding allowed: (local rows, each one's
+        gradient summed over every pair of every rank) of the rows this rank owns, scratch-padded."""
+        none = (self.last_step.new_zeros(0, dtype=torch.long), self.weight.new_zeros(0, self.weight.size(1)))
+        distinct, sums = self._summed(*zip(none, *pairs), fill=self.rows)  # an Adam step with no pairs still steps
         if self.world == 1:
             return distinct, sums
         count = int((distinct < self.rows).sum())
         received, (received_sums,), _, _ = self.to_owners(distinct[:count], sums[:count])
-        distinct, places = padded_unique(received - self.start, self.shard_rows)
-        return distinct, torch.zeros_like(received_sums).index_add_(0, places, received_sums)
+        return self._summed((received - self.start,), (received_sums,), fill=self.shard_rows)
 
     def update(self, local: Tensor, sums: Tensor, lr_multiplier: float):
         """One step of the table's optimizer (on the Adam steps, T2.7): the rows `local` (duplicates only of the

@@ -66,6 +66,41 @@ def test_padded_unique_is_torch_unique_with_a_static_shape():
     assert torch.equal(inverse, expected_inverse)
 
 
+def summed_parts(parts: list[tuple[torch.Tensor, torch.Tensor]], fill: int) -> dict[int, torch.Tensor]:
+    """Each row id's gradient summed over the (row ids, gradients) parts in float64, the padding `fill` left out."""
+    sums: dict[int, torch.Tensor] = {}
+    for rows, grads in parts:
+        for row, grad in zip(rows.tolist(), grads.double().cpu()):
+            if row != fill:
+                sums[row] = sums.get(row, 0) + grad
+    return sums
+
+
+def random_parts(count: int, rows: int, fill: int, dtype: torch.dtype, device="cpu"):
+    """`count` parts as the table keeps them: each a load's distinct row ids (then `fill`) and their gradients."""
+    parts = []
+    for _ in range(count):
+        distinct = torch.randperm(rows)[: int(torch.randint(1, rows, ()))].sort().values
+        ids = torch.cat([distinct, torch.full((5,), fill)])
+        parts.append((ids.to(device), torch.randn(ids.numel(), DIM).to(device, dtype)))
+    return parts
+
+
+@pytest.mark.parametrize("count", [1, 2, 5])
+def test_summed_row_gradients_adds_each_rows_pairs_across_parts_in_fp32(count):
+    """The kept parts of an optimizer step (rows repeat across parts, padding in each): every distinct row once, in
+    increasing order, then the padding; its bf16 gradients summed in fp32 over the parts, as a float64 sum has them."""
+    torch.manual_seed(count)
+    parts = random_parts(count, 30, 40, torch.bfloat16)
+    distinct, sums = T.summed_row_gradients(*zip(*parts), fill=40)
+    expected = summed_parts(parts, 40)
+    n = len(expected)
+    assert sums.dtype == torch.float32 and distinct.numel() == sums.size(0) == sum(r.numel() for r, _ in parts)
+    assert distinct[:n].tolist() == sorted(expected) and (distinct[n:] == 40).all()
+    torch.testing.assert_close(sums[:n].double(), torch.stack([expected[r] for r in sorted(expected)]),
+                               rtol=1e-6, atol=1e-6)
+
+
 def dense_adam_steps(steps, rows: int, weight: torch.Tensor, optim, betas) -> tuple:
     """Dense Adam (adam_update, no decay) over the whole table, zero gradients on the rows a step leaves out."""
     W, m, v = weight.clone(), torch.zeros_like(weight), torch.zeros_like(weight)
@@ -83,6 +118,7 @@ def test_the_table_compiles_its_update_only_on_the_gpu():
     cfg = T.ModelConfig(model_dim=DIM, ngram_rows=40)
     cpu = T.NgramTable(cfg, T.Hyperparameters.of().optim, 12, torch.device("cpu"), compile=True)
     assert cpu.rule._rows_fn is T.lazy_adam_rows and cpu.rule._read_fn is T.lazy_adam_replayed
+    assert cpu._summed is T.summed_row_gradients
     rowwise = T.NgramTable(cfg, T.Hyperparameters.of(ngram_optimizer="rowwise").optim, 12, torch.device("cpu"), compile=True)
     assert isinstance(rowwise.rule, T.RowwiseRMSprop) and rowwise.rule._rows_fn is T.lazy_rowwise_rows
 
@@ -97,7 +133,7 @@ def test_the_compiled_lazy_update_equals_the_eager_one_on_the_gpu(optimizer):
     cfg, cuda = T.ModelConfig(model_dim=DIM, ngram_rows=40), torch.device("cuda")
     optim = T.Hyperparameters.of(ngram_optimizer=optimizer).optim
     eager, fused = (T.NgramTable(cfg, optim, 12, cuda, dtype=torch.float32, compile=c) for c in (False, True))
-    assert fused.rule._rows_fn is not eager.rule._rows_fn
+    assert fused.rule._rows_fn is not eager.rule._rows_fn and fused._summed is not eager._summed
     start = torch.randn(40, DIM, device=cuda)
     for tab in (eager, fused):
         tab.weight[:40].copy_(start)
@@ -105,10 +141,16 @@ def test_the_compiled_lazy_update_equals_the_eager_one_on_the_gpu(optimizer):
         ids = torch.cat([torch.randint(0, 30, (27,)), torch.full((3,), 40)]).to(cuda)
         grads = torch.randn(30, DIM, device=cuda)
         for tab in (eager, fused):
-            tab.update(*tab.owner_sums(ids, grads), 1.0 - 0.08 * t)
+            tab.update(*tab.owner_sums([(ids, grads)]), 1.0 - 0.08 * t)
     rows = torch.arange(40, device=cuda)
     torch.testing.assert_close(fused.replayed(rows), eager.replayed(rows), rtol=1e-5, atol=1e-6)
     assert torch.equal(fused.last_step, eager.last_step)
+    parts = random_parts(3, 40, 40, torch.bfloat16, cuda)  # the compiled sums of bf16 parts, as a run keeps them
+    distinct, sums = fused.owner_sums(parts)
+    expected = summed_parts(parts, 40)
+    assert distinct[: len(expected)].tolist() == sorted(expected)
+    torch.testing.assert_close(sums[: len(expected)].double().cpu(), torch.stack([expected[r] for r in sorted(expected)]),
+                               rtol=1e-6, atol=1e-6)
     expected = eager.rule.tensors()
     for name, value in fused.rule.tensors().items():  # per row (but the scratch row 40), or the replay sums
         if name == "replay":
@@ -129,7 +171,7 @@ def test_lazy_sparse_adam_equals_dense_adam_with_zero_gradients_on_untouched_ste
         ids = torch.cat([torch.randint(0, 30, (n,)), torch.full((3,), 40)])  # rows 30..39: never; 40: padding
         steps.append((ids, torch.randn(n + 3, DIM), 1.0 - 0.08 * t))
     for ids, grads, lr_multiplier in steps:
-        lazy.update(*lazy.owner_sums(ids, grads), lr_multiplier)
+        lazy.update(*lazy.owner_sums([(ids, grads)]), lr_multiplier)
     W, m, v = dense_adam_steps(steps, 40, initial, lazy.optim, lazy.spec.betas)
     rows = torch.arange(40)
     torch.testing.assert_close(lazy.replayed(rows), W, rtol=2e-6, atol=2e-6)
@@ -155,7 +197,7 @@ def test_lazy_rowwise_rmsprop_equals_the_dense_one():
         n = int(torch.randint(1, 30, ()))
         ids = torch.cat([torch.randint(0, 30, (n,)), torch.full((3,), 40)])  # rows 30..39: never; 40: padding
         grads, lr_multiplier = torch.randn(n + 3, DIM), 1.0 - 0.08 * t
-        lazy.update(*lazy.owner_sums(ids, grads), lr_multiplier)
+        lazy.update(*lazy.owner_sums([(ids, grads)]), lr_multiplier)
         dense = torch.zeros(41, DIM).index_add_(0, ids, grads)[:40]
         lr = lazy.optim.adam_lr * 75.0 * lr_multiplier
         dense_rowwise_step(W, v, dense, lr * math.sqrt(1 - beta2 ** t), beta2, lazy.optim.adam_eps)
@@ -179,7 +221,7 @@ def exchange_worker(rank: int, world: int, port: int, out_path: str, optimizer: 
         rows = torch.cat([torch.randint(0, 37, (25,), generator=g), torch.full((4,), 37)])
         grads = torch.randint(-8, 9, (29, DIM), generator=g) / 8
         tab = table(rows=37, rank=rank, world=world, ngram_optimizer=optimizer)
-        local, sums = tab.owner_sums(rows, grads)
+        local, sums = tab.owner_sums([(rows, grads)])
         dense = torch.zeros(38, DIM).index_add_(0, rows, grads)[:37]
         dist.all_reduce(dense)
         owned = local < tab.shard_rows
