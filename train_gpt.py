@@ -191,7 +191,9 @@ class ModelConfig:
     # narrow layers whose V and O heads are HEAD_DIM/2 wide too (T3.21, record #92's (64, 64) layers); off by default
     narrow_vo_layers: tuple[int, ...] = ()
     bigram_rows: int = 50304 * 15 // 2
-    ngram_rows: int = 0  # >0: the bigram injection's rows come from a hashed n-gram table this large (T3.19)
+    # the bigram injection's rows from a hashed bigram + trigram table this large (T3.19; record #92's rows per rank);
+    # 0: the bigram table of BIGRAM_ROWS rows instead
+    ngram_rows: int = 10_575_360
     ngram_orders: tuple[int, ...] = (2, 3)  # with NGRAM_ROWS: the n-gram lengths hashed into it (2: bigram, 3: trigram)
     value_embeds: bool = True
     skip_connection: bool = True
@@ -224,13 +226,13 @@ class OptimConfig:
     adam_weight_decay: float = 0.005
     # with NGRAM_ROWS, the table rows' optimizer: adam (fp32 moments per value, 10 bytes a value) or rowwise (no
     # momentum, one second moment per row, 2 bytes a value: record #92's per-rank rows fit rank-slice; T3.19)
-    ngram_optimizer: str = "adam"
+    ngram_optimizer: str = "rowwise"
 
 
 @dataclass(frozen=True)
 class ScheduleConfig:
     """The stage table and what changes along the run (T5, T2.7, T2.8, T4)."""
-    num_scheduled_iterations: int = 1400  # the reference: 1270 in all (T5.1)
+    num_scheduled_iterations: int = 1350  # the reference: 1270 in all (T5.1)
     num_extension_iterations: int = 15
     stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216,393216 etc.
     taper_fraction: float = TAPER  # the taper row's share of the scheduled steps, set before the STAGE_<COLUMN>
@@ -2178,6 +2180,11 @@ class LazyRowTable:
 
         return exchange(rows), [exchange(p) for p in payloads], sent, received
 
+    def serve(self):
+        """Take part in the other ranks' loads with none of its own: send this rank's rows they ask for."""
+        if self.world > 1:
+            self.fetch(self.last_step.new_zeros(0, dtype=torch.long))
+
     def fetch(self, rows: Tensor) -> Tensor:
         """The current weights of the increasing row ids `rows`, from their owners."""
         asked, _, sent, received = self.to_owners(rows)
@@ -2470,6 +2477,7 @@ class ValidationSet:
         self.tokens = np.concatenate(parts)[: val_tokens + 1].astype(np.int32)
         self.seq_len, self.device = seq_len, device
         self.chunks = list(range(rank, val_tokens // seq_len, world_size))
+        self.rounds = -(-(val_tokens // seq_len) // world_size)  # the chunks of the ranks with the most
         self.max_docs = max_docs_per_batch(seq_len)
 
     def batch(self, chunk: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -3886,13 +3894,17 @@ class Trainer:
         self.set_long_windows(long_windows)
         totals = torch.zeros(1 if self.banned_next_table is None else 2, device=self.device)
         count = 0
+        rounds = self.val_set.rounds if max_batches is None else min(max_batches, self.val_set.rounds)
         for i, (inputs, targets, cu_seqlens) in enumerate(self.val_set):
-            if max_batches is not None and i >= max_batches:
+            if i >= rounds:
                 break
             self.load_rows(inputs)
             totals += self.evaluation_loss(inputs, targets, cu_seqlens, shape, self.validation_execution,
                                            self.validation_execution.evaluation_chunk)
             count += inputs.numel()
+        for _ in range(min(len(self.val_set.chunks), rounds), rounds):  # a rank with a chunk fewer than others
+            for table in self.row_tables:  # still answers their loads' requests for its rows (T3.19)
+                table.serve()
         stats = torch.cat([totals, torch.tensor([float(count)], device=self.device)])
         if self.world_size > 1:
             dist.all_reduce(stats)
@@ -4255,6 +4267,20 @@ def report_setup_error(error: Exception, rank: int, log: RunLog | None):
     raise SystemExit(1)
 
 
+def out_of_memory_hint(hp: Hyperparameters, world_size: int) -> str:
+    """What to change after torch.OutOfMemoryError: the allocator's cap, the n-gram table's share, the batch."""
+    capped = f"GPU_MEMORY_GIB={hp.run.gpu_memory_gib:g} caps this process's allocator; " \
+        if hp.run.gpu_memory_gib > 0 else ""
+    table = ""
+    if hp.model.ngram_rows:  # T3.19: the largest allocation of one or two GPUs
+        rows = -(-hp.model.ngram_rows // world_size)
+        gib = rows * lazy_table_bytes_per_row(hp.model.model_dim, hp.optim.ngram_optimizer) / 2**30
+        table = (f"The n-gram table holds {gib:.1f} GiB of it per process (NGRAM_ROWS={hp.model.ngram_rows}): "
+                 "NGRAM_ROWS=0 NUM_SCHEDULED_ITERATIONS=1400 trains with the small bigram table instead. ")
+    return (f"out of GPU memory. {capped}{table}Free the GPU (other processes?), keep PYTORCH_ALLOC_CONF="
+            "expandable_segments:True, or lower STAGE_BATCH_TOKENS / VAL_SEQ_LEN for smaller GPUs.")
+
+
 def report_interrupt(where: str, rank: int, log: RunLog | None):
     """Ctrl-C: one `interrupted ...` line (console and log, which keeps everything before it), exit 130."""
     if log is not None:
@@ -4269,7 +4295,7 @@ def report_interrupt(where: str, rank: int, log: RunLog | None):
 def main():
     """Train; `python train_gpt.py --check` only checks the settings and inputs (run.sh does so
     before it starts torchrun, so a bad setting is one line, not one traceback per process)."""
-    rank, log = int(os.environ.get("RANK", 0)), None
+    rank, world_size, log = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), None
     if sys.argv[1:] in (["--help"], ["-h"]):
         return print(__doc__.strip())
     try:
@@ -4292,6 +4318,8 @@ def main():
         report_setup_error(error, rank, log)
     except KeyboardInterrupt:
         report_interrupt("during set-up", rank, log)
+    except torch.OutOfMemoryError:  # the model, or the n-gram table's rows (T3.19)
+        report_setup_error(out_of_memory_hint(hp, world_size), rank, log)
     try:
         for _ in trainer.run_each(runs):  # each run logs its own results
             pass
@@ -4301,10 +4329,7 @@ def main():
     except KeyboardInterrupt:
         report_interrupt(trainer.position, rank, trainer.log)
     except torch.OutOfMemoryError:
-        capped = f"GPU_MEMORY_GIB={hp.run.gpu_memory_gib:g} caps this process's allocator; " \
-            if hp.run.gpu_memory_gib > 0 else ""
-        trainer.log(f"error: out of GPU memory. {capped}Free the GPU (other processes?), keep PYTORCH_ALLOC_CONF="
-            "expandable_segments:True, or lower STAGE_BATCH_TOKENS / VAL_SEQ_LEN for smaller GPUs.")
+        trainer.log(f"error: {out_of_memory_hint(hp, world_size)}")
         raise
     finally:
         if dist.is_initialized():

@@ -30,7 +30,7 @@ CPU_MALLOC = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"
 # cost after the training steps' own.
 TINY_STAGES = dict(batch_tokens=(2048, 4096, 4096, 4096, 4096), max_seq_len=(128, 256, 256, 256, 256))
 TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
-            bigram_rows=1001, stages=T.replace_stage_columns(T.STAGES, **TINY_STAGES), window_block_size=16,
+            bigram_rows=1001, ngram_rows=4001, stages=T.replace_stage_columns(T.STAGES, **TINY_STAGES), window_block_size=16,
             val_tokens=1024, val_seq_len=1024, muon_momentum_warmup_steps=5, muon_momentum_cooldown_steps=2)
 
 # The layout before the 2026-11-28 defaults: attention on every layer but 6, five value-embedding planes,

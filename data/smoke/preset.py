@@ -29,7 +29,7 @@ STAMP = "sample.sha256"  # in the cache: the sha256 of the sample its shards wer
 # The tiny model of the CPU tests, 22 steps of 2,048 tokens (full batch: 8 micro-batches of 256; its time and
 # loss: README.md beside this file). A step's cost grows with its tokens, so more steps of fewer tokens teach
 # more per second.
-PRESET = dict(MODEL_DIM=128, NUM_HEADS=2, HEAD_DIM=64, MLP_HIDDEN=256, BIGRAM_ROWS=1001,
+PRESET = dict(MODEL_DIM=128, NUM_HEADS=2, HEAD_DIM=64, MLP_HIDDEN=256, BIGRAM_ROWS=1001, NGRAM_ROWS=4001,
               STAGE_BATCH_TOKENS="2048,2048,2048,2048,2048", STAGE_MAX_SEQ_LEN="128,256,256,256,256", WINDOW_BLOCK_SIZE=16,
               NUM_SCHEDULED_ITERATIONS=21, NUM_EXTENSION_ITERATIONS=1, VAL_TOKENS=VAL_TOKENS, VAL_SEQ_LEN=1024,
               VAL_LOSS_EVERY=7, TRAIN_LOSS_EVERY=1, MUON_MOMENTUM_WARMUP_STEPS=7, MUON_MOMENTUM_COOLDOWN_STEPS=2,

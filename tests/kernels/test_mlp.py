@@ -298,7 +298,7 @@ def test_compiled_model_with_the_fused_mlp_matches_the_plain_mlp():
     inputs, targets, cu, shape = four_document_batch()
     results = []
     for fused in (True, False):
-        hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001,
+        hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001, ngram_rows=0,
                                val_seq_len=1024, fused_mlp=fused, fused_mlp_min_tokens=0, fp8_mlp=False)
         torch.manual_seed(0)
         model = T.GPT(hp.model, T.longest_forward(hp)).cuda()
@@ -392,7 +392,7 @@ def test_compiled_model_with_the_fp8_mlp_trains_like_the_bf16_mlp(layout):
     inputs, targets, cu, shape = four_document_batch()
     results = []
     for fp8 in (True, False):
-        hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001,
+        hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001, ngram_rows=0,
                                val_seq_len=1024, fused_mlp_min_tokens=0, fp8_mlp=fp8, **layout)
         torch.manual_seed(0)
         model = T.GPT(hp.model, T.longest_forward(hp)).cuda()

@@ -58,7 +58,7 @@ QK_ROPE_INTERPRETER_CHECK = textwrap.dedent("""
     T.QK_ROPE_FORWARD_LAUNCH = T.QK_ROPE_BACKWARD_LAUNCH = {"BLOCK": 512, "num_warps": 4}
     for narrow, narrow_vo in (((), ()), (T.ModelConfig.narrow_qk_layers, ()), (T.ModelConfig.narrow_qk_layers, (0, 5))):
         hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, vocab_size=1024,
-                                  bigram_rows=1001, narrow_qk_layers=narrow, narrow_vo_layers=narrow_vo)
+                                  bigram_rows=1001, ngram_rows=0, narrow_qk_layers=narrow, narrow_vo_layers=narrow_vo)
         torch.manual_seed(0)
         model = T.GPT(hp.model, 256).float()  # in fp32 the two paths agree to rounding (bf16: the cases above)
         with torch.no_grad():  # live MUDD value mix (the extra value input of layer 10)
@@ -177,7 +177,7 @@ def test_compiled_model_with_the_qk_rope_kernels_matches_the_torch_path_on_gpu()
     shape = T.ForwardShape(short_window=128, long_window=384, max_seq_len=512, n_predict=2)
     results = []
     for setting in (False, True):
-        hp = T.Hyperparameters.of(model_dim=384, num_heads=6, head_dim=64, mlp_hidden=1024, bigram_rows=1001,
+        hp = T.Hyperparameters.of(model_dim=384, num_heads=6, head_dim=64, mlp_hidden=1024, bigram_rows=1001, ngram_rows=0,
                                   val_seq_len=1024, qk_rope_kernel=setting)
         torch.manual_seed(0)
         model = T.GPT(hp.model, T.longest_forward(hp)).cuda()

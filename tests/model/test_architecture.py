@@ -15,7 +15,7 @@ from helpers import FULL_LAYOUT, cpu_execution, dc_mha_dense, rel_err
 
 # A tiny model with a small vocabulary (the CPU is slow with 50304-row tables).
 SMALL = dict(device="cpu", compile=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, vocab_size=1024,
-             bigram_rows=1001, window_block_size=16, val_tokens=2048, val_seq_len=1024,
+             bigram_rows=1001, ngram_rows=0, window_block_size=16, val_tokens=2048, val_seq_len=1024,
              stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096, 4096),
                                             max_seq_len=(128, 256, 256, 256, 256),
                                             ce_candidates=(0,) * 5))  # the vocabulary: below the budgets

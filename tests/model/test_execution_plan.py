@@ -103,7 +103,7 @@ def test_the_qk_rope_kernels_are_on_where_cuda_and_the_head_size_take_them(hoppe
 def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
     lines = []
     hp = T.Hyperparameters.of(device="cpu", compile=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
-                              bigram_rows=1001, train_files=str(corpus / "tiny_train_*.bin"), val_tokens=2048,
+                              bigram_rows=1001, ngram_rows=0, train_files=str(corpus / "tiny_train_*.bin"), val_tokens=2048,
                               val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus), val_seq_len=1024,
                               stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096, 4096),
                                                              max_seq_len=(128, 256, 256, 256, 256)),

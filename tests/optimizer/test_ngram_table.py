@@ -116,7 +116,7 @@ def dense_adam_steps(steps, rows: int, weight: torch.Tensor, optim, betas) -> tu
 def test_the_table_compiles_its_update_only_on_the_gpu():
     """Decided once at construction: on the CPU the table runs lazy_adam_rows and lazy_adam_replayed as they are."""
     cfg = T.ModelConfig(model_dim=DIM, ngram_rows=40)
-    cpu = T.NgramTable(cfg, T.Hyperparameters.of().optim, 12, torch.device("cpu"), compile=True)
+    cpu = T.NgramTable(cfg, T.Hyperparameters.of(ngram_optimizer="adam").optim, 12, torch.device("cpu"), compile=True)
     assert cpu.rule._rows_fn is T.lazy_adam_rows and cpu.rule._read_fn is T.lazy_adam_replayed
     assert cpu._summed is T.summed_row_gradients
     rowwise = T.NgramTable(cfg, T.Hyperparameters.of(ngram_optimizer="rowwise").optim, 12, torch.device("cpu"), compile=True)
@@ -162,7 +162,7 @@ def test_the_compiled_lazy_update_equals_the_eager_one_on_the_gpu(optimizer):
 def test_lazy_sparse_adam_equals_dense_adam_with_zero_gradients_on_untouched_steps():
     """Random row sets (repeats, padding, rows left out for many steps, rows never touched), a varying lr."""
     torch.manual_seed(0)
-    lazy = table(rows=40)
+    lazy = table(rows=40, ngram_optimizer="adam")
     lazy.weight[:40].normal_()
     initial = lazy.weight[:40].clone()
     steps = []
@@ -346,17 +346,17 @@ def test_settings_the_table_cannot_take_are_one_line(settings, message):
 
 def test_a_table_too_large_for_a_process_names_the_largest_that_fits():
     largest = T.NGRAM_STATE_GIB * 2**30 // T.lazy_table_bytes_per_row(768, "adam")
-    T.check_row_tables(T.Hyperparameters.of(ngram_rows=largest, rank_slice=True), 1)
+    T.check_row_tables(T.Hyperparameters.of(ngram_rows=largest, ngram_optimizer="adam", rank_slice=True), 1)
     rowwise = T.NGRAM_STATE_GIB * 2**30 // T.lazy_table_bytes_per_row(768, "rowwise")
     with pytest.raises(T.SetupError, match=f"rank-slice mode holds the whole table.*NGRAM_ROWS={largest}, "
                                            r"or NGRAM_OPTIMIZER=rowwise \(1544 bytes per row\)$"):
-        T.check_row_tables(T.Hyperparameters.of(ngram_rows=largest + 1, rank_slice=True), 1)
+        T.check_row_tables(T.Hyperparameters.of(ngram_rows=largest + 1, ngram_optimizer="adam", rank_slice=True), 1)
     # row-wise state: the bf16 weight and 8 bytes a row, so rank-slice holds record #92's 10,575,360 rows per rank
     assert T.lazy_table_bytes_per_row(768, "adam") == 7684 and rowwise > 10_575_360 > largest
     T.check_row_tables(T.Hyperparameters.of(ngram_rows=rowwise, ngram_optimizer="rowwise", rank_slice=True), 1)
     with pytest.raises(T.SetupError, match=f"NGRAM_OPTIMIZER=rowwise's state.*NGRAM_ROWS={rowwise}$"):
         T.check_row_tables(T.Hyperparameters.of(ngram_rows=rowwise + 1, ngram_optimizer="rowwise", rank_slice=True), 1)
-    eager = {"device": "cuda", "cuda_graphs": False}
+    eager = {"device": "cuda", "cuda_graphs": False, "ngram_optimizer": "adam"}
     T.check_row_tables(T.Hyperparameters.of(ngram_rows=8 * largest, **eager), 8)  # one eighth per rank
     with pytest.raises(T.SetupError, match=f"NGRAM_ROWS={8 * largest}, or NGRAM_OPTIMIZER=rowwise"):
         T.check_row_tables(T.Hyperparameters.of(ngram_rows=8 * largest + 1, **eager), 8)
@@ -365,7 +365,7 @@ def test_a_table_too_large_for_a_process_names_the_largest_that_fits():
 def test_the_warm_up_keeps_the_tables_initial_state_in_host_memory_and_restores_it(corpus, monkeypatch):
     """The warm-up's copy of each row table (as large as the table: 28 GiB at 3.9M rows, which beside the model
     overflowed an 80 GB GPU) goes to host memory, and the reset after the warm-up brings the table back from it."""
-    hp = T.Hyperparameters.of(**dict(TINY, ngram_rows=3001, rank_slice=True),
+    hp = T.Hyperparameters.of(**dict(TINY, ngram_rows=3001, ngram_optimizer="adam", rank_slice=True),
                               train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
                               tokenizer_dir=str(corpus))
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))

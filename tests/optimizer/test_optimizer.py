@@ -261,7 +261,7 @@ def test_communication_order_small_then_banks_then_tables():
     sharded Adam tables, each group in table order (NCCL runs collectives in launch order)."""
     order = T.NorMuonAdam(make_params(), SPECS, CONFIG).comm_order
     assert order == ["scalars", "mudd_gate_scale", "qk_bank", "mlp_bank", "lm_head", "embed"]
-    hp = T.Hyperparameters.of(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001)
+    hp = T.Hyperparameters.of(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001, ngram_rows=0)
     model = T.GPT(hp.model, T.longest_forward(hp))
     specs = T.param_specs(model)
     order = T.NorMuonAdam(dict(model.named_parameters()), specs, CONFIG).comm_order

@@ -25,7 +25,7 @@ import train_gpt as T  # noqa: E402
 
 REFERENCE = pathlib.Path(__file__).resolve().parents[1] / "reference_losses.json"  # tests/, beside helpers.py
 TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
-            bigram_rows=1001, stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096, 4096),
+            bigram_rows=1001, ngram_rows=4001, stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096, 4096),
                                                              max_seq_len=(128, 256, 256, 256, 256)),
             window_block_size=16, val_tokens=2048, val_seq_len=1024, muon_momentum_warmup_steps=5,
             muon_momentum_cooldown_steps=2, num_scheduled_iterations=12, num_extension_iterations=2)
@@ -71,11 +71,12 @@ def run_tiny(hp: T.Hyperparameters) -> dict:
 
         trainer.evaluate = recording_evaluate
         trainer.run()
+        # on the one thread too: a sum over more elements than one thread's grain splits by the thread count
+        sums = sorted((p.numel(), p.double().sum().item(), p.double().abs().sum().item())
+                      for p in trainer.model.parameters())
     finally:
         torch.set_num_threads(threads)
     steps = hp.run.stop_after or trainer.schedule.total_steps
-    sums = sorted((p.numel(), p.double().sum().item(), p.double().abs().sum().item())
-                  for p in trainer.model.parameters())
     return {"train_loss": [x.hex() for x in trainer.losses[:steps].tolist()],
             "val_loss": {str(step): value.hex() for step, value in sorted(val.items())},
             "weight_sums": [[n, s.hex(), a.hex()] for n, s, a in sums]}
