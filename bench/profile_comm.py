@@ -17,7 +17,8 @@ rank, so at equal bus bandwidth its kernel time grows by (7/8)/((w-1)/w) from w 
 2); the time with no compute running at 8 then lies between the measured one (the growth hides
 behind compute) and that plus the whole growth.
 
-Exchange: a rank's bigram-table gradient is nonzero only in the rows its tokens hashed to. Dense:
+Exchange (with NGRAM_ROWS=0, the bigram table; the default n-gram table exchanges its rows inside the steps,
+T3.19): a rank's bigram-table gradient is nonzero only in the rows its tokens hashed to. Dense:
 reduce_scatter_tensor of the (rows, dim) bf16 table, as the optimizer does. Touched rows only: the
 unique hashed ids of the rank's step, their rows gathered and sent to the rows' owners (all_to_all,
 counts first), summed into the owner's shard with index_add_; median of --repeats, both on the same
@@ -198,6 +199,7 @@ def main():
                  "compute ms/step | by kind (ms/step) | 8 ranks: NCCL | 8 ranks: no compute running |",
                  "|---|---|---|---|---|---|---|---|---|"]
         hashed_batches = []
+        bigram_table = hasattr(trainer.model, "bigram_embed")  # NGRAM_ROWS=0; by default the n-gram table (T3.19)
 
         def run(step, n):
             """n steps at `step`, Adam on every other one, non-Adam first: as in the run, each Adam step
@@ -241,10 +243,15 @@ def main():
             plan = schedule.plan(step)  # one micro-batch's hashed ids (the loader hands out whole steps)
             inputs = [loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)[0]
                       for _ in range(trainer.grad_accum)]
-            hashed_batches.append((stage, T.bigram_ids(inputs[0].long(), trainer.model.bigram_embed.size(0))))
+            if bigram_table:
+                hashed_batches.append((stage, T.bigram_ids(inputs[0].long(), trainer.model.bigram_embed.size(0))))
         results = []
-        if world > 1:
+        if world > 1 and bigram_table:
             results = exchange_bench(trainer.model, hashed_batches, world, rank, device, args.repeats)
+        if rank == 0 and world > 1 and not bigram_table:
+            lines += ["", "The n-gram table (NGRAM_ROWS, T3.19) sends its rows and their gradients to their owners "
+                      "inside the steps above (all_to_all, sizes first); NGRAM_ROWS=0 compares the bigram table's "
+                      "dense reduction with a touched-rows exchange."]
         if rank == 0 and results:
             rows, dim = trainer.model.bigram_embed.shape
             dtype = str(trainer.model.bigram_embed.dtype).split('.')[-1]
