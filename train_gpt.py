@@ -251,7 +251,7 @@ class ScheduleConfig:
     # fast rail's beta is MUON_RAILS_FAST_BETA and the blend weighs it MUON_RAILS_FAST_WEIGHT (T2.9)
     muon_rails_fast_beta: float = 0.85
     muon_rails_fast_weight: float = 0.4385
-    tail_ema_frac: float = 0.236  # an fp32 EMA of the weights over this share of all steps (334 of 1415), blended in before the final validation; 0: off (T5.4)
+    tail_ema_frac: float = 0.236  # an fp32 EMA of the weights over this share of all steps (322 of 1365), blended in before the final validation; 0: off (T5.4)
     tail_ema_rate: float = 0.0  # the tail EMA's rate per step; 0: 2/(its steps + 1)
     tail_ema_bank_blend: float = 0.55  # the EMA's share of the NorMuon banks after the blend (0: not averaged)
     tail_ema_embed_blend: float = 0.65  # the EMA's share of embed and lm_head after the blend (0: not averaged)
