@@ -159,6 +159,25 @@ def test_the_compiled_lazy_update_equals_the_eager_one_on_the_gpu(optimizer):
             torch.testing.assert_close(value[:40], expected[name][:40], rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_compiled_sums_with_dynamic_shapes_equal_the_eager_ones_on_the_gpu():
+    """Above world size 1 the sums are compiled with dynamic shapes (the row counts vary step to step): an owner's
+    sums of received rows of several lengths, as the eager function gives them. No collective is needed for it."""
+    torch.manual_seed(2)
+    cuda = torch.device("cuda")
+    owner = T.NgramTable(T.ModelConfig(model_dim=DIM, ngram_rows=80), T.Hyperparameters.of().optim, 12, cuda,
+                         rank=0, world_size=2, compile=True)
+    assert owner._summed is not T.summed_row_gradients
+    for length in (17, 40, 63):  # received rows: repeats, local ids below the shard's 40 rows
+        ids = torch.randint(0, 40, (length,), device=cuda)
+        grads = torch.randn(length, DIM, device=cuda)
+        distinct, sums = owner._summed((ids,), (grads,), fill=owner.shard_rows)
+        expected_distinct, expected_sums = T.summed_row_gradients((ids,), (grads,), fill=owner.shard_rows)
+        assert torch.equal(distinct, expected_distinct)
+        torch.testing.assert_close(sums, expected_sums, rtol=1e-6, atol=1e-6)
+
+
 def test_lazy_sparse_adam_equals_dense_adam_with_zero_gradients_on_untouched_steps():
     """Random row sets (repeats, padding, rows left out for many steps, rows never touched), a varying lr."""
     torch.manual_seed(0)
