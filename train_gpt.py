@@ -3894,17 +3894,17 @@ class Trainer:
         self.set_long_windows(long_windows)
         totals = torch.zeros(1 if self.banned_next_table is None else 2, device=self.device)
         count = 0
-        rounds = self.val_set.rounds if max_batches is None else min(max_batches, self.val_set.rounds)
-        for i, (inputs, targets, cu_seqlens) in enumerate(self.val_set):
-            if i >= rounds:
-                break
+        chunks = self.val_set.chunks
+        for i in range(self.val_set.rounds if max_batches is None else min(max_batches, self.val_set.rounds)):
+            if i >= len(chunks):  # a rank with a chunk fewer than others still answers their loads (T3.19)
+                for table in self.row_tables:
+                    table.serve()
+                continue
+            inputs, targets, cu_seqlens = self.val_set.batch(chunks[i])
             self.load_rows(inputs)
             totals += self.evaluation_loss(inputs, targets, cu_seqlens, shape, self.validation_execution,
                                            self.validation_execution.evaluation_chunk)
             count += inputs.numel()
-        for _ in range(min(len(self.val_set.chunks), rounds), rounds):  # a rank with a chunk fewer than others
-            for table in self.row_tables:  # still answers their loads' requests for its rows (T3.19)
-                table.serve()
         stats = torch.cat([totals, torch.tensor([float(count)], device=self.device)])
         if self.world_size > 1:
             dist.all_reduce(stats)

@@ -590,6 +590,7 @@ def test_validation_chunks(shards, tmp_path, world):
         vs = tg.ValidationSet(pattern, val_tokens, seq_len, rank, world, CPU)
         assert vs.tokens.dtype == np.int32 and np.array_equal(vs.tokens, tokens[: val_tokens + 1])
         assert vs.chunks == list(range(rank, 6, world))
+        assert vs.rounds == max(len(range(r, 6, world)) for r in range(world))  # 6 chunks: 2 of 4 ranks get one fewer
         batches = list(vs)
         assert len(batches) == len(vs.chunks)
         for chunk, (inputs, targets, cu) in zip(vs.chunks, batches):
