@@ -22,7 +22,6 @@ import difflib
 import functools
 import gc
 import glob
-import hashlib
 import json
 import math
 import re
@@ -32,7 +31,6 @@ import subprocess
 import sys
 import time
 import typing
-import unicodedata
 import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -52,16 +50,6 @@ try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # CPU-only installs may lack Triton; every kernel has a torch path
     triton = None
-varlen_attn = None
-if torch.version.cuda is not None:  # FA2 kernels: a CUDA build only; elsewhere its import (it loads dynamo) only slows start-up
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10
-    except ImportError:
-        pass
-try:
-    from flash_attn_interface import flash_attn_varlen_func  # FlashAttention-3, where installed
-except ImportError:
-    flash_attn_varlen_func = None
 try:
     from flash_attn.cute import interface as fa4_interface  # FlashAttention-4 (CuTe DSL): requirements-gpu.txt
 except ImportError:
@@ -170,13 +158,13 @@ class DataConfig:
     val_files: str = "data/fineweb10B/fineweb_val_*.bin"
     val_tokens: int = 10_485_760  # proxy runs use 3_932_160
     val_seq_len: int = 262_144  # tokens per validation forward on one rank
-    tokenizer_dir: str = "data/gpt2"  # GPT-2's encoder.json (prefix-token loss) and vocab.bpe (validation masking)
-    val_mask: bool = False  # validation masking (T4.5): next tokens GPT-2's BPE cannot emit there get probability 0
+    tokenizer_dir: str = "data/gpt2"  # GPT-2's encoder.json (the prefix-token loss)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The architecture (T3); each technique switchable for ablations (docs/TECHNIQUES.md)."""
+    """The architecture (T3): its sizes and which layers carry what; the techniques are always on (the
+    ablations of those that had switches: docs/TECHNIQUES.md, Removed)."""
     vocab_size: int = 50304
     model_dim: int = 768
     num_heads: int = 6
@@ -188,27 +176,8 @@ class ModelConfig:
     mlp_layers: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 8, 9, 10)  # the layers with an MLP: all but 7 (T3.1)
     # attention layers with Q/K heads HEAD_DIM/2 wide, fully rotated (T3.18, record #92): all but layers 3 and 10
     narrow_qk_layers: tuple[int, ...] = (0, 1, 2, 5, 8)
-    # narrow layers whose V and O heads are HEAD_DIM/2 wide too (T3.21, record #92's (64, 64) layers); off by default
-    narrow_vo_layers: tuple[int, ...] = ()
-    bigram_rows: int = 50304 * 15 // 2
-    # the bigram injection's rows from a hashed bigram + trigram table this large (T3.19; record #92's rows per rank);
-    # 0: the bigram table of BIGRAM_ROWS rows instead
+    # the bigram injection's rows from a hashed bigram + trigram table this large (T3.19; record #92's rows per rank)
     ngram_rows: int = 10_575_360
-    ngram_orders: tuple[int, ...] = (2, 3)  # with NGRAM_ROWS: the n-gram lengths hashed into it (2: bigram, 3: trigram)
-    value_embeds: bool = True
-    skip_connection: bool = True
-    residual_lambdas: bool = True  # 0: residual and sublayer weights fixed at 1
-    attn_lambdas: bool = True  # 0: attention weights unscaled
-    smear_gate: bool = True
-    attn_output_gates: bool = True
-    yarn: bool = True
-    key_offset: bool = True
-    paired_heads: bool = True
-    bigram_embed: bool = True
-    backout: bool = True  # the final MUDD mix starts by subtracting half of layer 7's output
-    late_attn_from_layer7: bool = True
-    xsa: bool = True  # gated exclusive self-attention on layers 1, 3, 4, 7
-    dc_mha: bool = True  # lightweight DC-MHA on layer 10
 
 
 @dataclass(frozen=True)
@@ -217,21 +186,15 @@ class OptimConfig:
     muon_lr: float = 0.017  # the reference: 0.023 (tuned on the proxy, docs/TECHNIQUES.md T2.4)
     muon_beta2: float = 0.9
     muon_weight_decay: float = 1.2
-    orthogonalizer: str = "polar_express"  # a name in ORTHOGONALIZERS: newton_schulz, polar_express5_l3e3, ... (T2.3)
-    mantissa_tracking: bool = True  # bf16 banks with an exact fp32 master (T2.6)
-    muon_rails: bool = True  # two EMA rails of the bank gradients in place of one (T2.9)
-    muon_rails_slow_beta: float = 0.98  # with MUON_RAILS: the slow rail's constant beta (record #92)
+    muon_rails_slow_beta: float = 0.98  # the slow momentum rail's constant beta (T2.9, record #92)
     adam_lr: float = 0.008
     adam_eps: float = 1e-10
     adam_weight_decay: float = 0.005
-    # with NGRAM_ROWS, the table rows' optimizer: adam (fp32 moments per value, 10 bytes a value) or rowwise (no
-    # momentum, one second moment per row, 2 bytes a value: record #92's per-rank rows fit rank-slice; T3.19)
-    ngram_optimizer: str = "rowwise"
 
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """The stage table and what changes along the run (T5, T2.7, T2.8, T4)."""
+    """The stage table and what changes along the run (T5, T2.8, T2.9, T4)."""
     num_scheduled_iterations: int = 1350  # the reference: 1270 in all (T5.1)
     num_extension_iterations: int = 15
     stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216,393216 etc.
@@ -239,7 +202,6 @@ class ScheduleConfig:
     # overrides (set_taper, T5.5); 0: no taper row, and the columns take an entry fewer
     final_long_window: int = 32  # long window of the last validation, in blocks (no YaRN update); the reference: 20
     window_block_size: int = 128
-    sliding_windows: bool = True
     cooldown_frac: float = 0.55  # the reference: 0.60 (T5.1)
     lr_floor: float = 0.15
     untie_embed_at: float = 2 / 3  # fraction of the scheduled steps; 0 keeps them tied (T3.15)
@@ -247,36 +209,29 @@ class ScheduleConfig:
     muon_momentum_max: float = 0.95
     muon_momentum_warmup_steps: int = 300
     muon_momentum_cooldown_steps: int = 50
-    muon_rails_engage_at: float = 0.44  # with MUON_RAILS: from this fraction of the scheduled steps the
-    # fast rail's beta is MUON_RAILS_FAST_BETA and the blend weighs it MUON_RAILS_FAST_WEIGHT (T2.9)
+    muon_rails_engage_at: float = 0.44  # from this fraction of the scheduled steps the fast momentum rail's beta
+    # is MUON_RAILS_FAST_BETA and the blend weighs it MUON_RAILS_FAST_WEIGHT (T2.9); before it, Muon's single EMA
     muon_rails_fast_beta: float = 0.85
     muon_rails_fast_weight: float = 0.4385
-    tail_ema_frac: float = 0.236  # an fp32 EMA of the weights over this share of all steps (322 of 1365), blended in before the final validation; 0: off (T5.4)
-    tail_ema_rate: float = 0.0  # the tail EMA's rate per step; 0: 2/(its steps + 1)
+    # an fp32 EMA of the weights (rate 2/(its steps + 1)) over this share of all steps, blended in before the
+    # final validation; 0: off (T5.4)
+    tail_ema_frac: float = 0.236
     tail_ema_bank_blend: float = 0.55  # the EMA's share of the NorMuon banks after the blend (0: not averaged)
     tail_ema_embed_blend: float = 0.65  # the EMA's share of embed and lm_head after the blend (0: not averaged)
-    adam_every_other_step: bool = True  # Adam on odd steps with two steps' gradients (T2.7)
-    multi_token_prediction: bool = True
-    prefix_loss: bool = True  # prefix-token auxiliary loss; reads tokenizer_dir/encoder.json
 
 
 @dataclass(frozen=True)
 class ExecutionConfig:
-    """How the math runs, not what it computes: fast paths and their size thresholds, resolved once
+    """How the math runs, not what it computes: the fast paths, each with its reference (0), resolved once
     per stage into an ExecutionPlan (see resolve_execution)."""
-    attention_backend: str = "auto"  # auto | fa3 | fa4 | varlen | flex | sdpa
-    fa4_min_tokens: int = 32768  # per-rank tokens per forward below which fa4 hands over to fa3/varlen (host-bound)
+    attention_backend: str = "auto"  # auto | fa4 | flex | sdpa
     fp8_lm_head: bool = True  # CUDA only
     fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
-    fused_mlp_min_tokens: int = 32768  # per-rank tokens per eager forward below which the plain MLP runs (launch-bound)
     fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
     fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
-    fp8_qkv_min_tokens: int = 49152  # per-rank tokens per eager forward below which it stays bf16 (host-bound there)
     qk_rope_kernel: bool = True  # QK-norm + rotary as Triton kernels, forward and backward (CUDA, T6.4)
     compile: bool = True
-    cuda_graphs: bool = True  # each training step's forward and backward replayed from a CUDA graph (CUDA only)
-    optimizer_graphs: bool = True  # with cuda_graphs at world size 1: the optimizer step replayed from CUDA graphs too (T5.3)
-    skip_guard_checks: bool = True  # after the warm-up, dynamo checks only the guards that tell its graphs apart
+    cuda_graphs: bool = True  # each training step's forward and backward replayed from a CUDA graph (CUDA; WARMUP)
 
 
 @dataclass(frozen=True)
@@ -296,7 +251,6 @@ class RunConfig:
     log_dir: str = "logs"
     save_checkpoint: bool = False
     train_loss_every: int = 0  # >0: add train_loss to every N-th step line (costs a sync)
-    nonfinite_check_every: int = 25  # steps between checks of the losses and shortfall (T4.6), read a period later
 
 
 @dataclass(frozen=True)
@@ -388,13 +342,28 @@ def check_unknown_settings(environ):
 
 # Environment variables that look like settings but belong to others (torchrun, run.sh)
 NOT_SETTINGS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SMOKE", "NGPU"}
-# Settings measured as no gain and taken out of the code: what they did
-REMOVED_SETTINGS = {"EMBED_GRAD_FP32": "fp32-summed embedding gradients measured no gain",
-                    "PAIRED_ROPE_BY_HEAD": "the reference's paired-head rotary positions measured no gain",
-                    "VALUE_EMBED_SPARSE": "the value embeddings as a row table measured slower than the dense path (T3.20)",
-                    "TABLE_ADAM_PERIOD": "the embedding tables' Adam every 4th step from fp32 sums cost more loss than "
-                                         "time (T2.10)",
-                    "TABLE_ADAM_PERIOD_FROM": "the embedding tables' Adam cadence cost more loss than time (T2.10)"}
+# Settings taken out of the code, and why (docs/TECHNIQUES.md, Removed, keeps their numbers)
+REMOVED_SETTINGS = {
+    **dict.fromkeys(("VALUE_EMBEDS", "SKIP_CONNECTION", "RESIDUAL_LAMBDAS", "ATTN_LAMBDAS", "SMEAR_GATE",
+                     "ATTN_OUTPUT_GATES", "YARN", "KEY_OFFSET", "PAIRED_HEADS", "BIGRAM_EMBED", "BACKOUT",
+                     "LATE_ATTN_FROM_LAYER7", "XSA", "DC_MHA", "SLIDING_WINDOWS", "MULTI_TOKEN_PREDICTION",
+                     "PREFIX_LOSS", "ADAM_EVERY_OTHER_STEP", "MANTISSA_TRACKING", "MUON_RAILS"),
+                    "the technique is always on; its switch's other value was not a measured alternative with a use"),
+    **dict.fromkeys(("FA4_MIN_TOKENS", "FUSED_MLP_MIN_TOKENS", "FP8_QKV_MIN_TOKENS"),
+                    "size thresholds that mattered only to eager steps launched from the host"),
+    **dict.fromkeys(("BIGRAM_ROWS", "NGRAM_OPTIMIZER", "NGRAM_ORDERS"),
+                    "the n-gram table (NGRAM_ROWS, row-wise RMSprop, orders 2 and 3) beat the bigram table and Adam rows"),
+    "OPTIMIZER_GRAPHS": "a speed-up of world size 1 alone (rank-slice), which the 8-GPU run it stands for lacks",
+    "ORTHOGONALIZER": "Polar Express's five maps are the one set; bench/quintic_maps.py keeps the others",
+    "VAL_MASK": "validation masking; record V9's own train_gpt.py keeps it",
+    "NARROW_VO_LAYERS": "narrow V/O heads, unmeasured in training since 2026-11-28",
+    "TAIL_EMA_RATE": "the tail EMA's rate is 2/(its steps + 1)", "SKIP_GUARD_CHECKS": "always on after the warm-up",
+    "NONFINITE_CHECK_EVERY": "every 25 steps",
+    "EMBED_GRAD_FP32": "fp32-summed embedding gradients measured no gain",
+    "PAIRED_ROPE_BY_HEAD": "the reference's paired-head rotary positions measured no gain",
+    "VALUE_EMBED_SPARSE": "the value embeddings as a row table measured slower than the dense path (T3.20)",
+    **dict.fromkeys(("TABLE_ADAM_PERIOD", "TABLE_ADAM_PERIOD_FROM"),
+                    "the embedding tables' Adam every 4th step cost more loss than time (T2.10)")}
 
 
 def _parse_env_value(name: str, raw: str, kind):
@@ -460,7 +429,6 @@ MUDD_LAYER_OUTPUTS = ("v_input", "v_layer7", "v_residual", "mix_input", "mix_lay
                       "attn_bigram", "mlp_residual", "mlp_out")
 MUDD_FINAL_OUTPUTS = ("input", "layer7", "layer9", "value_embed", "layer3")
 RESIDUAL_LAMBDA_INIT, BIGRAM_LAMBDA_INIT, BACKOUT_LAMBDA_INIT, SKIP_LAMBDA_INIT = math.sqrt(1.1), 0.05, 0.5, -1.5
-BIGRAM_SIGN_ROWS = 8192
 ATTN_SCALE_INIT = 0.1  # softmax scale, raised by YaRN (#31)
 # Narrow Q/K heads (T3.18) take the wide heads' softmax scale times √(128/64): a q·k of unit-RMS heads
 # half as wide spreads √2 less, so its logits start as spread out as the wide heads' do (unmeasured)
@@ -480,7 +448,7 @@ class ForwardShape:
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """What one layer does, fixed when the model is built from the layout above and the switches."""
+    """What one layer does, fixed when the model is built from the layout above and ModelConfig's layer lists."""
     index: int
     attn_slot: int | None  # its slot in the attention banks; None: MLP only (layer 6)
     mlp_slot: int | None  # its slot in the MLP bank; None: no MLP (MLP_LAYERS, T3.1)
@@ -488,8 +456,6 @@ class LayerPlan:
     paired_heads: bool  # heads h and h + H/2 attend as one head over a doubled sequence (T3.10)
     narrow_qk: bool  # Q/K heads half as wide, all their dimensions rotated; V/O stay full width (T3.18)
     qk_slot: int | None  # its slot in the Q/K bank of its width: qk_narrow_bank if narrow_qk, else qk_bank
-    narrow_vo: bool  # V and O heads half as wide as well (T3.21)
-    vo_slot: int | None  # its slot in the V/O bank of its width: vo_narrow_bank if narrow_vo, else vo_bank
     key_offset: bool  # keys' stationary half from the previous token (T3.11)
     value_embed: int | None  # block of the value-embedding table added to its values (T3.3)
     value_gate: int | None  # row of ve_gate_bank gating it; None at the MUDD layer (MUDD gates it)
@@ -511,31 +477,27 @@ class LayerPlan:
 def layer_plans(cfg: ModelConfig) -> tuple[LayerPlan, ...]:
     attending = cfg.attention_layers
     wide = [layer for layer in attending if layer not in cfg.narrow_qk_layers]
-    wide_vo = [layer for layer in attending if layer not in cfg.narrow_vo_layers]
-    ve_layers = cfg.value_embed_layers if cfg.value_embeds else ()
-    gated = [layer for layer in cfg.value_embed_layers if layer != MUDD_LAYER]  # rows of ve_gate_bank
+    ve_layers = cfg.value_embed_layers
+    gated = [layer for layer in ve_layers if layer != MUDD_LAYER]  # rows of ve_gate_bank
     return tuple(LayerPlan(
         index=layer,
         attn_slot=attending.index(layer) if layer in attending else None,
         mlp_slot=cfg.mlp_layers.index(layer) if layer in cfg.mlp_layers else None,
         long_window=layer in LONG_WINDOW_LAYERS,
-        paired_heads=cfg.paired_heads and layer in PAIRED_HEAD_LAYERS and layer in attending,
+        paired_heads=layer in PAIRED_HEAD_LAYERS and layer in attending,
         narrow_qk=layer in cfg.narrow_qk_layers,
         qk_slot=(cfg.narrow_qk_layers.index(layer) if layer in cfg.narrow_qk_layers
                  else wide.index(layer) if layer in wide else None),
-        narrow_vo=layer in cfg.narrow_vo_layers,
-        vo_slot=(cfg.narrow_vo_layers.index(layer) if layer in cfg.narrow_vo_layers
-                 else wide_vo.index(layer) if layer in wide_vo else None),
-        key_offset=cfg.key_offset and layer in KEY_OFFSET_LAYERS,
+        key_offset=layer in KEY_OFFSET_LAYERS,
         value_embed=ve_layers.index(layer) if layer in ve_layers else None,
-        value_gate=gated.index(layer) if layer in ve_layers and layer in gated else None,
-        reads_layer7=cfg.late_attn_from_layer7 and layer > CACHED_LAYER,
+        value_gate=gated.index(layer) if layer in gated else None,
+        reads_layer7=layer > CACHED_LAYER,
         mudd=layer == MUDD_LAYER,
-        skip_target=cfg.skip_connection and layer == SKIP_TARGET_LAYER,
-        bigram=cfg.bigram_embed and layer in attending and layer > 0,
-        xsa=cfg.xsa and layer in XSA_LAYERS and layer in attending,
-        out_gate=cfg.attn_output_gates and layer in OUTPUT_GATE_LAYERS,
-        dc_mha=cfg.dc_mha and layer == DC_LAYER,
+        skip_target=layer == SKIP_TARGET_LAYER,
+        bigram=layer in attending and layer > 0,
+        xsa=layer in XSA_LAYERS and layer in attending,
+        out_gate=layer in OUTPUT_GATE_LAYERS,
+        dc_mha=layer == DC_LAYER,
         gates_post=layer == POST_GATE_LAYER,
     ) for layer in range(NUM_LAYERS))
 
@@ -545,7 +507,7 @@ class ExecutionPlan:
     """How a forward of one size runs on this device: every fast-path choice, resolved once per
     stage (resolve_execution) and passed to the model with the step, never re-tested inside it.
     With the ForwardShape it keys the compiled graph of a step."""
-    attention: str  # the attention backend: fa3 | fa4 | varlen | flex | sdpa
+    attention: str  # the attention backend: fa4 | flex | sdpa
     mlp_fused: bool  # the ReLU² MLP's custom backward (T6.1); False: the plain expression
     mlp_kernel: bool  # ... with the Triton TMA GEMM (Hopper or newer); False: torch matmuls
     mlp_e4m3: bool  # the fused MLP's forward in e4m3 (T6.2)
@@ -554,43 +516,26 @@ class ExecutionPlan:
     ce_candidates: int  # the training cross-entropy's columns (T4.6): a sampled softmax; 0: the full one
     dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
     qk_rope_kernel: bool  # QK-norm, rotary, key offset and q's scale as Triton kernels (T6.4); False: torch
-    cuda_graph: bool  # the training step's forward and backward replayed from a CUDA graph (T5.3)
     evaluation_chunk: int  # evaluation: tokens per lm_head product and soft-capped cross-entropy; 0 in training
 
 
 def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.device, tokens: int,
                       training: bool, ce_candidates: int = 0) -> ExecutionPlan:
-    """The plan of a forward of `tokens` tokens on one rank: the settings, what the device has, and
-    the size thresholds below which a forward launched from the host (the host-bound stage 1 without
-    CUDA graphs) keeps the paths that launch faster. A graphed step launches nothing from the host, so
-    the fused MLP and e4m3 Q/K/V thresholds do not apply to it (T5.3). ce_candidates: the stage's
-    candidate budget (T4.6). Evaluation (training=False) stays bf16 and takes the full softmax."""
+    """The plan of a forward of `tokens` tokens on one rank: the settings and what the device has.
+    ce_candidates: the stage's candidate budget (T4.6). Evaluation (training=False) stays bf16 and takes
+    the full softmax."""
     cuda = device.type == "cuda" and torch.cuda.is_available()
     kernels = cuda and triton is not None
     hopper = kernels and torch.cuda.get_device_capability(device)[0] >= 9  # TMA, e4m3 GEMMs
-    graphed = training and cfg.cuda_graphs and cuda
-    backend = resolve_attention_backend(cfg.attention_backend, device.type)
-    narrow_qk = bool(model.narrow_qk_layers)
-    if backend == "fa4" and tokens < cfg.fa4_min_tokens:  # FA4's per-call host cost outweighs its kernels
-        backend = fa4_small_forward_backend(narrow_qk)
-    if backend == "varlen" and varlen_attn is None:  # asked for, or auto's and FA4's fallback without FA3
-        raise SetupError("attention backend varlen needs torch >= 2.10 built with CUDA (torch.nn.attention.varlen): "
-                         "install FlashAttention-4 (requirements-gpu.txt) or set ATTENTION_BACKEND=flex")
-    if backend == "varlen" and narrow_qk:
-        raise SetupError("NARROW_QK_LAYERS needs q and k narrower than v, which torch's varlen attention does not "
-                         "take: use ATTENTION_BACKEND=fa4 or flex, or set NARROW_QK_LAYERS= (empty) for full-width heads")
-    fused_mlp = cfg.fused_mlp and (graphed or tokens >= cfg.fused_mlp_min_tokens)
     # the narrow width is a power of two where the wide one is
-    qk_rope_kernel = (kernels and cfg.qk_rope_kernel
-                      and qk_rope_kernel_supports(model.head_dim // 2 if narrow_qk else model.head_dim))
+    qk_width = model.head_dim // 2 if model.narrow_qk_layers else model.head_dim
     return ExecutionPlan(
-        attention=backend, mlp_fused=fused_mlp, mlp_kernel=fused_mlp and hopper,
-        mlp_e4m3=training and cfg.fp8_mlp and fused_mlp and hopper,
-        qkv_e4m3=training and cfg.fp8_qkv and hopper and (graphed or tokens >= cfg.fp8_qkv_min_tokens),
-        lm_head_fp8=training and cfg.fp8_lm_head and cuda, ce_candidates=ce_candidates if training else 0,
+        attention=resolve_attention_backend(cfg.attention_backend, device.type), mlp_fused=cfg.fused_mlp,
+        mlp_kernel=cfg.fused_mlp and hopper, mlp_e4m3=training and cfg.fp8_mlp and cfg.fused_mlp and hopper,
+        qkv_e4m3=training and cfg.fp8_qkv and hopper, lm_head_fp8=training and cfg.fp8_lm_head and cuda,
+        ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
-        qk_rope_kernel=qk_rope_kernel,
-        cuda_graph=graphed,
+        qk_rope_kernel=kernels and cfg.qk_rope_kernel and qk_rope_kernel_supports(qk_width),
         # the logits of 64 tokens (13 MB in fp32) stay in a CPU's cache; a GPU takes 32768 at a time
         evaluation_chunk=0 if training else min(32768 if cuda else 64, tokens))
 
@@ -647,7 +592,7 @@ def exclusive_self_attention(y: Tensor, v: Tensor, alpha: Tensor) -> Tensor:
     return (yf - torch.tanh(alpha.float())[..., None] * along * vf).to(y.dtype)
 
 
-ATTENTION_BACKENDS = ("auto", "fa3", "fa4", "varlen", "flex", "sdpa")
+ATTENTION_BACKENDS = ("auto", "fa4", "flex", "sdpa")
 FA4_GPU_MAJORS = (9, 10)  # Hopper (sm90) and datacenter Blackwell (sm100): the GPUs FA4's kernels target
 
 
@@ -657,21 +602,11 @@ def fa4_runs_here(device_type: str) -> bool:
             and torch.cuda.get_device_capability()[0] in FA4_GPU_MAJORS)
 
 
-def fa4_small_forward_backend(narrow_qk: bool) -> str:
-    """Where forwards below FA4_MIN_TOKENS go with ATTENTION_BACKEND=fa4: FA3, else torch's varlen
-    attention, which takes one head width, so narrow Q/K heads (T3.18) stay on FA4."""
-    if flash_attn_varlen_func is not None:
-        return "fa3"
-    return "fa4" if narrow_qk else "varlen"
-
-
 def resolve_attention_backend(requested: str, device_type: str) -> str:
-    """auto on CUDA: FlashAttention-4 where it runs (docs/TECHNIQUES.md T3.8), else FA3 where
-    importable, else torch's varlen attention; SDPA on the CPU."""
+    """auto on CUDA: FlashAttention-4 where it runs (docs/TECHNIQUES.md T3.8), else flex attention
+    (compiled by torch); SDPA with a dense mask on the CPU."""
     if requested not in ATTENTION_BACKENDS:
         raise SetupError(f"ATTENTION_BACKEND={requested}: use one of {', '.join(ATTENTION_BACKENDS)}")
-    if requested == "fa3" and flash_attn_varlen_func is None:
-        raise SetupError("ATTENTION_BACKEND=fa3 needs FlashAttention-3 (flash_attn_interface): install it or use auto")
     if requested == "fa4" and fa4_interface is None:
         raise SetupError("ATTENTION_BACKEND=fa4 needs FlashAttention-4 (flash_attn.cute): "
                          "pip install -r requirements-gpu.txt, or use auto")
@@ -681,9 +616,7 @@ def resolve_attention_backend(requested: str, device_type: str) -> str:
         return requested
     if device_type != "cuda":
         return "sdpa"
-    if fa4_runs_here(device_type):
-        return "fa4"
-    return "fa3" if flash_attn_varlen_func is not None else "varlen"
+    return "fa4" if fa4_runs_here(device_type) else "flex"
 
 
 @dataclass
@@ -704,14 +637,8 @@ class AttnArgs:
 def attend(q: Tensor, k: Tensor, v: Tensor, args: AttnArgs, window: int) -> Tensor:
     """Causal attention within documents over keys at most `window` positions back (NO_WINDOW:
     unbounded). q, k, v: (S, H, D), q already scaled."""
-    if args.backend == "fa3":
-        return flash_attn_varlen_func(q, k, v, args.cu_seqlens, args.cu_seqlens, args.max_seqlen, args.max_seqlen,
-                                      softmax_scale=1.0, causal=True, window_size=(window, 0))
     if args.backend == "fa4":
         return fa4_varlen_attention(q, k, v, args.cu_seqlens, args.max_seqlen, window)[0]
-    if args.backend == "varlen":
-        return varlen_attn(q, k, v, args.cu_seqlens, args.cu_seqlens, args.max_seqlen, args.max_seqlen, scale=1.0,
-                           window_size=(window, 0))
     S, doc_ids = q.size(0), args.doc_ids
     if args.backend == "flex":
         if window not in args.block_masks:
@@ -733,47 +660,35 @@ def attend(q: Tensor, k: Tensor, v: Tensor, args: AttnArgs, window: int) -> Tens
     raise ValueError(f"unknown attention backend {args.backend!r} (one of {', '.join(ATTENTION_BACKENDS[1:])})")
 
 
-def scalar_layout(cfg: ModelConfig) -> dict[str, tuple[Tensor, bool]]:
-    """Named scalars: initial value and whether it is learned (a part of the `scalars` parameter,
-    in this order) or fixed by a switch that is off (T3.5). Skip and smear exist only when on."""
-    parts = {"attn_lambdas": (torch.tensor([0.5, 1.0]).repeat(NUM_LAYERS, 1), True) if cfg.attn_lambdas
-             else (torch.ones(NUM_LAYERS, 2), False)}
-    if cfg.smear_gate:
-        parts["smear_lambda"] = (torch.tensor(0.0), True)
-    if cfg.skip_connection:
-        parts["skip_lambda"] = (torch.tensor(SKIP_LAMBDA_INIT), True)
-    return parts
+def scalar_layout() -> dict[str, Tensor]:
+    """The named parts of the `scalars` parameter, in this order, with their initial values (T3.5, T3.6, T3.7)."""
+    return {"attn_lambdas": torch.tensor([0.5, 1.0]).repeat(NUM_LAYERS, 1), "smear_lambda": torch.tensor(0.0),
+            "skip_lambda": torch.tensor(SKIP_LAMBDA_INIT)}
 
 
 def mudd_gate_outputs(cfg: ModelConfig) -> tuple[list, list]:
     """The MUDD gates' outputs (T3.16), ((kind, layer), width, initial value) each: those of the pre
     gate (from x0, for layers before POST_GATE_LAYER), then those of the post gate."""
     H = cfg.num_heads
-    outputs = [(("xsa", layer), H, 0.0) for layer in XSA_LAYERS if cfg.xsa and layer in cfg.attention_layers]
-    outputs += [(("out_gate", layer), H, 0.25) for layer in OUTPUT_GATE_LAYERS if cfg.attn_output_gates]
+    outputs = [(("xsa", layer), H, 0.0) for layer in XSA_LAYERS if layer in cfg.attention_layers]
+    outputs += [(("out_gate", layer), H, 0.25) for layer in OUTPUT_GATE_LAYERS]
     for layer in cfg.attention_layers:
         if layer != MUDD_LAYER:  # x0 and bigram injections; the MUDD layer mixes its own
-            outputs.append((("x0", layer), 1, 0.0))
-            if cfg.bigram_embed:
-                outputs.append((("bigram", layer), 1, BIGRAM_LAMBDA_INIT))
-    if cfg.skip_connection:
-        outputs.append((("skip", SKIP_TARGET_LAYER), 1, 0.5))
-    if cfg.dc_mha:
-        outputs += [(("dc_w1", DC_LAYER), H, 1.0), (("dc_w2", DC_LAYER), H, 0.0)]
+            outputs += [(("x0", layer), 1, 0.0), (("bigram", layer), 1, BIGRAM_LAMBDA_INIT)]
+    outputs += [(("skip", SKIP_TARGET_LAYER), 1, 0.5), (("dc_w1", DC_LAYER), H, 1.0), (("dc_w2", DC_LAYER), H, 0.0)]
     pre = [o for o in outputs if o[0][1] < POST_GATE_LAYER]
     return pre, [o for o in outputs if o[0][1] >= POST_GATE_LAYER]
 
 
-def mudd_connection_outputs(cfg: ModelConfig) -> tuple[list, list]:
+def mudd_connection_outputs() -> tuple[list, list]:
     """The MUDD connections' coefficients (T3.14), (name, 1, initial value) each, for the layer-10 block
     and the final mix. At init they equal the static architecture they replaced: the residual
     lambdas, value-embedding gate 2 (= 2σ(0)), bigram 0.05, no x0, and the backout −0.5·layer7."""
-    residual = RESIDUAL_LAMBDA_INIT if cfg.residual_lambdas else 1.0
     layer = dict.fromkeys(MUDD_LAYER_OUTPUTS, 0.0)
-    layer.update(ve_gate_first_heads=2.0, ve_gate_last_heads=2.0, attn_residual=residual, attn_out=1.0,
-                 attn_bigram=BIGRAM_LAMBDA_INIT, mlp_residual=residual, mlp_out=1.0)
+    layer.update(ve_gate_first_heads=2.0, ve_gate_last_heads=2.0, attn_residual=RESIDUAL_LAMBDA_INIT, attn_out=1.0,
+                 attn_bigram=BIGRAM_LAMBDA_INIT, mlp_residual=RESIDUAL_LAMBDA_INIT, mlp_out=1.0)
     final = dict.fromkeys(MUDD_FINAL_OUTPUTS, 0.0)
-    final["layer7"] = -BACKOUT_LAMBDA_INIT if cfg.backout else 0.0
+    final["layer7"] = -BACKOUT_LAMBDA_INIT
     return [(name, 1, value) for name, value in layer.items()], [(name, 1, value) for name, value in final.items()]
 
 
@@ -806,7 +721,7 @@ class ForwardContext:
     x_input: Tensor  # the residual entering layer 0
     x0: Tensor  # the normalized embedding, re-injected after every attention (T3.4)
     bigram: Tensor | None  # the bigram embedding, re-injected likewise (LayerPlan.bigram)
-    value_embeds: tuple[Tensor, ...]  # one (T, d) block per value-embedding layer (none when off)
+    value_embeds: tuple[Tensor, ...]  # one (T, d) block per value-embedding layer
     gates: dict  # MUDD gate outputs {(kind, layer): (T, width)}; the post gate's added at its layer
     scalars: dict[str, Tensor]
     shape: ForwardShape
@@ -818,8 +733,7 @@ class ForwardContext:
     # The banks unbound once per forward into per-layer views: their backward is one stack per bank,
     # where indexing the bank in each layer would zero-fill a bank-sized gradient per layer (#56, #74).
     qk: tuple[Tensor, ...]  # per attention slot: (2·H·w, d), Q then K rows, w its Q/K head width (T3.18)
-    vo: tuple[Tensor, ...]  # per attention slot: (2, H·w, d), V (out, in) then O stored (in, out) if narrow_vo
-    # else (2, d, d), V then O (out, in); w its V/O head width (T3.21)
+    vo: tuple[Tensor, ...]  # per attention slot: (2, d, d), V then O (out, in)
     mlp_fc: tuple[Tensor, ...]  # per MLP slot: (hidden, d)
     mlp_proj: tuple[Tensor, ...]  # per MLP slot: (hidden, d), stored (in, out)
     qkv8: "QKVBankFP8 | None"  # with execution.qkv_e4m3: the e4m3 Q/K/V weights (T6.3)
@@ -843,7 +757,7 @@ class GPT(nn.Module):
         self._init_matrices(cfg)  # parameters in the order they draw from the random generator
         self._init_embeddings(cfg, max_tokens, max_train_tokens or max_tokens)
         self._init_scalars(cfg)
-        self.mudd = MuddBlock(cfg.model_dim, mudd_connection_outputs(cfg), MUDD_SCALE, learned_scale=False)
+        self.mudd = MuddBlock(cfg.model_dim, mudd_connection_outputs(), MUDD_SCALE, learned_scale=False)
         self.gates = MuddBlock(cfg.model_dim, mudd_gate_outputs(cfg), MUDD_GATE_SCALE_INIT, learned_scale=True)
         # prefix token of every token, filled by the trainer when the prefix-token loss runs (#88); -1: none
         self.register_buffer("prefix_ids", torch.full((cfg.vocab_size,), -1, dtype=torch.long), persistent=False)
@@ -860,14 +774,6 @@ class GPT(nn.Module):
                              persistent=False)  # narrow Q/K heads' (T3.18)
         self.set_long_windows([1])
 
-    def _apply(self, fn, recurse=True):
-        """Module.to and the like, the n-gram row cache (ngram_cache) kept a leaf whose .grad the backward
-        fills: Module moves buffers with autograd on, which would leave a moved cache the output of a copy."""
-        super()._apply(fn, recurse)
-        if hasattr(self, "ngram_cache"):
-            self.ngram_cache.detach_().requires_grad_()
-        return self
-
     def _init_matrices(self, cfg: ModelConfig):
         d, H, hd, V = cfg.model_dim, cfg.num_heads, cfg.head_dim, cfg.vocab_size
         n_attn, bf16 = len(cfg.attention_layers), dict(dtype=torch.bfloat16)
@@ -881,13 +787,8 @@ class GPT(nn.Module):
             self.qk_bank = nn.Parameter(torch.empty((n_attn - n_narrow) * H, 2 * hd, d, **bf16).uniform_(-bound, bound))
         if n_narrow:
             self.qk_narrow_bank = nn.Parameter(torch.empty(n_narrow * H, hd, d, **bf16).uniform_(-bound, bound))
-        # V and O per attention slot: (d, d) each as (out, in); the layers with narrow V/O heads (T3.21) in a
-        # bank of their own, V (H·hd/2, d) as (out, in) and O stored (in, out) so that both are one shape
-        n_narrow_vo = len(cfg.narrow_vo_layers)
-        if n_attn > n_narrow_vo:
-            self.vo_bank = nn.Parameter(torch.empty(2 * (n_attn - n_narrow_vo), d, d, **bf16).uniform_(-bound, bound))
-        if n_narrow_vo:
-            self.vo_narrow_bank = nn.Parameter(torch.empty(2 * n_narrow_vo, H * hd // 2, d, **bf16).uniform_(-bound, bound))
+        # V and O per attention slot: (d, d) each as (out, in)
+        self.vo_bank = nn.Parameter(torch.empty(2 * n_attn, d, d, **bf16).uniform_(-bound, bound))
         mlp = torch.empty(len(cfg.mlp_layers), 2, cfg.mlp_hidden, d, **bf16)  # per MLP slot
         mlp[:, 0].uniform_(-bound, bound)  # fc (hidden, d); proj stored (hidden, d) = (in, out), zero (#5)
         mlp[:, 1].zero_()
@@ -895,56 +796,32 @@ class GPT(nn.Module):
 
     def _init_embeddings(self, cfg: ModelConfig, max_tokens: int, max_train_tokens: int):
         d, H, V, bf16 = cfg.model_dim, cfg.num_heads, cfg.vocab_size, dict(dtype=torch.bfloat16)
-        if cfg.value_embeds:  # (#14, #63, #70; T3.3) token-major (V, layers·d): one gather serves every
-            # layer, and the gradient is one scatter into the table
-            self.value_embeds = nn.Parameter(torch.empty(V, len(cfg.value_embed_layers) * d, **bf16).normal_(0, 0.01))
-            gated = sum(plan.value_gate is not None for plan in self.layers)
-            self.ve_gate_bank = nn.Parameter(torch.zeros(gated, H, GATE_INPUTS, **bf16))
-        if cfg.ngram_rows:  # the n-gram table's rows of one forward, which NgramTable.load fills (#92; T3.19):
-            # `ngram_cache` holds a training forward's distinct rows (a leaf whose gradient is the per-row sums),
-            # `ngram_eval_cache` those of a longer forward (validation's, no gradient), `ngram_inverse` each
-            # position's place per order
-            orders = len(cfg.ngram_orders)
-            cache = torch.zeros(max_train_tokens * orders, d, **bf16).requires_grad_()
-            self.register_buffer("ngram_cache", cache, persistent=False)
-            if max_tokens > max_train_tokens:
-                self.register_buffer("ngram_eval_cache", torch.zeros(max_tokens * orders, d, **bf16), persistent=False)
-            self.register_buffer("ngram_inverse", torch.zeros(max_tokens, orders, dtype=torch.long), persistent=False)
-            self.bigram_embedding = self.ngram_embedding
-        elif cfg.bigram_embed:  # hashed bigram table with random sign rows (#62, #83, #85; T3.4)
-            self.bigram_embed = nn.Parameter(torch.zeros(cfg.bigram_rows, d, **bf16))
-            signs = torch.randn(BIGRAM_SIGN_ROWS, d).sign().to(torch.bfloat16)
-            self.register_buffer("bigram_signs", signs, persistent=False)
-            self.bigram_embedding = self.hashed_bigram_embedding
-        if cfg.smear_gate:  # one-token look-back on the embeddings (#34, T3.6)
-            self.smear_gate = nn.Parameter(torch.zeros(1, GATE_INPUTS, **bf16))
+        # (#14, #63, #70; T3.3) token-major (V, layers·d): one gather serves every layer, and the gradient is one
+        # scatter into the table
+        self.value_embeds = nn.Parameter(torch.empty(V, len(cfg.value_embed_layers) * d, **bf16).normal_(0, 0.01))
+        gated = sum(plan.value_gate is not None for plan in self.layers)
+        self.ve_gate_bank = nn.Parameter(torch.zeros(gated, H, GATE_INPUTS, **bf16))
+        self.ngram = NgramTable(cfg, max_tokens, max_train_tokens)  # the bigram injection's rows (#92; T3.4, T3.19)
+        self.smear_gate = nn.Parameter(torch.zeros(1, GATE_INPUTS, **bf16))  # one-token look-back (#34, T3.6)
 
     def _init_scalars(self, cfg: ModelConfig):
-        # per-sublayer residual and output weights (#9, #73; T3.5); fixed at 1 when switched off
-        if cfg.residual_lambdas:
-            self.resid_lambdas = nn.Parameter(torch.full((NUM_LAYERS, 2), RESIDUAL_LAMBDA_INIT))
-            self.post_lambdas = nn.Parameter(torch.ones(NUM_LAYERS, 2))
-        else:
-            self.register_buffer("resid_lambdas", torch.ones(NUM_LAYERS, 2), persistent=False)
-            self.register_buffer("post_lambdas", torch.ones(NUM_LAYERS, 2), persistent=False)
+        # per-sublayer residual and output weights (#9, #73; T3.5)
+        self.resid_lambdas = nn.Parameter(torch.full((NUM_LAYERS, 2), RESIDUAL_LAMBDA_INIT))
+        self.post_lambdas = nn.Parameter(torch.ones(NUM_LAYERS, 2))
         for i in cfg.mlp_layers:  # each MLP's delayed scale of post for its e4m3 forward, one allocation each (T6.2)
             self.register_buffer(f"fp8_post_scale{i}", torch.ones((), dtype=torch.float32))
-        layout = scalar_layout(cfg)
-        learned = [value.flatten() for value, is_learned in layout.values() if is_learned]
-        if learned:  # attention lambdas, smear, skip
-            self.scalars = nn.Parameter(torch.cat(learned))
-        fixed = [value.flatten() for value, is_learned in layout.values() if not is_learned]
-        self.register_buffer("fixed_scalars", torch.cat(fixed) if fixed else torch.zeros(0), persistent=False)
-        self.scalar_parts, offsets = {}, {True: 0, False: 0}
-        for name, (value, is_learned) in layout.items():
-            self.scalar_parts[name] = (is_learned, offsets[is_learned], value.shape)
-            offsets[is_learned] += value.numel()
+        layout = scalar_layout()  # attention lambdas, smear, skip
+        self.scalars = nn.Parameter(torch.cat([value.flatten() for value in layout.values()]))
+        self.scalar_parts, offset = {}, 0
+        for name, value in layout.items():
+            self.scalar_parts[name] = (offset, value.shape)
+            offset += value.numel()
 
     # --- schedule-dependent state -----------------------------------------------------------------
     @torch.no_grad()
     def set_long_windows(self, long_windows: list[int]):
-        """Rotary tables and softmax scale for the long windows used so far (YaRN if enabled)."""
-        freqs, scale = yarn(self.rope_base, long_windows) if self.config.yarn else (self.rope_base, ATTN_SCALE_INIT)
+        """Rotary tables and softmax scale for the long windows used so far (YaRN, T3.9)."""
+        freqs, scale = yarn(self.rope_base, long_windows)
         angles = torch.arange(self.rope_cos.size(0), dtype=torch.float64, device=freqs.device)[:, None] * freqs
         self.rope_cos.copy_(angles.cos())
         self.rope_sin.copy_(angles.sin())
@@ -980,26 +857,6 @@ class GPT(nn.Module):
             z = softcap(x[i: i + chunk] @ self.lm_head.t())
             total = total + (torch.logsumexp(z, -1) - z.gather(1, targets[i: i + chunk, None])[:, 0]).sum()
         return total
-
-    def masked_evaluation_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
-                               execution: ExecutionPlan, chunk: int, banned_next_table: Tensor) -> Tensor:
-        """[summed next-token cross-entropy with validation masking, the same without] from one forward: the
-        masked one gives the next tokens banned_next_table bans after each input token probability 0 (their
-        logits -inf after the soft-cap; #91, T4.5), the lm_head applied `chunk` tokens at a time."""
-        x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
-        targets = target_ids.long()
-        totals = x.new_zeros(2, dtype=torch.float32)
-        for i in range(0, x.size(0), chunk):
-            z = softcap(x[i: i + chunk] @ self.lm_head.t())
-            banned = banned_next(banned_next_table, input_ids[i: i + chunk], z.size(1))
-            columns = targets[i: i + chunk, None]
-            target_logits = z.gather(1, columns)[:, 0]
-            # the masked logits feed only the log-sum-exp, so a compiled graph need not keep a masked copy
-            masked_lse = torch.logsumexp(z.masked_fill(banned, float("-inf")), -1)
-            masked_targets = target_logits.masked_fill(banned.gather(1, columns)[:, 0], float("-inf"))
-            totals = totals + torch.stack([(masked_lse - masked_targets).sum(),
-                                           (torch.logsumexp(z, -1) - target_logits).sum()])
-        return totals
 
     def target_columns(self, targets: Tensor, shape: ForwardShape) -> Tensor:
         """Target matrix (T, N), -1 = none: multi-token prediction (#53, T4.2) scores the same logits
@@ -1062,16 +919,13 @@ class GPT(nn.Module):
         too where the plan says): what the layers share."""
         cfg, scalars = self.config, self.named_scalars()
         x = self.embed[ids]
-        if cfg.smear_gate:  # (#34, T3.6)
-            gate = torch.sigmoid(x[1:, :GATE_INPUTS] @ self.smear_gate.t())
-            x = torch.cat([x[:1], x[1:] + scalars["smear_lambda"] * gate * x[:-1]])
+        gate = torch.sigmoid(x[1:, :GATE_INPUTS] @ self.smear_gate.t())  # (#34, T3.6)
+        x = torch.cat([x[:1], x[1:] + scalars["smear_lambda"] * gate * x[:-1]])
         x0 = norm(x)
         gates = self.gates(0, x0)
-        x_input, bigram = x0, None
-        if cfg.bigram_embed:  # (#62, T3.4)
-            bigram = self.bigram_embedding(ids)
-            x_input = x0 + gates["bigram", 0] * bigram
-        value_embeds = self.value_embeds[ids].split(cfg.model_dim, -1) if cfg.value_embeds else ()
+        bigram = self.ngram(ids.size(0))  # the rows NgramTable.load put in its cache for these ids (#62; T3.4, T3.19)
+        x_input = x0 + gates["bigram", 0] * bigram
+        value_embeds = self.value_embeds[ids].split(cfg.model_dim, -1)
         attn, rope, attn_paired, rope_paired = self.attention_layout(ids.size(0), cu_seqlens, shape, execution)
         n_attn, d = len(cfg.attention_layers), cfg.model_dim
         mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
@@ -1079,60 +933,29 @@ class GPT(nn.Module):
         for bank, slots in qk_banks:
             for slot, matrices in zip(slots, bank.view(len(slots), -1, d).unbind(0)):
                 qk[slot] = matrices
-        vo_banks, vo = self.vo_banks(), [None] * n_attn
-        for bank, slots in vo_banks:
-            for slot, pair in zip(slots, bank.view(len(slots), 2, -1, d).unbind(0)):
-                vo[slot] = pair
         return ForwardContext(
             x_input=x_input, x0=x0, bigram=bigram, value_embeds=value_embeds, gates=gates, scalars=scalars,
             shape=shape, execution=execution, attn=attn, attn_paired=attn_paired, rope=rope, rope_paired=rope_paired,
-            qk=tuple(qk), vo=tuple(vo), mlp_fc=mlp_fc, mlp_proj=mlp_proj,
-            qkv8=QKVBankFP8.quantize(qk_banks, vo_banks) if execution.qkv_e4m3 else None,
+            qk=tuple(qk), vo=self.vo_bank.view(n_attn, 2, d, d).unbind(0), mlp_fc=mlp_fc, mlp_proj=mlp_proj,
+            qkv8=QKVBankFP8.quantize(qk_banks, self.vo_bank) if execution.qkv_e4m3 else None,
             mlp8=MLPBankFP8.quantize(self.mlp_bank) if execution.mlp_e4m3 else None, outputs={})
 
     def qk_banks(self) -> list[tuple[Tensor, list[int]]]:
         """Each Q/K bank with the attention slots whose Q/K matrices it holds, in its order: qk_bank
         (wide heads), then qk_narrow_bank (T3.18); a bank no layer uses is absent."""
-        return self._banks((("qk_bank", False), ("qk_narrow_bank", True)), "narrow_qk", "qk_slot")
-
-    def vo_banks(self) -> list[tuple[Tensor, list[int]]]:
-        """Each V/O bank with the attention slots whose V and O it holds, in its order: vo_bank (wide
-        heads), then vo_narrow_bank (T3.21); a bank no layer uses is absent."""
-        return self._banks((("vo_bank", False), ("vo_narrow_bank", True)), "narrow_vo", "vo_slot")
-
-    def _banks(self, names: tuple, narrow_field: str, slot_field: str) -> list[tuple[Tensor, list[int]]]:
         banks = []
-        for name, narrow in names:
-            plans = sorted((p for p in self.layers if p.attn_slot is not None and getattr(p, narrow_field) == narrow),
-                           key=lambda p: getattr(p, slot_field))
-            if plans:
-                banks.append((getattr(self, name), [p.attn_slot for p in plans]))
+        for name, narrow in (("qk_bank", False), ("qk_narrow_bank", True)):
+            slots = [p.attn_slot for p in self.layers if p.attn_slot is not None and p.narrow_qk == narrow]
+            if slots:  # increasing attention slots are increasing places in the bank (layer_plans' qk_slot)
+                banks.append((getattr(self, name), slots))
         return banks
 
-    def hashed_bigram_embedding(self, ids: Tensor) -> Tensor:
-        """The bigram table's row of each (previous, current) token pair times its sign row (T3.4)."""
-        return self.bigram_embed[bigram_ids(ids, self.config.bigram_rows)] * self.bigram_signs[bigram_sign_ids(ids)]
-
-    def ngram_embedding(self, ids: Tensor) -> Tensor:
-        """With NGRAM_ROWS: the sum over the orders of each position's n-gram rows, read from the row cache
-        NgramTable.load filled for these ids (T3.19)."""
-        return self.ngram_cache_for(ids.size(0))[self.ngram_inverse[: ids.size(0)]].sum(1)
-
-    def ngram_cache_for(self, tokens: int) -> Tensor:
-        """The n-gram row cache of a forward of `tokens` tokens: the training one (its gradient is the per-row
-        sums) up to the longest training forward, beyond it (validation's) one without a gradient, so that each
-        backward fills a gradient of the training forward's size, not validation's (T3.19)."""
-        orders = self.ngram_inverse.size(1)
-        return self.ngram_cache if tokens * orders <= self.ngram_cache.size(0) else self.ngram_eval_cache
-
     def attention_layout(self, T: int, cu_seqlens: Tensor, shape: ForwardShape, execution: ExecutionPlan) -> tuple:
-        """(AttnArgs, rotary tables) of the plain sequence, then of the doubled one (paired heads) or Nones."""
+        """(AttnArgs, rotary tables) of the plain sequence, then of the doubled one (paired heads, T3.10)."""
         positions = torch.arange(T, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
         doc_ids = torch.searchsorted(cu_seqlens, positions, right=True)
         attn = AttnArgs(cu_seqlens, doc_ids, shape.max_seq_len, execution.attention, {})
         rope = (self.rope_cos[:T, None], self.rope_sin[:T, None])
-        if not self.config.paired_heads:
-            return attn, rope, None, None
         quarter = self.config.head_dim // 4  # the doubled sequence's tables, as (token, half of the heads)
         rope_paired = tuple(t[: 2 * T].view(T, 2, 1, quarter) for t in (self.rope_cos, self.rope_sin))
         return attn, rope, attn.doubled(), rope_paired
@@ -1164,7 +987,6 @@ class GPT(nn.Module):
         cfg, i, slot = self.config, layer.index, layer.attn_slot
         T, H, hd = x.size(0), cfg.num_heads, cfg.head_dim
         qk_hd, scale = (hd // 2, self.narrow_attn_scale) if layer.narrow_qk else (hd, self.attn_scale)
-        v_hd = hd // 2 if layer.narrow_vo else hd
         w_v, w_o = ctx.vo[slot][0], ctx.vo[slot][1]
         lambdas = ctx.scalars["attn_lambdas"][i]  # pre-multiplied into the weights (#47, #48)
         w_qkv, w_o = lambdas[0] * torch.cat([ctx.qk[slot], w_v]), lambdas[1] * w_o
@@ -1176,7 +998,7 @@ class GPT(nn.Module):
         q, k, v = qk_norm_rope(qkv, v_extra, *(ctx.rope_paired if layer.paired_heads else ctx.rope), scale,
                                H, qk_hd, layer.paired_heads, layer.key_offset, ctx.execution.qk_rope_kernel)
         window = ctx.shape.long_window if layer.long_window else ctx.shape.short_window
-        y = attend(q, k, v, ctx.attn_paired if layer.paired_heads else ctx.attn, window).reshape(T, H, v_hd)
+        y = attend(q, k, v, ctx.attn_paired if layer.paired_heads else ctx.attn, window).reshape(T, H, hd)
         if layer.dc_mha:  # cross-head composition on a local window (#85, T3.17); w1 RMS-normalized
             w1 = F.rms_norm(ctx.gates["dc_w1", i].float(), (H,), eps=1e-6)
             y = y + dc_mha(q, k, v, ctx.attn.doc_ids, w1, ctx.gates["dc_w2", i], DC_WINDOW,
@@ -1185,8 +1007,7 @@ class GPT(nn.Module):
             y = exclusive_self_attention(y, v, ctx.gates["xsa", i])
         if layer.out_gate:  # (#28, #85; T3.16)
             y = y * ctx.gates["out_gate", i][..., None]
-        y = y.reshape(T, H * v_hd)
-        return y @ w_o if layer.narrow_vo else y @ w_o.t()  # a narrow O is stored (in, out)
+        return y.reshape(T, H * hd) @ w_o.t()
 
     def mlp(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext) -> Tensor:
         """The ReLU² MLP (#5) on the normalized input x: plain, fused (T6.1) or its e4m3 forward,
@@ -1207,62 +1028,12 @@ class GPT(nn.Module):
         f, out = self.mudd(1, x), ctx.outputs
         x = (x + f["input"] * ctx.x_input + f["layer7"] * out[CACHED_LAYER] + f["layer9"] * out[MUDD_LAYER - 1]
              + f["layer3"] * out[SKIP_SOURCE_LAYER])
-        if self.config.value_embeds:
-            x = x + f["value_embed"] * ctx.value_embeds[0]
-        return x
+        return x + f["value_embed"] * ctx.value_embeds[0]
 
     def named_scalars(self) -> dict[str, Tensor]:
-        return {name: (self.scalars if learned else self.fixed_scalars)[offset: offset + math.prod(shape)].view(shape)
-                for name, (learned, offset, shape) in self.scalar_parts.items()}
+        return {name: self.scalars[offset: offset + math.prod(shape)].view(shape)
+                for name, (offset, shape) in self.scalar_parts.items()}
 
-
-def bigram_ids(ids: Tensor, rows: int) -> Tensor:
-    """Hash of (previous, current) token into rows-1 buckets; the first token gets the last row."""
-    prev = torch.cat([ids[:1], ids[:-1]])
-    hashed = ((36313 * ids) ^ (27191 * prev)) % (rows - 1)
-    hashed[:1].fill_(rows - 1)  # fill_, not `hashed[0] = ...`: a host scalar copied in would sync in eager mode
-    return hashed
-
-
-def bigram_sign_ids(ids: Tensor) -> Tensor:
-    prev = torch.cat([ids[:1], ids[:-1]])
-    signs = (prev ^ ids) % BIGRAM_SIGN_ROWS
-    signs[:1].fill_(0)
-    return signs
-
-
-# Hashed n-gram table (record #92 "ANVIL2", PR #360; T3.19): per order n, a polynomial hash of the tokens
-# x[t-n+1..t] (each + 1) modulo the Mersenne prime 2^31 - 1, started at n so the orders hash apart, scattered
-# by a multiplication modulo the prime, then taken modulo the table's hashed rows. Integer arithmetic on the
-# device, every product below 2^62: the same rows on every rank, process and device.
-NGRAM_PRIME, NGRAM_BASE, NGRAM_SCATTER = 2**31 - 1, 1_000_003, 1_460_320_421
-
-
-def ngram_ids(ids: Tensor, rows: int, orders: tuple[int, ...]) -> Tensor:
-    """(T, len(orders)) rows of each position's n-gram of each order in a table of `rows` rows: the first
-    rows - len(orders) are hashed; order k's n-grams that would reach before the first position of the
-    flattened batch take reserved row rows - len(orders) + k (as bigram_ids reserves the last row)."""
-    hashed_rows, x = rows - len(orders), ids.long() + 1
-    columns = []
-    for k, n in enumerate(orders):
-        h = torch.full_like(x, n)
-        for back in range(n - 1, -1, -1):  # x[t - back], zeros before the first position
-            h = (h * NGRAM_BASE + torch.cat([x.new_zeros(back), x[: x.size(0) - back]])) % NGRAM_PRIME
-        row = (h * NGRAM_SCATTER) % NGRAM_PRIME % hashed_rows
-        row[: n - 1].fill_(hashed_rows + k)
-        columns.append(row)
-    return torch.stack(columns, 1)
-
-
-def padded_unique(values: Tensor, fill: int) -> tuple[Tensor, Tensor]:
-    """(the distinct values in increasing order, then `fill` up to values' length; each value's place in
-    it): torch.unique's answer with a static shape and no host sync (T3.19). `fill` exceeds every value."""
-    ordered, order = values.sort()
-    first = torch.ones_like(ordered, dtype=torch.bool)
-    first[1:] = ordered[1:] != ordered[:-1]
-    place = first.cumsum(0) - 1
-    inverse = torch.empty_like(values).scatter_(0, order, place)
-    return torch.full_like(values, fill).scatter_(0, place, ordered), inverse  # equal values write one place
 
 # =============================================================================================
 # Optimizer
@@ -1274,7 +1045,7 @@ class ParamSpec:
     """How one parameter is optimized and communicated (T2.1)."""
     optimizer: str  # "normuon" | "adam"
     comm: str  # "sharded": reduce-scatter + all-gather along dim 0 | "replicated": all-reduce (flat, per dtype)
-    # | "sparse": (row id, row sum) pairs to the rows' owners (a LazyRowTable, not a parameter of NorMuonAdam)
+    # | "sparse": (row id, row sum) pairs to the rows' owners (the NgramTable, not a parameter of NorMuonAdam)
     lr_mul: float = 1.0
     wd_mul: float = 0.0
     betas: tuple[float, float] = (0.9, 0.99)
@@ -1299,14 +1070,11 @@ def param_table(cfg: ModelConfig) -> dict[str, ParamSpec]:
         "mlp_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.mlp_hidden, cfg.model_dim), wd_mul=1.0,
                               matrix_lr_muls=(1.0, 2.0)),  # projections (odd index) x2
         "vo_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.model_dim, cfg.model_dim), wd_mul=1.0),
-        "vo_narrow_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.num_heads * cfg.head_dim // 2, cfg.model_dim),
-                                    wd_mul=1.0),
         "scalars": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.99)),
         "smear_gate": ParamSpec("adam", "replicated", lr_mul=0.01, betas=(0.9, 0.99)),
         "ve_gate_bank": ParamSpec("adam", "replicated", wd_mul=1.0, betas=(0.9, 0.99)),
         "lm_head": ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
-        "bigram_embed": ParamSpec("adam", "sharded", lr_mul=75.0, wd_mul=5.0, betas=(0.75, 0.95)),
-        # lazy sparse Adam without weight decay: the replay of untouched steps has no closed form for cautious decay
+        # row-wise RMSprop on the rows a step touches (NgramTable): the beta2, the lr and no weight decay are its
         "ngram_table": ParamSpec("adam", "sparse", lr_mul=75.0, betas=(0.75, 0.95)),
         "post_lambdas": ParamSpec("adam", "replicated", betas=(0.9, 0.95)),
         "resid_lambdas": ParamSpec("adam", "replicated", lr_mul=5.0, betas=(0.9, 0.95)),
@@ -1360,18 +1128,12 @@ def store_master(weight: Tensor, mantissa: Tensor | None, w32: Tensor):
         mantissa.copy_(low)
 
 
-def normuon_momentum(grad: Tensor, momentum: Tensor, mu: Tensor, grad_scale: float) -> Tensor:
-    """Nesterov momentum in EMA form: m ← μm + (1−μ)g, returns (1−μ)g + μm (#3, T2.2)."""
-    g = grad.float() * grad_scale
-    momentum.lerp_(g, 1 - mu)
-    return g.lerp(momentum, mu)
-
-
 def twin_rail_momentum(grad: Tensor, fast: Tensor, slow: Tensor, mu: Tensor, fast_beta: Tensor,
                        fast_weight: Tensor, slow_beta: float, grad_scale: float) -> Tensor:
     """Two EMA rails of the gradient (record #92, PR #360; T2.9): fast ← β_f·fast + (1−β_f)g on a
     scheduled β_f, slow ← β_s·slow + (1−β_s)g on a constant β_s; their blend b = w·fast + (1−w)·slow
-    takes the Nesterov look-ahead: returns (1−μ)g + μb. With β_f = μ and w = 1 it is normuon_momentum."""
+    takes the Nesterov look-ahead: returns (1−μ)g + μb. With β_f = μ and w = 1 it is Muon's single EMA
+    (#3, T2.2): m ← μm + (1−μ)g, returning (1−μ)g + μm, which the schedule runs until the rails engage."""
     g = grad.float() * grad_scale
     fast.lerp_(g, 1 - fast_beta)
     slow.lerp_(g, 1 - slow_beta)
@@ -1398,25 +1160,15 @@ def normuon_update(update: Tensor, second_moment: Tensor, weight: Tensor, mantis
     store_master(weight, mantissa, w32 - lr_eff * O - decay)
 
 
-def normuon_bank_step(grad: Tensor, momentum: Tensor, second_moment: Tensor, weight: Tensor,
+def normuon_bank_step(grad: Tensor, rails: tuple, second_moment: Tensor, weight: Tensor,
                       mantissa: Tensor | None, mu: Tensor, lr: Tensor, lr_muls: Tensor, wd_lr: Tensor,
-                      grad_scale: float, beta2: float, axis: int, method: str, use_triton: bool):
-    """A whole NorMuon step of one bank shard: Nesterov momentum, orthogonalization, variance
-    normalization and the cautious update; compiled as one graph per bank (#74, T2.3)."""
-    update = normuon_momentum(grad, momentum, mu, grad_scale)
-    orthogonal = polar_iterations(polar_normalize(update, method), method, use_triton)
-    normuon_update(orthogonal, second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
-
-
-def rails_bank_step(grad: Tensor, rails: tuple, second_moment: Tensor, weight: Tensor,
-                    mantissa: Tensor | None, mu: Tensor, lr: Tensor, lr_muls: Tensor, wd_lr: Tensor,
-                    grad_scale: float, beta2: float, axis: int, method: str, use_triton: bool):
-    """normuon_bank_step with the two rails of twin_rail_momentum (MUON_RAILS=1, T2.9); `rails`:
-    (fast, slow, fast_beta, fast_weight, slow_beta)."""
+                      grad_scale: float, beta2: float, axis: int, use_triton: bool):
+    """A whole NorMuon step of one bank shard: the momentum rails (twin_rail_momentum; `rails`: fast, slow,
+    fast_beta, fast_weight, slow_beta), orthogonalization, variance normalization and the cautious update;
+    compiled as one graph per bank (#74, T2.3)."""
     fast, slow, fast_beta, fast_weight, slow_beta = rails
     update = twin_rail_momentum(grad, fast, slow, mu, fast_beta, fast_weight, slow_beta, grad_scale)
-    orthogonal = polar_iterations(polar_normalize(update, method), method, use_triton)
-    normuon_update(orthogonal, second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
+    normuon_update(orthogonalize(update, use_triton), second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
 
 
 def tail_ema_update(ema: Tensor, weight: Tensor, mantissa: Tensor | None, rate: Tensor):
@@ -1524,10 +1276,9 @@ class FlatReplicatedGrads:
         return reductions
 
 
-# The schedule's scalars an update reads from the device, per update rule of a label (NorMuonAdam.scalars);
-# "rails": NorMuon's with MUON_RAILS=1 (T2.9)
-STEP_SCALARS = {"normuon": ("momentum", "lr", "wd_lr"), "adam": ("step_size", "wd_lr2"),
-                "rails": ("momentum", "lr", "wd_lr", "fast_beta", "fast_weight")}
+# The schedule's scalars an update reads from the device, per optimizer of a label (NorMuonAdam.scalars); the
+# fast momentum rail's beta and blend weight (T2.9) among NorMuon's
+STEP_SCALARS = {"normuon": ("momentum", "lr", "wd_lr", "fast_beta", "fast_weight"), "adam": ("step_size", "wd_lr2")}
 
 
 class NorMuonAdam:
@@ -1580,17 +1331,11 @@ class NorMuonAdam:
         self.lr_muls: dict[str, Tensor] = {}  # NorMuon: per-matrix lr multipliers of the local rows
         on_cuda = next(iter(params.values())).is_cuda
         self.use_triton = triton_applies(next(iter(params.values())))  # symmetric kernels on every bank
-        bank_step = rails_bank_step if config.muon_rails else normuon_bank_step
+        fns = (normuon_bank_step, adam_update, tail_ema_update)
         if on_cuda and compile:  # one graph per bank and table shape
             allow_graph_per_shape()
-            self._normuon_fn = torch.compile(bank_step, dynamic=False, fullgraph=True)
-            self._adam_fn = torch.compile(adam_update, dynamic=False, fullgraph=True)
-            self._tail_ema_fn = torch.compile(tail_ema_update, dynamic=False, fullgraph=True)
-        else:
-            self._normuon_fn, self._adam_fn, self._tail_ema_fn = bank_step, adam_update, tail_ema_update
-        # each label's update rule: its spec's optimizer, "rails" for the banks with MUON_RAILS=1 (T2.9)
-        self.rules = {label: "rails" if config.muon_rails and spec.optimizer == "normuon" else spec.optimizer
-                      for label, spec in specs.items()}
+            fns = tuple(torch.compile(f, dynamic=False, fullgraph=True) for f in fns)
+        self._normuon_fn, self._adam_fn, self._tail_ema_fn = fns
         for label, p in params.items():
             self._init_state(label, p, specs[label])
         self.tail_ema_rate = torch.zeros((), device=next(iter(params.values())).device)  # this tick's, on the device
@@ -1600,17 +1345,16 @@ class NorMuonAdam:
         self.scalar_slots: dict[str, list[int]] = {}  # label -> its values' places in `scalars`
         count = 0
         for label in self.comm_order:
-            names = STEP_SCALARS[self.rules[label]]
+            names = STEP_SCALARS[specs[label].optimizer]
             self.scalar_slots[label] = [4 * (count + i) for i in range(len(names))]
             count += len(names)
         self.scalars = torch.zeros(4 * count, device=next(iter(params.values())).device)
-        self.scalar_views = {label: dict(zip(STEP_SCALARS[self.rules[label]], (self.scalars[i] for i in slots)))
+        self.scalar_views = {label: dict(zip(STEP_SCALARS[specs[label].optimizer], (self.scalars[i] for i in slots)))
                              for label, slots in self.scalar_slots.items()}
-        # what a bank's step takes as its momentum: the EMA buffer, or the two rails with their scalars (T2.9)
-        self.bank_momentum = {label: st["momentum"] if self.rules[label] == "normuon" else
-                              (st["momentum"], st["slow_momentum"], self.scalar_views[label]["fast_beta"],
-                               self.scalar_views[label]["fast_weight"], config.muon_rails_slow_beta)
-                              for label, st in self.state.items() if self.rules[label] != "adam"}
+        # what a bank's step takes as its momentum: the two rails with their scalars (T2.9)
+        self.bank_momentum = {label: (st["momentum"], st["slow_momentum"], self.scalar_views[label]["fast_beta"],
+                                      self.scalar_views[label]["fast_weight"], config.muon_rails_slow_beta)
+                              for label, st in self.state.items() if specs[label].optimizer == "normuon"}
 
     def _init_state(self, label: str, p: Tensor, spec: ParamSpec):
         view = (-1, *spec.matrix_shape) if spec.optimizer == "normuon" else tuple(p.shape)
@@ -1625,25 +1369,20 @@ class NorMuonAdam:
             st.update(exp_avg=zeros(local), exp_avg_sq=zeros(local), step=0)
             return
         matrix_rows, cols = spec.matrix_shape
-        st["momentum"] = zeros(local)  # with MUON_RAILS=1 the fast rail (T2.9)
-        if self.rules[label] == "rails":
-            st["slow_momentum"] = zeros(local)
+        st["momentum"], st["slow_momentum"] = zeros(local), zeros(local)  # the fast and the slow rail (T2.9)
         st["second_moment"] = zeros((local[0], matrix_rows, 1) if matrix_rows >= cols else (local[0], 1, cols))
-        if self.config.mantissa_tracking and p.dtype == torch.bfloat16:
+        if p.dtype == torch.bfloat16:  # the low halves of the fp32 master (T2.6)
             st["mantissa"] = zeros(local, torch.int16)
         index = torch.arange(local[0]) + (rows.start if spec.comm == "sharded" else 0)
         self.lr_muls[label] = spec.matrix_lr_mul(index).view(-1, 1, 1).to(p.device)
 
     # --- step ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def step(self, lr_multiplier: float = 1.0, momentum: float = 0.95, adam: bool = True, device_work=None,
+    def step(self, lr_multiplier: float = 1.0, momentum: float = 0.95, adam: bool = True,
              fast_rail: tuple[float, float] | None = None):
         """One update: NorMuon on the banks with this momentum, Adam on the rest when `adam` (the
-        schedule runs it on every other step with two steps' gradients, T2.7). `fast_rail`: with
-        MUON_RAILS=1 the fast rail's beta and blend weight (T2.9; None: momentum and 1). At world size 1 the
-        device work is one function of this step's tensors, the host's bookkeeping (the Adam step
-        counts, the kept gradients, the tie) runs around it, and `device_work(work)` runs it: work()
-        when None, else OptimizerGraphs' capture or replay of its CUDA graph (T5.3)."""
+        schedule runs it on every other step with two steps' gradients, T2.7). `fast_rail`: the fast
+        momentum rail's beta and blend weight (T2.9; None: momentum and 1, Muon's single EMA)."""
         params = self.params
         follower = self.tied[0] if self.tied else None
         tie = follower is not None and params[follower].grad is not None
@@ -1652,14 +1391,7 @@ class NorMuonAdam:
         if self.world > 1:
             self._step_with_collectives(active, kept, tie, adam)
         else:
-            grads = {label: self.rows[label].full(params[label].grad)
-                     for label in with_grad + ([follower] if tie else [])}
-            earlier = {label: grad for label, (_, grad) in self.kept.items()}
-            work = functools.partial(self._local_step, self.tied, adam, active, kept, grads, earlier)
-            (device_work or (lambda work: work()))(work)
-            for label in active:
-                self.kept.pop(label, None)
-            self.kept.update((label, (None, grads[label])) for label in kept)
+            self._local_step(active, kept, tie, adam)
         if tie:
             params[follower].grad = None
         for label in with_grad:
@@ -1696,21 +1428,23 @@ class NorMuonAdam:
         host = torch.tensor(values, dtype=torch.float32, pin_memory=self.scalars.is_cuda)
         self.scalars.copy_(host, non_blocking=True)
 
-    def _local_step(self, tied: tuple[str, str] | None, adam: bool, active: list[str], kept: list[str],
-                    grads: dict[str, Tensor], earlier: dict[str, Tensor]):
-        """The device work of a step at world size 1 on the tensors given (`grads`: the follower's too
-        while tied; `earlier`: the gradients kept before): the tie's gradient sum, the updates, the
-        kept gradients summed with those kept before, the follower's copy."""
-        follower, leader = tied if tied else (None, None)
-        if follower in grads:
-            grads[leader].add_(grads[follower])
+    def _local_step(self, active: list[str], kept: list[str], tie: bool, adam: bool):
+        """A step at world size 1, nothing sent: the tie's gradient sum, the updates from .grad (Adam's with
+        the gradient kept before), the gradients of a step without Adam kept (summed with those kept before),
+        the follower's copy."""
+        params, (follower, leader) = self.params, self.tied or (None, None)
+        if tie:
+            params[leader].grad.add_(params[follower].grad)
         for label in active:
-            self._update(label, grads[label], earlier.get(label))
+            _, earlier = self.kept.pop(label, (None, None))
+            self._update(label, self.rows[label].full(params[label].grad), earlier)
         for label in kept:
-            if label in earlier:  # two steps without Adam in a row (the warm-up's stage edges): sum them
-                grads[label].add_(earlier[label])
-        if tied and adam:
-            self.params[follower].copy_(self.params[leader])
+            grad = self.rows[label].full(params[label].grad)
+            if label in self.kept:  # two steps without Adam in a row (the warm-up's stage edges): sum them
+                grad.add_(self.kept[label][1])
+            self.kept[label] = (None, grad)
+        if self.tied and adam:
+            params[follower].copy_(params[leader])
 
     def _step_with_collectives(self, active: list[str], kept: list[str], tie: bool, adam: bool):
         """A step at world size > 1: reductions, updates and gathers in comm_order, each collective
@@ -1796,8 +1530,7 @@ class NorMuonAdam:
             rows, cols = spec.matrix_shape
             self._normuon_fn(grad, self.bank_momentum[label], st["second_moment"], weight, st.get("mantissa"),
                              scalars["momentum"], scalars["lr"], self.lr_muls[label], scalars["wd_lr"],
-                             self.grad_scale, cfg.muon_beta2, -1 if rows >= cols else -2,
-                             cfg.orthogonalizer, self.use_triton)
+                             self.grad_scale, cfg.muon_beta2, -1 if rows >= cols else -2, self.use_triton)
         else:
             beta1, beta2 = spec.betas
             self._adam_fn(grad, kept_grad, weight, st["exp_avg"], st["exp_avg_sq"], scalars["step_size"],
@@ -1895,10 +1628,46 @@ class NorMuonAdam:
                     self.state[label][key] = value
 
 
-# --- Tables with lazy sparse Adam: the hashed n-gram table (#92; T3.19) -----------------------------------
-# What one process may hold of the table and its Adam state: an 80 GB GPU less the model's peak (about 45 GB
-# in rank-slice mode) and room for the row cache and the kept gradients
+# =============================================================================================
+# The n-gram table
+# =============================================================================================
+
+# Hashed n-gram table (record #92 "ANVIL2", PR #360; T3.19): per order n, a polynomial hash of the tokens
+# x[t-n+1..t] (each + 1) modulo the Mersenne prime 2^31 - 1, started at n so the orders hash apart, scattered
+# by a multiplication modulo the prime, then taken modulo the table's hashed rows. Integer arithmetic on the
+# device, every product below 2^62: the same rows on every rank, process and device.
+NGRAM_PRIME, NGRAM_BASE, NGRAM_SCATTER = 2**31 - 1, 1_000_003, 1_460_320_421
+NGRAM_ORDERS = (2, 3)  # the n-gram lengths hashed into the table: bigrams and trigrams
+# What one process may hold of the table and its state: an 80 GB GPU less the model's peak (about 45 GB in
+# rank-slice mode) and room for the row cache and the kept gradients
 NGRAM_STATE_GIB = 28
+
+
+def ngram_ids(ids: Tensor, rows: int, orders: tuple[int, ...] = NGRAM_ORDERS) -> Tensor:
+    """(T, len(orders)) rows of each position's n-gram of each order in a table of `rows` rows: the first
+    rows - len(orders) are hashed; order k's n-grams that would reach before the first position of the
+    flattened batch take reserved row rows - len(orders) + k."""
+    hashed_rows, x = rows - len(orders), ids.long() + 1
+    columns = []
+    for k, n in enumerate(orders):
+        h = torch.full_like(x, n)
+        for back in range(n - 1, -1, -1):  # x[t - back], zeros before the first position
+            h = (h * NGRAM_BASE + torch.cat([x.new_zeros(back), x[: x.size(0) - back]])) % NGRAM_PRIME
+        row = (h * NGRAM_SCATTER) % NGRAM_PRIME % hashed_rows
+        row[: n - 1].fill_(hashed_rows + k)  # fill_: a host scalar copied in would sync in eager mode
+        columns.append(row)
+    return torch.stack(columns, 1)
+
+
+def padded_unique(values: Tensor, fill: int) -> tuple[Tensor, Tensor]:
+    """(the distinct values in increasing order, then `fill` up to values' length; each value's place in
+    it): torch.unique's answer with a static shape and no host sync (T3.19). `fill` exceeds every value."""
+    ordered, order = values.sort()
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    place = first.cumsum(0) - 1
+    inverse = torch.empty_like(values).scatter_(0, order, place)
+    return torch.full_like(values, fill).scatter_(0, place, ordered), inverse  # equal values write one place
 
 
 def summed_row_gradients(rows: tuple[Tensor, ...], grads: tuple[Tensor, ...], fill: int) -> tuple[Tensor, Tensor]:
@@ -1914,210 +1683,132 @@ def summed_row_gradients(rows: tuple[Tensor, ...], grads: tuple[Tensor, ...], fi
     return distinct, sums
 
 
-def lazy_adam_replayed(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, last_step: Tensor, replay: Tensor,
-                       local: Tensor, eps: float) -> Tensor:
-    """The fp32 weights of a LazyRowTable's local rows as dense Adam has them now: the stored ones moved by
-    the replay sum of the steps since each row's last update (T3.19)."""
-    coefficient = replay[last_step[local].long()].float()[:, None]
-    return weight[local].float() - coefficient * exp_avg[local] / (exp_avg_sq[local].sqrt() + eps)
-
-
-def lazy_adam_rows(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, last_step: Tensor, replay: Tensor,
-                   step_numbers: Tensor, local: Tensor, sums: Tensor, scalars: Tensor, beta1: float, beta2: float,
-                   eps: float, grad_scale: float):
-    """One Adam step of a LazyRowTable's rows `local` (T3.19), in place: replay the steps each row missed,
-    update it with its gradient sum, then give every replay sum this step's term. scalars: float64 on the
-    device, (t, the step size with its bias correction, lr²·wd), so one compiled graph serves every step."""
-    t, step_size, wd_lr2 = scalars[0], scalars[1], scalars[2]
-    missed = (t - 1 - last_step[local]).float()[:, None]
-    w = lazy_adam_replayed(weight, exp_avg, exp_avg_sq, last_step, replay, local, eps)
-    m = exp_avg[local] * beta1 ** missed
-    v = exp_avg_sq[local] * beta2 ** missed
-    g = sums * grad_scale
-    m = m.lerp(g, 1 - beta1)
-    v = v.lerp(g.square(), 1 - beta2)
-    u = step_size.float() * m / (v.sqrt() + eps)
-    u = u + (u * w > 0) * w * wd_lr2.float()  # adam_update's cautious decay (T2.5)
-    weight[local] = (w - u).to(weight.dtype)
-    exp_avg[local], exp_avg_sq[local] = m, v
-    last_step[local] = t.to(last_step.dtype)
-    replay.add_(torch.where(step_numbers < t, step_size * (beta1 / math.sqrt(beta2)) ** (t - step_numbers), 0.0))
-
-
-def lazy_rowwise_rows(weight: Tensor, row_sq: Tensor, last_step: Tensor, local: Tensor, sums: Tensor,
-                      scalars: Tensor, beta2: float, eps: float, grad_scale: float):
-    """One row-wise RMSprop step of a LazyRowTable's rows `local` (NGRAM_OPTIMIZER=rowwise, T3.19), in place:
-    each row's second moment (the mean square of its gradient's values) decayed over the steps it missed, then
-    the row moved by its gradient over that moment's root. scalars as lazy_adam_rows'."""
+def rowwise_rmsprop_rows(weight: Tensor, row_sq: Tensor, last_step: Tensor, local: Tensor, sums: Tensor,
+                         scalars: Tensor, beta2: float, eps: float, grad_scale: float):
+    """One row-wise RMSprop step of the table's rows `local` (T3.19), in place: each row's second moment (the
+    mean square of its gradient's values) decayed over the steps it missed, then the row moved by its gradient
+    over that moment's root, with adam_update's cautious decay (T2.5). scalars: float64 on the device, (t, the
+    step size with its bias correction, lr²·wd), so one compiled graph serves every step."""
     t, step_size, wd_lr2 = scalars[0], scalars[1], scalars[2]
     missed = (t - 1 - last_step[local]).float()
     g = sums * grad_scale
     v = (row_sq[local] * beta2 ** missed).lerp(g.square().mean(dim=1), 1 - beta2)
     w = weight[local].float()
     u = step_size.float() * g / (v.sqrt() + eps)[:, None]
-    u = u + (u * w > 0) * w * wd_lr2.float()  # adam_update's cautious decay (T2.5)
+    u = u + (u * w > 0) * w * wd_lr2.float()
     weight[local] = (w - u).to(weight.dtype)
     row_sq[local] = v
     last_step[local] = t.to(last_step.dtype)
 
 
-class RowAdam:
-    """NGRAM_OPTIMIZER=adam: Adam per value, fp32 moments, the steps a row missed replayed in closed form when it
-    is next read or updated (LazyRowTable's docstring). 10 bytes a value beside the 4-byte step of a row."""
-    label = "lazy sparse Adam"
-    bytes_per_value = 2 + 4 + 4  # the bf16 weight, the fp32 first and second moments
-    bytes_per_row = 4  # the last update's step (int32)
-
-    def __init__(self, local: tuple[int, int], max_steps: int, device: torch.device, compile_fns):
-        self.exp_avg = torch.zeros(local, device=device)
-        self.exp_avg_sq = torch.zeros(local, device=device)
-        self.replay = torch.zeros(max_steps + 1, dtype=torch.float64, device=device)  # C_s by last step s
-        self.step_numbers = torch.arange(max_steps + 1, dtype=torch.float64, device=device)
-        self._rows_fn, self._read_fn = compile_fns(lazy_adam_rows, lazy_adam_replayed)
-
-    @staticmethod
-    def step_size(lr: float, t: int, beta1: float, beta2: float) -> float:
-        return lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
-
-    def update(self, weight: Tensor, last_step: Tensor, local: Tensor, sums: Tensor, scalars: Tensor,
-               beta1: float, beta2: float, eps: float, grad_scale: float):
-        self._rows_fn(weight, self.exp_avg, self.exp_avg_sq, last_step, self.replay, self.step_numbers, local, sums,
-                      scalars, beta1, beta2, eps, grad_scale)
-
-    def read(self, weight: Tensor, last_step: Tensor, local: Tensor, eps: float) -> Tensor:
-        """The rows in fp32 as dense Adam has them now: the stored ones moved by their replay sum."""
-        return self._read_fn(weight, self.exp_avg, self.exp_avg_sq, last_step, self.replay, local, eps)
-
-    def current(self, weight: Tensor, last_step: Tensor, local: Tensor, eps: float) -> Tensor:
-        """read's rows in the table's dtype, which a load puts in the model's row cache."""
-        return self.read(weight, last_step, local, eps).to(weight.dtype)
-
-    def tensors(self) -> dict[str, Tensor]:
-        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "replay": self.replay}
+def ngram_bytes_per_row(dim: int) -> int:
+    """One table row's bytes with its optimizer state: the bf16 values, the step of its last update (int32) and
+    its fp32 second moment."""
+    return 2 * dim + 4 + 4
 
 
-class RowwiseRMSprop:
-    """NGRAM_OPTIMIZER=rowwise: no first moment and one fp32 second moment per row, the mean square of the row's
-    gradient values, as large embedding tables keep it (FBGEMM's row-wise AdaGrad, with an EMA here: the spec's
-    beta2, bias-corrected). A row a step leaves out gets a zero gradient, so it does not move and only its
-    moment decays: the lazy update equals the dense one with no replay, up to float rounding. 2 bytes a value
-    (the bf16 weight) beside 8 a row, so one process holds record #92's per-rank rows (T3.19)."""
-    label = "row-wise RMSprop"
-    bytes_per_value = 2  # the bf16 weight
-    bytes_per_row = 4 + 4  # the last update's step (int32), the fp32 second moment
+class NgramTable(nn.Module):
+    """The hashed n-gram table (record #92, PR #360; T3.19): NGRAM_ROWS rows, each position reading one row per
+    order (ngram_ids), summed into the bigram injection (T3.4). One object holds all of it: the row cache the
+    model's forward reads (this module's buffers), this rank's rows with their optimizer state, the gradients
+    kept for the next Adam step, and the exchange with the rows' owners. It is no parameter: NorMuonAdam never
+    sees it, and no dense gradient exists.
 
-    def __init__(self, local: tuple[int, int], max_steps: int, device: torch.device, compile_fns):
-        self.row_sq = torch.zeros(local[0], device=device)
-        (self._rows_fn,) = compile_fns(lazy_rowwise_rows)
+    The model calls it as `self.ngram(tokens)` (the embedding of the rows `load` cached). The trainer calls:
+    `shard` once (this rank's rows and their state), `load` before each forward on new tokens (`serve` in a
+    validation round where this rank has no chunk), `keep_gradient` after each backward, `step` after each
+    optimizer step, `reset` after the warm-up and between seeds, and `rows_state` for a checkpoint (nn.Module's
+    state_dict leaves the rows out: they are no buffers).
 
-    @staticmethod
-    def step_size(lr: float, t: int, beta1: float, beta2: float) -> float:
-        return lr * math.sqrt(1 - beta2 ** t)
+    Cache: `cache` holds a training forward's distinct rows (a leaf whose gradient is the per-row sums), `eval_cache`
+    those of a longer forward (validation's, no gradient), `inverse` each position's place per order. Sharding:
+    rank r owns the rows [r·S, (r+1)·S), S = ⌈rows / world⌉, with their state, and one scratch row (local index S)
+    that padded_unique's padding reads and writes. load: the ids' rows, the distinct ones (padded_unique: static
+    shapes) and each position's place among them, into the cache with their current weights; at world size 1 one
+    gather, above it the distinct row ids go to their owners and the weights come back. step (on an Adam step,
+    T2.7): the kept (row, gradient) pairs of every micro-batch and of the step before are summed per row, sent to
+    the rows' owners and summed there; each owner updates its rows. Above world size 1 every exchange is two
+    all_to_all_single of compact lists, their sizes sent first (one host sync each).
 
-    def update(self, weight: Tensor, last_step: Tensor, local: Tensor, sums: Tensor, scalars: Tensor,
-               beta1: float, beta2: float, eps: float, grad_scale: float):
-        self._rows_fn(weight, self.row_sq, last_step, local, sums, scalars, beta2, eps, grad_scale)
+    Optimizer: row-wise RMSprop (rowwise_rmsprop_rows): no first moment and one fp32 second moment per row, the
+    mean square of the row's gradient values, as large embedding tables keep it (FBGEMM's row-wise AdaGrad, with
+    an EMA: the spec's beta2, bias-corrected). A row a step leaves out gets a zero gradient, so it does not move
+    and only its moment decays: the lazy update equals the dense one, up to float rounding. 2 bytes a value
+    beside 8 a row, so one process holds record #92's per-rank rows."""
 
-    def read(self, weight: Tensor, last_step: Tensor, local: Tensor, eps: float) -> Tensor:
-        return self.current(weight, last_step, local, eps).float()
+    def __init__(self, cfg: ModelConfig, max_tokens: int, max_train_tokens: int):
+        super().__init__()
+        self.rows, self.spec, orders, d = cfg.ngram_rows, param_table(cfg)["ngram_table"], len(NGRAM_ORDERS), cfg.model_dim
+        cache = torch.zeros(max_train_tokens * orders, d, dtype=torch.bfloat16).requires_grad_()
+        self.register_buffer("cache", cache, persistent=False)
+        if max_tokens > max_train_tokens:
+            self.register_buffer("eval_cache", torch.zeros(max_tokens * orders, d, dtype=torch.bfloat16),
+                                 persistent=False)
+        self.register_buffer("inverse", torch.zeros(max_tokens, orders, dtype=torch.long), persistent=False)
+        self.weight = None  # this rank's rows: shard()
 
-    def current(self, weight: Tensor, last_step: Tensor, local: Tensor, eps: float) -> Tensor:
-        """The stored rows as they are: nothing to replay, and no fp32 round trip on a load."""
-        return weight[local]
+    def _apply(self, fn, recurse=True):
+        """Module.to and the like, the cache kept a leaf whose .grad the backward fills: Module moves buffers
+        with autograd on, which would leave a moved cache the output of a copy."""
+        super()._apply(fn, recurse)
+        self.cache.detach_().requires_grad_()
+        return self
 
-    def tensors(self) -> dict[str, Tensor]:
-        return {"row_sq": self.row_sq}
+    def cache_for(self, tokens: int) -> Tensor:
+        """The row cache of a forward of `tokens` tokens: the training one (its gradient is the per-row sums) up
+        to the longest training forward, beyond it (validation's) one without a gradient, so that each backward
+        fills a gradient of the training forward's size, not validation's."""
+        return self.cache if tokens * self.inverse.size(1) <= self.cache.size(0) else self.eval_cache
 
+    def forward(self, tokens: int) -> Tensor:
+        """The sum over the orders of each position's rows, read from the cache `load` filled (T, d)."""
+        return self.cache_for(tokens)[self.inverse[:tokens]].sum(1)
 
-ROW_OPTIMIZERS = {"adam": RowAdam, "rowwise": RowwiseRMSprop}
-
-
-def lazy_table_bytes_per_row(dim: int, optimizer: str) -> int:
-    """One table row's bytes with its optimizer state (NGRAM_OPTIMIZER): its values' and the row's own."""
-    rule = ROW_OPTIMIZERS[optimizer]
-    return dim * rule.bytes_per_value + rule.bytes_per_row
-
-
-class LazyRowTable:
-    """A table trained on the rows each step touches, by a lazy sparse optimizer (RowAdam by default) and no dense
-    gradient (record #92, PR #360; T3.19). It is no parameter: NorMuonAdam never sees it. A subclass says which rows a
-    forward's ids read (row_ids: (T, k) row ids, k per position) and names the model's row cache and inverse.
-
-    Sharding: rank r owns the rows [r·S, (r+1)·S), S = ⌈rows / world⌉, with their optimizer state, and one scratch
-    row (local index S) that padded_unique's padding reads and writes. load (before each forward): the ids'
-    rows, the distinct ones and each position's place among them (padded_unique: static shapes) into the
-    model's row cache with their current weights; at world size 1 one gather, above it the distinct row ids go
-    to their owners and the weights come back. add_gradient (after each backward) keeps the cache's gradient:
-    one sum per distinct row. step (on an Adam step): the kept (row, gradient) pairs of every micro-batch, and
-    with ADAM_EVERY_OTHER_STEP of the step before (T2.7), are summed per row here, sent to the rows' owners and
-    summed there; each owner updates its rows. Above world size 1 every exchange is two all_to_all_single of
-    compact lists, their sizes sent first (one host sync each).
-
-    Lazy Adam: a row last updated at Adam step s and untouched since has had zero gradients, so at step t dense
-    Adam has moved it over the steps k = s+1 .. t-1 by a_k·β1^(k-s)·m / (β2^((k-s)/2)·√v + eps) (a_k: the step
-    size, with the schedule's lr multiplier and the bias correction) and decayed its moments by β1^(t-1-s),
-    β2^(t-1-s). That is C_s·m / (√v + eps) with C_s = Σ_k a_k·r^(k-s), r = β1/√β2: `replay[s]`, which every
-    Adam step adds its term to for every s (one fp64 vector op). Every read (load) and the row's next update
-    apply it, so a forward sees dense Adam's weights. Exact in fp32 except for eps: the replay adds eps to √v
-    where dense Adam's step k adds eps·β2^(-(k-s)/2) (the same when eps = 0; no difference while √v ≫ eps). In
-    bf16 the weight is rounded once per update instead of once per step. Weight decay (the spec's wd_mul): the
-    cautious, lr-coupled decay of adam_update (T2.5) on the rows an Adam step updates, as dense Adam decays
-    them then; none on the steps a row misses, where dense Adam decays each weight whose sign is the update's
-    until it crosses zero (a crossing per weight, no closed form of the replay's kind). NGRAM_OPTIMIZER=rowwise
-    swaps the rows' optimizer for RowwiseRMSprop (no momentum, a second moment per row), which needs no replay."""
-    cache_buffer: str  # the model's row cache (a leaf whose gradient is the per-row sums) that load fills
-    inverse_buffer: str  # ... and each position's places in it
-
-    def __init__(self, rows: int, dim: int, spec: ParamSpec, optim: OptimConfig, max_steps: int,
-                 device: torch.device, rank: int, world_size: int, dtype: torch.dtype, compile: bool = False):
-        self.rows, self.spec, self.optim = rows, spec, optim
-        self.world = world_size
+    def shard(self, optim: OptimConfig, rank: int = 0, world_size: int = 1, compile: bool = False,
+              dtype: torch.dtype = torch.bfloat16):
+        """Allocate this rank's rows and their optimizer state on the cache's device, zero (as the bigram table
+        started, T3.4), no step taken."""
+        self.optim, self.world = optim, world_size
         self.shard_rows = -(-self.rows // world_size)
         self.start = rank * self.shard_rows
-        local = (self.shard_rows + 1, dim)  # the owned rows and the scratch row
-        self.weight = torch.zeros(local, dtype=dtype, device=device)
-        self.last_step = torch.zeros(local[0], dtype=torch.int32, device=device)  # 0: never updated
+        device, local = self.cache.device, self.shard_rows + 1  # the owned rows and the scratch row
+        self.weight = torch.zeros(local, self.cache.size(1), dtype=dtype, device=device)
+        self.row_sq = torch.zeros(local, device=device)
+        self.last_step = torch.zeros(local, dtype=torch.int32, device=device)  # 0: never updated
         self.step_count = 0  # Adam steps taken
         self.kept: list[tuple[Tensor, Tensor]] = []  # (row ids, their gradient sums) since the last Adam step
         self.scalars = torch.zeros(3, dtype=torch.float64, device=device)  # the update's (t, step size, lr²·wd)
-
-        def compile_fns(*fns):
-            if not (compile and device.type == "cuda"):
-                return fns
-            allow_graph_per_shape()  # one graph per stage's row count; above world size 1 the counts vary
-            return tuple(torch.compile(f, dynamic=world_size > 1, fullgraph=True) for f in fns)
-        # the update's and the read's gathers and arithmetic fused on the GPU; the rows' optimizer decided here
-        self.rule: RowAdam | RowwiseRMSprop = ROW_OPTIMIZERS[optim.ngram_optimizer](local, max_steps, device, compile_fns)
-        (self._summed,) = compile_fns(summed_row_gradients)  # fp32 sums straight from the bf16 gradients
-
-    def buffers(self, model: nn.Module, tokens: int) -> tuple[Tensor, Tensor]:
-        """The model's row cache and inverse that load fills for a forward of `tokens` tokens."""
-        return self.training_cache(model), getattr(model, self.inverse_buffer)
-
-    def training_cache(self, model: nn.Module) -> Tensor:
-        """The model's row cache of training forwards: the leaf whose gradient is the per-row sums."""
-        return getattr(model, self.cache_buffer)
+        fns = (rowwise_rmsprop_rows, summed_row_gradients)
+        if compile and device.type == "cuda":  # the gathers and arithmetic fused; one graph per stage's row count
+            allow_graph_per_shape()  # above world size 1 the counts vary
+            fns = tuple(torch.compile(f, dynamic=world_size > 1, fullgraph=True) for f in fns)
+        self._rows_fn, self._summed = fns
+        return self
 
     # --- forward and backward -----------------------------------------------------------------------
     @torch.no_grad()
-    def load(self, ids: Tensor, cache: Tensor, inverse: Tensor) -> Tensor:
-        """Fill the model's row cache for a forward on `ids`: each position's places in `inverse`, the distinct
-        rows' current weights in `cache`. Returns the distinct row ids (then `rows` as padding), as many as the
-        cache holds (the forward's distinct rows always fit), which add_gradient takes with the cache's gradient."""
-        row_ids = self.row_ids(ids)
+    def load(self, ids: Tensor) -> Tensor:
+        """Fill the row cache for a forward on `ids`: each position's places in `inverse`, the distinct rows'
+        current weights in the cache. Returns the distinct row ids (then `rows` as padding), as many as the cache
+        holds (the forward's distinct rows always fit), which keep_gradient takes with the cache's gradient."""
+        cache = self.cache_for(ids.size(0))
+        row_ids = ngram_ids(ids, self.rows)
         distinct, places = padded_unique(row_ids.flatten(), self.rows)
         distinct = distinct[: cache.size(0)]
-        inverse[: ids.size(0)].copy_(places.view_as(row_ids))
+        self.inverse[: ids.size(0)].copy_(places.view_as(row_ids))
         if self.world == 1:
-            cache[: distinct.numel()].copy_(self.current(distinct))  # the padding reads the scratch row
+            cache[: distinct.numel()].copy_(self.weight[distinct])  # the padding reads the scratch row
         else:
             owned = distinct[: int((distinct < self.rows).sum())]
             cache[: owned.numel()].copy_(self.fetch(owned))
         return distinct
 
-    def add_gradient(self, distinct: Tensor, cache_grad: Tensor):
-        """Keep a backward's per-row gradient sums (the row cache's gradient) for the next Adam step."""
-        self.kept.append((distinct, cache_grad[: distinct.numel()].clone()))
+    def keep_gradient(self, distinct: Tensor, grad: Tensor | None = None):
+        """Keep a backward's per-row gradient sums for the next Adam step: `grad` (a CUDA graph's output), or
+        the cache's .grad that an eager backward left, which is then cleared."""
+        if grad is None:
+            grad, self.cache.grad = self.cache.grad, None
+        self.kept.append((distinct, grad[: distinct.numel()].clone()))
 
     # --- optimizer ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -2141,28 +1832,18 @@ class LazyRowTable:
         return self._summed((received - self.start,), (received_sums,), fill=self.shard_rows)
 
     def update(self, local: Tensor, sums: Tensor, lr_multiplier: float):
-        """One step of the table's optimizer (on the Adam steps, T2.7): the rows `local` (duplicates only of the
-        scratch row) with their gradients summed over the ranks (RowAdam: after replaying the steps they missed,
-        then every replay sum takes this step's term; RowwiseRMSprop: their moments decayed over those steps)."""
-        beta1, beta2 = self.spec.betas
+        """One step of the rows `local` (duplicates only of the scratch row) with their gradients summed over
+        the ranks, their moments decayed over the steps they missed."""
+        _, beta2 = self.spec.betas
         self.step_count += 1
         t = self.step_count
         lr = self.optim.adam_lr * self.spec.lr_mul * lr_multiplier
-        step_size = self.rule.step_size(lr, t, beta1, beta2)
         wd_lr2 = lr * lr * self.optim.adam_weight_decay * self.spec.wd_mul  # adam_update's decay (T2.5)
-        host = torch.tensor([t, step_size, wd_lr2], dtype=torch.float64, pin_memory=self.scalars.is_cuda)
+        host = torch.tensor([t, lr * math.sqrt(1 - beta2 ** t), wd_lr2], dtype=torch.float64,
+                            pin_memory=self.scalars.is_cuda)
         self.scalars.copy_(host, non_blocking=True)
-        self.rule.update(self.weight, self.last_step, local, sums, self.scalars, beta1, beta2, self.optim.adam_eps,
-                         1.0 / self.world)
-
-    def replayed(self, local: Tensor) -> Tensor:
-        """The fp32 weights of local rows as the dense optimizer has them now (Adam: the stored ones moved by
-        their replay sum; row-wise: the stored ones)."""
-        return self.rule.read(self.weight, self.last_step, local, self.optim.adam_eps)
-
-    def current(self, local: Tensor) -> Tensor:
-        """The weights of local rows in the table's dtype as the dense optimizer has them now (what a load reads)."""
-        return self.rule.current(self.weight, self.last_step, local, self.optim.adam_eps)
+        self._rows_fn(self.weight, self.row_sq, self.last_step, local, sums, self.scalars, beta2, self.optim.adam_eps,
+                      1.0 / self.world)
 
     # --- exchange (world size > 1) --------------------------------------------------------------------
     def to_owners(self, rows: Tensor, *payloads: Tensor) -> tuple[Tensor, list[Tensor], list[int], list[int]]:
@@ -2188,16 +1869,17 @@ class LazyRowTable:
     def fetch(self, rows: Tensor) -> Tensor:
         """The current weights of the increasing row ids `rows`, from their owners."""
         asked, _, sent, received = self.to_owners(rows)
-        served = self.current(asked - self.start)
+        served = self.weight[asked - self.start]
         out = served.new_empty((rows.numel(), served.size(1)))
         dist.all_to_all_single(out, served, sent, received)
         return out
 
     # --- state ----------------------------------------------------------------------------------------
     def tensors(self) -> dict[str, Tensor]:
-        return {"weight": self.weight, "last_step": self.last_step, **self.rule.tensors()}
+        """This rank's rows and their state (what the CUDA graphs read besides the cache)."""
+        return {"weight": self.weight, "last_step": self.last_step, "row_sq": self.row_sq}
 
-    def state_dict(self, device: torch.device | str | None = None) -> dict:
+    def rows_state(self, device: torch.device | str | None = None) -> dict:
         """This rank's rows, their optimizer state, the step count and the kept gradients: copies,
         on `device` (None: where they are; the warm-up keeps its copy in host memory, as large as the table)."""
         def copy(t: Tensor) -> Tensor:
@@ -2205,41 +1887,12 @@ class LazyRowTable:
         return {"step_count": self.step_count, "kept": [(copy(r), copy(g)) for r, g in self.kept],
                 **{name: copy(t) for name, t in self.tensors().items()}}
 
-    def load_state_dict(self, state: dict):
-        for name, t in self.tensors().items():
-            t.copy_(state[name])
-        device = self.weight.device
-        self.step_count, self.kept = state["step_count"], [(r.to(device, copy=True), g.to(device, copy=True))
-                                                           for r, g in state["kept"]]
-
     def reset(self):
-        """Zero rows and moments, no step taken."""
+        """Zero rows and moments, no step taken, no gradient kept."""
         for t in self.tensors().values():
             t.zero_()
         self.step_count, self.kept = 0, []
-
-
-class NgramTable(LazyRowTable):
-    """The hashed n-gram table (T3.19): rows zero at init (as the bigram table starts, T3.4), each position
-    reading one row per order (ngram_ids); no weight decay (its spec)."""
-    cache_buffer, inverse_buffer = "ngram_cache", "ngram_inverse"
-
-    def __init__(self, cfg: ModelConfig, optim: OptimConfig, max_steps: int, device: torch.device,
-                 rank: int = 0, world_size: int = 1, dtype: torch.dtype = torch.bfloat16, compile: bool = False):
-        super().__init__(cfg.ngram_rows, cfg.model_dim, param_table(cfg)["ngram_table"], optim, max_steps, device,
-                         rank, world_size, dtype, compile)
-        self.orders = cfg.ngram_orders
-
-    def row_ids(self, ids: Tensor) -> Tensor:
-        return ngram_ids(ids, self.rows, self.orders)
-
-    def buffers(self, model: nn.Module, tokens: int) -> tuple[Tensor, Tensor]:
-        return model.ngram_cache_for(tokens), model.ngram_inverse
-
-
-def load_row_caches(tables: "list[LazyRowTable]", model: nn.Module, inputs: Tensor) -> list[Tensor]:
-    """Fill each row table's cache in the model for a forward on `inputs` (T3.19); their distinct rows."""
-    return [table.load(inputs, *table.buffers(model, inputs.size(0))) for table in tables]
+        self.cache.grad = None
 
 
 # =============================================================================================
@@ -2496,20 +2149,6 @@ class ValidationSet:
 
 
 GPT2_SPECIAL_TOKEN = "<|endoftext|>"
-# What reads GPT-2's tokenizer files, by the switch that turns it off (a missing file's error names both)
-TOKENIZER_USERS = {"PREFIX_LOSS": "the prefix-token loss", "VAL_MASK": "validation masking"}
-
-
-def gpt2_tokenizer_file(tokenizer_dir: str, name: str, switch: str) -> str:
-    """The path of GPT-2's tokenizer file `name` in tokenizer_dir; FileNotFoundError naming the fix if
-    it is missing. switch: the setting whose technique reads it (TOKENIZER_USERS)."""
-    path = os.path.join(tokenizer_dir, name)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"{TOKENIZER_USERS[switch]} ({switch}=1) needs GPT-2's tokenizer file {path}: the repository keeps it "
-            f"in data/gpt2/ (restore it with `git checkout -- data/gpt2`, or `python data/cached_fineweb10B.py` "
-            f"fetches it); or set TOKENIZER_DIR to a folder holding {name}, or {switch}=0")
-    return path
 
 
 def gpt2_byte_of() -> dict[str, int]:
@@ -2521,10 +2160,14 @@ def gpt2_byte_of() -> dict[str, int]:
     return byte_of
 
 
-def gpt2_token_bytes(tokenizer_dir: str, switch: str = "PREFIX_LOSS") -> dict[int, bytes]:
+def gpt2_token_bytes(tokenizer_dir: str) -> dict[int, bytes]:
     """The byte string of every GPT-2 token id (the special token excluded), read from
     tokenizer_dir/encoder.json, whose keys spell bytes in GPT-2's byte-level alphabet (gpt2_byte_of)."""
-    path = gpt2_tokenizer_file(tokenizer_dir, "encoder.json", switch)
+    path = os.path.join(tokenizer_dir, "encoder.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"the prefix-token loss needs GPT-2's tokenizer file {path}: the repository keeps it "
+                                f"in data/gpt2/ (restore it with `git checkout -- data/gpt2`); or set TOKENIZER_DIR "
+                                f"to a folder holding encoder.json")
     byte_of = gpt2_byte_of()
     try:
         with open(path, encoding="utf-8") as f:
@@ -2544,265 +2187,6 @@ def prefix_token_ids(token_bytes: dict[int, bytes], vocab_size: int) -> Tensor:
             raise SetupError(f"token id {i} does not fit the vocabulary of {vocab_size} (VOCAB_SIZE)")
         table[i] = next((id_of[b[:n]] for n in range(len(b) - 1, 0, -1) if b[:n] in id_of), -1)
     return torch.tensor(table, dtype=torch.long)
-
-
-# --- Validation masking (#91, T4.5) ---------------------------------------------------------------
-# Next tokens that GPT-2's tokenizer cannot emit after the input token get probability 0 in the
-# validation loss. The rule, its argument and its source: data/bpe_mask.py, which also builds the table
-# offline and checks token shards against it.
-
-# The pre-tokenizer's first alternatives: a contraction is a piece of its own, even before more letters
-GPT2_CONTRACTIONS = ("'s", "'t", "'re", "'ve", "'m", "'ll", "'d")
-# Unicode's White_Space property: the regex's \\s as tiktoken applies it (Python's str.isspace differs)
-UNICODE_WHITE_SPACE = frozenset([*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028,
-                                 0x2029, 0x202F, 0x205F, 0x3000])
-# What a token starts or ends with, for the pre-tokenizer: a space (U+0020), other whitespace, a letter, a
-# number, any other character; inside a character (its UTF-8 bytes continue in the neighbouring token); or
-# unknown (bytes that are no valid UTF-8 or do not show their character, a character unassigned in this
-# Python's Unicode tables)
-EDGE_SPACE, EDGE_WHITESPACE, EDGE_LETTER, EDGE_NUMBER, EDGE_OTHER, EDGE_MID_CHAR, EDGE_UNKNOWN = range(7)
-EDGE_CONTRACTION_END = 7  # a previous token's end that may close a contraction piece (a letter)
-# (previous token's end, next token's start) that always lie in one pre-token piece: the regex's runs of
-# letters, of numbers and of other characters, each with one optional leading space; and any seam inside
-# a character
-EDGES_IN_ONE_PIECE = ((EDGE_LETTER, EDGE_LETTER), (EDGE_NUMBER, EDGE_NUMBER), (EDGE_OTHER, EDGE_OTHER),
-                      (EDGE_SPACE, EDGE_LETTER), (EDGE_SPACE, EDGE_NUMBER), (EDGE_SPACE, EDGE_OTHER))
-VAL_MASK_VERSION = 1  # part of the cached table's name: raise it when the rule changes
-BYTE_POPCOUNT = np.array([b.bit_count() for b in range(256)], dtype=np.uint8)
-
-
-def gpt2_merge_ranks(tokenizer_dir: str) -> dict[bytes, int]:
-    """bytes -> id of every GPT-2 token, where an id is the priority of the merge that makes the token
-    (the rank tiktoken merges by): checked against vocab.bpe, whose n-th merge must join two tokens into
-    token 256 + n, after ids 0-255 for the single bytes."""
-    token_bytes = gpt2_token_bytes(tokenizer_dir, "VAL_MASK")
-    path = gpt2_tokenizer_file(tokenizer_dir, "vocab.bpe", "VAL_MASK")
-    with open(path, encoding="utf-8") as f:
-        merges = [line for line in f.read().splitlines()[1:] if line]  # after the "#version" line
-    ranks, byte_of = {b: i for i, b in token_bytes.items()}, gpt2_byte_of()
-    mismatch = (f"{path} does not match {os.path.join(tokenizer_dir, 'encoder.json')}: {{}}. Use the two files of one "
-                f"GPT-2 tokenizer (`git checkout -- data/gpt2`), or VAL_MASK=0")
-    if sorted(i for i, b in token_bytes.items() if len(b) == 1) != list(range(256)):
-        raise SetupError(mismatch.format("ids 0-255 of encoder.json are not the 256 single bytes"))
-    if len(merges) != len(token_bytes) - 256:
-        raise SetupError(mismatch.format(f"{len(merges)} merges for {len(token_bytes) - 256} tokens beyond the bytes"))
-    for n, merge in enumerate(merges):
-        try:
-            left, right = (bytes(byte_of[c] for c in half) for half in merge.split(" "))
-        except (KeyError, ValueError):  # a character outside the alphabet, or not two halves
-            left = right = None
-        if left not in ranks or right not in ranks or ranks.get(left + right) != 256 + n:
-            raise SetupError(mismatch.format(f"merge {n + 1} ({merge!r}) does not join two tokens into {256 + n}"))
-    return ranks
-
-
-def bpe_merges(parts: list[bytes], ranks: dict[bytes, int]):
-    """Byte-pair encoding as tiktoken applies it to one pre-token piece, in place on its parts (at first its
-    single bytes): repeatedly join the adjacent pair whose concatenation is the lowest-ranked token, the
-    leftmost of equal ones, until no pair's is a token. Yields (rank, index of the joined part) after each join."""
-    while True:
-        joins = [(rank, i) for i, rank in enumerate(map(ranks.get, map(bytes.__add__, parts, parts[1:])))
-                 if rank is not None]
-        if not joins:
-            return
-        rank, i = min(joins)
-        parts[i: i + 2] = [parts[i] + parts[i + 1]]
-        yield rank, i
-
-
-def bpe_edge_pieces(token: bytes, ranks: dict[bytes, int]) -> tuple[list, list] | None:
-    """A token's bytes byte-pair encoded alone, its two ends followed: ([[last part, rank of the join that
-    absorbs it into a longer last part, None: none], ...], the same for the first part), in order. None when
-    the joins do not end in the token itself or their ranks ever decrease (the rule's argument needs both,
-    so such a token bans nothing; GPT-2 has none)."""
-    parts = [token[i: i + 1] for i in range(len(token))]
-    last, first, previous = [[parts[-1], None]], [[parts[0], None]], -1
-    for rank, i in bpe_merges(parts, ranks):
-        if rank < previous:
-            return None
-        previous = rank
-        if i == len(parts) - 1:  # the join made a longer last part
-            last[-1][1] = rank
-            last.append([parts[-1], None])
-        if i == 0:  # ... a longer first part
-            first[-1][1] = rank
-            first.append([parts[0], None])
-    return (last, first) if parts == [token] else None
-
-
-def _edge_class_of(char_bytes: bytes) -> int:
-    """The EDGE_* class of one character's UTF-8 bytes."""
-    try:
-        char = char_bytes.decode("utf-8")
-    except UnicodeDecodeError:
-        return EDGE_UNKNOWN
-    if char == " ":
-        return EDGE_SPACE
-    if ord(char) in UNICODE_WHITE_SPACE:
-        return EDGE_WHITESPACE
-    category = unicodedata.category(char)
-    if category == "Cn":  # unassigned in this Python's tables: the tokenizer's may know it as a letter
-        return EDGE_UNKNOWN
-    return {"L": EDGE_LETTER, "N": EDGE_NUMBER}.get(category[0], EDGE_OTHER)
-
-
-def _utf8_length(lead: int) -> int:
-    """Bytes of the UTF-8 sequence a byte starts; 0 for a continuation byte or one that starts none."""
-    for length, (low, high) in enumerate(((0x00, 0x7F), (0xC2, 0xDF), (0xE0, 0xEF), (0xF0, 0xF4)), start=1):
-        if low <= lead <= high:
-            return length
-    return 0
-
-
-def token_end_class(token: bytes) -> int:
-    """The EDGE_* class of the character a token ends with (EDGE_MID_CHAR: the next token completes it)."""
-    for size in range(1, min(4, len(token)) + 1):
-        if 0x80 <= token[-size] < 0xC0:  # a continuation byte: the character starts further back
-            continue
-        length = _utf8_length(token[-size])
-        if length > size:
-            return EDGE_MID_CHAR
-        return _edge_class_of(token[-size:]) if length == size else EDGE_UNKNOWN
-    return EDGE_UNKNOWN  # continuation bytes only: whether their character ends here is not in the token
-
-
-def token_start_class(token: bytes) -> int:
-    """The EDGE_* class of the character a token starts with (EDGE_MID_CHAR: a continuation byte)."""
-    if 0x80 <= token[0] < 0xC0:
-        return EDGE_MID_CHAR
-    length = _utf8_length(token[0])
-    return _edge_class_of(token[:length]) if 0 < length <= len(token) else EDGE_UNKNOWN
-
-
-def banned_next_table(ranks: dict[bytes, int], vocab_size: int) -> np.ndarray:
-    """Validation masking's table (#91, T4.5): (vocab_size, ceil(vocab_size / 8)) uint8 where bit x % 8 of
-    byte x // 8 of row p says that GPT-2's tokenizer never emits token x right after token p: (1) their
-    seam always lies inside one pre-token piece (EDGES_IN_ONE_PIECE; not a letter's after a token that may
-    end a contraction piece), and (2) byte-pair encoding p's bytes followed by x's does not give [p, x].
-    (2) is decided per join T = L + F (both tokens, rank c) from how each token's ends move when it is
-    encoded alone: while p's last part L (made at rank α, a byte: -1) has not been absorbed (at rank β)
-    and x's first part F (made at γ) not (at δ), the seam pair (L, F) joins first iff β > max(c, γ) and
-    δ ≥ max(c, α)."""
-    never = np.iinfo(np.int64).max
-    rows_by_last, columns_by_first = {}, {}  # part -> [(rank that absorbs it, id of a token it ends/starts)]
-    for token, i in ranks.items():
-        if i >= vocab_size:
-            raise SetupError(f"token id {i} does not fit the vocabulary of {vocab_size} (VOCAB_SIZE)")
-        ends = bpe_edge_pieces(token, ranks)
-        for by_part, parts in zip((rows_by_last, columns_by_first), ends or ()):
-            for part, absorbed in parts:
-                by_part.setdefault(part, []).append((never if absorbed is None else absorbed, i))
-    columns = {}  # first part -> (-absorption rank ascending, token ids): F's tokens for a δ threshold are a prefix
-    for part, entries in columns_by_first.items():
-        absorbed, ids = np.array(sorted(entries, reverse=True), dtype=np.int64).T
-        columns[part] = (-absorbed, ids)
-    made = {part: ranks[part] if len(part) > 1 else -1 for part in {*rows_by_last, *columns}}
-    joins_by_last = {}  # L -> [(threshold for β, threshold for δ, F)] of every join T = L + F
-    for token, rank in ranks.items():
-        for k in range(1, len(token)):
-            left, right = token[:k], token[k:]
-            if left in rows_by_last and right in columns:
-                joins_by_last.setdefault(left, []).append((max(rank, made[right]), max(rank, made[left]), right))
-    table = np.zeros((vocab_size, (vocab_size + 7) // 8), dtype=np.uint8)
-    banned = np.zeros(vocab_size, dtype=bool)
-    for left, joins in joins_by_last.items():
-        joins.sort(key=lambda join: join[0])
-        absorbed, rows = np.array(rows_by_last[left], dtype=np.int64).T
-        # row p bans the union of the columns of the joins whose β threshold lies below its own β: the
-        # rows in order of β take growing unions
-        taken = np.searchsorted([join[0] for join in joins], absorbed)
-        banned[:], done = False, 0
-        for n in np.unique(taken[taken > 0]):
-            for _, delta_threshold, right in joins[done:n]:
-                negative_absorbed, ids = columns[right]
-                banned[ids[: np.searchsorted(negative_absorbed, -delta_threshold, side="right")]] = True
-            table[rows[taken == n]] |= np.packbits(banned, bitorder="little")
-            done = n
-    # (1): clear the columns whose seam with the row's token may be a piece boundary
-    ends, starts = np.full(vocab_size, EDGE_UNKNOWN), np.full(vocab_size, EDGE_UNKNOWN)
-    for token, i in ranks.items():
-        ends[i], starts[i] = token_end_class(token), token_start_class(token)
-    for contraction in GPT2_CONTRACTIONS:  # tiktoken keeps a piece that is a token whole
-        piece = contraction.encode()
-        parts = [piece] if piece in ranks else [piece[i: i + 1] for i in range(len(piece))]
-        for _ in bpe_merges(parts, ranks):
-            pass
-        ends[ranks[parts[-1]]] = EDGE_CONTRACTION_END
-    in_one_piece = np.zeros((EDGE_CONTRACTION_END + 1, vocab_size), dtype=bool)  # by the row's end class
-    in_one_piece[EDGE_MID_CHAR] = True
-    in_one_piece[:, starts == EDGE_MID_CHAR] = True
-    for end, start in EDGES_IN_ONE_PIECE:
-        in_one_piece[end, starts == start] = True
-    in_one_piece[EDGE_CONTRACTION_END] = in_one_piece[EDGE_LETTER] & (starts != EDGE_LETTER)
-    packed = np.packbits(in_one_piece, axis=1, bitorder="little")
-    for start in range(0, vocab_size, 4096):
-        table[start: start + 4096] &= packed[ends[start: start + 4096]]
-    return table
-
-
-def banned_pair_count(table: np.ndarray) -> int:
-    """How many (previous, next) pairs a banned_next_table bans."""
-    return sum(int(BYTE_POPCOUNT[table[i: i + 4096]].sum(dtype=np.int64)) for i in range(0, len(table), 4096))
-
-
-def validation_mask(tokenizer_dir: str, vocab_size: int) -> tuple[np.ndarray, str]:
-    """banned_next_table of the GPT-2 tokenizer in tokenizer_dir, and a line for the log saying what it bans
-    and where it came from: tokenizer_dir/cache/ keeps it (vocab_size² / 8 bytes, 316 MB for 50,304) named
-    by a hash of both tokenizer files, the rule's version and this Python's Unicode tables; without it, it
-    is built (a few seconds on one CPU core) and stored there."""
-    start = time.perf_counter()
-    ranks = gpt2_merge_ranks(tokenizer_dir)
-    key = hashlib.sha256(f"{VAL_MASK_VERSION} {vocab_size} {unicodedata.unidata_version}".encode())
-    for name in ("encoder.json", "vocab.bpe"):
-        with open(os.path.join(tokenizer_dir, name), "rb") as f:
-            key.update(f.read())
-    path = os.path.join(tokenizer_dir, "cache", f"val_mask_{vocab_size}_{key.hexdigest()[:16]}.npz")
-    if os.path.isfile(path):
-        with np.load(path) as cached:
-            table, count = cached["table"], int(cached["count"])
-        origin = f"loaded from {path} in {time.perf_counter() - start:.1f}s"
-    else:
-        table = banned_next_table(ranks, vocab_size)
-        count = banned_pair_count(table)
-        origin = f"built from {tokenizer_dir} in {time.perf_counter() - start:.1f}s"
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            partial = f"{path}.{os.getpid()}.part"  # each rank its own; os.replace makes the table appear whole
-            with open(partial, "wb") as f:
-                np.savez(f, table=table, count=count)
-            os.replace(partial, path)
-            origin += f", cached as {path}"
-        except OSError as error:
-            origin += f" (not cached: {error.strerror or error})"
-    pairs = len(ranks) + 1  # the special token too
-    return table, (f"{count:,} (previous, next) token pairs banned, {count / pairs ** 2:.2%} of {pairs:,}²; "
-                   f"table {origin}")
-
-
-def banned_positions(table: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """The positions t at which a banned_next_table bans tokens[t + 1] after tokens[t]."""
-    previous, following = tokens[:-1].astype(np.int64), tokens[1:].astype(np.int64)
-    return np.flatnonzero((table[previous, following >> 3] >> (following & 7)) & 1)
-
-
-def check_validation_pairs(table: np.ndarray, tokens: np.ndarray) -> str:
-    """Stop unless every adjacent pair of the validation tokens is one the table allows: a banned one would
-    make the masked loss infinite, and means the tokens are not GPT-2's encoding of text. Returns a note."""
-    banned = banned_positions(table, tokens)
-    if len(banned):
-        t = int(banned[0])
-        raise SetupError(f"VAL_MASK=1: {len(banned):,} of the {len(tokens) - 1:,} adjacent validation token pairs "
-                         f"are ones GPT-2's tokenizer never emits (the first: tokens {t} and {t + 1}, ids "
-                         f"{tokens[t]} {tokens[t + 1]}), so the masked loss would be infinite: the validation "
-                         f"files are not GPT-2's encoding of text; use VAL_MASK=0")
-    return f"none of the {len(tokens) - 1:,} adjacent validation token pairs is banned"
-
-
-def banned_next(table: Tensor, ids: Tensor, vocab_size: int) -> Tensor:
-    """(len(ids), vocab_size) bool: the next tokens a banned_next_table (on the device) bans after each id."""
-    shifts = torch.arange(8, dtype=torch.uint8, device=table.device)
-    return ((table[ids.long()].unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :vocab_size].bool()
-
 
 # =============================================================================================
 # Schedule and training
@@ -2856,10 +2240,9 @@ class Schedule:
         cfg, stage = self.config, self.stage(step)
         row, block = cfg.stages[stage], cfg.window_block_size
         tau = self.stage_progress(step)
-        mtp = [interpolate(w, tau) for w in row.mtp_weights] if cfg.multi_token_prediction else [1.0]
-        prefix = interpolate(row.prefix_weight, tau) if cfg.prefix_loss and row.prefix_weight else None
-        window = cfg.final_long_window if final else row.long_window
-        windows = (row.short_window * block, window * block) if cfg.sliding_windows else (NO_WINDOW, NO_WINDOW)
+        mtp = [interpolate(w, tau) for w in row.mtp_weights]
+        prefix = interpolate(row.prefix_weight, tau) if row.prefix_weight else None
+        windows = (row.short_window * block, (cfg.final_long_window if final else row.long_window) * block)
         so_far = [s.long_window for s in cfg.stages[: stage + 1]]  # each change once: a taper's equal window
         # is no second YaRN rescale, and its plan equals stage 3's (T5.5)
         return StepPlan(
@@ -2869,7 +2252,7 @@ class Schedule:
             long_windows=tuple(w * block for i, w in enumerate(so_far) if i == 0 or w != so_far[i - 1]),
             attention_cap=row.attention_cap, graph_stage=self.graph_stages[stage],
             lr_multiplier=self.lr_multiplier(step), momentum=self.momentum(step), fast_rail=self.fast_rail(step),
-            adam_step=step % 2 == 1 or not cfg.adam_every_other_step, untie=step == self.untie_step,
+            adam_step=step % 2 == 1, untie=step == self.untie_step,
             tail_ema_rate=self.tail_ema_rate(step))
 
     def stage(self, step: int) -> int:
@@ -2910,12 +2293,12 @@ class Schedule:
 
     def tail_ema_rate(self, step: int) -> float:
         """The tail EMA's rate after `step` (T5.4): 0 before its window (the last TAIL_EMA_FRAC of the
-        steps), 1 at the window's first step (the EMA starts as that step's weights), then TAIL_EMA_RATE
-        (0: 2/(window + 1), record #92's)."""
-        cfg, start = self.config, self.tail_ema_start
+        steps), 1 at the window's first step (the EMA starts as that step's weights), then 2/(window + 1),
+        record #92's."""
+        start = self.tail_ema_start
         if start is None or step < start:
             return 0.0
-        return 1.0 if step == start else cfg.tail_ema_rate or 2 / (self.tail_ema_steps + 1)
+        return 1.0 if step == start else 2 / (self.tail_ema_steps + 1)
 
     def warmup_steps(self) -> list[int]:
         """Steps whose graphs the warm-up compiles: the first two and both sides of every stage start."""
@@ -2950,6 +2333,10 @@ def interpolate(weights: tuple[float, float], tau: float) -> float:
     return start if start == end else start * (1 - tau) + end * tau
 
 
+# steps between checks of the training losses and the candidate shortfall (T4.6), each read a period later
+NONFINITE_CHECK_EVERY = 25
+
+
 class NonFiniteLoss(RuntimeError):
     pass
 
@@ -2968,7 +2355,6 @@ STEP_LINE_RE = re.compile(rf"^step:(?P<step>\d+)/(?P<total>\d+)(?: val_loss:(?P<
 PEAK_MEMORY_RE = re.compile(r"^peak memory allocated: (?P<allocated>\d+) MiB reserved: (?P<reserved>\d+) MiB"
                             r"(?: \(cpu: [^)]*\))?$")
 FINAL_WINDOWS_RE = re.compile(rf"^final_windows (?P<setting>.+) val_loss:(?P<val_loss>{LOG_NUMBER})$")
-UNMASKED_VAL_RE = re.compile(rf"^unmasked step:(?P<step>\d+)/(?P<total>\d+) val_loss:(?P<val_loss>{LOG_NUMBER})$")
 DESCRIPTION_RE = re.compile(r"^(?P<key>[a-z_]+): (?P<value>.*)$")  # run_id: ..., hyperparameters: {...}
 
 
@@ -2981,12 +2367,6 @@ def step_line(step: int, total: int, train_ms: float, val_loss: float | None = N
     if train_loss is not None:
         parts.append(f"train_loss:{train_loss:.4f}")
     return " ".join(parts + [f"train_time:{train_ms:.0f}ms", f"step_avg:{train_ms / max(step, 1):.2f}ms"])
-
-
-def unmasked_val_line(step: int, total: int, val_loss: float) -> str:
-    """With VAL_MASK=1, the line after each validation's step line: the same forward's loss without the
-    mask (T4.5); the step line's val_loss is the masked one."""
-    return f"unmasked step:{step}/{total} val_loss:{val_loss:.4f}"
 
 
 def peak_memory_line(allocated_mib: int, reserved_mib: int, cpu: bool = False) -> str:
@@ -3087,14 +2467,7 @@ def check_hyperparameters(hp: Hyperparameters):
         if stage.attention_cap < 0:
             raise SetupError(f"STAGE_ATTENTION_CAP entry {stage.attention_cap}: give the longest attention span in "
                              f"tokens, or 0 for no cap")
-    if hp.optim.orthogonalizer in REMOVED_ORTHOGONALIZERS:
-        raise SetupError(f"ORTHOGONALIZER={hp.optim.orthogonalizer} was removed: "
-                         f"{REMOVED_ORTHOGONALIZERS[hp.optim.orthogonalizer]} (T2.3); use one of {', '.join(ORTHOGONALIZERS)}")
-    if hp.optim.orthogonalizer not in ORTHOGONALIZERS:
-        raise SetupError(f"ORTHOGONALIZER={hp.optim.orthogonalizer}: use one of {', '.join(ORTHOGONALIZERS)}"
-                         f"{nearest_hint(hp.optim.orthogonalizer, list(ORTHOGONALIZERS))}")
     check_layer_layout(hp.model)
-    check_ngram_settings(hp)
 
 
 def check_taper(cfg: ScheduleConfig):
@@ -3108,40 +2481,20 @@ def check_taper(cfg: ScheduleConfig):
                          f"build the table with set_taper(stages, TAPER_FRACTION), as from_env does")
 
 
-def check_ngram_settings(hp: Hyperparameters):
-    """NGRAM_ROWS, NGRAM_ORDERS and NGRAM_OPTIMIZER (T3.19): the table replaces the bigram table, so the bigram
-    injection must be on."""
-    model = hp.model
-    if hp.optim.ngram_optimizer not in ROW_OPTIMIZERS:
-        raise SetupError(f"NGRAM_OPTIMIZER={hp.optim.ngram_optimizer}: one of {', '.join(ROW_OPTIMIZERS)}")
-    if not model.ngram_rows:
-        return
-    orders = ",".join(map(str, model.ngram_orders))
-    if not model.ngram_orders or min(model.ngram_orders) < 2 or list(model.ngram_orders) != sorted(set(model.ngram_orders)):
-        raise SetupError(f"NGRAM_ORDERS={orders}: give increasing n-gram lengths of 2 or more, e.g. 2,3")
-    if not len(model.ngram_orders) < model.ngram_rows <= NGRAM_PRIME:
-        raise SetupError(f"NGRAM_ROWS={model.ngram_rows}: give more rows than NGRAM_ORDERS has orders (one reserved "
-                         f"row each) and at most {NGRAM_PRIME}, or 0 for the bigram table")
-    if not model.bigram_embed:
-        raise SetupError("NGRAM_ROWS supplies the bigram injection's rows (T3.19): set BIGRAM_EMBED=1, or NGRAM_ROWS=0")
-
-
-def check_row_tables(hp: Hyperparameters, world_size: int):
-    """The n-gram row table at this world size (T3.19): each process holds ⌈NGRAM_ROWS / world size⌉ rows with
-    their optimizer state (rank-slice mode, at world size 1, the whole table), at most NGRAM_STATE_GIB beside
-    the model."""
-    rows, dim, optimizer = hp.model.ngram_rows, hp.model.model_dim, hp.optim.ngram_optimizer
-    if not rows:
-        return
-    row_bytes = lazy_table_bytes_per_row(dim, optimizer)
+def check_ngram_rows(hp: Hyperparameters, world_size: int):
+    """NGRAM_ROWS (T3.19): more rows than orders (one reserved row each), hashable, and at this world size each
+    process's ⌈NGRAM_ROWS / world size⌉ rows with their optimizer state (rank-slice mode, at world size 1: the
+    whole table) within NGRAM_STATE_GIB beside the model."""
+    rows, row_bytes = hp.model.ngram_rows, ngram_bytes_per_row(hp.model.model_dim)
+    if not len(NGRAM_ORDERS) < rows <= NGRAM_PRIME:
+        raise SetupError(f"NGRAM_ROWS={rows}: give more than {len(NGRAM_ORDERS)} rows (one reserved row per n-gram "
+                         f"order) and at most {NGRAM_PRIME}")
     largest = NGRAM_STATE_GIB * 2**30 // row_bytes * world_size
     if rows > largest:
         holds = "rank-slice mode holds the whole table" if hp.run.rank_slice else f"world size {world_size}"
-        other = "" if optimizer == "rowwise" else \
-            f", or NGRAM_OPTIMIZER=rowwise ({lazy_table_bytes_per_row(dim, 'rowwise')} bytes per row)"
-        raise SetupError(f"NGRAM_ROWS={rows} does not fit: {row_bytes} bytes per row with NGRAM_OPTIMIZER={optimizer}'s "
-                         f"state, at most {NGRAM_STATE_GIB} GiB per process beside the model ({holds}); "
-                         f"the largest that fits: NGRAM_ROWS={largest}{other}")
+        raise SetupError(f"NGRAM_ROWS={rows} does not fit: {row_bytes} bytes per row with its optimizer state, at most "
+                         f"{NGRAM_STATE_GIB} GiB per process beside the model ({holds}); the largest that fits: "
+                         f"NGRAM_ROWS={largest}")
 
 
 # Layers whose attention has a role the others' lack: long windows and key offset (3, 10), output
@@ -3157,8 +2510,7 @@ def check_layer_layout(model: ModelConfig):
         return ",".join(map(str, values))
 
     for name, layers in (("ATTENTION_LAYERS", model.attention_layers), ("VALUE_EMBED_LAYERS", model.value_embed_layers),
-                         ("MLP_LAYERS", model.mlp_layers), ("NARROW_QK_LAYERS", model.narrow_qk_layers),
-                         ("NARROW_VO_LAYERS", model.narrow_vo_layers)):
+                         ("MLP_LAYERS", model.mlp_layers), ("NARROW_QK_LAYERS", model.narrow_qk_layers)):
         if any(not 0 <= layer < NUM_LAYERS for layer in layers) or list(layers) != sorted(set(layers)):
             raise SetupError(f"{name}={listed(layers)}: give increasing layer indices from 0 to {NUM_LAYERS - 1}")
     missing = [layer for layer in ATTENTION_REQUIRED_LAYERS if layer not in model.attention_layers]
@@ -3171,13 +2523,13 @@ def check_layer_layout(model: ModelConfig):
         raise SetupError(f"VALUE_EMBED_LAYERS={listed(model.value_embed_layers)} names layer(s) {listed(stray)} "
                          f"without attention (ATTENTION_LAYERS={listed(model.attention_layers)}): value embeddings "
                          "enter through an attention's values")
-    if model.value_embeds and not model.value_embed_layers:
-        raise SetupError("VALUE_EMBED_LAYERS is empty: name at least one layer, or turn them off with VALUE_EMBEDS=0")
+    if not model.value_embed_layers:
+        raise SetupError("VALUE_EMBED_LAYERS is empty: name at least one attention layer (the final mix reads the first "
+                         "plane, T3.14)")
     if MUDD_LAYER not in model.mlp_layers:
         raise SetupError(f"MLP_LAYERS={listed(model.mlp_layers)} drops the MLP of layer {MUDD_LAYER}, whose MLP output "
                          f"the MUDD residual mix weighs (T3.14): keep {MUDD_LAYER}")
     check_narrow_qk_layers(model)
-    check_narrow_vo_layers(model)
 
 
 def check_narrow_qk_layers(model: ModelConfig):
@@ -3192,31 +2544,10 @@ def check_narrow_qk_layers(model: ModelConfig):
     if narrow and model.head_dim % 4:
         raise SetupError(f"NARROW_QK_LAYERS needs HEAD_DIM divisible by 4 (narrow heads are HEAD_DIM/2 wide), "
                          f"got {model.head_dim}")
-    for switch, on, layers in (("KEY_OFFSET", model.key_offset, KEY_OFFSET_LAYERS),
-                               ("DC_MHA", model.dc_mha, (DC_LAYER,))):
-        clash = [layer for layer in narrow if on and layer in layers]
-        if clash:
-            raise SetupError(f"NARROW_QK_LAYERS names layer(s) {','.join(map(str, clash))}, whose {switch} needs "
-                             f"full-width Q/K heads: leave them wide or set {switch}=0")
-
-
-def check_narrow_vo_layers(model: ModelConfig):
-    """NARROW_VO_LAYERS (T3.21): narrow layers (V/O halved only where Q/K are, the (64, 64) pair) whose values
-    take no extra input, since a value embedding's plane and the MUDD value mix are full width."""
-    narrow_vo, listed = model.narrow_vo_layers, ",".join(map(str, model.narrow_vo_layers))
-    wide_qk = [layer for layer in narrow_vo if layer not in model.narrow_qk_layers]
-    if wide_qk:
-        raise SetupError(f"NARROW_VO_LAYERS={listed} names layer(s) {','.join(map(str, wide_qk))} whose Q/K heads are "
-                         f"full width (NARROW_QK_LAYERS={','.join(map(str, model.narrow_qk_layers))}): V/O heads are "
-                         "halved only on narrow layers")
-    if MUDD_LAYER in narrow_vo:
-        raise SetupError(f"NARROW_VO_LAYERS={listed} names layer {MUDD_LAYER}, whose values take the full-width MUDD "
-                         "value mix (T3.14): leave its V/O heads wide")
-    fed = [layer for layer in narrow_vo if model.value_embeds and layer in model.value_embed_layers]
-    if fed:
-        raise SetupError(f"NARROW_VO_LAYERS={listed} names layer(s) {','.join(map(str, fed))} whose values take a "
-                         f"full-width value embedding (VALUE_EMBED_LAYERS={','.join(map(str, model.value_embed_layers))}): "
-                         "drop them from one list or the other")
+    clash = [layer for layer in narrow if layer in (*KEY_OFFSET_LAYERS, DC_LAYER)]
+    if clash:
+        raise SetupError(f"NARROW_QK_LAYERS names layer(s) {','.join(map(str, clash))}, whose key offset (T3.11) or "
+                         f"DC-MHA (T3.17) needs full-width Q/K heads: leave them wide")
 
 
 # --- CUDA graphs of the training step (#92, T5.3) ------------------------------------------------
@@ -3258,11 +2589,11 @@ class CapturedStep:
     accumulate: CudaGraph | None  # each further micro-batch (gradient accumulation): adds into them
     ce: Tensor
     grads: dict[str, Tensor]
-    # each row table's (distinct rows, row cache's gradient) of the first micro-batch's graph, then of the
+    # the n-gram table's (distinct rows, row cache's gradient) of the first micro-batch's graph, then of the
     # accumulating one's: per micro-batch, handed to the table after each replay (T3.19); the distinct rows
     # None where the loads run outside the graphs (StepGraphs.loads_in_graphs)
-    rows: list[tuple[Tensor | None, Tensor]]
-    accumulate_rows: list[tuple[Tensor | None, Tensor]]
+    rows: tuple[Tensor | None, Tensor]
+    accumulate_rows: tuple[Tensor | None, Tensor] | None
 
 
 class GraphMismatch(RuntimeError):
@@ -3278,19 +2609,18 @@ class StepGraphs:
     same batch (CE and every gradient's norm); every parameter and buffer must stay where the graphs
     read it (check_addresses). The optimizer and its collectives run outside the graphs, so any world
     size works; `max_over_ranks` makes every rank stop together when one rank's check fails.
-    Row tables (T3.19): each graph reads the micro-batch's rows from the model's row caches and leaves the
-    caches' gradients as outputs, which `run` hands to the tables after each replay (their Adam steps run
+    The n-gram table (T3.19): each graph reads the micro-batch's rows from the table's row cache and leaves the
+    cache's gradient as an output, which `run` hands to the table after each replay (its optimizer step runs
     outside). Where a load is device work alone (`loads_in_graphs`: world size 1) each graph loads the rows
     itself before its forward; above it a load exchanges rows with their owners, sizes first (a host sync),
-    so `run` loads each micro-batch eagerly between the loader and the replay, into the caches the graphs read."""
+    so `run` loads each micro-batch eagerly between the loader and the replay, into the cache the graphs read."""
 
     def __init__(self, loss_fn, model: nn.Module, grad_accum: int, grad_scale: float, new_graph=None,
-                 rtol: float = 1e-2, grad_rtol: float = 5e-2, max_over_ranks=lambda t: t,
-                 row_tables: "list[LazyRowTable]" = (), loads_in_graphs: bool = True):
+                 rtol: float = 1e-2, grad_rtol: float = 5e-2, max_over_ranks=lambda t: t, loads_in_graphs: bool = True):
         self.loss_fn, self.model, self.grad_accum, self.grad_scale = loss_fn, model, grad_accum, grad_scale
         self.rtol, self.grad_rtol, self.max_over_ranks = rtol, grad_rtol, max_over_ranks
         self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
-        self.row_tables, self.loads_in_graphs = list(row_tables), loads_in_graphs
+        self.ngram, self.loads_in_graphs = model.ngram, loads_in_graphs
         if new_graph is None:
             pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
             new_graph = lambda: CudaGraph(pool, stream)  # noqa: E731
@@ -3311,17 +2641,16 @@ class StepGraphs:
         tokens, cu_seqlens = torch.cat([inputs, targets[-1:]]), cu_seqlens.clone()
         inputs, targets = tokens[:-1], tokens[1:]
         weights, names = target_weights.clone(), list(self.params)
-        caches = [table.training_cache(self.model) for table in self.row_tables]
         if not self.loads_in_graphs:  # the batch's rows, which every forward below reads (run loads them so)
-            load_row_caches(self.row_tables, self.model, inputs)
+            self.ngram.load(inputs)
 
-        def forward_backward() -> tuple[Tensor, dict[str, Tensor], list[tuple[Tensor | None, Tensor]]]:
-            distincts = load_row_caches(self.row_tables, self.model, inputs) if self.loads_in_graphs \
-                else [None] * len(self.row_tables)
+        def forward_backward() -> tuple[Tensor, dict[str, Tensor], tuple[Tensor | None, Tensor]]:
+            distinct = self.ngram.load(inputs) if self.loads_in_graphs else None
             loss, ce = self.loss_fn(inputs, targets, cu_seqlens, plan.shape, execution, weights, self.grad_scale)
-            grads = torch.autograd.grad(loss, [*(self.params[name] for name in names), *caches], allow_unused=True)
+            *grads, cache_grad = torch.autograd.grad(loss, [*(self.params[name] for name in names), self.ngram.cache],
+                                                     allow_unused=True)
             return (ce.float() * self.grad_scale, {name: g for name, g in zip(names, grads) if g is not None},
-                    list(zip(distincts, grads[len(names):])))
+                    (distinct, cache_grad))
 
         first = self.new_graph()
         (eager_ce, eager_grads, eager_rows), (ce, grads, rows) = first.capture(forward_backward)
@@ -3329,11 +2658,11 @@ class StepGraphs:
         del eager_ce, eager_grads, eager_rows
         # eager execution's own spread on this batch (kernels that reduce with atomics differ run to run)
         noise = (self.summary(*forward_backward()) - reference).abs()
-        step = CapturedStep(tokens, cu_seqlens, weights, first, None, ce, grads, rows, [])
+        step = CapturedStep(tokens, cu_seqlens, weights, first, None, ce, grads, rows, None)
         first.replay()
         self.compare(plan, "", self.summary(ce, grads, rows), reference, noise, self.labels(grads))
         if self.grad_accum > 1:
-            def accumulate() -> list[tuple[Tensor, Tensor]]:
+            def accumulate() -> tuple[Tensor | None, Tensor]:
                 more_ce, more, more_rows = forward_backward()
                 ce.add_(more_ce)
                 torch._foreach_add_(list(grads.values()), [more[name] for name in grads])
@@ -3343,7 +2672,7 @@ class StepGraphs:
             _, step.accumulate_rows = step.accumulate.capture(accumulate)
             first.replay()
             step.accumulate.replay()  # the same micro-batch twice: twice the reference, the same rows
-            twice = torch.cat([2 * reference[:len(grads) + 1], reference[len(grads) + 1:]])
+            twice = torch.cat([2 * reference[:-1], reference[-1:]])
             self.compare(plan, " with an accumulated micro-batch", self.summary(ce, grads, step.accumulate_rows),
                          twice, 2 * noise, self.labels(grads))
         self.steps[self.key(plan)] = step
@@ -3358,12 +2687,10 @@ class StepGraphs:
         that can run while they are kept, so no such graph put anything there."""
         return sorted(keys, key=lambda key: (key[1], key[0]))
 
-    def check_kept_gradients(self, more_replays=()):
+    def check_kept_gradients(self):
         """Stop unless every non-Adam graph's outputs survive the replay of every graph that can run
-        while they are kept: replay the non-Adam graphs in stage order, then the Adam graphs, then
-        `more_replays`, and compare each non-Adam graph's outputs with what they were right after its
-        own replay. more_replays: (replay, the key of the graphs whose outputs it changes in place or
-        None) of further graphs in the pool, the optimizer's (OptimizerGraphs)."""
+        while they are kept: replay the non-Adam graphs in stage order, then the Adam graphs, and compare
+        each non-Adam graph's outputs with what they were right after its own replay."""
         def replay(step: CapturedStep):
             step.first.replay()
             if step.accumulate is not None:
@@ -3376,10 +2703,6 @@ class StepGraphs:
             kept[key] = self.summary(step.ce, step.grads)
         for key in sorted(key for key in self.steps if key[1]):
             replay(self.steps[key])
-        for replay_more, changed in more_replays:
-            replay_more()
-            if changed in kept:
-                kept[changed] = self.summary(self.steps[changed].ce, self.steps[changed].grads)
         lost = [key for key, before in kept.items()
                 if not torch.equal(self.summary(self.steps[key].ce, self.steps[key].grads), before)]
         device = next(iter(self.params.values())).device
@@ -3389,24 +2712,24 @@ class StepGraphs:
                                 f"their shared memory overlaps; run with CUDA_GRAPHS=0 and report it")
 
     def read_tensors(self) -> list[tuple[str, Tensor]]:
-        """What the graphs read besides their inputs: the model's parameters and buffers, the row tables' state."""
-        tables = [(f"{type(table).__name__}.{name}", t) for table in self.row_tables for name, t in table.tensors().items()]
-        return [*self.model.named_parameters(), *self.model.named_buffers(), *tables]
+        """What the graphs read besides their inputs: the model's parameters and buffers (the n-gram table's row
+        cache among them), the table's rows and their state."""
+        table = [(f"ngram.{name}", t) for name, t in self.ngram.tensors().items()]
+        return [*self.model.named_parameters(), *self.model.named_buffers(), *table]
 
     def record_addresses(self):
         """Where every parameter, buffer and row table tensor is now: where the graphs read them."""
         self.addresses = {name: t.data_ptr() for name, t in self.read_tensors()}
 
     @staticmethod
-    def summary(ce: Tensor, grads: dict[str, Tensor], rows: list[tuple[Tensor, Tensor]] = ()) -> Tensor:
-        """The CE, each gradient's norm, each row cache's gradient norm."""
+    def summary(ce: Tensor, grads: dict[str, Tensor], rows: tuple[Tensor | None, Tensor] | None = None) -> Tensor:
+        """The CE, each gradient's norm, the row cache's gradient norm (when given)."""
         return torch.stack([ce.float(), *(g.float().norm() for g in grads.values()),
-                            *(cache_grad.float().norm() for _, cache_grad in rows)])
+                            *([rows[1].float().norm()] if rows is not None else [])])
 
     def labels(self, grads: dict[str, Tensor]) -> list[str]:
         """What summary's entries are, for a mismatch's line."""
-        return ["CE", *(f"{name}'s gradient norm" for name in grads),
-                *(f"{type(table).__name__}'s row gradient norm" for table in self.row_tables)]
+        return ["CE", *(f"{name}'s gradient norm" for name in grads), "the n-gram table's row gradient norm"]
 
     def compare(self, plan: StepPlan, what: str, got: Tensor, expected: Tensor, noise: Tensor, labels: list[str]):
         """The CE within rtol of `expected`, each gradient norm within grad_rtol (a norm sums roundings
@@ -3438,19 +2761,18 @@ class StepGraphs:
                                     f"in place (copy_), or run with CUDA_GRAPHS=0")
 
     def run(self, plan: StepPlan, loader: "TrainLoader", target_weights: Tensor) -> Tensor:
-        """The step's micro-batches from `loader` through its key's graphs, each row table given each micro-batch's
+        """The step's micro-batches from `loader` through its key's graphs, the n-gram table given each micro-batch's
         rows and their gradients; sets each parameter's .grad to its static gradient and returns the mean CE."""
         step = self.steps[self.key(plan)]
         step.target_weights.copy_(target_weights)
         for k in range(self.grad_accum):
             loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len, into=(step.tokens, step.cu_seqlens),
                               attention_cap=plan.attention_cap)
-            loaded = None if self.loads_in_graphs else load_row_caches(self.row_tables, self.model, step.tokens[:-1])
+            loaded = None if self.loads_in_graphs else self.ngram.load(step.tokens[:-1])
             (step.first if k == 0 else step.accumulate).replay()
-            rows = step.rows if k == 0 else step.accumulate_rows
-            for i, (table, (distinct, cache_grad)) in enumerate(zip(self.row_tables, rows)):
-                # the next replay rewrites the graph's rows and gradient; add_gradient copies the gradient
-                table.add_gradient(distinct.clone() if loaded is None else loaded[i], cache_grad)
+            distinct, cache_grad = step.rows if k == 0 else step.accumulate_rows
+            # the next replay rewrites the graph's rows and gradient; keep_gradient copies the gradient
+            self.ngram.keep_gradient(distinct.clone() if loaded is None else loaded, cache_grad)
         self.set_grads(self.key(plan))
         return step.ce
 
@@ -3458,194 +2780,6 @@ class StepGraphs:
         """Set each parameter's .grad to its static gradient of key's graphs."""
         for name, grad in self.steps[key].grads.items():
             self.params[name].grad = grad
-
-
-class OptimizerGraphs:
-    """The optimizer's step as CUDA graphs too (#47, T5.3), at world size 1 (at more ranks the step
-    launches collectives and stays eager): one graph per key (forward key, Adam step, tied, kept
-    gradients): the StepGraphs key whose static gradients are the step's .grad, and each gradient
-    kept by the step before (T2.7) as (label, the StepGraphs key whose static gradient it is). The
-    keys are those the schedule's steps meet (planned_keys), captured by the warm-up after the
-    forward graphs, in their memory pool and on their stream: an optimizer graph works in place on
-    the parameters, the optimizer's state and the forward graphs' outputs, all live while it is
-    captured, so it holds nothing in the pool between replays. The host's bookkeeping (the Adam step
-    counts and the scalars they give, the kept gradients, the tie) runs in NorMuonAdam.step at every
-    step, replayed or eager; a step whose key was not captured stops the run.
-
-    Each capture is checked against an eager step from the same state (parameters, moments, the
-    forward graphs' gradients), which is restored in place after. The replay launches the eager
-    step's kernels on the same inputs, so they agree bit for bit unless a kernel rounds in another
-    order: the tolerance is `rtol` (1 %, the bf16 tolerance of the graph checks) of each tensor's
-    largest change in the step plus one rounding of its dtype. The capture runs on half the check's
-    learning rate and momentum, so a value baked into a graph shows as a difference."""
-
-    def __init__(self, optimizer: NorMuonAdam, step_graphs: StepGraphs, new_graph=None, rtol: float = 1e-2):
-        self.optimizer, self.step_graphs, self.rtol = optimizer, step_graphs, rtol
-        self.new_graph = new_graph or step_graphs.new_graph  # the forward graphs' pool and stream
-        self.graphs: dict[tuple, CudaGraph] = {}
-        self.kept_owners: dict[int, tuple[int, bool]] = {}  # a non-Adam forward graph's gradient's address -> its key
-        self.addresses: list[int] = []
-        self.worst_share = 0.0  # of its tolerance, the largest graph-against-eager difference seen
-
-    def key(self, forward_key: tuple[int, bool], adam: bool) -> tuple:
-        """The key of a step now: its forward key and Adam flag, the optimizer's tie and kept gradients."""
-        opt = self.optimizer
-        kept = frozenset((label, self.kept_owners.get(grad.data_ptr())) for label, (_, grad) in opt.kept.items())
-        return forward_key, adam, opt.tied is not None, kept
-
-    def planned_keys(self, plans: list[StepPlan]) -> list[tuple]:
-        """The key of each step of `plans` (consecutive, from the first step on), simulating the host
-        bookkeeping of NorMuonAdam.step and the trainer's untie."""
-        opt, keys, kept = self.optimizer, [], {}
-        tied = opt.initial_tie
-        for plan in plans:
-            forward_key = StepGraphs.key(plan)
-            keys.append((forward_key, plan.adam_step, tied is not None, frozenset(kept.items())))
-            grads = self.step_graphs.steps[forward_key].grads
-            _, active, kept_now = opt.step_labels(grads.__contains__, plan.adam_step, tied[0] if tied else None)
-            kept = {label: owner for label, owner in kept.items() if label not in active}
-            kept.update((label, forward_key) for label in kept_now)
-            if plan.untie:
-                tied = None
-        return keys
-
-    @staticmethod
-    def describe(key: tuple) -> str:
-        (stage, _), adam, tied, kept = key
-        owners = sorted({owner for _, owner in kept}, key=repr)
-        sources = ", ".join("memory no forward graph wrote" if owner is None else f"stage {owner[0] + 1}'s non-Adam graph"
-                            for owner in owners)
-        return (f"stage {stage + 1}, {'Adam' if adam else 'non-Adam'} step, {'tied' if tied else 'untied'}, "
-                + (f"gradients kept from {sources}" if kept else "no gradient kept"))
-
-    def capture(self, plans: list[StepPlan]):
-        """Capture and check the graph of every key the steps of `plans` meet (see planned_keys), each
-        on the scalars of its first step; the optimizer's state as it was after."""
-        opt = self.optimizer
-        self.kept_owners = {grad.data_ptr(): key for key, step in self.step_graphs.steps.items() if not key[1]
-                            for grad in step.grads.values()}
-        firsts = {}
-        for key, plan in zip(self.planned_keys(plans), plans):
-            firsts.setdefault(key, plan)
-        tied, kept = opt.tied, dict(opt.kept)
-        for key, plan in firsts.items():
-            self._capture(key, plan)
-        opt.tied, opt.kept = tied, kept
-
-    def _capture(self, key: tuple, plan: StepPlan):
-        opt, graph = self.optimizer, self.new_graph()
-        state = self._state({key[0]} | {owner for _, owner in key[3]})
-        saved = {name: t.clone() for name, t in state.items()}
-        steps = {label: st["step"] for label, st in opt.state.items() if "step" in st}
-
-        def restore():
-            for name, t in state.items():
-                t.copy_(saved[name])  # in place: the graphs read these addresses
-            for label, step in steps.items():
-                opt.state[label]["step"] = step
-
-        def step(device_work=None, scale: float = 1.0):
-            self._arrange(key)
-            opt.step(plan.lr_multiplier * scale, plan.momentum * scale, plan.adam_step, device_work=device_work,
-                     fast_rail=tuple(value * scale for value in plan.fast_rail))
-
-        step(graph.capture, scale=0.5)
-        restore()
-        step()
-        expected = {name: t.clone() for name, t in self._compared(state).items()}
-        restore()
-        step(lambda work: graph.replay())
-        self._compare(key, self._compared(state), expected, self._compared(saved))
-        restore()
-        self.graphs[key] = graph
-
-    def _arrange(self, key: tuple):
-        """The host state a step of `key` finds: the tie, the kept gradients, each .grad."""
-        opt, steps = self.optimizer, self.step_graphs.steps
-        forward_key, _, tied, kept = key
-        opt.tied = opt.initial_tie if tied else None
-        order = sorted(kept, key=lambda item: opt.comm_order.index(item[0]))
-        opt.kept = {label: (None, opt.rows[label].full(steps[owner].grads[label])) for label, owner in order}
-        for p in opt.params.values():
-            p.grad = None
-        self.step_graphs.set_grads(forward_key)
-
-    def _state(self, forward_keys) -> dict[str, Tensor]:
-        """The tensors an optimizer step changes in place: the parameters, the optimizer's state, and
-        the gradients of the forward graphs of `forward_keys` (its own, those whose gradients it keeps)."""
-        opt = self.optimizer
-        state = {label: p.detach() for label, p in opt.params.items()}
-        state.update((f"{label}'s {name}", t) for label, st in opt.state.items()
-                     for name, t in st.items() if isinstance(t, Tensor))
-        for owner in forward_keys:
-            state.update((f"{label}'s gradient of stage {owner[0] + 1}'s {'Adam' if owner[1] else 'non-Adam'} graph", g)
-                         for label, g in self.step_graphs.steps[owner].grads.items())
-        return state
-
-    def _compared(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
-        """What the check compares: the tensors of `state`, a bank's fp32 master weight (T2.6) in place
-        of its bf16 weight and mantissa."""
-        compared = {name: t for name, t in state.items() if t.is_floating_point()}
-        for label, st in self.optimizer.state.items():
-            if "mantissa" in st:
-                weight = self.optimizer.rows[label].full(state[label])
-                compared[label] = _fp32_from_bf16_and_mantissa(weight, state[f"{label}'s mantissa"])
-        return compared
-
-    def _compare(self, key: tuple, got: dict[str, Tensor], expected: dict[str, Tensor], before: dict[str, Tensor]):
-        for name, value in expected.items():
-            if torch.equal(got[name], value):
-                continue
-            difference = (got[name].float() - value.float()).abs()
-            change = (value.float() - before[name].float()).abs().max()
-            tolerance = self.rtol * change + torch.finfo(value.dtype).eps * value.float().abs()
-            shares = torch.where(difference > 0, difference / tolerance, 0.0)
-            share = shares.max().item()
-            self.worst_share = max(self.worst_share, share)
-            if share > 1:
-                i = int(shares.argmax())
-                raise GraphMismatch(f"the CUDA graph of the optimizer step ({self.describe(key)}) gives {name} "
-                                    f"{got[name].flatten()[i].item():.6g} where eager execution gives "
-                                    f"{value.flatten()[i].item():.6g}; run with OPTIMIZER_GRAPHS=0 and report it")
-
-    def check_kept_gradients(self):
-        """StepGraphs.check_kept_gradients with every optimizer graph replayed too, each of a non-Adam
-        step changing its own forward graph's gradients (the tie's sum, T2.7's sum); the parameters and
-        the optimizer's state restored in place after."""
-        state = self._state(())
-        saved = {name: t.clone() for name, t in state.items()}
-        try:
-            self.step_graphs.check_kept_gradients([(torch.no_grad()(graph.replay), None if key[1] else key[0])
-                                                   for key, graph in self.graphs.items()])
-        finally:
-            for name, t in state.items():
-                t.copy_(saved[name])
-
-    def _addresses(self) -> list[int]:
-        opt = self.optimizer
-        tensors = [opt.scalars, *opt.lr_muls.values(),
-                   *(t for st in opt.state.values() for t in st.values() if isinstance(t, Tensor))]
-        return [t.data_ptr() for t in tensors]
-
-    def record_addresses(self):
-        """Where the optimizer's state, per-matrix lr multipliers and scalars are now: where the graphs read them."""
-        self.addresses = self._addresses()
-
-    def check_addresses(self):
-        if self._addresses() != self.addresses:
-            raise GraphMismatch("the optimizer's state is no longer at the addresses its CUDA graphs read: restore "
-                                "it in place (copy_), or run with OPTIMIZER_GRAPHS=0")
-
-    def step(self, plan: StepPlan):
-        """The optimizer step of `plan`, its device work replayed from the graph of its key; the
-        parameters' .grad are the static gradients of plan's forward graphs (StepGraphs.run)."""
-        key = self.key(StepGraphs.key(plan), plan.adam_step)
-        graph = self.graphs.get(key)
-        if graph is None:
-            raise GraphMismatch(f"step {plan.step} has no CUDA graph of the optimizer step ({self.describe(key)}): "
-                                f"the warm-up captured {len(self.graphs)} others; run with OPTIMIZER_GRAPHS=0 and report it")
-        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, device_work=lambda work: graph.replay(),
-                            fast_rail=plan.fast_rail)
 
 
 class Trainer:
@@ -3661,14 +2795,15 @@ class Trainer:
         data = hp.data
         find_shards(data.train_files)
         self.val_set = ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, rank, world_size, device)
-        self.token_bytes = gpt2_token_bytes(data.tokenizer_dir) if hp.schedule.prefix_loss else None
-        self.banned_next_table = self.load_validation_mask()
+        self.token_bytes = gpt2_token_bytes(data.tokenizer_dir)
         self.stage_execution, self.validation_execution = self.resolve_executions()
         torch.manual_seed(hp.run.seed)
         self.model = GPT(hp.model, longest_forward(hp), longest_training_forward(hp)).to(device)
         self._share_initialization()
-        self.ngram = self.ngram_table()
-        self.row_tables = [self.ngram] if self.ngram is not None else []
+        self.ngram = self.model.ngram.shard(hp.optim, rank, world_size, compile=hp.execution.compile)
+        gib = self.ngram.shard_rows * ngram_bytes_per_row(hp.model.model_dim) / 2**30
+        log(f"n-gram table (T3.19): {hp.model.ngram_rows} rows, orders {','.join(map(str, NGRAM_ORDERS))}; "
+            f"{self.ngram.shard_rows} rows per process, {gib:.2f} GiB with their row-wise RMSprop state")
         specs = param_specs(self.model)
         self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), specs, hp.optim, rank, world_size,
                                      tied=("embed", "lm_head"), compile=hp.execution.compile,
@@ -3680,16 +2815,14 @@ class Trainer:
             allow_graph_per_shape()
         compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.execution.compile else (lambda f: f)
         self.training_loss = compiled(self.model.training_loss)
-        self.evaluation_loss = self.validation_function(compiled)
-        # the graphs are captured by the warm-up, before the clock (T5.3)
-        graphs = hp.run.warmup and all(plan.cuda_graph for plan in self.stage_execution)
-        self.step_graphs = StepGraphs(self.training_loss, self.model, self.grad_accum, self.grad_scale,
-                                      max_over_ranks=self.max_over_ranks, row_tables=self.row_tables,
-                                      loads_in_graphs=world_size == 1) if graphs else None  # T3.19
-        self.forward_backward = self.eager_forward_backward  # StepGraphs.run once they are captured
-        optimizer_graphs = graphs and hp.execution.optimizer_graphs and world_size == 1  # collectives stay eager
-        self.optimizer_graphs = OptimizerGraphs(self.optimizer, self.step_graphs) if optimizer_graphs else None
-        self.optimizer_step = self.eager_optimizer_step  # OptimizerGraphs.step once they are captured
+        self.evaluation_loss = compiled(self.model.evaluation_loss)
+        # the timed steps' runner, decided here once: the CUDA graphs the warm-up captures, or eager steps (T5.3)
+        graphs, runner = step_runner(hp, device)
+        log(f"step runner: {runner}")
+        self.step_graphs = (StepGraphs(self.training_loss, self.model, self.grad_accum, self.grad_scale,
+                                       max_over_ranks=self.max_over_ranks, loads_in_graphs=world_size == 1)
+                            if graphs else None)
+        self.forward_backward = self.step_graphs.run if graphs else self.eager_forward_backward
         self.long_windows = None  # those the model's rotary tables are set for
         self.losses = torch.zeros(self.schedule.total_steps, device=device)
         self.checked_steps = 0
@@ -3704,50 +2837,6 @@ class Trainer:
         # Every step's number on the device, for the model's candidate_step (the sampled CE's sweep, T4.6)
         sampled = any(plan.ce_candidates for plan in self.stage_execution)
         self.candidate_steps = torch.arange(self.schedule.total_steps, device=device) if sampled else None
-
-    def ngram_table(self) -> "NgramTable | None":
-        """With NGRAM_ROWS: the hashed n-gram table this rank owns a share of (T3.19); the log says its size."""
-        hp = self.hp
-        if not hp.model.ngram_rows:
-            return None
-        table = NgramTable(hp.model, hp.optim, self.schedule.total_steps, self.device, self.rank, self.world_size,
-                           compile=hp.execution.compile)
-        optimizer = hp.optim.ngram_optimizer
-        gib = table.shard_rows * lazy_table_bytes_per_row(hp.model.model_dim, optimizer) / 2**30
-        self.log(f"n-gram table (T3.19): {hp.model.ngram_rows} rows, orders {','.join(map(str, hp.model.ngram_orders))}; "
-                 f"{table.shard_rows} rows per process, {gib:.2f} GiB with their optimizer state; {table.rule.label}")
-        return table
-
-    def load_rows(self, inputs: Tensor) -> list[Tensor]:
-        return load_row_caches(self.row_tables, self.model, inputs)
-
-    def keep_row_gradients(self, distincts: list[Tensor]):
-        """After a backward: each row table keeps its cache's gradient (the per-row sums), which is then cleared."""
-        for table, distinct in zip(self.row_tables, distincts):
-            cache = table.training_cache(self.model)
-            table.add_gradient(distinct, cache.grad)
-            cache.grad = None
-
-    def load_validation_mask(self) -> Tensor | None:
-        """Validation masking's table on the device (VAL_MASK=1, T4.5), else None; the log says which
-        validation the run uses."""
-        data = self.hp.data
-        if not data.val_mask:
-            self.log("validation: plain next-token cross-entropy (VAL_MASK=0)")
-            return None
-        table, summary = validation_mask(data.tokenizer_dir, self.hp.model.vocab_size)
-        checked = check_validation_pairs(table, self.val_set.tokens)
-        self.log(f"validation: masked (VAL_MASK=1, T4.5), the next tokens GPT-2's tokenizer cannot emit after the "
-                 f"input token at probability 0; each step line's val_loss is the masked one, the `unmasked` line "
-                 f"after it the same forward's without; {summary}; {checked}")
-        return torch.from_numpy(table).to(self.device)
-
-    def validation_function(self, compiled):
-        """The validation's loss function, chosen here once: the summed cross-entropy, or with VAL_MASK=1 the
-        masked and the plain sum from one forward (T4.5)."""
-        if self.banned_next_table is None:
-            return compiled(self.model.evaluation_loss)
-        return functools.partial(compiled(self.model.masked_evaluation_loss), banned_next_table=self.banned_next_table)
 
     def resolve_executions(self) -> tuple[tuple[ExecutionPlan, ...], ExecutionPlan]:
         """The execution plan of each stage's training forward and of the validation forward, decided
@@ -3768,8 +2857,7 @@ class Trainer:
 
     def _share_initialization(self):
         if self.world_size > 1:  # the same initialization on every rank
-            random_buffers = [self.model.bigram_signs] if hasattr(self.model, "bigram_signs") else []
-            for tensor in [*self.model.parameters(), *random_buffers]:
+            for tensor in self.model.parameters():
                 dist.broadcast(tensor.data, 0)
 
     def start_over(self, hp: Hyperparameters, log: "RunLog"):
@@ -3779,18 +2867,15 @@ class Trainer:
         torch.manual_seed(hp.run.seed)
         fresh = GPT(self.model.config, longest_forward(hp), longest_training_forward(hp))
         own = {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
-        with torch.no_grad():  # every tensor, the non-persistent random ones too (bigram signs)
+        with torch.no_grad():  # every tensor, the non-persistent buffers too
             for name, tensor in [*fresh.named_parameters(), *fresh.named_buffers()]:
                 own[name].copy_(tensor)
         self._share_initialization()
         self.optimizer.reset()
-        if self.ngram is not None:
-            self.ngram.reset()
+        self.ngram.reset()
         self._clear_run_state()
         if self.step_graphs is not None:
             self.step_graphs.check_addresses()
-        if self.optimizer_graphs is not None:
-            self.optimizer_graphs.check_addresses()
 
     def _clear_run_state(self):
         """What a run leaves outside the weights and the optimizer's state (the gradients kept for
@@ -3798,8 +2883,7 @@ class Trainer:
         periodic checks and the candidate shortfall they read (T4.6)."""
         for p in self.model.parameters():
             p.grad = None
-        for table in self.row_tables:
-            table.training_cache(self.model).grad = None
+        self.ngram.cache.grad = None
         self.losses.zero_()
         self.model.candidate_shortfall.zero_()
         self.long_windows = None
@@ -3811,14 +2895,15 @@ class Trainer:
             self.model.set_long_windows(list(long_windows))
             self.long_windows = long_windows
 
-    def train_step(self, plan: StepPlan, loader: "TrainLoader") -> Tensor:
+    def train_step(self, plan: StepPlan, loader: "TrainLoader", forward_backward=None) -> Tensor:
+        """One step: forward and backward by the runner (the warm-up passes the eager one), the optimizer's and
+        the n-gram table's updates (T3.19), the schedule's untie and tail EMA; the mean CE, also kept in losses."""
         self.set_long_windows(plan.long_windows)
         if self.candidate_steps is not None:
             self.model.candidate_step.copy_(self.candidate_steps[plan.step])
-        mean_ce = self.forward_backward(plan, loader, self.target_weights[plan.step])
-        self.optimizer_step(plan)
-        for table in self.row_tables:  # their Adam on the rows the step touched, eagerly (T3.19)
-            table.step(plan.lr_multiplier, plan.adam_step)
+        mean_ce = (forward_backward or self.forward_backward)(plan, loader, self.target_weights[plan.step])
+        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, fast_rail=plan.fast_rail)
+        self.ngram.step(plan.lr_multiplier, plan.adam_step)
         if plan.untie and self.optimizer.tied:
             self.optimizer.untie()
         if plan.tail_ema_rate:  # the last TAIL_EMA_FRAC of the steps (T5.4)
@@ -3826,30 +2911,28 @@ class Trainer:
         self.losses[plan.step] = mean_ce
         return mean_ce
 
-    def eager_optimizer_step(self, plan: StepPlan):
-        self.optimizer.step(plan.lr_multiplier, plan.momentum, plan.adam_step, fast_rail=plan.fast_rail)
-
     def eager_forward_backward(self, plan: StepPlan, loader: "TrainLoader", target_weights: Tensor) -> Tensor:
-        """The step's micro-batches forward and backward, their gradients summed in .grad (the row tables' kept
-        per micro-batch, T3.19); the mean CE."""
+        """The step's micro-batches forward and backward, their gradients summed in .grad (the n-gram table's
+        kept per micro-batch, T3.19); the mean CE."""
         mean_ce = torch.zeros((), device=self.device)
         for _ in range(self.grad_accum):
             inputs, targets, cu_seqlens = loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len,
                                                             attention_cap=plan.attention_cap)
-            distincts = self.load_rows(inputs)
+            distinct = self.ngram.load(inputs)
             loss, ce = self.training_loss(inputs, targets, cu_seqlens, plan.shape, self.stage_execution[plan.stage],
                                           target_weights, self.grad_scale)
             loss.backward()
-            self.keep_row_gradients(distincts)
+            self.ngram.keep_gradient(distinct)
             mean_ce += ce / self.grad_accum
         return mean_ce
 
     def capture_graphs(self, loader: "TrainLoader"):
         """One CUDA graph per (graph stage, Adam step) key the run uses, captured on a batch of its first
-        step and checked against eager execution there (T5.3); then, with OPTIMIZER_GRAPHS=1, the
-        optimizer step's graphs of every key the run's steps meet (OptimizerGraphs)."""
-        plans, steps = {}, [self.schedule.plan(step) for step in range(self.last_step)]
-        for plan in steps:
+        step and checked against eager execution there (T5.3). The optimizer step stays eager: at world size
+        above 1 it launches its collectives from Python, and the rank-slice run must stand for that run."""
+        plans = {}
+        for step in range(self.last_step):
+            plan = self.schedule.plan(step)
             plans.setdefault(StepGraphs.key(plan), plan)
         start = time.perf_counter()
         for key in StepGraphs.capture_order(plans):
@@ -3858,23 +2941,13 @@ class Trainer:
             batches = [loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len, attention_cap=plan.attention_cap)
                        for _ in range(self.grad_accum)]
             self.step_graphs.capture(plan, self.stage_execution[plan.stage], batches[0], self.target_weights[plan.step])
-        if self.optimizer_graphs is None:
-            self.step_graphs.check_kept_gradients()
-            optimizer = ("the optimizer step runs eagerly (OPTIMIZER_GRAPHS=0, or world size > 1: its collectives "
-                         "launch from Python)")
-        else:
-            self.optimizer_graphs.capture(steps)
-            self.optimizer_graphs.check_kept_gradients()
-            self.optimizer_graphs.record_addresses()
-            optimizer = (f"{len(self.optimizer_graphs.graphs)} of the optimizer step (one per stage, Adam step, "
-                         f"tie and kept gradients), each equal to an eager step (the largest difference: "
-                         f"{self.optimizer_graphs.worst_share:.2f} of its tolerance)")
+        self.step_graphs.check_kept_gradients()
         self.step_graphs.record_addresses()
         self._sync()
         self.log(f"CUDA graphs: {len(plans)} captured (one per distinct stage forward and Adam/non-Adam step) in "
                  f"{time.perf_counter() - start:.1f}s, each equal to eager execution on its batch "
-                 f"(the largest difference: {self.step_graphs.worst_share:.2f} of its tolerance); {optimizer}; "
-                 f"the gradients kept by non-Adam steps survive every other graph's replay")
+                 f"(the largest difference: {self.step_graphs.worst_share:.2f} of its tolerance); the optimizer "
+                 f"step runs eagerly; the gradients kept by non-Adam steps survive every other graph's replay")
 
     def validation_shape(self, step: int, final: bool = False) -> tuple[ForwardShape, tuple[int, ...]]:
         """(forward shape, long windows) of the validation before `step`."""
@@ -3882,34 +2955,31 @@ class Trainer:
         shape = dataclasses.replace(plan.shape, max_seq_len=self.hp.data.val_seq_len, n_predict=1, prefix_target=False)
         return shape, plan.long_windows
 
-    def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> tuple[float, float | None]:
+    def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> float:
         return self.validation_loss(*self.validation_shape(step, final), max_batches)
 
     @torch.no_grad()
     def validation_loss(self, shape: ForwardShape, long_windows: tuple[int, ...],
-                        max_batches: int | None = None) -> tuple[float, float | None]:
+                        max_batches: int | None = None) -> float:
         """Mean next-token cross-entropy over the validation set, all ranks, with the rotary tables of
-        `long_windows` (bench/eval_windows.py tries other shapes than the schedule's): (the run's loss,
-        masked with VAL_MASK=1; the same forward's without the mask then, else None) (T4.5)."""
+        `long_windows` (bench/eval_windows.py tries other shapes than the schedule's)."""
         self.set_long_windows(long_windows)
-        totals = torch.zeros(1 if self.banned_next_table is None else 2, device=self.device)
+        totals = torch.zeros(1, device=self.device)
         count = 0
         chunks = self.val_set.chunks
         for i in range(self.val_set.rounds if max_batches is None else min(max_batches, self.val_set.rounds)):
             if i >= len(chunks):  # a rank with a chunk fewer than others still answers their loads (T3.19)
-                for table in self.row_tables:
-                    table.serve()
+                self.ngram.serve()
                 continue
             inputs, targets, cu_seqlens = self.val_set.batch(chunks[i])
-            self.load_rows(inputs)
+            self.ngram.load(inputs)
             totals += self.evaluation_loss(inputs, targets, cu_seqlens, shape, self.validation_execution,
                                            self.validation_execution.evaluation_chunk)
             count += inputs.numel()
         stats = torch.cat([totals, torch.tensor([float(count)], device=self.device)])
         if self.world_size > 1:
             dist.all_reduce(stats)
-        loss, *unmasked = (stats[:-1] / stats[-1]).tolist()
-        return loss, (unmasked[0] if unmasked else None)
+        return (stats[0] / stats[1]).item()
 
     def max_over_ranks(self, value: Tensor) -> Tensor:
         """A per-rank tensor's maximum over all ranks (a collective: every rank must call it)."""
@@ -3973,9 +3043,10 @@ class Trainer:
 
     def warmup(self):
         """Compile every graph the run will use (each stage's shapes, Adam and non-Adam steps, the
-        untie step, every validation shape) on real steps, then restore the initial state (#47, T5.2).
-        Every Adam step it compiles follows a non-Adam one (T2.7's kept gradient is an input): a
-        caller that starts a stage on an Adam step after it (SKIP_GUARD_CHECKS) needs a graph it lacks."""
+        untie step, every validation shape) on real, eager steps, capture the step runner's CUDA graphs, then
+        restore the initial state (#47, T5.2); the n-gram table's is its reset, all zeros. Every Adam step it
+        compiles follows a non-Adam one (T2.7's kept gradient is an input): a caller that starts a stage on an
+        Adam step after it needs a graph it lacks (dynamo's guards are skipped after the warm-up)."""
         steps = [step for step in self.schedule.warmup_steps() if step < self.last_step]
         validations = {}  # one validation per distinct shape the run validates with
         for step in self.validation_steps():
@@ -3984,12 +3055,11 @@ class Trainer:
         self.position = "during the warm-up"
         initial_model = copy.deepcopy(self.model.state_dict())
         initial_optimizer = self.optimizer.state_dict()
-        initial_tables = [table.state_dict("cpu") for table in self.row_tables]  # a 3.9M-row table's copy: 28 GiB
         loader = TrainLoader(self.hp.data.train_files, self.rank, self.world_size, self.device, log=lambda _: None,
                              grad_accum=self.grad_accum)
         start = time.perf_counter()
         for step in steps:
-            self.train_step(self.schedule.plan(step), loader)
+            self.train_step(self.schedule.plan(step), loader, self.eager_forward_backward)
             self._sync()
             self.log(f"warm-up step {step} done at {time.perf_counter() - start:.0f}s")
         for step in validations.values():
@@ -4001,19 +3071,14 @@ class Trainer:
             self.optimizer.tail_ema_update(1.0)
             self.optimizer.tail_ema_blend()
         self.log(f"Compile and warm-up took {time.perf_counter() - start:.0f}s. Resetting model")
-        if self.hp.execution.compile and self.hp.execution.skip_guard_checks:  # host time in the launch-bound stages (T5.2)
+        if self.hp.execution.compile:  # dynamo checks only the guards that tell its graphs apart: host time (T5.2)
             torch.compiler.set_stance(skip_guard_eval_unsafe=True)
         self.model.load_state_dict(initial_model)
         self.optimizer.load_state_dict(initial_optimizer)
-        for table, initial in zip(self.row_tables, initial_tables):
-            table.load_state_dict(initial)
+        self.ngram.reset()
         self._clear_run_state()
         if self.step_graphs is not None:
             self.step_graphs.check_addresses()
-            self.forward_backward = self.step_graphs.run
-        if self.optimizer_graphs is not None:
-            self.optimizer_graphs.check_addresses()
-            self.optimizer_step = self.optimizer_graphs.step
 
     def validation_steps(self) -> list[int]:
         """The steps before which the run validates: the first, every VAL_LOSS_EVERY-th, the last."""
@@ -4051,7 +3116,7 @@ class Trainer:
 
     def timed_steps(self, loader: "TrainLoader") -> float:
         """The timed loop: train steps, with the validations (off the clock) where they fall."""
-        run, total = self.hp.run, self.schedule.total_steps
+        total = self.schedule.total_steps
         self._sync()
         training_ms, t0 = 0.0, time.perf_counter()
         if self.token_bytes is not None:  # built on the clock, like the reference's
@@ -4070,16 +3135,14 @@ class Trainer:
                 self._sync()
                 training_ms += 1000 * (time.perf_counter() - t0)
                 self.check_finite(step)
-                val_loss, unmasked_val_loss = self.evaluate(step, final=step == total)
+                val_loss = self.evaluate(step, final=step == total)
                 self.log(step_line(step, total, training_ms, val_loss=val_loss))
-                if unmasked_val_loss is not None:
-                    self.log(unmasked_val_line(step, total, unmasked_val_loss))
                 self._sync()
                 t0 = time.perf_counter()
             if last:
                 break
             ce = self.train_step(self.schedule.plan(step), loader)
-            if run.nonfinite_check_every and (step + 1) % run.nonfinite_check_every == 0:
+            if (step + 1) % NONFINITE_CHECK_EVERY == 0:
                 self.check_finite(step + 1, wait=False)
             if step + 1 in stage_edges:
                 self._sync()
@@ -4111,12 +3174,24 @@ class Trainer:
                        os.path.join(folder, "model.pt"))
         torch.save(self.optimizer.state_dict(), os.path.join(folder, f"optimizer_rank{self.rank}.pt"))
         if self.ngram is not None:  # this rank's rows of the table and their Adam state (T3.19)
-            torch.save(self.ngram.state_dict(), os.path.join(folder, f"ngram_rank{self.rank}.pt"))
+            torch.save(self.ngram.rows_state(), os.path.join(folder, f"ngram_rank{self.rank}.pt"))
         self.log(f"checkpoint: {folder}/")
 
     def _sync(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize()
+
+
+def step_runner(hp: Hyperparameters, device: torch.device) -> tuple[bool, str]:
+    """Whether the timed steps replay CUDA graphs (T5.3), and the log's words for what runs them and why: the
+    graphs need a CUDA device, CUDA_GRAPHS=1 and the warm-up that captures them (WARMUP=1)."""
+    if not hp.execution.cuda_graphs:
+        return False, "eager steps (CUDA_GRAPHS=0)"
+    if device.type != "cuda":
+        return False, f"eager steps (CUDA graphs need a CUDA device, not {device.type})"
+    if not hp.run.warmup:
+        return False, "eager steps (the warm-up captures the CUDA graphs, and WARMUP=0 skips it)"
+    return True, "CUDA graphs of each step's forward and backward, captured in the warm-up (T5.3)"
 
 
 def check_world_size(hp: Hyperparameters, world_size: int):
@@ -4131,11 +3206,8 @@ def check_inputs(hp: Hyperparameters):
     """What a run reads before its first step, checked on the CPU: the shards and the tokenizer files."""
     data = hp.data
     find_shards(data.train_files)
-    val_set = ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, 0, 1, torch.device("cpu"))
-    if hp.schedule.prefix_loss:
-        prefix_token_ids(gpt2_token_bytes(data.tokenizer_dir), hp.model.vocab_size)
-    if data.val_mask:  # builds the table once and caches it for the ranks torchrun starts next
-        check_validation_pairs(validation_mask(data.tokenizer_dir, hp.model.vocab_size)[0], val_set.tokens)
+    ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, 0, 1, torch.device("cpu"))
+    prefix_token_ids(gpt2_token_bytes(data.tokenizer_dir), hp.model.vocab_size)
 
 
 def allow_graph_per_shape():
@@ -4207,7 +3279,7 @@ def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     check_world_size(hp, world_size)
-    check_row_tables(hp, world_size)
+    check_ngram_rows(hp, world_size)
     if hp.run.device == "cuda":
         check_gpus(hp, world_size)
         torch.cuda.set_device(local_rank)
@@ -4269,14 +3341,10 @@ def report_setup_error(error: Exception, rank: int, log: RunLog | None):
 
 def out_of_memory_hint(hp: Hyperparameters, world_size: int) -> str:
     """What to change after torch.OutOfMemoryError: the allocator's cap, the n-gram table's share, the batch."""
-    capped = f"GPU_MEMORY_GIB={hp.run.gpu_memory_gib:g} caps this process's allocator; " \
-        if hp.run.gpu_memory_gib > 0 else ""
-    table = ""
-    if hp.model.ngram_rows:  # T3.19: the largest allocation of one or two GPUs
-        rows = -(-hp.model.ngram_rows // world_size)
-        gib = rows * lazy_table_bytes_per_row(hp.model.model_dim, hp.optim.ngram_optimizer) / 2**30
-        table = (f"The n-gram table holds {gib:.1f} GiB of it per process (NGRAM_ROWS={hp.model.ngram_rows}): "
-                 "NGRAM_ROWS=0 NUM_SCHEDULED_ITERATIONS=1400 trains with the small bigram table instead. ")
+    capped = f"GPU_MEMORY_GIB={hp.run.gpu_memory_gib:g} caps this process's allocator; " if hp.run.gpu_memory_gib else ""
+    gib = -(-hp.model.ngram_rows // world_size) * ngram_bytes_per_row(hp.model.model_dim) / 2**30  # T3.19
+    table = (f"The n-gram table holds {gib:.1f} GiB of it per process (NGRAM_ROWS={hp.model.ngram_rows}): "
+             f"fewer rows take less (a row: {ngram_bytes_per_row(hp.model.model_dim)} bytes). ")
     return (f"out of GPU memory. {capped}{table}Free the GPU (other processes?), keep PYTORCH_ALLOC_CONF="
             "expandable_segments:True, or lower STAGE_BATCH_TOKENS / VAL_SEQ_LEN for smaller GPUs.")
 
@@ -4306,7 +3374,7 @@ def main():
         if sys.argv[1:] == ["--check"]:
             world_size = int(os.environ.get("WORLD_SIZE", 1))
             check_world_size(hp, world_size)
-            check_row_tables(hp, world_size)
+            check_ngram_rows(hp, world_size)
             check_gpus(hp, world_size)
             check_inputs(hp)
             return print(f"settings and inputs ok ({data_label(hp.data)})")
@@ -4368,50 +3436,19 @@ POLAR_EXPRESS_COEFFS = (
     (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
     (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
 )
-# Classic Muon Newton-Schulz quintic (#3): singular values land in about [0.68, 1.13].
-NEWTON_SCHULZ_COEFFS = ((3.4445, -4.7750, 2.0315),) * 5
-# Polar Express's greedy construction (Amsel et al. 2025), re-derived here (bench/quintic_maps.py; T2.3):
-# each map the odd quintic closest to 1 on the interval its input can reach from a floor ℓ on
-# σ_i(G)/‖G‖_F, that interval raised 2^-7 at the top and cut to at least 0.02 x its top (bf16 guards).
-# Exact-arithmetic envelopes for σ_i(G)/‖G‖_F in [ℓ, 1] (polar_express: [0.8467, 1.1411] from 1e-3):
-# five maps from 3e-3: [0.9931, 1.0069]; six from 1e-3: [0.9984, 1.0016]; six from 3e-4: [0.9121, 1.0879].
-GREEDY5_FLOOR_3E3_COEFFS = (
-    (7.710969245867679, -22.113754790481156, 16.24874301773847),
-    (4.144837788446324, -3.434457866214604, 0.7291428289304236),
-    (3.6219906611071337, -2.841498004519581, 0.5932121716542422),
-    (2.520263341903864, -1.837610522467476, 0.4271193069501146),
-    (1.9194472142571712, -1.2898333752956908, 0.3719505132726187),
-)
-GREEDY6_FLOOR_3E4_COEFFS = (
-    (7.710969245867679, -22.113754790481156, 16.24874301773847),
-    (4.144837788446324, -3.434457866214604, 0.7291428289304236),
-    (4.144837788446322, -3.4344578662146046, 0.7291428289304237),
-    (4.12645868223001, -3.413555682612789, 0.7243452639561597),
-    (3.1657177848996447, -2.340118382992727, 0.4814640317675152),
-    (2.1907616171925604, -1.5529037214894479, 0.39749933657357994),
-)
-ORTHOGONALIZERS = {  # name: (coefficients, norm safety factor, norm epsilon)
-    "polar_express": (POLAR_EXPRESS_COEFFS, 1.02, 1e-6),
-    "newton_schulz": (NEWTON_SCHULZ_COEFFS, 1.0, 1e-7),
-    "polar_express5_l3e3": (GREEDY5_FLOOR_3E3_COEFFS, 1.02, 1e-6),
-    "polar_express6_l3e4": (GREEDY6_FLOOR_3E4_COEFFS, 1.02, 1e-6),
-}
-# Map sets measured and taken out: what they cost
-REMOVED_ORTHOGONALIZERS = {"polar_express6_l1e3": "six maps from 1e-3 gave main's loss at a sixth more work",
-                           "polar_express4_l1e2": "four maps from 1e-2 cost more loss than the time they save"}
+POLAR_SAFETY, POLAR_EPS = 1.02, 1e-6  # the normalization X = G / (safety·‖G‖_F + eps)
 
 
-def polar_normalize(G: Tensor, method: str = "polar_express") -> Tensor:
+def polar_normalize(G: Tensor, safety: float = POLAR_SAFETY, eps: float = POLAR_EPS) -> Tensor:
     """G / (safety·‖G‖_F + eps) per matrix, in bf16: the start of the iteration."""
-    _, safety, eps = ORTHOGONALIZERS[method]
     norm = torch.linalg.vector_norm(G.float(), dim=(-2, -1), keepdim=True)
     return (G / (norm * safety + eps)).bfloat16()
 
 
-def orthogonalize_float64(G: Tensor, method: str = "polar_express") -> Tensor:
-    """The same iteration (normalization, then the method's odd polynomials) in float64: the function
-    every bf16 path approximates, for tests and benchmarks."""
-    coeffs, safety, eps = ORTHOGONALIZERS[method]
+def orthogonalize_float64(G: Tensor, coeffs: tuple = POLAR_EXPRESS_COEFFS, safety: float = POLAR_SAFETY,
+                          eps: float = POLAR_EPS) -> Tensor:
+    """The same iteration (normalization, then the odd polynomials `coeffs`) in float64: the function
+    every bf16 path approximates, for tests and benchmarks (bench/quintic_maps.py tries other sets)."""
     X = G.double()
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * safety + eps)
     tall = X.size(-2) > X.size(-1)
@@ -4428,12 +3465,11 @@ def _gemm_dtype(X: Tensor) -> torch.dtype:
     return torch.float32 if X.device.type == "cpu" else torch.bfloat16
 
 
-def polar_iterations_reference(X: Tensor, method: str = "polar_express") -> Tensor:
+def polar_iterations_reference(X: Tensor, coeffs: tuple = POLAR_EXPRESS_COEFFS) -> Tensor:
     """The odd-polynomial iteration on a normalized bf16 bank X (B, rows, cols) in torch. Wide and
     square matrices iterate on X·Xᵀ, tall ones on Xᵀ·X (#74), so the symmetric products are
     min(rows, cols)² and nothing is transposed in memory. (a·X + X·B is not folded into X·(B + a·I)
     here: torch would round B to bf16 before adding a·I, 1.1-1.5e-2 from float64.)"""
-    coeffs, _, _ = ORTHOGONALIZERS[method]
     tall, work = X.size(-2) > X.size(-1), _gemm_dtype(X)
     for a, b, c in coeffs:
         Y = X.to(work)
@@ -4598,13 +3634,12 @@ def xtx(A: Tensor, config: tuple | None = None) -> Tensor:
     return out
 
 
-def polar_iterations(X: Tensor, method: str = "polar_express", use_triton: bool | None = None) -> Tensor:
+def polar_iterations(X: Tensor, use_triton: bool | None = None, coeffs: tuple = POLAR_EXPRESS_COEFFS) -> Tensor:
     """polar_iterations_reference's function; with the symmetric Triton kernels, a·X + X·B is one
     product X·(B + a·I), a·I added in the kernel's fp32 epilogue: baddbmm with beta != 0 first copies
     X into its output, a device-to-device copy of the whole bank per iteration."""
     if not (triton_applies(X) if use_triton is None else use_triton):
-        return polar_iterations_reference(X, method)
-    coeffs, _, _ = ORTHOGONALIZERS[method]
+        return polar_iterations_reference(X, coeffs)
     tall, work = X.size(-2) > X.size(-1), _gemm_dtype(X)
     for a, b, c in coeffs:
         Y = X.to(work)
@@ -4613,9 +3648,9 @@ def polar_iterations(X: Tensor, method: str = "polar_express", use_triton: bool 
     return X
 
 
-def orthogonalize(G: Tensor, method: str = "polar_express", use_triton: bool | None = None) -> Tensor:
+def orthogonalize(G: Tensor, use_triton: bool | None = None, coeffs: tuple = POLAR_EXPRESS_COEFFS) -> Tensor:
     """Approximate U·Vᵀ (the orthogonal polar factor) of every matrix of a bank G (B, rows, cols), in bf16."""
-    return polar_iterations(polar_normalize(G, method), method, use_triton)
+    return polar_iterations(polar_normalize(G), use_triton, coeffs)
 
 
 # --- lm_head and soft-capped multi-target cross-entropy (T4.1, T4.4) ---------------------------------
@@ -5329,33 +4364,22 @@ def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, 
 # and weight it saves.
 @dataclass
 class QKVBankFP8:
-    """Each attention slot's Q, K, V weights in e4m3, (2·H·w + H·w_v, d) for Q/K heads w and V heads w_v
-    wide ((3d, d) unless narrow, T3.18, T3.21), and their scales (0-d fp32), indexed by attention slot."""
+    """Each attention slot's Q, K, V weights in e4m3, (2·H·w + d, d) for Q/K heads w wide ((3d, d) unless
+    narrow, T3.18), and their scales (0-d fp32), indexed by attention slot."""
     weights: tuple[Tensor, ...]
     scales: tuple[Tensor, ...]
 
     @classmethod
-    def quantize(cls, qk_banks: list[tuple[Tensor, list[int]]],
-                 vo_banks: list[tuple[Tensor, list[int]]]) -> "QKVBankFP8":
-        """From GPT.qk_banks() and GPT.vo_banks(): one quantization per pair of a Q/K bank and a V/O bank
-        whose slots share a layout (one scale per slot either way)."""
-        d = qk_banks[0][0].size(-1)
-        n_attn = sum(len(slots) for _, slots in qk_banks)
-        # each slot's (bank, place in the bank), then the slots grouped by their pair of banks
-        qk_of = {slot: (b, i) for b, (_, slots) in enumerate(qk_banks) for i, slot in enumerate(slots)}
-        v_of = {slot: (b, i) for b, (_, slots) in enumerate(vo_banks) for i, slot in enumerate(slots)}
-        groups: dict[tuple[int, int], list[int]] = {}
-        for slot in range(n_attn):
-            groups.setdefault((qk_of[slot][0], v_of[slot][0]), []).append(slot)
-        weights, scales = [None] * n_attn, [None] * n_attn
-        for (qk_index, vo_index), group in groups.items():
-            qk_matrices, qk_slots = qk_banks[qk_index]
-            vo_pairs, vo_slots = vo_banks[vo_index]
-            qk = bank_slots(qk_matrices.detach().view(len(qk_slots), -1, d), [qk_of[slot][1] for slot in group])
-            v = bank_slots(vo_pairs.detach().view(len(vo_slots), 2, -1, d)[:, 0], [v_of[slot][1] for slot in group])
-            w = torch.cat([qk, v], 1)
+    def quantize(cls, qk_banks: list[tuple[Tensor, list[int]]], vo_bank: Tensor) -> "QKVBankFP8":
+        """From GPT.qk_banks() and the V/O bank: one quantization per Q/K bank with its slots' V matrices
+        (one scale per slot)."""
+        d = vo_bank.size(-1)
+        values = vo_bank.detach().view(-1, 2, d, d)[:, 0]  # each attention slot's V
+        weights, scales = [None] * values.size(0), [None] * values.size(0)
+        for matrices, slots in qk_banks:
+            w = torch.cat([matrices.detach().view(len(slots), -1, d), bank_slots(values, slots)], 1)
             w8, scale = quantize_e4m3(w, w.abs().amax(dim=(1, 2), keepdim=True))
-            for slot, slot_w8, slot_scale in zip(group, w8.unbind(0), scale.view(len(group)).unbind(0)):
+            for slot, slot_w8, slot_scale in zip(slots, w8.unbind(0), scale.view(len(slots)).unbind(0)):
                 weights[slot], scales[slot] = slot_w8, slot_scale
         return cls(tuple(weights), tuple(scales))
 

@@ -85,7 +85,7 @@ def evaluate_settings(trainer: "train_gpt.Trainer", settings: list[WindowSetting
         schedule_scale = scale.item()
         scale.fill_(schedule_scale * setting.scale_factor)
         try:
-            losses[label], _ = trainer.validation_loss(shape, long_windows)  # masked with VAL_MASK=1, as the run's own
+            losses[label] = trainer.validation_loss(shape, long_windows)
         finally:
             scale.fill_(schedule_scale)
         trainer.log(train_gpt.final_windows_line(label, losses[label]))

@@ -70,22 +70,6 @@ def shards():
     return module
 
 
-@pytest.fixture(scope="session")
-def gpt2_val_mask(tmp_path_factory):
-    """(folder, table): a copy of data/gpt2 and validation masking's table of it for the default vocabulary,
-    built once per session (a few seconds) into the copy's cache/, where runs with TOKENIZER_DIR=folder
-    and VAL_MASK=1 load it from."""
-    import shutil
-
-    import train_gpt
-
-    folder = tmp_path_factory.mktemp("gpt2")
-    for name in ("encoder.json", "vocab.bpe"):
-        shutil.copy(REPO_ROOT / "data" / "gpt2" / name, folder / name)
-    table, _ = train_gpt.validation_mask(str(folder), train_gpt.ModelConfig.vocab_size)
-    return folder, table
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, shards):
     """Tiny train/val shards of learnable synthetic documents and a vocabulary (helpers.write_tiny_corpus)."""

@@ -30,7 +30,7 @@ CPU_MALLOC = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"
 # cost after the training steps' own.
 TINY_STAGES = dict(batch_tokens=(2048, 4096, 4096, 4096, 4096), max_seq_len=(128, 256, 256, 256, 256))
 TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
-            bigram_rows=1001, ngram_rows=4001, stages=T.replace_stage_columns(T.STAGES, **TINY_STAGES), window_block_size=16,
+            ngram_rows=4001, stages=T.replace_stage_columns(T.STAGES, **TINY_STAGES), window_block_size=16,
             val_tokens=1024, val_seq_len=1024, muon_momentum_warmup_steps=5, muon_momentum_cooldown_steps=2)
 
 # The layout before the 2026-11-28 defaults: attention on every layer but 6, five value-embedding planes,
@@ -147,25 +147,6 @@ def write_tiny_corpus(folder, write_shard):
     vocabulary = {spelling(i): i for i in range(1000)} | {GPT2_SPECIAL_TOKEN: BOS_ID}
     (folder / "encoder.json").write_text(json.dumps(vocabulary))
     return folder
-
-
-def data_module(name: str):
-    """data/<name>.py imported by its path (data/ is a folder of scripts, not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "data", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def gutenberg_documents() -> list[str]:
-    """The texts of the repository's Project Gutenberg sample (data/smoke/, the smoke preset's): real prose."""
-    import json
-    import lzma
-
-    with lzma.open(os.path.join(ROOT, "data", "smoke", "gutenberg.jsonl.xz"), "rt", encoding="utf-8") as f:
-        return [json.loads(line)["text"] for line in f if line.strip()]
 
 
 def cpu_execution(hp=None, tokens: int = 256, training: bool = True):

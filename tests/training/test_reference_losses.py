@@ -25,7 +25,7 @@ import train_gpt as T  # noqa: E402
 
 REFERENCE = pathlib.Path(__file__).resolve().parents[1] / "reference_losses.json"  # tests/, beside helpers.py
 TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
-            bigram_rows=1001, ngram_rows=4001, stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096, 4096),
+            ngram_rows=4001, stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096, 4096),
                                                              max_seq_len=(128, 256, 256, 256, 256)),
             window_block_size=16, val_tokens=2048, val_seq_len=1024, muon_momentum_warmup_steps=5,
             muon_momentum_cooldown_steps=2, num_scheduled_iterations=12, num_extension_iterations=2)
@@ -65,8 +65,7 @@ def run_tiny(hp: T.Hyperparameters) -> dict:
         val, evaluate = {}, trainer.evaluate
 
         def recording_evaluate(step, *args, **kwargs):
-            result = evaluate(step, *args, **kwargs)  # (val loss, the unmasked one with VAL_MASK=1)
-            val[step] = result[0]
+            result = val[step] = evaluate(step, *args, **kwargs)
             return result
 
         trainer.evaluate = recording_evaluate
