@@ -11,6 +11,8 @@ Run from the repository root:
     python records/tool.py compare BASE_LOG LOGS... [--noise LOG_A LOG_B] [--tolerance T] [--only train|val]
     python records/tool.py compare LOGS... --repeats LOG LOG [LOG...] [--tolerance T] [--only train|val]
     python records/tool.py stages LOGS...
+    python records/tool.py slim PATHS...
+    python records/tool.py full PATHS... [--stdout]
 
 Logs are parsed exactly as specified by the log format that train_gpt.py writes: the source
 text, a line of 100 '=', the environment header, a line of 100 '=', the run description
@@ -19,6 +21,12 @@ patterns of those lines are train_gpt.py's own (LOG_SEPARATOR, STEP_LINE_RE, ...
 root's train_gpt.py is imported, so torch must be installed), so the writer and this reader cannot
 drift apart. scipy and matplotlib (the tool extras, requirements-tools.txt) are imported lazily.
 
+A slim log (`slim`) has, in place of the source, one line naming the commit and the git blob of that
+exact train_gpt.py text: `source: train_gpt.py at commit <40 hex> (blob <40 hex>); python records/tool.py
+full <this log> restores it`. Every command reads slim logs as it reads full ones (the source comes
+from `git cat-file blob`), and `full` writes the byte-exact original back. Record folders keep full logs.
+A log compressed with xz (*.txt.xz) is read as the log it holds.
+
 Records are ordered by date, then by the sequence in their record.json ({"sequence": N}, written
 by `new`: one more than the largest of that date), then by name; a folder without record.json
 counts as sequence 0 (made before the file existed, ordered by name).
@@ -26,17 +34,23 @@ counts as sequence 0 (made before the file existed, ordered by name).
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import difflib
+import hashlib
+import io
 import itertools
 import json
+import lzma
 import math
 import os
 import re
 import shlex
 import shutil
 import statistics
+import subprocess
 import sys
+import tarfile
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,8 +60,12 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 # The log format is defined once, in train_gpt.py: its writers make the lines, its patterns read them.
 import train_gpt  # noqa: E402  (imports torch; tests/test_records.py writes its fake logs with its writers)
-from train_gpt import (DESCRIPTION_RE, FINAL_WINDOWS_RE, LOG_SEPARATOR, PEAK_MEMORY_RE,  # noqa: E402
-                       STEP_LINE_RE, UNMASKED_VAL_RE)
+from train_gpt import (DESCRIPTION_RE, FINAL_WINDOWS_RE, LOG_NUMBER, LOG_SEPARATOR, PEAK_MEMORY_RE,  # noqa: E402
+                       STEP_LINE_RE)
+
+# Legacy: VAL_MASK=1 logs (T4.5, since removed from train_gpt.py) follow each validation's step line with
+# the same forwards' loss without the mask; old logs keep these lines, so the tool still reads them.
+UNMASKED_VAL_RE = re.compile(rf"^unmasked step:(?P<step>\d+)/(?P<total>\d+) val_loss:(?P<val_loss>{LOG_NUMBER})$")
 
 # where the embedded source ends: the first separator line, found in the raw bytes so the source
 # stays byte-exact (CRLF endings included)
@@ -59,7 +77,7 @@ TORCH_RE = re.compile(r"^Running PyTorch (\S+) compiled for CUDA (\S+)$")
 REQUIRED_KEYS = ("run_id", "hardware", "mode", "world_size", "data", "hyperparameters")
 TABLE_START, TABLE_END = "<!-- records-table:start -->", "<!-- records-table:end -->"
 DEFAULT_TARGET = 3.28  # the speedrun's FineWeb target
-PASS_RE = re.compile(r"^data: starting pass \d+ over (?P<files>\d+) train files$")
+PASS_RE = re.compile(r"^data: starting pass (?P<n>\d+) over (?P<files>\d+) train files$")
 GENERATED_RE = re.compile(r"^Generated from \d+ log\(s\) by `python records/tool\.py stats (.+)`\.$", re.M)
 # Overrides that name a run, where its files go or its initialization, not the configuration it computes.
 NOT_ABLATIONS = {"RUN_ID", "LOG_DIR", "SEED", "SEEDS"}
@@ -99,6 +117,7 @@ class Run:
     step_avg_ms: float = math.nan  # step_avg of the last step line
     final_windows: dict = field(default_factory=dict)  # setting label -> val loss (bench/eval_windows.py lines)
     train_file_count: int = 0  # from "data: starting pass N over K train files" (0: the run never wrapped)
+    data_passes: int = 1  # the largest N of those lines: passes over the train files the run started
     unmasked_final_loss: float = math.nan  # VAL_MASK=1 (final_loss is masked): the final validation's without the mask
 
     @property
@@ -109,18 +128,24 @@ class Run:
 
 # ---------------------------------------------------------------- parsing
 
-def parse_log(path, complete: bool = True) -> Run:
-    """The run of a log; complete=False also accepts a run that stopped early (STOP_AFTER,
-    interrupted): its step lines up to the last one, without final results."""
+def parse_log(path, complete: bool = True, repo: Path | None = None) -> Run:
+    """The run of a log, full or slim (its source read from git in repo, default this tool's repository);
+    complete=False also accepts a run that stopped early (STOP_AFTER, interrupted): its step lines up to
+    the last one, without final results."""
     path = Path(path)
     try:
         raw = path.read_bytes()
+        if path.name.endswith(".xz"):  # a log xz-compressed as it was (`xz -dk` gives it back)
+            raw = lzma.decompress(raw)
     except OSError as e:
         raise RecordsError(f"{path}: cannot read log: {e.strerror}") from None
+    except lzma.LZMAError as e:
+        raise RecordsError(f"{path}: cannot decompress log: {e}") from None
     m = SOURCE_END_RE.search(raw)
     if not m:
         raise RecordsError(f"{path}: no source separator (a line of 100 '='): not a train_gpt.py log")
-    run = Run(path=path, source=raw[:m.start()])
+    stub = read_stub(raw[:m.start()], str(path))
+    run = Run(path=path, source=raw[:m.start()] if stub is None else stub_source(stub, str(path), repo))
     lines = raw.decode("utf-8", "replace").split("\n")
     lines = [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
     i = raw.count(b"\n", 0, m.start())  # 0-based index of the first separator line
@@ -174,7 +199,7 @@ def parse_log(path, complete: bool = True) -> Run:
     for idx in range(k, len(lines)):
         ln = lines[idx].rstrip()
         if pm := PASS_RE.match(ln):
-            run.train_file_count = int(pm["files"])
+            run.train_file_count, run.data_passes = int(pm["files"]), max(run.data_passes, int(pm["n"]))
         elif ln.startswith("step:"):
             sm = STEP_LINE_RE.match(ln)  # a validation's line (val_loss) or a training step's
             if not sm:
@@ -211,6 +236,10 @@ def parse_log(path, complete: bool = True) -> Run:
     if not complete:
         return run
     n = len(lines) - (1 if lines and lines[-1] == "" else 0)
+    planned = planned_last_step(run)
+    if final_idx is None and planned < run.total and any(step == planned for step, _, _ in run.val):
+        raise RecordsError(f"{path}: the run was stopped early by STOP_AFTER={planned} after {planned} of {run.total} "
+                           "steps; a record needs the whole schedule (compare and stages read stopped runs)")
     if final_idx is None:
         where = f"last step {run.last_step}/{run.total}" if run.total else "no step lines"
         raise err(n - 1, f"truncated run: no final validation line ({where})")
@@ -232,15 +261,16 @@ def scored_by_final_windows(runs: list[Run], setting: str | None) -> list[Run]:
     return out
 
 
-def load_runs(folder) -> list[Run]:
-    """Parse every *.txt log of a folder; refuse mixed hardware/mode/data or duplicate run ids."""
+def load_runs(folder, repo: Path | None = None) -> list[Run]:
+    """Parse every *.txt log of a folder (slim logs' sources from git in repo), and every *.txt.xz log
+    whose *.txt is not there; refuse mixed hardware/mode/data or duplicate run ids."""
     folder = Path(folder)
     if not folder.is_dir():
         raise RecordsError(f"{folder}: not a directory")
-    logs = sorted(folder.glob("*.txt"))
+    logs = sorted([*folder.glob("*.txt"), *(p for p in folder.glob("*.txt.xz") if not p.with_suffix("").exists())])
     if not logs:
         raise RecordsError(f"{folder}: no *.txt logs")
-    runs = [parse_log(p) for p in logs]
+    runs = [parse_log(p, repo=repo) for p in logs]
     check_consistent(runs)
     return runs
 
@@ -277,6 +307,300 @@ def mixed_overrides(runs: list[Run]) -> str | None:
 def joined(runs, attr) -> str:
     vals = list(dict.fromkeys(getattr(r, attr) for r in runs))
     return vals[0] if len(vals) == 1 else " / ".join(vals) + " (logs differ)"
+
+
+# ---------------------------------------------------------------- slim logs
+
+STUB_TEXT = "python records/tool.py full <this log> restores it"
+STUB_RE = re.compile(rb"source: (?P<path>[^\s()]+) at commit (?P<commit>[0-9a-f]{40}) \(blob (?P<blob>[0-9a-f]{40})\); "
+                     + re.escape(STUB_TEXT.encode()) + rb"\n")
+LOG_SUFFIXES = (".txt", ".out", ".log")  # the files `slim` and `full` read in a folder, beside *.tar.xz archives
+ARCHIVE_SUFFIX = ".tar.xz"
+_SOURCES: dict[tuple[str, str, str, str], bytes] = {}  # (repo, commit, path, blob) -> text, read from git once
+
+
+def stub_line(path: str, commit: str, blob: str) -> bytes:
+    """A slim log's first line, in place of the train_gpt.py text that `path` has at `commit` (blob id `blob`)."""
+    return f"source: {path} at commit {commit} (blob {blob}); {STUB_TEXT}\n".encode()
+
+
+def read_stub(head: bytes, where: str) -> re.Match | None:
+    """The stub of a slim log, from the text before its first separator line; None for a full log's
+    source. A one-line head that starts like a stub but does not match it is a corrupted stub."""
+    if not head.startswith(b"source: ") or head.count(b"\n") > 1:
+        return None
+    m = STUB_RE.fullmatch(head)
+    if not m:
+        shown = head.rstrip(b"\r\n").decode("utf-8", "replace")[:300]
+        raise RecordsError(f"{where}:1: corrupted source stub {shown!r}: expected 'source: train_gpt.py at commit "
+                           f"<40 hex> (blob <40 hex>); {STUB_TEXT}'")
+    return m
+
+
+def blob_id(data: bytes) -> str:
+    """git's id of a blob holding data (`git hash-object`)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def git(repo: Path, *args: str, stdin: bytes | None = None) -> bytes:
+    """The stdout of `git -C repo ARGS...`; a failure is a RecordsError quoting git's last line."""
+    try:
+        res = subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, check=False)
+    except FileNotFoundError:
+        raise RecordsError("git is not installed: slim logs name their train_gpt.py source by git commit and blob") from None
+    if res.returncode:
+        said = res.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise RecordsError(f"`git {args[0]}` in {repo} failed: {said[-1] if said else f'exit code {res.returncode}'}")
+    return res.stdout
+
+
+def git_objects(repo: Path, names: list[str]) -> list[tuple[str, str, bytes] | None]:
+    """(id, type, content) of each object name (`<id>`, `<commit>:<path>`), None where the repository
+    has none: one `git cat-file --batch`."""
+    out = git(repo, "cat-file", "--batch", stdin="".join(f"{n}\n" for n in names).encode())
+    found, pos = [], 0
+    for _ in names:
+        end = out.index(b"\n", pos)
+        header = out[pos:end].decode("utf-8", "replace").split()
+        if len(header) != 3:  # "<name> missing", "<name> ambiguous"
+            found.append(None)
+            pos = end + 1
+            continue
+        size = int(header[2])
+        found.append((header[0], header[1], out[end + 1:end + 1 + size]))
+        pos = end + 1 + size + 1  # the content, then a newline
+    return found
+
+
+def stub_source(stub: re.Match, where: str, repo: Path | None = None) -> bytes:
+    """The train_gpt.py text a slim log's stub names, from git in repo (default: this tool's repository):
+    the blob, checked against its id and against the file the stub's commit has at the stub's path."""
+    repo = Path(repo or REPO_ROOT)
+    path, commit, blob = (stub[k].decode() for k in ("path", "commit", "blob"))
+    key = (str(repo), commit, path, blob)
+    if key not in _SOURCES:
+        try:
+            content, at_commit = git_objects(repo, [blob, f"{commit}:{path}"])
+        except RecordsError as e:
+            raise RecordsError(f"{where}: a slim log, whose source comes from git: {e}") from None
+        if content is None or content[1] != "blob" or blob_id(content[2]) != blob:
+            raise RecordsError(f"{where}: its source stub names blob {blob}, which the git repository at {repo} does "
+                               "not have (a corrupted stub, or a shallow clone: `git fetch --unshallow`)")
+        if at_commit is None or at_commit[0] != blob:
+            raise RecordsError(f"{where}: corrupted source stub: commit {commit} has no {path} with blob {blob} "
+                               f"in the git repository at {repo}")
+        _SOURCES[key] = content[2]
+    return _SOURCES[key]
+
+
+def log_source_end(raw: bytes) -> int | None:
+    """Where the source (or a slim log's stub) of a train_gpt.py log ends: at its first separator line,
+    which follows some text and precedes the environment header; None for any other file."""
+    m = SOURCE_END_RE.search(raw)
+    return m.start() if m and m.start() > 0 and re.match(rb"\r?\nRunning Python ", raw[m.end():]) else None
+
+
+def full_bytes(raw: bytes, where: str, repo: Path | None = None) -> bytes:
+    """The original bytes of a slim log, its source from git in repo; raw itself for a full log (or any
+    other file)."""
+    end = log_source_end(raw)
+    stub = read_stub(raw[:end], where) if end is not None else None
+    return raw if stub is None else stub_source(stub, where, repo) + raw[end:]
+
+
+def train_gpt_blobs(repo: Path) -> dict[str, tuple[str, str]]:
+    """Blob id -> (commit, path) of every train_gpt.py text in the history of the repository's HEAD: the
+    root's and the copies under records/ (records/*/train_gpt.py, records/experiments/**/train_gpt.py),
+    each at the oldest commit that has it, the root's path before a copy's. HEAD's history, not every
+    branch's: a slim log must not name a commit that a deleted branch takes with it."""
+    out = git(repo, "log", "HEAD", "--reverse", "-m", "--format=commit %H", "--raw", "--no-abbrev", "--no-renames",
+              "--", "train_gpt.py", ":(glob)records/**/train_gpt.py").decode("utf-8", "replace")
+    found, commit = {}, ""
+    for ln in out.splitlines():
+        if ln.startswith("commit "):
+            commit = ln.split()[1]
+        elif ln.startswith(":") and "\t" in ln:
+            meta, path = ln.split("\t", 1)
+            blob = meta.split()[3]
+            if set(blob) == {"0"}:  # the file deleted
+                continue
+            if blob not in found or (path == "train_gpt.py" and found[blob][1] != "train_gpt.py"):
+                found[blob] = (commit, path)
+    return found
+
+
+def slimmed(raw: bytes, where: str, blobs: dict[str, tuple[str, str]], repo: Path) -> tuple[bytes | None, str]:
+    """(the slim log, a note) of a log's bytes, checked to rebuild them byte for byte; (None, why) when it
+    stays as it is: slim already, or its source is in no commit (blobs: train_gpt_blobs)."""
+    end = log_source_end(raw)
+    if read_stub(raw[:end], where) is not None:
+        return None, "already slim"
+    blob = blob_id(raw[:end])
+    if blob not in blobs:
+        return None, (f"kept full {where}: its train_gpt.py source (blob {blob}) is in no commit of the history of "
+                      f"{repo}, so git cannot rebuild it")
+    commit, path = blobs[blob]
+    slim = stub_line(path, commit, blob) + raw[end:]
+    if hashlib.sha256(full_bytes(slim, where, repo)).digest() != hashlib.sha256(raw).digest():
+        raise RecordsError(f"{where}: its slim form does not rebuild the original byte for byte; left as it is")
+    return slim, f"slimmed {where}: source {path} at commit {commit[:12]} ({len(raw)} -> {len(slim)} bytes)"
+
+
+def record_folder_of(path: Path, root: Path) -> Path | None:
+    """The record folder (records/YYYY-MM-DD_Name/ of the repository at root) that holds path, if any."""
+    records = (root / "records").resolve()
+    try:
+        parts = path.resolve().relative_to(records).parts
+    except ValueError:
+        return None
+    return records / parts[0] if len(parts) >= 2 and RECORD_RE.match(parts[0]) else None
+
+
+def log_paths(args: list[str], root: Path, slimming: bool) -> list[tuple[Path, bool]]:
+    """(file, named on the command line) for each log or *.tar.xz archive of logs the arguments name:
+    files as given, and in each folder (searched down) its *.txt, *.out, *.log and *.tar.xz files.
+    Slimming leaves record folders alone: a named file in one is refused, a folder's are skipped."""
+    out = []
+    for arg in args:
+        p = Path(arg)
+        if p.is_file():
+            if slimming and (rec := record_folder_of(p, root)) is not None:
+                raise RecordsError(f"{p}: a log of the record {rec.name}; record folders keep full logs")
+            out.append((p, True))
+        elif p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith((*LOG_SUFFIXES, ARCHIVE_SUFFIX)))
+            kept = sorted({rec for f in found if slimming and (rec := record_folder_of(f, root)) is not None})
+            for rec in kept:
+                print(f"kept full {rec}: record folders keep full logs")
+            out += [(f, False) for f in found if not (slimming and record_folder_of(f, root) in kept)]
+        else:
+            raise RecordsError(f"{arg}: no such file or folder")
+    return out
+
+
+def rewrite_file(path: Path, data: bytes) -> None:
+    """Replace path's bytes by data through a file beside it (no reader sees half), keeping its mode."""
+    tmp = path.with_name(path.name + ".records-tool.tmp")
+    tmp.write_bytes(data)
+    shutil.copymode(path, tmp)
+    os.replace(tmp, path)
+
+
+def archive_members(path: Path) -> list[tuple[tarfile.TarInfo, bytes | None]]:
+    """The members of a .tar.xz in their order, each with its content (None: not a regular file)."""
+    try:
+        with tarfile.open(path, "r:xz") as tar:
+            return [(info, tar.extractfile(info).read() if info.isfile() else None) for info in tar.getmembers()]
+    except (tarfile.TarError, lzma.LZMAError, EOFError, OSError) as e:
+        raise RecordsError(f"{path}: cannot read it as a .tar.xz archive: {e}") from None
+
+
+def packed_archive(path: Path, before: list[tuple[tarfile.TarInfo, bytes | None]],
+                   members: list[tuple[tarfile.TarInfo, bytes | None]], repo: Path) -> bytes:
+    """A .tar.xz of the members (name, type, mode, owner, time as they were; new contents), checked to
+    read back as the archive at path (its members: before) did: the same members, each file rebuilding
+    (full_bytes) to its original."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz", format=tarfile.GNU_FORMAT, preset=9 | lzma.PRESET_EXTREME) as tar:
+        for info, data in members:
+            info = copy.copy(info)
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, None if data is None else io.BytesIO(data))
+    packed = buf.getvalue()
+    meta = ("name", "type", "mode", "mtime", "linkname", "uid", "gid", "uname", "gname")
+    with tarfile.open(fileobj=io.BytesIO(packed), mode="r:xz") as tar:
+        got = [(info, tar.extractfile(info).read() if info.isfile() else None) for info in tar.getmembers()]
+    if len(got) != len(before) or any(
+            [getattr(a, k) for k in meta] != [getattr(b, k) for k in meta] or (x is None) != (y is None)
+            or (x is not None and hashlib.sha256(full_bytes(x, f"{path}:{a.name}", repo)).digest()
+                != hashlib.sha256(full_bytes(y, f"{path}:{b.name}", repo)).digest())
+            for (a, x), (b, y) in zip(got, before)):
+        raise RecordsError(f"{path}: the repacked archive does not read back as the original; left as it is")
+    return packed
+
+
+def cmd_slim(args) -> int:
+    """Replace the embedded source of each log by its stub, where git has that exact text and the slim
+    log rebuilds the original byte for byte; in archives too (repacked with the same members)."""
+    blobs = train_gpt_blobs(args.root)
+    done = {"slimmed": 0, "kept": 0, "slim": 0, "before": 0, "after": 0}
+
+    def one(raw: bytes, where: str, member: bool = False) -> bytes | None:
+        """The slim log of raw, or None (with a line saying why, unless it is slim already); an archive's
+        member is not reported when slimmed (its archive is)."""
+        slim, note = slimmed(raw, where, blobs, args.root)
+        if slim is None:
+            done["slim" if note == "already slim" else "kept"] += 1
+            if note != "already slim":
+                print(note)
+            return None
+        done["slimmed"] += 1
+        done["before"], done["after"] = done["before"] + len(raw), done["after"] + len(slim)
+        if not member:
+            print(note)
+        return slim
+
+    for path, named in log_paths(args.paths, args.root, slimming=True):
+        if path.name.endswith(ARCHIVE_SUFFIX):
+            members = archive_members(path)
+            new = [(info, data if data is None or log_source_end(data) is None
+                    else one(data, f"{path}:{info.name}", member=True) or data) for info, data in members]
+            changed = sum(a is not b for (_, a), (_, b) in zip(members, new))
+            if changed:
+                packed = packed_archive(path, members, new, args.root)
+                size = path.stat().st_size
+                rewrite_file(path, packed)
+                print(f"slimmed {path}: {changed} of its {len(members)} files ({size} -> {len(packed)} bytes)")
+            continue
+        raw = path.read_bytes()
+        if log_source_end(raw) is None:
+            if named:
+                print(f"skipped {path}: not a train_gpt.py log (no source before a line of 100 '=' and the "
+                      "environment header)")
+            continue
+        if (slim := one(raw, str(path))) is not None:
+            rewrite_file(path, slim)
+    print(f"slim: {done['slimmed']} log(s) slimmed ({done['before']} -> {done['after']} bytes), {done['kept']} kept "
+          f"full (source in no commit), {done['slim']} slim already")
+    return 0
+
+
+def cmd_full(args) -> int:
+    """Write the byte-exact original of each slim log back in its place (in archives too), or to stdout."""
+    if args.stdout:
+        p = Path(args.paths[0])
+        if len(args.paths) != 1 or not p.is_file() or p.name.endswith(ARCHIVE_SUFFIX):
+            raise RecordsError("--stdout writes one log: give the path of one log file (not an archive or folder)")
+        data = full_bytes(p.read_bytes(), str(p), args.root)
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        return 0
+    restored = full = 0
+    for path, _ in log_paths(args.paths, args.root, slimming=False):
+        if path.name.endswith(ARCHIVE_SUFFIX):
+            members = archive_members(path)
+            new = [(info, None if data is None else full_bytes(data, f"{path}:{info.name}", args.root))
+                   for info, data in members]
+            changed = sum(a != b for (_, a), (_, b) in zip(members, new))
+            if changed:
+                rewrite_file(path, packed_archive(path, members, new, args.root))
+                print(f"restored {path}: {changed} of its {len(members)} files")
+            restored += changed
+            full += sum(data is not None and log_source_end(data) is not None for _, data in members) - changed
+            continue
+        raw = path.read_bytes()
+        if log_source_end(raw) is None:
+            continue
+        original = full_bytes(raw, str(path), args.root)
+        if original == raw:
+            full += 1
+            continue
+        rewrite_file(path, original)
+        restored += 1
+        print(f"restored {path} ({len(raw)} -> {len(original)} bytes)")
+    print(f"full: {restored} log(s) restored, {full} full already")
+    return 0
 
 
 # ---------------------------------------------------------------- statistics
@@ -403,16 +727,51 @@ def fmt_pm(mean: float, std: float, nd: int) -> str:
     return f"{mean:.{nd}f}" if math.isnan(std) else f"{mean:.{nd}f} ± {std:.{nd}f}"
 
 
-def runs_table(runs: list[Run]) -> str:
+def reached(loss: float, target: float) -> bool:
+    """A final val loss (or a mean of them) at or below the target; 1e-9 absorbs a mean's rounding."""
+    return loss <= target + 1e-9
+
+
+def runs_table(runs: list[Run], target: float | None = None) -> str:
+    """Markdown rows per run; with a target, whether its final val loss reached it (<= target)."""
     masked = any(not math.isnan(r.unmasked_final_loss) for r in runs)  # VAL_MASK=1: a column for the plain loss
     out = ["| run_id | log | final val loss |" + (" without the mask |" if masked else "")
-           + " train time (s) | steps | peak memory allocated / reserved (MiB) |",
-           "|---|---|---:|" + ("---:|" if masked else "") + "---:|---:|---:|"]
+           + " train time (s) |" + ("" if target is None else f" val loss <= {target} |")
+           + " steps | peak memory allocated / reserved (MiB) |",
+           "|---|---|---:|" + ("---:|" if masked else "") + "---:|" + ("" if target is None else "---|") + "---:|---:|"]
     for r in runs:
         unmasked = f" {r.unmasked_final_loss:.4f} |" if masked else ""
+        hit = "" if target is None else f" {'yes' if reached(r.final_loss, target) else 'no'} |"
         out.append(f"| {r.run_id} | [{r.path.name}]({r.path.name}) | {r.final_loss:.4f} |{unmasked} "
-                   f"{r.train_time:.3f} | {r.total} | {r.peak_allocated} / {r.peak_reserved} |")
+                   f"{r.train_time:.3f} |{hit} {r.total} | {r.peak_allocated} / {r.peak_reserved} |")
     return "\n".join(out)
+
+
+def target_line(s: dict) -> str:
+    """The time at the loss target (what the contest pays for): the runs' mean train time when their mean
+    final val loss reaches the target, and how many runs reached it."""
+    t = s["target"]
+    runs = f"{sum(reached(loss, t) for loss in s['losses'])} of {s['n']} runs reached it"
+    if reached(s["loss_mean"], t):
+        return f"- time at loss <= {t}: mean train time {s['time_mean']:.3f} s ({runs}); mean val {s['loss_mean']:.4f}"
+    return (f"- time at loss <= {t}: not reached: mean val {s['loss_mean']:.4f} misses the target by "
+            f"{s['loss_mean'] - t:.4f} ({runs}; mean train time {s['time_mean']:.3f} s)")
+
+
+def run_target_lines(s: dict, names: list[str]) -> list[str]:
+    """Per run (named in the order of s's runs): its train time and whether its final val loss reached the target."""
+    t = s["target"]
+    return [f"- {name}: train time {secs:.3f} s, final val loss {loss:.4f} "
+            + (f"<= {t} (reached)" if reached(loss, t) else f"> {t} (missed)")
+            for name, secs, loss in zip(names, s["times"], s["losses"])]
+
+
+def repeated_data_lines(runs: list[Run], prefix: str, full_path: bool = False) -> list[str]:
+    """A warning per run that read its train files more than once (its log's `data: starting pass N over
+    M train files`, N >= 2): its later steps trained on tokens it had seen."""
+    return [f"{prefix}repeated data: {r.path if full_path else r.path.name} read its training data more than once "
+            f"(it started pass {r.data_passes} over its {r.train_file_count} train files)"
+            for r in runs if r.data_passes >= 2]
 
 
 def unmasked_lines(runs: list[Run]) -> list[str]:
@@ -433,7 +792,7 @@ def summary_lines(s: dict) -> list[str]:
            f"- final val loss: mean {s['loss_mean']:.4f}, std {s['loss_std']:.4f}" if s["n"] >= 2 else
            f"- final val loss: {s['loss_mean']:.4f}",
            f"- train time: mean {s['time_mean']:.3f} s, std {s['time_std']:.3f} s" if s["n"] >= 2 else
-           f"- train time: {s['time_mean']:.3f} s"]
+           f"- train time: {s['time_mean']:.3f} s", target_line(s)]
     if s["n"] >= 2:
         verdict = "yes" if s["p"] < 0.01 else "no"
         out.append(f"- one-sided one-sample t-test, H1: mean final val loss < {s['target']}: "
@@ -536,7 +895,8 @@ def write_stats(folder: Path, runs: list[Run], target: float, baseline_dir: Path
     """statistics.md (and val_loss.png) of `runs`; final_windows: score every run, baseline too, by
     that bench/eval_windows.py setting instead of its final validation."""
     runs = scored_by_final_windows(runs, final_windows)
-    baseline = scored_by_final_windows(load_runs(baseline_dir), final_windows) if baseline_dir is not None else None
+    baseline = (scored_by_final_windows(load_runs(baseline_dir, root), final_windows) if baseline_dir is not None
+                else None)
     s = summarize(runs, target, baseline)
     cmd = f"python records/tool.py stats {rel(folder, root)} --target {target}" + (
         f" --baseline {rel(baseline_dir, root)}" if baseline_dir is not None else "") + ("" if plot else " --no-plot") + (
@@ -545,8 +905,8 @@ def write_stats(folder: Path, runs: list[Run], target: float, baseline_dir: Path
     scored = ([f"Final val loss: each log's `final_windows {final_windows}` line (bench/eval_windows.py), not "
                "its run's final validation.", ""] if final_windows else [])
     md = [f"# Statistics: {folder.name}", "", f"Generated from {len(runs)} log(s) by `{cmd}`.", "", *scored,
-          *setup_lines(runs), "", "## Runs", "", runs_table(runs), "", "## Summary", "", *summary_lines(s),
-          *unmasked_lines(runs), *([f"- Warning: {mixed}"] if mixed else []),
+          *setup_lines(runs), "", "## Runs", "", runs_table(runs, target), "", "## Summary", "", *summary_lines(s),
+          *unmasked_lines(runs), *([f"- Warning: {mixed}"] if mixed else []), *repeated_data_lines(runs, "- Warning: "),
           *baseline_lines(s, baseline_dir.name if baseline_dir else "")]
     stages = stage_table({folder.name: runs, **({baseline_dir.name: baseline} if baseline else {})})
     if stages:
@@ -646,8 +1006,8 @@ def rel(p: Path, root: Path) -> str:
 
 # ---------------------------------------------------------------- table
 
-def record_row(folder: Path) -> str:
-    runs = load_runs(folder)
+def record_row(folder: Path, repo: Path | None = None) -> str:
+    runs = load_runs(folder, repo)
     date, name = RECORD_RE.match(folder.name).groups()
     times = [x.train_time for x in runs]
     loss = statistics.fmean(x.final_loss for x in runs)
@@ -656,10 +1016,10 @@ def record_row(folder: Path) -> str:
             f"| {loss:.4f} | {len(runs)} | {r.hardware} | {r.mode} | {r.data.split()[0] if r.data else ''} |")
 
 
-def make_table(records_dir: Path) -> str:
+def make_table(records_dir: Path, repo: Path | None = None) -> str:
     rows = ["| date | name | time (s, mean ± std) | final val loss (mean) | runs | hardware | mode | data |",
             "|---|---|---:|---:|---:|---|---|---|"]
-    rows += [record_row(p) for p in list_records(records_dir)]
+    rows += [record_row(p, repo) for p in list_records(records_dir)]
     return "\n".join(rows) + "\n"
 
 
@@ -709,7 +1069,7 @@ def cmd_stats(args) -> int:
     """Options not given keep the values of the existing statistics.md (its 'Generated ... by' command),
     so regenerating a record's statistics never drops its target or baseline."""
     folder = Path(args.dir)
-    runs = load_runs(folder)
+    runs = load_runs(folder, args.root)
     md = folder / "statistics.md"
     before = md.read_text(encoding="utf-8") if md.is_file() else None
     kept = recorded_options(md, before) if before is not None else {}
@@ -728,7 +1088,9 @@ def cmd_stats(args) -> int:
         print(f"warning: {mixed}", file=sys.stderr)
     s = write_stats(folder, runs, target, base, plot=not no_plot, root=args.root, final_windows=final_windows)
     print(f"{folder}: {s['n']} run(s), {runs[0].hardware}, {runs[0].mode}, data {runs[0].data.split()[0]}")
-    print("\n".join(summary_lines(s) + baseline_lines(s, base.name if base else "")))
+    print("\n".join(run_target_lines(s, [r.path.name for r in runs]) + summary_lines(s)
+                    + repeated_data_lines(runs, "warning: ", full_path=True)
+                    + baseline_lines(s, base.name if base else "")))
     after = md.read_text(encoding="utf-8")
     if before is None:
         print(f"wrote {md}")
@@ -759,7 +1121,7 @@ def cmd_new(args) -> int:
             raise RecordsError(f"{p}: log files must be named *.txt")
     if len({p.name for p in logs}) != len(logs):
         raise RecordsError("two logs have the same file name")
-    runs = [parse_log(p) for p in logs]
+    runs = [parse_log(p, repo=args.root) for p in logs]
     for r in runs[1:]:
         if r.source != runs[0].source:
             raise RecordsError(f"logs come from different sources: the train_gpt.py embedded in {runs[0].path} "
@@ -774,18 +1136,18 @@ def cmd_new(args) -> int:
     baseline = None
     if prev is not None:
         try:
-            prev_runs = load_runs(prev)
+            prev_runs = load_runs(prev, args.root)
             if (prev_runs[0].hardware, prev_runs[0].mode, prev_runs[0].data) == (runs[0].hardware, runs[0].mode, runs[0].data):
                 baseline = prev
         except RecordsError:
             pass
     folder.mkdir(parents=True)
     try:
-        for p in logs:
-            shutil.copyfile(p, folder / p.name)
+        for p in logs:  # a record keeps full logs: a slim one is written back in full
+            (folder / p.name).write_bytes(full_bytes(p.read_bytes(), str(p), args.root))
         (folder / "train_gpt.py").write_bytes(runs[0].source)
         (folder / RECORD_JSON).write_text(json.dumps({"sequence": sequence}) + "\n", encoding="utf-8")
-        runs = load_runs(folder)
+        runs = load_runs(folder, args.root)
         s = write_stats(folder, runs, args.target, baseline, root=args.root)
         (folder / "README.md").write_text(new_readme(folder, runs, s, prev, baseline), encoding="utf-8")
     except BaseException:
@@ -823,7 +1185,7 @@ def new_readme(folder: Path, runs: list[Run], s: dict, prev: Path | None, baseli
         md.append(f"- NVIDIA driver: {joined(runs, 'driver')}")
     if any(x.host_cpu for x in runs):
         md.append(f"- host CPU: {joined(runs, 'host_cpu')}")
-    md += ["", "## Results", "", runs_table(runs), "", *summary_lines(s)]
+    md += ["", "## Results", "", runs_table(runs, s["target"]), "", *summary_lines(s)]
     if baseline is not None and s.get("baseline"):
         md += baseline_lines(s, f"[{baseline.name}](../{baseline.name}/)")
     elif prev is not None and baseline is None:
@@ -836,9 +1198,11 @@ def new_readme(folder: Path, runs: list[Run], s: dict, prev: Path | None, baseli
 REPRODUCE_DROPS = ("RUN_ID", "LOG_DIR", "SEED", "SEEDS", "TOKENIZER_DIR")  # the seeds are listed; data/gpt2 is the default
 
 
-def reproduce_command(r: Run, seeds: list[int]) -> str:
+def reproduce_command(r: Run, seeds: list[int]) -> list[str]:
     """The runs' command on a user's machine: their overrides with the data at the repository's
-    paths (proxy: data/proxy/, the shards the runs read; FineWeb: the file's defaults), every seed."""
+    paths (proxy: data/proxy/, the shards the runs read; FineWeb: the file's defaults), every seed.
+    Two lines joined by &&: `train_gpt.py --check` with those settings first (settings, input files,
+    GPUs, in one process, as run.sh does), so a bad machine gives one line, not torchrun's report."""
     kind, env = r.data.split(" ", 1)[0], []
     for token in shlex.split(r.overrides):
         key, _, value = token.partition("=")
@@ -850,7 +1214,9 @@ def reproduce_command(r: Run, seeds: list[int]) -> str:
                 value = value.replace("*", f"00000[1-{r.train_file_count}]", 1)  # the shards the run cycled over
         env.append(f"{key}={shlex.quote(value)}")
     env.append("SEEDS=" + ",".join(map(str, seeds)))
-    return " ".join(env) + f" torchrun --standalone --nproc_per_node={r.world_size} train_gpt.py"
+    settings = " ".join(env)
+    return [f"{settings} WORLD_SIZE={r.world_size} python train_gpt.py --check &&",
+            f"{settings} torchrun --standalone --nproc_per_node={r.world_size} train_gpt.py"]
 
 
 def reproduce_lines(folder: Path, runs: list[Run]) -> list[str]:
@@ -868,9 +1234,11 @@ def reproduce_lines(folder: Path, runs: list[Run]) -> list[str]:
     else:
         md += [f"The runs read their own data ({r.data}): point TRAIN_FILES / VAL_FILES at yours.", ""]
     md += ["From the repository root, run this folder's `train_gpt.py` in place of the root's (defaults in the "
-           "file; the logs echo every hyperparameter); `git checkout train_gpt.py` puts main's back:", "", "```bash",
+           "file; the logs echo every hyperparameter); `git checkout train_gpt.py` puts main's back. "
+           "`--check` first checks the settings, the input files and the GPUs in one process, so a machine "
+           "that cannot run it says why in one line:", "", "```bash",
            *([prepare[1]] if prepare else []), f"cp records/{folder.name}/train_gpt.py train_gpt.py",
-           reproduce_command(r, seeds), "```"]
+           *reproduce_command(r, seeds), "```"]
     if kind != "FineWeb" or r.world_size != 8 or r.mode != "full-batch":
         md += ["", f"**Not a FineWeb 8-GPU result**: every number above is {kind} data, {r.mode}, {r.hardware}."]
     return md
@@ -905,7 +1273,7 @@ def cmd_diff(args) -> int:
 
 
 def cmd_table(args) -> int:
-    table = make_table(args.root / "records")
+    table = make_table(args.root / "records", args.root)
     if not (args.write or args.check):
         sys.stdout.write(table)
         return 0
@@ -985,7 +1353,7 @@ def ablation_table(runs: list[Run], baseline: str = "defaults") -> str:
 
 
 def cmd_ablation(args) -> int:
-    runs = scored_by_final_windows([parse_log(p) for p in args.logs], args.final_windows)
+    runs = scored_by_final_windows([parse_log(p, repo=args.root) for p in args.logs], args.final_windows)
     sys.stdout.write(ablation_table(runs, args.baseline))
     return 0
 
@@ -1006,11 +1374,17 @@ def largest_difference(a: Run, b: Run, kind: str, steps: list[int]) -> tuple[flo
     return abs(la[step] - lb[step]), step
 
 
-def check_noise_pair(a: Run, b: Run) -> None:
-    """Refuse a --noise pair that is not two runs of one configuration (run_id and log_dir aside)."""
-    ha, hb = ({k: v for k, v in r.hyperparameters.items() if k not in ("run_id", "log_dir")} for r in (a, b))
+def check_noise_pair(a: Run, b: Run, option: str = "--noise") -> None:
+    """Refuse a pair of noise runs that are not runs of one configuration: for --noise, run_id and log_dir
+    aside (the same seed: the nondeterminism floor); for --repeats, the seeds aside too (repeats of one
+    configuration with different seeds are a seed-noise floor)."""
+    free = ("run_id", "log_dir") + (("seed", "seeds") if option == "--repeats" else ())
+    ha, hb = ({k: v for k, v in r.hyperparameters.items() if k not in free} for r in (a, b))
     differ = sorted(k for k in ha.keys() | hb.keys() if ha.get(k) != hb.get(k))
     differ += [attr for attr in ("hardware", "mode", "world_size") if getattr(a, attr) != getattr(b, attr)]
+    if differ and option == "--repeats":
+        raise RecordsError(f"--repeats logs {a.path} and {b.path} differ in {', '.join(differ)}: the repeats must be "
+                           "runs of one configuration (they may differ only in seed, seeds, run_id and log_dir)")
     if differ:
         raise RecordsError(f"--noise logs {a.path} and {b.path} differ in {', '.join(differ)}: "
                            "the noise floor needs two runs of one configuration")
@@ -1037,13 +1411,14 @@ def comparison(runs: list[Run], noise: list[tuple[Run, Run]], kinds: list[str],
     loss over the steps every log has, judged against the same difference between the --noise pairs
     (repeats of one configuration: the nondeterminism floor) or, without them, against the tolerance.
     With repeats (--repeats), every run is a candidate measured against each repeat, the noise pairs
-    are all pairs of repeats, and a candidate's difference is the median over the repeats: a run of
+    are all pairs of repeats (which may differ in their seeds: a seed-noise floor), and a candidate's
+    difference is the median over the repeats: a run of
     the repeats' own distribution lies as far from them as they lie from each other, whichever
     repeat happens to be the outlier."""
     if repeats:
         noise = list(itertools.combinations(repeats, 2))
     for a, b in noise:
-        check_noise_pair(a, b)
+        check_noise_pair(a, b, "--repeats" if repeats else "--noise")
     logs = runs + [r for pair in noise for r in pair]
     if "train" in kinds:
         for r in logs:
@@ -1096,10 +1471,10 @@ def planned_last_step(run: Run) -> int:
     return stop_after if type(stop_after) is int and stop_after > 0 else run.total
 
 
-def parse_finished_log(path) -> Run:
+def parse_finished_log(path, repo: Path | None = None) -> Run:
     """A log that reached its planned last step: a complete run, or one stopped early on purpose
     (STOP_AFTER, which validates there); an interrupted run is refused in one line."""
-    run = parse_log(path, complete=False)
+    run = parse_log(path, complete=False, repo=repo)
     if not run.total:
         raise RecordsError(f"{run.path}: incomplete run: no step lines (it stopped before its first step)")
     planned = planned_last_step(run)
@@ -1119,9 +1494,9 @@ def cmd_compare(args) -> int:
             raise RecordsError("--repeats needs at least two runs of one configuration (three make a sturdier floor)")
     elif len(args.logs) < 2:
         raise RecordsError("give at least two logs: the base and one to compare with it (or --repeats LOGS...)")
-    runs = [parse_finished_log(p) for p in args.logs]
-    noise = [(parse_finished_log(a), parse_finished_log(b)) for a, b in args.noise or []]
-    repeats = [parse_finished_log(p) for p in args.repeats] if args.repeats is not None else None
+    runs = [parse_finished_log(p, args.root) for p in args.logs]
+    noise = [(parse_finished_log(a, args.root), parse_finished_log(b, args.root)) for a, b in args.noise or []]
+    repeats = [parse_finished_log(p, args.root) for p in args.repeats] if args.repeats is not None else None
     kinds = [args.only] if args.only else list(LOSS_KINDS)
     report, ok = comparison(runs, noise, kinds, args.tolerance, repeats)
     sys.stdout.write(report)
@@ -1161,7 +1536,7 @@ def stage_report(run: Run) -> list[str]:
 
 
 def cmd_stages(args) -> int:
-    runs = [parse_log(p, complete=False) for p in args.logs]
+    runs = [parse_log(p, complete=False, repo=args.root) for p in args.logs]
     for run in runs:
         print("\n".join(stage_report(run)))
     return 0
@@ -1175,7 +1550,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--root", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("stats", parents=[common], help="statistics.md and val_loss.png for a folder of logs")
-    s.add_argument("dir", help="folder holding the *.txt logs")
+    s.add_argument("dir", help="folder holding the *.txt logs (full, slim or xz-compressed as *.txt.xz)")
     s.add_argument("--target", type=float,
                    help=f"val loss target of the t-test (default: the existing statistics.md's, else {DEFAULT_TARGET})")
     s.add_argument("--baseline", help="folder of baseline logs for Welch's t-tests, e.g. the previous record "
@@ -1217,9 +1592,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("logs", nargs="+", help="TRAIN_LOSS_EVERY=1 logs, complete or stopped early with STOP_AFTER "
                                            "(not interrupted ones); the first is the base, unless --repeats")
     c.add_argument("--repeats", nargs="+", metavar="LOG",
-                   help="repeated runs of the reference configuration (e.g. 1 GPU, same seed): each log is "
-                        "compared with every repeat, judged by the median difference against the largest "
-                        "difference between two repeats")
+                   help="repeated runs of the reference configuration (e.g. 1 GPU; the same seed for the "
+                        "nondeterminism floor, different seeds for a seed-noise floor): each log is compared with "
+                        "every repeat, judged by the median difference against the largest difference between two "
+                        "repeats")
     c.add_argument("--noise", nargs=2, action="append", metavar=("LOG_A", "LOG_B"),
                    help="two runs of one configuration (same seed): their largest difference is the noise floor "
                         "the others are judged against; repeat for more pairs (the largest counts)")
@@ -1232,6 +1608,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="ms/step of each stage of the logged stage table, and the train time, per log")
     g.add_argument("logs", nargs="+", help="run logs (*.txt), complete or stopped early (STOP_AFTER, interrupted)")
     g.set_defaults(func=cmd_stages)
+    sl = sub.add_parser("slim", parents=[common],
+                        help="replace the train_gpt.py source embedded in logs by a line naming its git commit and "
+                             "blob (where git has that text), in place; `full` restores them")
+    sl.add_argument("paths", nargs="+", metavar="PATH",
+                    help="logs, .tar.xz archives of logs, or folders (their *.txt, *.out, *.log and *.tar.xz files, "
+                         "searched down; record folders keep full logs)")
+    sl.set_defaults(func=cmd_slim)
+    fu = sub.add_parser("full", parents=[common], help="rebuild the byte-exact original of slim logs from git, in place")
+    fu.add_argument("paths", nargs="+", metavar="PATH", help="slim logs, .tar.xz archives of logs, or folders")
+    fu.add_argument("--stdout", action="store_true", help="write the one log's original to stdout, leaving the file")
+    fu.set_defaults(func=cmd_full)
     return p
 
 

@@ -1,5 +1,6 @@
 """Tests for records/tool.py on synthetic logs written per the train_gpt.py log format (CPU, fast)."""
 import importlib.util
+import io
 import json
 import math
 import re
@@ -80,7 +81,7 @@ def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None
             loss = final_loss if step == total else final_loss + 5.0 * (1 - step / total)
             lines.append(T.step_line(step, total, ms, val_loss=loss))
             if unmasked is not None:
-                lines.append(T.unmasked_val_line(step, total, loss + unmasked))
+                lines.append(unmasked_val_line(step, total, loss + unmasked))
         if step < last:  # train_loss(step): the loss logged after step + 1 (TRAIN_LOSS_EVERY=1)
             lines.append(T.step_line(step + 1, total, ms_at(step + 1),
                                      train_loss=train_loss(step + 1) if train_loss else None))
@@ -91,6 +92,12 @@ def make_log(path, final_loss, final_ms, *, total=100, val_every=25, run_id=None
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def unmasked_val_line(step, total, val_loss):
+    """The legacy VAL_MASK=1 line (train_gpt.py wrote it after each validation until validation masking
+    was removed): old logs keep it, and the tool still reads it."""
+    return f"unmasked step:{step}/{total} val_loss:{val_loss:.4f}"
 
 
 def make_logs(folder, losses, times_s, **kw):
@@ -215,8 +222,14 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
 def test_the_log_format_is_train_gpts():
     """The tool parses with train_gpt.py's patterns (no copies of its own); the step pattern reads
     each field of what step_line writes, a line with both losses included."""
-    for name in ("LOG_SEPARATOR", "STEP_LINE_RE", "PEAK_MEMORY_RE", "FINAL_WINDOWS_RE", "DESCRIPTION_RE"):
+    for name in ("LOG_SEPARATOR", "STEP_LINE_RE", "PEAK_MEMORY_RE", "FINAL_WINDOWS_RE", "DESCRIPTION_RE", "LOG_NUMBER"):
         assert getattr(tool, name) is getattr(T, name)
+    # the legacy VAL_MASK pattern is the tool's own (train_gpt.py no longer writes those lines)
+    m = tool.UNMASKED_VAL_RE.match(unmasked_val_line(1285, 1285, 3.6317))
+    assert (m["step"], m["total"], m["val_loss"]) == ("1285", "1285", "3.6317")
+    assert tool.UNMASKED_VAL_RE.match("unmasked step:5/9 val_loss:nan") and not tool.UNMASKED_VAL_RE.match(
+        "unmasked step:5/9 val_loss:3.6 x")
+    assert tool.UNMASKED_VAL_RE is not getattr(T, "UNMASKED_VAL_RE", None)
     for stale in ("SEP", "SEP_RE", "VAL_RE", "TRAIN_RE", "PEAK_RE", "DESC_RE", "NUM"):
         assert not hasattr(tool, stale)
     m = tool.STEP_LINE_RE.match(T.step_line(12, 20, 1234.4, val_loss=3.25, train_loss=3.5))
@@ -286,6 +299,56 @@ def test_stats_report_the_loss_without_validation_masking(tmp_path, capsys):
     assert "without" not in (tmp_path / "plain" / "statistics.md").read_text()
 
 
+def with_passes(path, *passes, files=3):
+    """Add the loader's `data: starting pass N over M train files` lines (N in passes) to a log."""
+    lines = "".join(f"data: starting pass {n} over {files} train files\n" for n in passes)
+    path.write_text(path.read_text().replace("Resetting model\n", "Resetting model\n" + lines))
+    return path
+
+
+def test_stats_warns_about_runs_that_read_their_data_more_than_once(tmp_path, capsys):
+    logs = make_logs(tmp_path, [3.27, 3.28, 3.275], [180.0, 181.0, 182.0])
+    with_passes(logs[0], 2, 3)
+    with_passes(logs[2], 2, files=6)
+    assert tool.parse_log(logs[0]).data_passes == 3 and tool.parse_log(logs[1]).data_passes == 1
+    assert run_tool("stats", tmp_path, "--no-plot") == 0
+    out, md = capsys.readouterr().out, (tmp_path / "statistics.md").read_text()
+    assert [ln for ln in out.splitlines() if "repeated data" in ln] == [
+        f"warning: repeated data: {logs[0]} read its training data more than once (it started pass 3 over its 3 train files)",
+        f"warning: repeated data: {logs[2]} read its training data more than once (it started pass 2 over its 6 train files)"]
+    assert [ln for ln in md.splitlines() if "repeated data" in ln] == [
+        "- Warning: repeated data: run0.txt read its training data more than once (it started pass 3 over its 3 train files)",
+        "- Warning: repeated data: run2.txt read its training data more than once (it started pass 2 over its 6 train files)"]
+    make_logs(tmp_path / "once", [3.27, 3.28], [180.0, 181.0])
+    assert run_tool("stats", tmp_path / "once", "--no-plot") == 0
+    assert "repeated data" not in capsys.readouterr().out + (tmp_path / "once" / "statistics.md").read_text()
+
+
+def test_stats_name_the_time_at_the_loss_target(tmp_path, capsys):
+    """Per run its train time and whether it reached the target; in the summary, the mean train time with
+    how many runs reached the target when the mean val loss does, else that the mean misses it."""
+    make_logs(tmp_path, [3.2750, 3.2800, 3.2860], [180.0, 181.0, 185.0])
+    assert run_tool("stats", tmp_path, "--target", 3.28, "--no-plot") == 0
+    out, md = capsys.readouterr().out, (tmp_path / "statistics.md").read_text()
+    line = "- time at loss <= 3.28: not reached: mean val 3.2803 misses the target by 0.0003 (2 of 3 runs reached it; " \
+           "mean train time 182.000 s)"
+    assert line in out.splitlines() and line in md.splitlines()
+    assert ["- run0.txt: train time 180.000 s, final val loss 3.2750 <= 3.28 (reached)",
+            "- run1.txt: train time 181.000 s, final val loss 3.2800 <= 3.28 (reached)",
+            "- run2.txt: train time 185.000 s, final val loss 3.2860 > 3.28 (missed)"] == out.splitlines()[1:4]
+    assert "| final val loss | train time (s) | val loss <= 3.28 | steps |" in md
+    assert "| run1 | [run1.txt](run1.txt) | 3.2800 | 181.000 | yes | 100 |" in md
+    assert "| run2 | [run2.txt](run2.txt) | 3.2860 | 185.000 | no | 100 |" in md
+    assert run_tool("stats", tmp_path, "--target", 3.2805, "--no-plot") == 0
+    line = "- time at loss <= 3.2805: mean train time 182.000 s (2 of 3 runs reached it); mean val 3.2803"
+    assert line in capsys.readouterr().out.splitlines() and line in (tmp_path / "statistics.md").read_text().splitlines()
+    logs = make_logs(tmp_path / "logs", [3.2750, 3.2790], [180.0, 181.0])  # new writes it into the record's README
+    assert run_tool("--root", tmp_path, "new", "Fast", *logs, "--date", "2025-02-03") == 0
+    readme = (tmp_path / "records" / "2025-02-03_Fast" / "README.md").read_text()
+    assert "- time at loss <= 3.28: mean train time 180.500 s (2 of 2 runs reached it); mean val 3.2770\n" in readme
+    assert "| 3.2790 | 181.000 | yes | 100 |" in readme
+
+
 def test_stats_single_run_says_needs_two(tmp_path, capsys):
     make_logs(tmp_path, [3.27], [180.0])
     assert run_tool("stats", tmp_path, "--no-plot") == 0
@@ -334,7 +397,8 @@ def test_stats_keeps_the_target_baseline_and_plot_choice_of_the_existing_statist
     assert run_tool("--root", tmp_path, "stats", new, "--target", 3.3) == 0  # a given option wins, and says so
     out, md = capsys.readouterr().out, (new / "statistics.md").read_text()
     assert f"note: {new / 'statistics.md'} was made with --target 3.279; now 3.3" in out
-    assert "(lines added or removed: 4; git diff shows them)" in out
+    # changed: the command, the t-test, the time at the target, the table's target column and run3's cell
+    assert "(lines added or removed: 10; git diff shows them)" in out
     assert "--target 3.3 --baseline records/2025-01-01_Base --no-plot`" in md and "< 3.3: t = " in md
 
 
@@ -416,10 +480,77 @@ def test_new_readme_reproduces_proxy_runs_at_the_repository_paths(tmp_path):
     readme = (tmp_path / "records" / "2025-02-03_Proxy" / "README.md").read_text()
     reproduce = readme[readme.index("## Reproduce"):]
     assert "python data/proxy_corpus.py\ncp records/2025-02-03_Proxy/train_gpt.py train_gpt.py\n" in reproduce
-    assert ("TRAIN_FILES='data/proxy/proxy_train_00000[1-3].bin' VAL_FILES='data/proxy/proxy_val_*.bin' "
-            "VAL_TOKENS=3932160 RANK_SLICE=1 SEEDS=1,2 torchrun --standalone --nproc_per_node=1 train_gpt.py") in reproduce
+    settings = ("TRAIN_FILES='data/proxy/proxy_train_00000[1-3].bin' VAL_FILES='data/proxy/proxy_val_*.bin' "
+                "VAL_TOKENS=3932160 RANK_SLICE=1 SEEDS=1,2")
+    assert (f"{settings} WORLD_SIZE=1 python train_gpt.py --check &&\n"
+            f"{settings} torchrun --standalone --nproc_per_node=1 train_gpt.py\n```") in reproduce
     assert "/tmp/" not in reproduce
     assert "**Not a FineWeb 8-GPU result**: every number above is proxy data, rank-slice, 1x NVIDIA H100" in reproduce
+
+
+def test_new_names_a_run_stopped_early_by_stop_after(tmp_path, capsys):
+    """A STOP_AFTER=N run is not truncated: it stopped where it was told to, and a record needs the whole
+    schedule; stats says the same. An interrupted run is still a truncated one."""
+    stopped = make_log(tmp_path / "logs" / "stop.txt", 3.6, 8_000, total=100, val_every=25, stop_after=40)
+    assert run_tool("--root", tmp_path, "new", "Stopped", stopped, "--date", "2025-02-03") == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {stopped}: the run was stopped early by STOP_AFTER=40 after 40 of 100 steps; a record needs "
+                   "the whole schedule (compare and stages read stopped runs)\n")
+    assert "truncated" not in err and not (tmp_path / "records").exists()
+    assert run_tool("stats", tmp_path / "logs", "--no-plot") == 2
+    assert "stopped early by STOP_AFTER=40 after 40 of 100 steps" in capsys.readouterr().err
+    cut = make_log(tmp_path / "cut" / "cut.txt", 3.6, 8_000, total=100, val_every=25, stop_after=40, truncate_after_step=30)
+    with pytest.raises(tool.RecordsError, match=r"cut\.txt:\d+: truncated run: no final validation line \(last step 30/100\)"):
+        tool.parse_log(cut)
+
+
+def reproduce_block(readme):
+    """The bash lines of a README's Reproduce section."""
+    section = readme[readme.index("## Reproduce"):]
+    return section[section.index("```bash\n") + len("```bash\n"):section.index("\n```", section.index("```bash"))]
+
+
+@pytest.mark.parametrize("check_fails", [True, False])
+def test_new_readme_reproduce_checks_the_machine_before_torchrun(tmp_path, check_fails):
+    """The Reproduce block runs `train_gpt.py --check` with the runs' settings before torchrun: a machine
+    that cannot run them stops there with the check's one line; else torchrun runs with the same settings.
+    (python and torchrun are stand-ins on PATH that print their arguments and settings.)"""
+    logs = [make_log(tmp_path / "logs" / f"s{seed}.txt", 3.27, 180000, seed=seed, world_size=8,
+                     overrides=f"MUON_LR=0.03 RANK_SLICE=0 SEED={seed} RUN_ID=x") for seed in (1, 2)]
+    assert run_tool("--root", tmp_path, "new", "Checked", *logs, "--date", "2025-02-03") == 0
+    block = reproduce_block((tmp_path / "records" / "2025-02-03_Checked" / "README.md").read_text()).splitlines()
+    assert block[-2:] == ["MUON_LR=0.03 RANK_SLICE=0 SEEDS=1,2 WORLD_SIZE=8 python train_gpt.py --check &&",
+                          "MUON_LR=0.03 RANK_SLICE=0 SEEDS=1,2 torchrun --standalone --nproc_per_node=8 train_gpt.py"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fail = 'echo "error: no CUDA GPU visible"; exit 1' if check_fails else 'echo "settings and inputs ok"'
+    for name, body in (("python", fail), ("torchrun", "true")):
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $* MUON_LR=$MUON_LR SEEDS=$SEEDS WORLD_SIZE=$WORLD_SIZE"\n{body}\n')
+        (bin_dir / name).chmod(0o755)
+    res = subprocess.run(["bash", "-c", "\n".join(block[-2:])], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, check=False)
+    check = "python train_gpt.py --check MUON_LR=0.03 SEEDS=1,2 WORLD_SIZE=8"
+    if check_fails:
+        assert (res.returncode, res.stdout) == (1, f"{check}\nerror: no CUDA GPU visible\n")
+    else:
+        assert res.returncode == 0 and res.stdout == (f"{check}\nsettings and inputs ok\ntorchrun --standalone "
+                                                      "--nproc_per_node=8 train_gpt.py MUON_LR=0.03 SEEDS=1,2 WORLD_SIZE=\n")
+
+
+def test_committed_records_reproduce_blocks_check_before_torchrun():
+    """Each record's Reproduce block checks the machine before torchrun, with the torchrun line's settings:
+    `train_gpt.py --check` where the record's script has it, and a GPU check where that one does not."""
+    for readme in sorted((REPO / "records").glob("20*_*/README.md")):
+        block = reproduce_block(readme.read_text()).splitlines()
+        run = next(i for i, ln in enumerate(block) if " torchrun " in ln)
+        settings = block[run][:block[run].index(" torchrun ")]
+        checks = block[block.index(f"cp records/{readme.parent.name}/train_gpt.py train_gpt.py") + 1:run]
+        assert checks and all(ln.endswith(" &&") for ln in checks), readme
+        script = (readme.parent / "train_gpt.py").read_text()
+        if '["--check"]' in script:
+            assert checks[0] == f"{settings} WORLD_SIZE=1 python train_gpt.py --check &&", readme
+        if "check_gpus(hp, world_size)" not in script:  # no GPU check in its --check (V5-V7) or no --check (V1-V4)
+            assert checks[-1].startswith('python -c "import sys, torch; torch.cuda.is_available() or sys.exit('), readme
 
 
 def test_new_refuses_mixed_sources(tmp_path, capsys):
@@ -854,6 +985,28 @@ def test_compare_judges_each_run_against_every_repeat_by_the_median(tmp_path, ca
     assert "--repeats needs at least two runs" in capsys.readouterr().err
 
 
+def test_compare_takes_repeats_of_different_seeds_as_a_seed_noise_floor(tmp_path, capsys):
+    """--repeats of one configuration with different seeds (a seed-noise floor) are accepted; repeats of
+    two configurations are refused in one line that names --repeats and what differs."""
+    kw = dict(total=8, val_every=4, mode="full-batch", world_size=1, grad_accum=8)
+    repeats = [make_log(tmp_path / f"seed{seed}.txt", 3.6, 8_000, seed=seed, overrides=f"SEED={seed}",
+                        train_loss=lambda s, seed=seed: 10.0 - s + 0.01 * seed * (s == 3), **kw) for seed in (1, 2, 3)]
+    candidate = make_log(tmp_path / "two.txt", 3.6, 4_000, seed=4, train_loss=lambda s: 10.0 - s + 0.015 * (s == 3), **kw)
+    assert run_tool("compare", candidate, "--repeats", *repeats) == 0
+    out = capsys.readouterr().out
+    assert f"| noise: {repeats[0]} vs {repeats[2]} | full-batch, world 1, accumulation 8 | 8 | 1000.00 | 0.0200 (3) |" in out
+    assert f"{candidate} (median over 3 repeats): train loss within noise (0.0050 <= 0.0200)" in out
+    assert out.endswith("all within noise\n")
+    other = make_log(tmp_path / "capped.txt", 3.6, 8_000, seed=5, gpu_memory_gib=70.0, train_loss=lambda s: 10.0 - s, **kw)
+    assert run_tool("compare", candidate, "--repeats", *repeats, other) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"error: --repeats logs {repeats[0]} and {other} differ in gpu_memory_gib: the repeats "
+                                 "must be runs of one configuration (they may differ only in seed, seeds, run_id and "
+                                 "log_dir)\n")
+    assert run_tool("compare", repeats[0], candidate, "--noise", repeats[0], repeats[1]) == 2  # --noise: one seed
+    assert "--noise logs" in capsys.readouterr().err
+
+
 def test_compare_refuses_a_noise_pair_of_two_configurations(tmp_path, capsys):
     logs = equivalence_logs(tmp_path, candidate=(2, 0.001))
     other_seed = make_log(tmp_path / "seed1.txt", 3.6, 8_000, total=8, val_every=4, mode="full-batch", world_size=1,
@@ -922,3 +1075,207 @@ def test_shipped_equivalence_experiment_passes_with_its_readme_command(capsys, m
     monkeypatch.chdir(REPO)
     assert run_tool(*command.split()[2:]) == 0, capsys.readouterr().out
     assert capsys.readouterr().out.endswith("all within tolerance\n")
+
+
+# ------------------------------------------------------------------ slim logs
+
+SOURCE_V2 = SOURCE + "# the second version\n"
+SOURCE_OLD = SOURCE + "# only ever in a record folder\n"
+
+
+def git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com",
+                           "-c", "commit.gpgsign=false", *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A git repository (the --root of these tests) whose history has train_gpt.py as SOURCE, then as
+    SOURCE_V2 at the root, and SOURCE_OLD only as a record folder's copy."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q")
+    (root / "train_gpt.py").write_text(SOURCE)
+    git(root, "add", "train_gpt.py")
+    git(root, "commit", "-q", "-m", "first")
+    (root / "train_gpt.py").write_text(SOURCE_V2)
+    (root / "records" / "2025-01-01_Old").mkdir(parents=True)
+    (root / "records" / "2025-01-01_Old" / "train_gpt.py").write_text(SOURCE_OLD)
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "second")
+    (root / "train_gpt.py").write_text(SOURCE + "# not committed\n")
+    return root
+
+
+def stub(repo, commit, path="train_gpt.py"):
+    blob = git(repo, "rev-parse", f"{commit}:{path}")
+    return (f"source: {path} at commit {git(repo, 'rev-parse', commit)} (blob {blob}); python records/tool.py full "
+            "<this log> restores it\n").encode()
+
+
+def test_slim_logs_name_their_source_by_commit_and_blob_and_full_restores_them(repo, capsys):
+    logs = {name: make_log(repo / "logs" / f"{name}.txt", 3.27, 80_000, source=source)
+            for name, source in (("first", SOURCE), ("second", SOURCE_V2), ("old", SOURCE_OLD))}
+    original = {name: p.read_bytes() for name, p in logs.items()}
+    runs = {name: tool.parse_log(p) for name, p in logs.items()}
+    assert run_tool("--root", repo, "slim", *logs.values()) == 0
+    out = capsys.readouterr().out
+    assert out.endswith("slim: 3 log(s) slimmed "
+                        f"({sum(map(len, original.values()))} -> {sum(p.stat().st_size for p in logs.values())} bytes), "
+                        "0 kept full (source in no commit), 0 slim already\n")
+    sep = T.LOG_SEPARATOR.encode() + b"\n"
+    for name, commit, path in (("first", "HEAD~1", "train_gpt.py"), ("second", "HEAD", "train_gpt.py"),
+                               ("old", "HEAD", "records/2025-01-01_Old/train_gpt.py")):
+        slim = logs[name].read_bytes()
+        assert slim.startswith(stub(repo, commit, path) + sep)  # the oldest commit with that text
+        assert slim[len(stub(repo, commit, path)):] == original[name][original[name].index(sep):]
+        assert tool.parse_log(logs[name], repo=repo) == runs[name]  # source included, read from git
+    assert run_tool("--root", repo, "slim", repo / "logs") == 0  # a folder; nothing left to do
+    assert capsys.readouterr().out == "slim: 0 log(s) slimmed (0 -> 0 bytes), 0 kept full (source in no commit), 3 slim already\n"
+    assert run_tool("--root", repo, "full", logs["first"], "--stdout") == 0
+    assert capsys.readouterr().out == original["first"].decode()
+    assert logs["first"].read_bytes() != original["first"]  # --stdout leaves the file as it is
+    assert run_tool("--root", repo, "full", repo / "logs") == 0
+    assert capsys.readouterr().out.endswith("full: 3 log(s) restored, 0 full already\n")
+    assert {name: p.read_bytes() for name, p in logs.items()} == original
+
+
+def test_commands_read_slim_logs_as_their_full_originals(repo, capsys):
+    """stats, compare, stages, ablation and new give the same results on slim logs as on the full ones;
+    new writes the full logs into the record folder."""
+    kw = dict(total=8, val_every=4, train_loss=lambda s: 10.0 - s, schedule=(6, [0.5, 0.5]))
+    for folder in ("fullcopy", "slimcopy"):
+        for i, overrides in enumerate(("SEED=1", "SEED=2", "SEED=1 XSA=0")):
+            make_log(repo / folder / f"run{i}.txt", 3.6 + 0.01 * i, 8_000 + 100 * i, overrides=overrides,
+                     seed=int(overrides[5]), **kw)
+    assert run_tool("--root", repo, "slim", repo / "slimcopy") == 0
+    assert all((repo / "slimcopy" / f"run{i}.txt").read_bytes().startswith(b"source: ") for i in range(3))
+    capsys.readouterr()
+    results = {}
+    for folder in ("fullcopy", "slimcopy"):
+        logs = [repo / folder / f"run{i}.txt" for i in range(3)]
+        for argv in (("stages", *logs), ("compare", *logs), ("ablation", *logs), ("compare", logs[2], "--repeats", *logs[:2]),
+                     ("stats", repo / folder, "--no-plot")):
+            assert run_tool("--root", repo, *argv) in (0, 1)
+            results.setdefault(folder, []).append(capsys.readouterr().out.replace(folder, "X"))
+        results[folder].append((repo / folder / "statistics.md").read_text().replace(folder, "X"))
+    assert results["slimcopy"] == results["fullcopy"]
+    assert "ms/step" in results["fullcopy"][0] and "time at loss <= 3.28" in results["fullcopy"][-1]
+    slim_logs = [repo / "slimcopy" / f"run{i}.txt" for i in range(2)]
+    assert run_tool("--root", repo, "new", "FromSlim", *slim_logs, "--date", "2025-02-03") == 0
+    record = repo / "records" / "2025-02-03_FromSlim"
+    assert (record / "train_gpt.py").read_text() == SOURCE
+    for i in range(2):
+        assert (record / f"run{i}.txt").read_bytes() == (repo / "fullcopy" / f"run{i}.txt").read_bytes()
+
+
+def test_a_log_whose_source_is_in_no_commit_stays_full(repo, capsys):
+    log = make_log(repo / "logs" / "dirty.txt", 3.27, 80_000, source=(repo / "train_gpt.py").read_text())
+    before = log.read_bytes()
+    assert run_tool("--root", repo, "slim", log) == 0
+    out = capsys.readouterr().out.splitlines()
+    blob = tool.blob_id((repo / "train_gpt.py").read_bytes())
+    assert out == [(f"kept full {log}: its train_gpt.py source (blob {blob}) is in no commit of the history of "
+                    f"{repo}, so git cannot rebuild it"),
+                   "slim: 0 log(s) slimmed (0 -> 0 bytes), 1 kept full (source in no commit), 0 slim already"]
+    assert log.read_bytes() == before
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    (lambda text, blob: text.replace(blob, blob[:-1] + ("0" if blob[-1] != "0" else "1")),
+     ("its source stub names blob {bad}, which the git repository at {repo} does not have (a corrupted stub, or a "
+      "shallow clone: `git fetch --unshallow`)")),
+    (lambda text, blob: text.replace(" (blob ", " (blob  ", 1),
+     ("1: corrupted source stub 'source: train_gpt.py at commit {commit} (blob  {blob}); python records/tool.py full "
+      "<this log> restores it': expected 'source: train_gpt.py at commit <40 hex> (blob <40 hex>); python "
+      "records/tool.py full <this log> restores it'")),
+    (lambda text, blob: text.replace(blob, blob[:20], 1), "1: corrupted source stub 'source: train_gpt.py at commit "),
+])
+def test_a_corrupted_stub_is_one_error_line(repo, capsys, corrupt, message):
+    log = make_log(repo / "logs" / "a.txt", 3.27, 80_000, source=SOURCE)
+    assert run_tool("--root", repo, "slim", log) == 0
+    commit, blob = git(repo, "rev-parse", "HEAD~1"), tool.blob_id(SOURCE.encode())
+    text = log.read_text()
+    log.write_text(corrupt(text, blob))
+    bad = re.search(r"\(blob +([0-9a-f]*)", log.read_text())[1]
+    expected = f"error: {log}: " if not message.startswith("1:") else f"error: {log}:"
+    for argv in (("stats", log.parent, "--no-plot"), ("full", log), ("stages", log)):
+        assert run_tool("--root", repo, *argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(expected + message.format(bad=bad, repo=repo, commit=commit, blob=blob)) and err.count("\n") == 1
+    # a stub whose commit has another train_gpt.py than its blob
+    log.write_text(text.replace(commit, git(repo, "rev-parse", "HEAD")))
+    assert run_tool("--root", repo, "stages", log) == 2
+    assert capsys.readouterr().err == (f"error: {log}: corrupted source stub: commit {git(repo, 'rev-parse', 'HEAD')} has "
+                                       f"no train_gpt.py with blob {blob} in the git repository at {repo}\n")
+
+
+def test_xz_compressed_logs_are_read_as_the_logs_they_hold(tmp_path, capsys):
+    """A log kept full (its source in no commit) may be xz-compressed: stats and the parser read run.txt.xz
+    as run.txt (which wins when both are there); a damaged one is one error line."""
+    import lzma
+    logs = make_logs(tmp_path, [3.27, 3.28], [180.0, 181.0])
+    run = tool.parse_log(logs[1])
+    packed = logs[1].with_name("run1.txt.xz")
+    packed.write_bytes(lzma.compress(logs[1].read_bytes()))
+    assert tool.parse_log(packed) == replace_path(run, packed)
+    assert [r.path.name for r in tool.load_runs(tmp_path)] == ["run0.txt", "run1.txt"]
+    logs[1].unlink()
+    assert [r.path.name for r in tool.load_runs(tmp_path)] == ["run0.txt", "run1.txt.xz"]
+    assert run_tool("stats", tmp_path, "--no-plot") == 0
+    assert "| run1 | [run1.txt.xz](run1.txt.xz) | 3.2800 |" in (tmp_path / "statistics.md").read_text()
+    packed.write_bytes(packed.read_bytes()[:-20])
+    assert run_tool("stages", packed) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {packed}: cannot decompress log: ") and err.count("\n") == 1
+
+
+def replace_path(run, path):
+    import dataclasses
+    return dataclasses.replace(run, path=path)
+
+
+def test_slim_and_full_archives_keep_their_members(repo, capsys):
+    """A .tar.xz of logs is repacked with the same members (names, order, modes, times); the logs whose
+    source git has are slim in it, the others as they were; full restores every member's bytes."""
+    import tarfile
+    work = repo / "work"
+    files = {"a.txt": make_log(work / "a.txt", 3.27, 80_000, source=SOURCE).read_bytes(),
+             "sub/b.txt": make_log(work / "b.txt", 3.28, 80_000, source=SOURCE + "# dirty\n").read_bytes(),
+             "notes.out": b"not a log\n" + T.LOG_SEPARATOR.encode() + b"\n"}
+    archive = repo / "exp" / "logs.tar.xz"
+    archive.parent.mkdir()
+    with tarfile.open(archive, "w:xz", format=tarfile.GNU_FORMAT) as tar:
+        for i, (name, data) in enumerate(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 1_700_000_000 + i, 0o640 + i
+            tar.addfile(info, io.BytesIO(data))
+
+    def members():
+        with tarfile.open(archive) as tar:
+            return [((m.name, m.mtime, m.mode), tar.extractfile(m).read()) for m in tar.getmembers()]
+
+    meta = [m for m, _ in members()]
+    assert run_tool("--root", repo, "slim", repo / "exp") == 0
+    out = capsys.readouterr().out
+    assert f"kept full {archive}:sub/b.txt: its train_gpt.py source" in out and f"slimmed {archive}: 1 of its 3 files" in out
+    slim = members()
+    assert [m for m, _ in slim] == meta
+    assert slim[0][1] == stub(repo, "HEAD~1") + files["a.txt"][files["a.txt"].index(T.LOG_SEPARATOR.encode()):]
+    assert [data for _, data in slim[1:]] == [files["sub/b.txt"], files["notes.out"]]
+    assert run_tool("--root", repo, "full", archive) == 0
+    assert f"restored {archive}: 1 of its 3 files" in capsys.readouterr().out
+    assert members() == list(zip(meta, files.values()))
+
+
+def test_slim_leaves_record_folders_full(repo, capsys):
+    log = make_log(repo / "records" / "2025-02-01_Rec" / "run0.txt", 3.27, 80_000, source=SOURCE)
+    other = make_log(repo / "records" / "experiments" / "2025-02-01_Exp" / "run0.txt", 3.27, 80_000, source=SOURCE)
+    before = log.read_bytes()
+    assert run_tool("--root", repo, "slim", repo / "records") == 0
+    out = capsys.readouterr().out
+    assert f"kept full {(repo / 'records' / '2025-02-01_Rec').resolve()}: record folders keep full logs" in out
+    assert log.read_bytes() == before and other.read_bytes().startswith(b"source: ")
+    assert run_tool("--root", repo, "slim", log) == 2
+    assert capsys.readouterr().err == (f"error: {log}: a log of the record 2025-02-01_Rec; record folders keep full "
+                                       "logs\n")
