@@ -2,8 +2,9 @@
 
     torchrun --standalone --nproc_per_node=8 train_gpt.py      # also 1, 2 or 4 GPUs (same math)
 
-Read top-down: config (every hyperparameter, the stage table), model, optimizer, data, schedule and
-training, then the fast paths (Triton kernels, each beside its torch reference). Every field of
+Read top-down: config (every hyperparameter, the stage table), model, optimizer, the n-gram table, data,
+schedule (with the log's lines and the settings' checks), the CUDA graphs of a step, training, the processes
+and main(), then the fast paths (Triton kernels, each beside its torch reference). Every field of
 `Hyperparameters` is overridable by the environment variable of the same name in upper case (e.g.
 `VAL_LOSS_EVERY=125`). Comments cite the techniques by section of docs/TECHNIQUES.md (T3.4) and by
 the number of the NanoGPT-speedrun record that introduced them (#62).
@@ -136,8 +137,8 @@ def replace_stage_columns(stages: tuple[Stage, ...], **columns: tuple) -> tuple[
     """The table with whole columns replaced, e.g. batch_tokens=(2048, 4096, 4096, 4096); `fraction`
     takes an entry for every row but the extension."""
     names = stage_names(stages)
-    taper_hint = "; TAPER_FRACTION=0 removes the taper row" if any(stage.taper for stage in stages) else \
-        "; TAPER_FRACTION>0 adds a taper row"
+    tapered = any(stage.taper for stage in stages)
+    taper_hint = "; TAPER_FRACTION=0 removes the taper row" if tapered else "; TAPER_FRACTION>0 adds a taper row"
     for name, values in columns.items():
         if name not in ("fraction", *STAGE_COLUMNS):
             raise SetupError(f"unknown stage column {name!r} (one of fraction, {', '.join(STAGE_COLUMNS)})")
@@ -2188,8 +2189,9 @@ def prefix_token_ids(token_bytes: dict[int, bytes], vocab_size: int) -> Tensor:
         table[i] = next((id_of[b[:n]] for n in range(len(b) - 1, 0, -1) if b[:n] in id_of), -1)
     return torch.tensor(table, dtype=torch.long)
 
+
 # =============================================================================================
-# Schedule and training
+# Schedule, logs and checks
 # =============================================================================================
 
 
@@ -2550,7 +2552,9 @@ def check_narrow_qk_layers(model: ModelConfig):
                          f"DC-MHA (T3.17) needs full-width Q/K heads: leave them wide")
 
 
-# --- CUDA graphs of the training step (#92, T5.3) ------------------------------------------------
+# =============================================================================================
+# CUDA graphs of the training step (#92, T5.3)
+# =============================================================================================
 
 
 class CudaGraph:
@@ -2780,6 +2784,23 @@ class StepGraphs:
         """Set each parameter's .grad to its static gradient of key's graphs."""
         for name, grad in self.steps[key].grads.items():
             self.params[name].grad = grad
+
+
+# =============================================================================================
+# Training
+# =============================================================================================
+
+
+def step_runner(hp: Hyperparameters, device: torch.device) -> tuple[bool, str]:
+    """Whether the timed steps replay CUDA graphs (T5.3), and the log's words for what runs them and why: the
+    graphs need a CUDA device, CUDA_GRAPHS=1 and the warm-up that captures them (WARMUP=1)."""
+    if not hp.execution.cuda_graphs:
+        return False, "eager steps (CUDA_GRAPHS=0)"
+    if device.type != "cuda":
+        return False, f"eager steps (CUDA graphs need a CUDA device, not {device.type})"
+    if not hp.run.warmup:
+        return False, "eager steps (the warm-up captures the CUDA graphs, and WARMUP=0 skips it)"
+    return True, "CUDA graphs of each step's forward and backward, captured in the warm-up (T5.3)"
 
 
 class Trainer:
@@ -3182,16 +3203,9 @@ class Trainer:
             torch.cuda.synchronize()
 
 
-def step_runner(hp: Hyperparameters, device: torch.device) -> tuple[bool, str]:
-    """Whether the timed steps replay CUDA graphs (T5.3), and the log's words for what runs them and why: the
-    graphs need a CUDA device, CUDA_GRAPHS=1 and the warm-up that captures them (WARMUP=1)."""
-    if not hp.execution.cuda_graphs:
-        return False, "eager steps (CUDA_GRAPHS=0)"
-    if device.type != "cuda":
-        return False, f"eager steps (CUDA graphs need a CUDA device, not {device.type})"
-    if not hp.run.warmup:
-        return False, "eager steps (the warm-up captures the CUDA graphs, and WARMUP=0 skips it)"
-    return True, "CUDA graphs of each step's forward and backward, captured in the warm-up (T5.3)"
+# =============================================================================================
+# Processes and the entry point
+# =============================================================================================
 
 
 def check_world_size(hp: Hyperparameters, world_size: int):
@@ -3316,9 +3330,10 @@ def open_run_log(hp: Hyperparameters, rank: int, world_size: int, device: torch.
         log(f.read().rstrip("\n") + "\n" + LOG_SEPARATOR, console=False)
     log(environment_report() + "\n" + LOG_SEPARATOR, console=False)
     hardware = f"{world_size}x {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"
-    capped = [f"gpu_memory: the allocator capped at {hp.run.gpu_memory_gib:g} GiB of "
-              f"{torch.cuda.get_device_properties(device).total_memory / 2**30:.1f} (GPU_MEMORY_GIB)"] \
-        if hp.run.gpu_memory_gib > 0 else []
+    capped = []
+    if hp.run.gpu_memory_gib > 0:
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        capped.append(f"gpu_memory: the allocator capped at {hp.run.gpu_memory_gib:g} GiB of {total:.1f} (GPU_MEMORY_GIB)")
     log("\n".join([f"run_id: {hp.run.run_id}", f"hardware: {hardware}", *capped,
                    f"mode: {'rank-slice' if hp.run.rank_slice else 'full-batch'}", f"world_size: {world_size}",
                    f"grad_accum_steps: {grad_accum_steps(hp, world_size)}", f"data: {data_label(hp.data)}",
