@@ -4,10 +4,11 @@ backward median time, compiled like training, at the three stages' tokens per ra
 - xsa:   gated XSA on one layer (docs/TECHNIQUES.md T3.13; the model runs it on 4 layers)
 - dc:    lightweight DC-MHA on one layer, 112-key window (T3.17; layer 10 only), the Triton
          kernels (the default on CUDA) and the blocked torch form
-- model: the whole model's forward + backward (without the lm_head) at stage 3: the defaults,
-         with DC_MHA=0, and with XSA and DC-MHA off; three compiles, a few minutes
 
-    python bench/bench_arch.py [--tokens 16384,32768,49152] [--model-tokens 49152 | 0] [--dc-warps 4,8]
+Both are always on in the model (XSA and DC_MHA are no longer settings), so what they cost is timed
+here, one layer at a time.
+
+    python bench/bench_arch.py [--tokens 16384,32768,49152] [--dc-warps 4,8]
 
 Correctness of each piece against its definition is checked first (tests/model/test_architecture.py
 and tests/kernels/test_dc_mha_kernels.py hold the full checks). Prints a table last.
@@ -16,7 +17,6 @@ import argparse
 import os
 import sys
 
-import numpy as np
 import torch
 import triton.testing
 
@@ -83,35 +83,9 @@ def piece_rows(tokens, dc_warps):
     return rows
 
 
-def model_rows(tokens):
-    base = T.Hyperparameters.of(fp8_lm_head=False)
-    schedule = T.Schedule(base.schedule)
-    shape = schedule.plan(schedule.stage_starts[2]).shape
-    rows = []
-    variants = [("defaults (DC_MHA=1, Triton kernels)", {}), ("DC_MHA=0", dict(dc_mha=False)),
-                ("XSA, DC off", dict(xsa=False, dc_mha=False))]
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 50257, (tokens,), generator=g).int().cuda()
-    lengths = np.full(tokens // 512, 512)  # documents within every stage's max_seq_len
-    cu = torch.tensor(T.cu_seqlens_for(list(lengths), tokens, T.max_docs_per_batch(tokens)), device="cuda")
-    for name, switches in variants:
-        hp = base.replace(**switches)
-        # bf16 throughout, as the model rows always ran: the training forward's e4m3 products off
-        execution = T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), tokens, training=False)
-        torch.manual_seed(0)
-        model = T.GPT(hp.model, T.longest_forward(hp)).cuda()
-        hidden = torch.compile(model.hidden_states, dynamic=False, fullgraph=True)
-        rows.append((f"model: {name}", tokens, bench(hidden, (ids, cu, shape, execution))))
-        print(*rows[-1], flush=True)
-        del model, hidden
-        torch.cuda.empty_cache()
-    return rows
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default="16384,32768,49152", help="tokens per rank for the pieces")
-    parser.add_argument("--model-tokens", type=int, default=49152, help="tokens per rank for the model rows (0: none)")
     parser.add_argument("--dc-warps", default="", help="also time the DC-MHA kernels all at these warps, e.g. 4,8")
     args = parser.parse_args()
     rows = []
@@ -119,8 +93,6 @@ def main():
         for row in piece_rows(tokens, [int(w) for w in args.dc_warps.split(",") if w]):
             rows.append(row)
             print(*row, flush=True)
-    if args.model_tokens:
-        rows += model_rows(args.model_tokens)
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}: forward + backward, median wall ms "
           "and GPU kernel ms (profiler)")
     print(f"| {'what':<28} | {'tokens':>6} | {'wall ms':>8} | {'GPU ms':>8} |\n|---|---:|---:|---:|")

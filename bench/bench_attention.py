@@ -4,13 +4,15 @@ For every stage: tokens per rank and max_seq_len from the stage table, documents
 loader packs them (lengths drawn lognormal with mean --mean-doc tokens, each truncated to
 max_seq_len, the last cut to fit, padded cu_seqlens), and each (layer kind, window) the model runs:
 plain layers (6 heads over T tokens) and paired-head layers (3 heads over the doubled sequence 2T,
-same window in positions). Per backend: forward and forward+backward medians (triton do_bench), the
-relative error of out, dq, dk, dv against torch's varlen attention, then the attention time of one
-training step (the model's 10 attention layers) per stage.
+same window in positions). Per backend (ATTENTION_BACKEND's: fa4, flex, sdpa): forward and
+forward+backward medians (triton do_bench), the relative error of out, dq, dk, dv against flex
+attention (compiled, as the model compiles it: the reference and auto's fallback where FA4 does not
+run), then the attention time of one training step (the model's attention layers) per stage. SDPA
+takes a dense (S, S) mask: only on request, and only at small stages.
 
-    python bench/bench_attention.py                     # every stage, every backend available
+    python bench/bench_attention.py                     # every stage, flex and FA4 where it runs
     python bench/bench_attention.py --quick             # stage 3 only
-    python bench/bench_attention.py --backends varlen,fa4 --stages 1,3
+    python bench/bench_attention.py --backends flex,fa4 --stages 1,3
 """
 import argparse
 import collections
@@ -38,12 +40,7 @@ def bench(fn):
 
 
 def available_backends():
-    backends = ["varlen"]
-    if T.fa4_runs_here("cuda"):
-        backends.append("fa4")
-    if T.flash_attn_varlen_func is not None:
-        backends.append("fa3")
-    return backends
+    return ["flex", "fa4"] if T.fa4_runs_here("cuda") else ["flex"]
 
 
 def document_lengths(tokens, max_seq_len, mean_doc, rng):
@@ -70,7 +67,7 @@ def problem(tokens, max_seq_len, paired, cu_seqlens, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     S, H = (2 * tokens, HEADS // 2) if paired else (tokens, HEADS)
     doc_ids = torch.searchsorted(cu_seqlens, torch.arange(tokens, device="cuda", dtype=torch.int32), right=True)
-    args = T.AttnArgs(cu_seqlens, doc_ids, max_seq_len, "varlen", {})
+    args = T.AttnArgs(cu_seqlens, doc_ids, max_seq_len, "flex", {})
     args = args.doubled() if paired else args
     # q carries the softmax scale as in the model (QK-norm, attn_scale ~0.1-0.2); bf16 like training
     q = (torch.randn(S, H, HEAD_DIM, device="cuda", generator=g) * 0.15).bfloat16()
@@ -80,16 +77,18 @@ def problem(tokens, max_seq_len, paired, cu_seqlens, seed=0):
 
 
 def measure(qkv, grad_out, args, window, backend):
-    """(fwd ms, fwd+bwd ms, [out, dq, dk, dv]) of one backend."""
-    args = dataclasses.replace(args, backend=backend)
+    """(fwd ms, fwd+bwd ms, [out, dq, dk, dv]) of one backend. Flex attention compiled, as inside the
+    model's compiled step (eager, it would materialize every score); FA4's custom ops and SDPA eager."""
+    args = dataclasses.replace(args, backend=backend, block_masks={})
+    attend = torch.compile(T.attend, dynamic=False, fullgraph=True) if backend == "flex" else T.attend
     leaves = [t.clone().requires_grad_() for t in qkv]
 
     def forward():
         with torch.no_grad():
-            return T.attend(*qkv, args, window)
+            return attend(*qkv, args, window)
 
     def forward_backward():
-        T.attend(*leaves, args, window).backward(grad_out)
+        attend(*leaves, args, window).backward(grad_out)
 
     forward_backward()
     results = [forward(), *(t.grad.clone() for t in leaves)]
@@ -102,13 +101,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", default="1,2,3,4", help="stage rows, 1-based (4: the extension)")
     parser.add_argument("--quick", action="store_true", help="stage 3 only")
-    parser.add_argument("--backends", default=None, help="comma-separated; default: varlen and what is installed")
+    parser.add_argument("--backends", default=None, help="comma-separated (fa4, flex, sdpa); default: flex, and fa4 "
+                        "where it runs")
     parser.add_argument("--mean-doc", type=float, default=1000.0, help="mean document length in tokens")
     parser.add_argument("--seed", type=int, default=0)
     cli = parser.parse_args()
     stages = [3] if cli.quick else [int(s) for s in cli.stages.split(",")]
     chosen = cli.backends.split(",") if cli.backends else available_backends()
-    backends = ["varlen"] + [b for b in chosen if b != "varlen"]  # varlen first: the numerical reference
+    backends = ["flex"] + [b for b in chosen if b != "flex"]  # flex first: the numerical reference
+    for name in ("recompile_limit", "cache_size_limit"):  # flex: three graphs per shape and window (the first
+        if hasattr(torch._dynamo.config, name):  # call makes its block mask; no_grad); the name since and before 2.6
+            setattr(torch._dynamo.config, name, 128)
     print(f"# attention backends on {torch.cuda.get_device_name()} (torch {torch.__version__}); "
           f"documents lognormal, mean {cli.mean_doc:.0f} tokens")
     print("| stage | tokens | docs | layer kind | window | backend | fwd ms | fwd+bwd ms | "
@@ -136,7 +139,8 @@ def main():
                 total = totals.setdefault((index, backend), [0.0, 0.0])
                 total[0] += layers * fwd
                 total[1] += layers * fwd_bwd
-    print("\n# attention per training step (one rank, the model's 10 attention layers)")
+    attention_layers = len(T.ModelConfig().attention_layers)
+    print(f"\n# attention per training step (one rank, the model's {attention_layers} attention layers)")
     print("| stage | backend | fwd ms | fwd+bwd ms |")
     print("|---|---|---|---|")
     for (index, backend), (fwd, fwd_bwd) in totals.items():

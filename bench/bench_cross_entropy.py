@@ -61,36 +61,42 @@ def previous_formulation(logits, targets, weights):
     return (ce * weights * valid).sum()
 
 
+def kernel_rows(tokens, args, ref_closed_form, ref_autograd):
+    """Section (a)'s rows at one token count. Its problem's tensors are freed when it returns (a function per
+    size rather than `del` in the loop: the timed lambdas close over them)."""
+    rows = []
+    logits, targets, weights = problem(tokens)
+    check = slice(0, 2048)  # rows are independent: a slice against the float64 reference
+    for grad_dtype, grad_mul in ((torch.float8_e5m2, 1 / T.FP8_GRAD_SCALE), (torch.bfloat16, 1.0)):
+        ref = T.softcap_ce_reference(logits[check].double(), targets[check], weights, grad_mul, torch.float64)
+        for warps, per_sm, fast in itertools.product(args.num_warps, args.programs_per_sm, args.fast_tanh):
+            config = dict(num_warps=warps, programs=per_sm * T._sm_count(logits.device), fast_tanh=bool(fast))
+            out = T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, **config)
+            errors = [rel(out[0][check], ref[0]), rel(out[1][check], ref[1]),
+                      rel(out[2][check].float(), ref[2].float())]
+            ms = bench(lambda: T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, **config))
+            floor = tokens * V * (2 + out[2].element_size()) / HBM_BYTES_PER_MS
+            rows.append((tokens, targets.size(1), str(grad_dtype).split(".")[1], warps, per_sm, fast, ms,
+                         floor, *errors))
+            del out
+    ms_closed = bench(lambda: ref_closed_form(logits, targets, weights, 1.0, torch.bfloat16))
+    leaf = logits.clone().requires_grad_()
+
+    def autograd_step():
+        leaf.grad = None
+        ref_autograd(leaf, targets, weights).backward()
+    ms_autograd = bench(autograd_step)
+    rows.append((tokens, targets.size(1), "compiled closed-form reference (bf16 grad)", ms_closed))
+    rows.append((tokens, targets.size(1), "compiled autograd, previous formulation", ms_autograd))
+    return rows
+
+
 def section_kernel(args):
     ref_closed_form = torch.compile(T.softcap_ce_reference, dynamic=False, fullgraph=True)
     ref_autograd = torch.compile(previous_formulation, dynamic=False, fullgraph=True)
     rows = []
     for tokens in args.tokens:
-        logits, targets, weights = problem(tokens)
-        check = slice(0, 2048)  # rows are independent: a slice against the float64 reference
-        for grad_dtype, grad_mul in ((torch.float8_e5m2, 1 / T.FP8_GRAD_SCALE), (torch.bfloat16, 1.0)):
-            ref = T.softcap_ce_reference(logits[check].double(), targets[check], weights, grad_mul, torch.float64)
-            for warps, per_sm, fast in itertools.product(args.num_warps, args.programs_per_sm, args.fast_tanh):
-                config = dict(num_warps=warps, programs=per_sm * T._sm_count(logits.device),
-                              fast_tanh=bool(fast))
-                out = T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, **config)
-                errors = [rel(out[0][check], ref[0]), rel(out[1][check], ref[1]),
-                          rel(out[2][check].float(), ref[2].float())]
-                ms = bench(lambda: T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, **config))
-                floor = tokens * V * (2 + out[2].element_size()) / HBM_BYTES_PER_MS
-                rows.append((tokens, targets.size(1), str(grad_dtype).split(".")[1], warps, per_sm, fast, ms,
-                             floor, *errors))
-                del out
-        ms_closed = bench(lambda: ref_closed_form(logits, targets, weights, 1.0, torch.bfloat16))
-        leaf = logits.clone().requires_grad_()
-
-        def autograd_step():
-            leaf.grad = None
-            ref_autograd(leaf, targets, weights).backward()
-        ms_autograd = bench(autograd_step)
-        rows.append((tokens, targets.size(1), "compiled closed-form reference (bf16 grad)", ms_closed))
-        rows.append((tokens, targets.size(1), "compiled autograd, previous formulation", ms_autograd))
-        del logits, leaf
+        rows += kernel_rows(tokens, args, ref_closed_form, ref_autograd)
         torch.cuda.empty_cache()
     print("\n(a) fused kernel, median ms (floor: logits read + gradient write at 3.0 TB/s; errors against float64,"
           " the gradient's include its rounding to e5m2 / bf16)")
@@ -106,55 +112,63 @@ def section_kernel(args):
                   f"{floor:6.3f} | {gbs:6.0f} | {e0:.1e} | {e1:.1e} | {e2:.1e}")
 
 
+def lm_head_rows(tokens):
+    """Section (b)'s rows and (b')'s pieces at one token count, its tensors freed when it returns (a function per
+    size rather than `del` in the loop: the timed closures read them)."""
+    rows, parts = [], []
+    _, targets, weights = problem(tokens)
+    x = T.norm(torch.randn(tokens, D, device="cuda")).bfloat16().requires_grad_()
+    w = (torch.randn(V, D, device="cuda") * 0.05).bfloat16().requires_grad_()
+    results = {}
+    for fp8 in (False, True):
+        step = torch.compile(lambda x, w, t, wt: T.lm_head_softcap_ce(x, w, t, wt, 0.5, fp8=fp8),
+                             dynamic=False, fullgraph=True)
+
+        def run():
+            x.grad = w.grad = None
+            loss, ce0 = step(x, w, targets, weights)
+            loss.backward()
+            return loss, ce0
+        loss, ce0 = run()
+        results[fp8] = (loss.detach(), ce0, x.grad.clone(), w.grad.clone())
+        ms = bench(run)
+        # bytes per logit: bf16 logits written and read (4), then the gradient: bf16 written, read by dx
+        # and dW (6); e5m2 written, read by dx, transposed (read + write), read by dW (5)
+        traffic = tokens * V * (4 + (5 if fp8 else 6))
+        gemm_tflop = 3 * 2 * tokens * V * D / 1e12
+        rows.append((tokens, "fp8" if fp8 else "bf16", ms, traffic / HBM_BYTES_PER_MS, gemm_tflop / ms * 1e3))
+    errors = [rel(a, b) for a, b in zip(results[True], results[False])]
+    rows.append((tokens, "fp8 vs bf16 rel. error: loss {:.1e} ce0 {:.1e} dx {:.1e} dW {:.1e}".format(*errors)))
+    # FP8 pieces, each alone
+    with torch.no_grad():
+        quantize = torch.compile(lambda x, w: (T.to_e4m3(x, T.FP8_X_SCALE), T.to_e4m3(w, T.FP8_W_SCALE)))
+        x8, w8 = quantize(x, w)
+        sx, sw, sg = (T._scale_tensor(v, x.device) for v in (T.FP8_X_SCALE, T.FP8_W_SCALE, T.FP8_GRAD_SCALE * 0.5))
+        logits = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16, use_fast_accum=True)
+        g8 = T.softcap_ce(logits, targets, weights, 1 / T.FP8_GRAD_SCALE, torch.float8_e5m2)[2]
+        w8t, g8t, x8t = T.transpose_copy(w8), T.transpose_copy(g8), T.transpose_copy(x8)
+        pieces = [
+            ("quantize x, W (compiled)", lambda: quantize(x, w)),
+            ("logits = x8·W8ᵀ", lambda: torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw,
+                                                        out_dtype=torch.bfloat16, use_fast_accum=True)),
+            ("fused CE (e5m2 grad)", lambda: T.softcap_ce(logits, targets, weights, 1 / T.FP8_GRAD_SCALE,
+                                                           torch.float8_e5m2)),
+            ("transpose g8", lambda: T.transpose_copy(g8)),
+            ("transpose x8, W8", lambda: (T.transpose_copy(x8), T.transpose_copy(w8))),
+            ("dx = g8·W8", lambda: torch._scaled_mm(g8, w8t.t(), scale_a=sg, scale_b=sw, out_dtype=torch.bfloat16)),
+            ("dW = g8ᵀ·x8", lambda: torch._scaled_mm(g8t, x8t.t(), scale_a=sg, scale_b=sx,
+                                                     out_dtype=torch.bfloat16)),
+        ]
+        parts += [(tokens, name, bench(fn)) for name, fn in pieces]
+    return rows, parts
+
+
 def section_lm_head(args):
     rows, parts = [], []
     for tokens in args.tokens:
-        _, targets, weights = problem(tokens)
-        x = T.norm(torch.randn(tokens, D, device="cuda")).bfloat16().requires_grad_()
-        w = (torch.randn(V, D, device="cuda") * 0.05).bfloat16().requires_grad_()
-        results = {}
-        for fp8 in (False, True):
-            step = torch.compile(lambda x, w, t, wt: T.lm_head_softcap_ce(x, w, t, wt, 0.5, fp8=fp8),
-                                 dynamic=False, fullgraph=True)
-
-            def run():
-                x.grad = w.grad = None
-                loss, ce0 = step(x, w, targets, weights)
-                loss.backward()
-                return loss, ce0
-            loss, ce0 = run()
-            results[fp8] = (loss.detach(), ce0, x.grad.clone(), w.grad.clone())
-            ms = bench(run)
-            # bytes per logit: bf16 logits written and read (4), then the gradient: bf16 written, read by dx
-            # and dW (6); e5m2 written, read by dx, transposed (read + write), read by dW (5)
-            traffic = tokens * V * (4 + (5 if fp8 else 6))
-            gemm_tflop = 3 * 2 * tokens * V * D / 1e12
-            rows.append((tokens, "fp8" if fp8 else "bf16", ms, traffic / HBM_BYTES_PER_MS, gemm_tflop / ms * 1e3))
-        errors = [rel(a, b) for a, b in zip(results[True], results[False])]
-        rows.append((tokens, "fp8 vs bf16 rel. error: loss {:.1e} ce0 {:.1e} dx {:.1e} dW {:.1e}".format(*errors)))
-        # FP8 pieces, each alone
-        with torch.no_grad():
-            quantize = torch.compile(lambda x, w: (T.to_e4m3(x, T.FP8_X_SCALE), T.to_e4m3(w, T.FP8_W_SCALE)))
-            x8, w8 = quantize(x, w)
-            sx, sw, sg = (T._scale_tensor(v, x.device) for v in (T.FP8_X_SCALE, T.FP8_W_SCALE, T.FP8_GRAD_SCALE * 0.5))
-            logits = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16, use_fast_accum=True)
-            g8 = T.softcap_ce(logits, targets, weights, 1 / T.FP8_GRAD_SCALE, torch.float8_e5m2)[2]
-            w8t, g8t, x8t = T.transpose_copy(w8), T.transpose_copy(g8), T.transpose_copy(x8)
-            pieces = [
-                ("quantize x, W (compiled)", lambda: quantize(x, w)),
-                ("logits = x8·W8ᵀ", lambda: torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw,
-                                                            out_dtype=torch.bfloat16, use_fast_accum=True)),
-                ("fused CE (e5m2 grad)", lambda: T.softcap_ce(logits, targets, weights, 1 / T.FP8_GRAD_SCALE,
-                                                               torch.float8_e5m2)),
-                ("transpose g8", lambda: T.transpose_copy(g8)),
-                ("transpose x8, W8", lambda: (T.transpose_copy(x8), T.transpose_copy(w8))),
-                ("dx = g8·W8", lambda: torch._scaled_mm(g8, w8t.t(), scale_a=sg, scale_b=sw, out_dtype=torch.bfloat16)),
-                ("dW = g8ᵀ·x8", lambda: torch._scaled_mm(g8t, x8t.t(), scale_a=sg, scale_b=sx,
-                                                         out_dtype=torch.bfloat16)),
-            ]
-            parts += [(tokens, name, bench(fn)) for name, fn in pieces]
-            del logits, g8, g8t
-        del x, w
+        more_rows, more_parts = lm_head_rows(tokens)
+        rows += more_rows
+        parts += more_parts
         torch.cuda.empty_cache()
     print("\n(b) lm_head + loss forward+backward (compiled), median ms")
     print(f"{'T':>6} {'path':>5} | {'ms':>7} | {'bytes floor':>11} | 3 GEMMs' FLOP / time (TFLOP/s)")
@@ -168,20 +182,26 @@ def section_lm_head(args):
         print(f"{tokens:>6} {name:>28} | {ms:7.3f}")
 
 
+def transpose_rows(tokens, blocks):
+    """Section (c)'s rows at one token count, its tensors freed when it returns."""
+    rows = []
+    src = (torch.randn(tokens, V, device="cuda") * 100).to(torch.float8_e5m2)
+    expected = src.view(torch.uint8).t().contiguous()
+    for block in blocks:
+        bm, bn = (int(v) for v in block.split("x"))
+        for warps in (4, 8):
+            out = T.transpose_copy(src, block_m=bm, block_n=bn, num_warps=warps)
+            ok = torch.equal(out.view(torch.uint8), expected)
+            ms = bench(lambda: T.transpose_copy(src, block_m=bm, block_n=bn, num_warps=warps))
+            rows.append((tokens, block, warps, ms, 2 * tokens * V / HBM_BYTES_PER_MS, ok))
+            del out
+    return rows
+
+
 def section_transpose(args):
     rows = []
     for tokens in args.tokens:
-        src = (torch.randn(tokens, V, device="cuda") * 100).to(torch.float8_e5m2)
-        expected = src.view(torch.uint8).t().contiguous()
-        for block in args.transpose_blocks:
-            bm, bn = (int(v) for v in block.split("x"))
-            for warps in (4, 8):
-                out = T.transpose_copy(src, block_m=bm, block_n=bn, num_warps=warps)
-                ok = torch.equal(out.view(torch.uint8), expected)
-                ms = bench(lambda: T.transpose_copy(src, block_m=bm, block_n=bn, num_warps=warps))
-                rows.append((tokens, block, warps, ms, 2 * tokens * V / HBM_BYTES_PER_MS, ok))
-                del out
-        del src, expected
+        rows += transpose_rows(tokens, args.transpose_blocks)
         torch.cuda.empty_cache()
     print("\n(c) transpose copy of the (T, 50304) e5m2 gradient, median ms (floor: read + write at 3.0 TB/s)")
     print(f"{'T':>6} {'block':>8} {'warps':>5} | {'ms':>7} | {'floor':>6} | exact")
@@ -199,33 +219,39 @@ def zipf_targets(tokens, device="cuda"):
                                                                                            device=device)
 
 
+def sampled_rows(tokens, candidates):
+    """Section (d)'s rows at one token count, its tensors freed when it returns."""
+    rows = []
+    targets, weights = zipf_targets(tokens)
+    distinct = targets[targets >= 0].unique().numel()
+    x = T.norm(torch.randn(tokens, D, device="cuda")).bfloat16().requires_grad_()
+    w = (torch.randn(V, D, device="cuda") * 0.05).bfloat16().requires_grad_()
+    step = torch.zeros((), dtype=torch.long, device="cuda")
+    for budget in [0, *candidates]:
+        if budget:
+            loss_fn = torch.compile(lambda x, w, t, wt, budget=budget: T.sampled_lm_head_softcap_ce(
+                x, w, t, wt, budget, step, 0.5, fp8=True)[:2], dynamic=False, fullgraph=True)
+        else:
+            loss_fn = torch.compile(lambda x, w, t, wt: T.lm_head_softcap_ce(x, w, t, wt, 0.5, fp8=True),
+                                    dynamic=False, fullgraph=True)
+
+        def run():
+            x.grad = w.grad = None
+            step.add_(1)  # a new sweep each call, as each training step
+            loss_fn(x, w, targets, weights)[0].backward()
+        run()
+        rows.append((tokens, distinct, budget or "full", bench(run)))
+        if budget:
+            candidate_set = torch.compile(T.candidate_set, dynamic=False, fullgraph=True)
+            rows.append((tokens, distinct, f"{budget}: candidate_set alone",
+                         bench(lambda: candidate_set(targets, V, budget, step))))
+    return rows
+
+
 def section_sampled(args):
     rows = []
     for tokens in args.tokens:
-        targets, weights = zipf_targets(tokens)
-        distinct = targets[targets >= 0].unique().numel()
-        x = T.norm(torch.randn(tokens, D, device="cuda")).bfloat16().requires_grad_()
-        w = (torch.randn(V, D, device="cuda") * 0.05).bfloat16().requires_grad_()
-        step = torch.zeros((), dtype=torch.long, device="cuda")
-        for budget in [0, *args.candidates]:
-            if budget:
-                loss_fn = torch.compile(lambda x, w, t, wt, budget=budget: T.sampled_lm_head_softcap_ce(
-                    x, w, t, wt, budget, step, 0.5, fp8=True)[:2], dynamic=False, fullgraph=True)
-            else:
-                loss_fn = torch.compile(lambda x, w, t, wt: T.lm_head_softcap_ce(x, w, t, wt, 0.5, fp8=True),
-                                        dynamic=False, fullgraph=True)
-
-            def run():
-                x.grad = w.grad = None
-                step.add_(1)  # a new sweep each call, as each training step
-                loss_fn(x, w, targets, weights)[0].backward()
-            run()
-            rows.append((tokens, distinct, budget or "full", bench(run)))
-            if budget:
-                candidate_set = torch.compile(T.candidate_set, dynamic=False, fullgraph=True)
-                rows.append((tokens, distinct, f"{budget}: candidate_set alone",
-                             bench(lambda: candidate_set(targets, V, budget, step))))
-        del x, w
+        rows += sampled_rows(tokens, args.candidates)
         torch.cuda.empty_cache()
     print("\n(d) sampled lm_head + loss forward+backward (FP8, compiled; text-like targets), median ms")
     print(f"{'T':>6} {'distinct':>8} {'candidates':>29} | {'ms':>7}")

@@ -104,7 +104,7 @@ def sweep(epilogues, tokens_list, top):
             if (i + 1) % 20 == 0:
                 print(f"  {i + 1}/{len(configs)} done", flush=True)
     cublas = {t: timed(lambda v: v["x"] @ v["fc"].t(), data[t]) for t in tokens_list}
-    print(f"\nbest configs (ms, TFLOP/s); cuBLAS GEMM alone: "
+    print("\nbest configs (ms, TFLOP/s); cuBLAS GEMM alone: "
           + ", ".join(f"T={t} {cublas[t]:.3f} ms {tflops(cublas[t], 1, t):.0f}" for t in tokens_list))
     for epilogue in epilogues:
         timed_configs = {c: ms for (e, c), ms in results.items() if e == epilogue}
@@ -192,7 +192,7 @@ def compare(tokens_list):
         ]
         del data, v
         torch.cuda.empty_cache()
-    print(f"\ndefault configs: " + "; ".join(f"{e} {describe(c)}" for e, c in T.RELU_SQUARE_GEMM_CONFIGS.items()))
+    print("\ndefault configs: " + "; ".join(f"{e} {describe(c)}" for e, c in T.RELU_SQUARE_GEMM_CONFIGS.items()))
     print(f"{'T':>6} | {'variant':<48} | {'ms':>7} | {'TFLOP/s':>7}")
     for t, name, ms, gemms in rows:
         print(f"{t:>6} | {name:<48} | {ms:7.3f} | {tflops(ms, gemms, t):7.0f}")

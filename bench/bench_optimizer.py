@@ -4,7 +4,7 @@ reports communication time and how much of it is exposed (no compute kernel runn
 
     torchrun --standalone --nproc_per_node=2 bench/bench_optimizer.py [out_dir]
 
-Hyperparameters (shapes, optimizer switches) come from the environment like train_gpt.py's.
+Hyperparameters (shapes, optimizer settings) come from the environment like train_gpt.py's.
 """
 import argparse
 import json

@@ -1,10 +1,10 @@
 """The hashed n-gram table's own work per training step (T3.19), without the model: a micro-batch's load
 (hashing, the distinct rows, their gather into the row cache), the keeping of its row gradients, and the
-table's optimizer step (per-row sums of the kept micro-batches, the update), at the stages' tokens per
-micro-batch, on real tokens.
+table's row-wise RMSprop step (per-row sums of the kept micro-batches, the update), at the stages' tokens per
+micro-batch, on real tokens. The calls are train_gpt.NgramTable's own (load, keep_gradient, step).
 
-    python bench/bench_row_tables.py [--rows 10575360] [--optimizer rowwise] [--tokens 16384,32768,49152]
-                                     [--kept 2] [--repeats 20] [--profile]
+    python bench/bench_row_tables.py [--rows 10575360] [--tokens 16384,32768,49152] [--kept 2] [--repeats 20]
+                                     [--profile]
 
 Tokens: the first shard of TRAIN_FILES (the environment of a run, which bench/lease.sh exports), each
 micro-batch a stretch of it further on; without TRAIN_FILES, random ids from a Zipf law over the
@@ -61,14 +61,20 @@ class Clock:
         return result, (time.perf_counter() - start) * 1e3
 
 
-def measure(table: T.LazyRowTable, tokens: np.ndarray, per_batch: int, kept: int, repeats: int,
+def build_table(rows: int, max_tokens: int, device: torch.device, compile: bool = True) -> T.NgramTable:
+    """One process's n-gram table (world size 1) of `rows` rows, all of them allocated with their state, its
+    row cache sized for micro-batches of up to `max_tokens` tokens; the update compiled on a GPU with `compile`."""
+    cfg = T.ModelConfig(ngram_rows=rows)
+    return T.NgramTable(cfg, max_tokens, max_tokens).to(device).shard(T.OptimConfig(), compile=compile)
+
+
+def measure(table: T.NgramTable, tokens: np.ndarray, per_batch: int, kept: int, repeats: int,
             device: torch.device, profile: bool = False) -> dict:
     """Median ms of load, keep and step over `repeats` optimizer steps (after WARMUP), each of `kept`
     micro-batches of `per_batch` consecutive tokens; the distinct rows per micro-batch; with `profile`, the
-    largest kernels of one more repeat. The table's rows and state change as a run's would."""
-    orders = len(table.orders)
-    cache = torch.empty(per_batch * orders, table.weight.size(1), dtype=table.weight.dtype, device=device)
-    inverse = torch.empty(per_batch, orders, dtype=torch.long, device=device)
+    largest kernels of one more repeat. The table's rows and state change as a run's would; the backward's
+    per-row gradient sums are a fixed random tensor of the cache's shape."""
+    cache = table.cache_for(per_batch)
     grad = torch.randn(cache.shape, generator=torch.Generator().manual_seed(0)).mul_(1e-3).to(device, cache.dtype)
     clock = Clock(device)
     loads, keeps, steps, distinct_counts = [], [], [], []
@@ -80,8 +86,8 @@ def measure(table: T.LazyRowTable, tokens: np.ndarray, per_batch: int, kept: int
             start = (batch * per_batch) % (tokens.size - per_batch + 1)
             ids = torch.from_numpy(tokens[start: start + per_batch]).to(device)
             batch += 1
-            distinct, ms_load = clock(lambda: table.load(ids, cache, inverse))
-            _, ms_keep = clock(lambda: table.add_gradient(distinct, grad))
+            distinct, ms_load = clock(lambda: table.load(ids))
+            _, ms_keep = clock(lambda: table.keep_gradient(distinct, grad))
             if record:
                 loads.append(ms_load)
                 keeps.append(ms_keep)
@@ -108,9 +114,9 @@ def measure(table: T.LazyRowTable, tokens: np.ndarray, per_batch: int, kept: int
     return result
 
 
-def table_markdown(results: list[dict], rows: int, optimizer: str, kept: int, source: str) -> str:
-    lines = [f"n-gram table: {rows:,} rows, NGRAM_OPTIMIZER={optimizer}, {kept} micro-batches per optimizer "
-             f"step, tokens: {source}", "",
+def table_markdown(results: list[dict], rows: int, kept: int, source: str) -> str:
+    lines = [f"n-gram table: {rows:,} rows, row-wise RMSprop, {kept} micro-batches per optimizer step, "
+             f"tokens: {source}", "",
              "| tokens per micro-batch | distinct rows | load ms | keep ms | optimizer step ms | ms per step |",
              "|---:|---:|---:|---:|---:|---:|"]
     for r in results:
@@ -122,7 +128,6 @@ def table_markdown(results: list[dict], rows: int, optimizer: str, kept: int, so
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=10_575_360)
-    parser.add_argument("--optimizer", default="rowwise", choices=sorted(T.ROW_OPTIMIZERS))
     parser.add_argument("--tokens", default="16384,32768,49152", help="tokens per micro-batch, comma-separated")
     parser.add_argument("--kept", type=int, default=2, help="micro-batches per optimizer step")
     parser.add_argument("--repeats", type=int, default=20)
@@ -133,12 +138,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     sizes = [int(s) for s in args.tokens.split(",")]
-    hp = T.Hyperparameters.of(ngram_rows=args.rows, ngram_optimizer=args.optimizer)
-    max_steps = len(sizes) * (WARMUP + args.repeats + 1)
-    table = T.NgramTable(hp.model, hp.optim, max_steps, device, compile=not args.eager)
+    table = build_table(args.rows, max(sizes), device, compile=not args.eager)
     train_files = os.environ.get("TRAIN_FILES")
     needed = max(sizes) * args.kept * (WARMUP + args.repeats + 1)
-    tokens = token_source(train_files, needed, hp.model.vocab_size, args.seed)
+    tokens = token_source(train_files, needed, T.ModelConfig().vocab_size, args.seed)
     source = f"the first shard of {train_files}" if train_files else "Zipf(1.2) ids"
     results = [measure(table, tokens, n, args.kept, args.repeats, device, args.profile) for n in sizes]
     for r in results:
@@ -146,7 +149,7 @@ def main(argv=None):
             print(f"\n{r['tokens']:,} tokens per micro-batch, one repeat:\n{r['profile']}")
     label = f"{torch.cuda.get_device_name(device)}" if device.type == "cuda" else "CPU"
     print(f"\n{label}, torch {torch.__version__}")
-    print(table_markdown(results, args.rows, args.optimizer, args.kept, source))
+    print(table_markdown(results, args.rows, args.kept, source))
     return results
 
 

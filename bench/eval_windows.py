@@ -17,8 +17,9 @@ reproduces the run's number.
 Each run's log gets one line per setting after its training lines,
 `final_windows short:6 long:20 yarn:0 val_loss:3.6331` (`... yarn:0 scale:1.05 val_loss:...` with a
 factor), and --out (rank 0) collects them per run
-as JSON. Quality only: guard checks stay on (SKIP_GUARD_CHECKS=0), since the settings compile after
-the warm-up, so the logged step times are not the record's.
+as JSON. Quality only. The settings compile after the warm-up, after which train_gpt.py has dynamo check only
+the guards that tell its graphs apart (T5.2), so that a new window setting would run a graph of another: the
+sweep checks every guard (torch.compiler.set_stance), the training steps run as train_gpt.py runs them.
 """
 import argparse
 import dataclasses
@@ -27,6 +28,7 @@ import os
 import re
 import sys
 
+import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -80,14 +82,18 @@ def evaluate_settings(trainer: "train_gpt.Trainer", settings: list[WindowSetting
     losses = {}
     for setting in settings:
         label, (shape, long_windows) = setting.label(), setting_shape(trainer, setting)
-        trainer.set_long_windows(long_windows)  # the tables and softmax scale; validation_loss keeps them
-        scale = trainer.model.attn_scale  # a buffer the compiled graphs read, so no recompile
-        schedule_scale = scale.item()
-        scale.fill_(schedule_scale * setting.scale_factor)
+        trainer.set_long_windows(long_windows)  # the tables and softmax scales; validation_loss keeps them
+        # buffers the compiled graphs read, so no recompile: the wide Q/K layers' scale and the narrow ones' (T3.18)
+        scales = (trainer.model.attn_scale, trainer.model.narrow_attn_scale)
+        schedule_scales = [scale.item() for scale in scales]
+        for scale, value in zip(scales, schedule_scales):
+            scale.fill_(value * setting.scale_factor)
         try:
-            losses[label] = trainer.validation_loss(shape, long_windows)
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=False):  # a new shape compiles (see above)
+                losses[label] = trainer.validation_loss(shape, long_windows)
         finally:
-            scale.fill_(schedule_scale)
+            for scale, value in zip(scales, schedule_scales):
+                scale.fill_(value)
         trainer.log(train_gpt.final_windows_line(label, losses[label]))
     return losses
 
@@ -100,9 +106,7 @@ def main():
     parser.add_argument("--out", default="", help="JSON of every run's losses per setting (rank 0)")
     args = parser.parse_args()
     settings = parse_settings(args.windows)
-    hp = train_gpt.Hyperparameters.from_env().replace(skip_guard_checks=False)
-    if not hp.schedule.sliding_windows:
-        raise SystemExit("error: SLIDING_WINDOWS=0 attends over whole documents: there are no windows to try")
+    hp = train_gpt.Hyperparameters.from_env()
     train_gpt.check_hyperparameters(hp)
     rank, world_size, device = train_gpt.init_process(hp)
     train_gpt.allow_graph_per_shape()

@@ -1,9 +1,9 @@
 """Communication in real training steps across ranks (issue #24 item 5): per stage, wall ms/step,
 the NCCL kernel time per step and the part of it with no compute kernel running, from a profiler
-trace of rank 0; then the bigram table's gradient exchange, dense against touched rows only.
-An NCCL kernel's time includes its wait for the other ranks (launch-bound steps launch them early),
-so the cost of communication is the wall ms/step against the same steps on one rank
-(--nproc_per_node=1 --share 8: nothing reduced).
+trace of rank 0, with the NCCL time by collective kind (the n-gram table's exchanges with the rows'
+owners, T3.19, are all_to_all: NCCL runs them as SendRecv kernels). An NCCL kernel's time includes its
+wait for the other ranks (launch-bound steps launch them early), so the cost of communication is the
+wall ms/step against the same steps on one rank (--nproc_per_node=1 --share 8: nothing reduced).
 
     torchrun --standalone --nproc_per_node=2 bench/profile_comm.py [--share 8] [--stages 1,2,3]
         [--steps 6] [--synthetic] [--out DIR]
@@ -17,23 +17,14 @@ rank, so at equal bus bandwidth its kernel time grows by (7/8)/((w-1)/w) from w 
 2); the time with no compute running at 8 then lies between the measured one (the growth hides
 behind compute) and that plus the whole growth.
 
-Exchange (with NGRAM_ROWS=0, the bigram table; the default n-gram table exchanges its rows inside the steps,
-T3.19): a rank's bigram-table gradient is nonzero only in the rows its tokens hashed to. Dense:
-reduce_scatter_tensor of the (rows, dim) bf16 table, as the optimizer does. Touched rows only: the
-unique hashed ids of the rank's step, their rows gathered and sent to the rows' owners (all_to_all,
-counts first), summed into the owner's shard with index_add_; median of --repeats, both on the same
-tensors. The all-gather after Adam stays dense either way: Adam's momentum and weight decay move
-every row.
-
-Data: TRAIN_FILES/VAL_FILES as for train_gpt.py (the proxy gives the real touched fraction), or
---synthetic: Zipf-distributed shards written to a temporary directory (timing of the steps does not
-depend on the text; the touched fraction does, so it is reported as synthetic).
+Data: TRAIN_FILES/VAL_FILES as for train_gpt.py, or --synthetic: Zipf-distributed shards written to a
+temporary directory (the timing of the steps hardly depends on the text; the n-gram table's exchanges do,
+through the distinct rows a batch reads, so the table says which data it ran on).
 """
 import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import tempfile
 
@@ -93,63 +84,6 @@ def eight_rank_model(comm_ms: float, exposed_ms: float, world: int) -> tuple[flo
     return comm8, exposed_ms, exposed_ms + (comm8 - comm_ms)
 
 
-def owner_counts(ids: torch.Tensor, rows_per_rank: int, world: int) -> torch.Tensor:
-    """How many of the sorted unique row ids fall in each rank's contiguous shard."""
-    return torch.bincount(torch.div(ids, rows_per_rank, rounding_mode="floor"), minlength=world)
-
-
-def sparse_reduce_scatter(grad, hashed, rows_per_rank: int, world: int, rank: int):
-    """This rank's shard of the summed table gradient, moving only the rows this rank touched."""
-    touched = torch.unique(hashed)  # sorted, so each owner's rows are contiguous
-    send_counts = owner_counts(touched, rows_per_rank, world)
-    recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts)
-    send, recv = send_counts.tolist(), recv_counts.tolist()  # split sizes are host values: one sync
-    rows_out = grad.index_select(0, touched)
-    ids_in = touched.new_empty(sum(recv))
-    rows_in = grad.new_empty((sum(recv), grad.size(1)))
-    dist.all_to_all_single(ids_in, touched, recv, send)
-    dist.all_to_all_single(rows_in, rows_out, recv, send)
-    local = torch.zeros((rows_per_rank, grad.size(1)), dtype=torch.float32, device=grad.device)
-    local.index_add_(0, ids_in - rank * rows_per_rank, rows_in.float())
-    return local.to(grad.dtype), touched.numel()
-
-
-def exchange_bench(model, hashed_batches, world, rank, device, repeats):
-    """Median ms of the dense reduce-scatter and of the touched-rows exchange, per step's ids."""
-    table = model.bigram_embed
-    rows, dim = table.shape
-    rows_per_rank = -(-rows // world)
-    grad = torch.zeros((rows_per_rank * world, dim), dtype=table.dtype, device=device)
-    results = []
-    for stage, hashed in hashed_batches:
-        grad.zero_()
-        grad[hashed] = torch.randn((hashed.numel(), dim), dtype=grad.dtype, device=device)
-        dense_out = grad.new_empty((rows_per_rank, dim))
-
-        def timed(fn):
-            times = []
-            for i in range(repeats + 2):
-                torch.cuda.synchronize()
-                dist.barrier()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                out = fn()
-                end.record()
-                torch.cuda.synchronize()
-                if i >= 2:
-                    times.append(start.elapsed_time(end))
-            return statistics.median(times), out
-
-        dense_ms, _ = timed(lambda: dist.reduce_scatter_tensor(dense_out, grad))
-        sparse_ms, (sparse_out, touched) = timed(
-            lambda: sparse_reduce_scatter(grad, hashed, rows_per_rank, world, rank))
-        error = (sparse_out.float() - dense_out.float()).abs().max().item()
-        results.append(dict(stage=stage, touched=touched, fraction=touched / rows, dense_ms=dense_ms,
-                            sparse_ms=sparse_ms, max_abs_diff=error))
-    return results
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--share", type=int, choices=[0, FULL_WORLD], default=0,
@@ -157,7 +91,6 @@ def main():
     parser.add_argument("--stages", default="1,2,3")
     parser.add_argument("--steps", type=int, default=6, help="timed and profiled steps per stage")
     parser.add_argument("--warmup-steps", type=int, default=2, help="untimed steps per stage after the warm-up")
-    parser.add_argument("--repeats", type=int, default=20, help="exchange timings per variant")
     parser.add_argument("--synthetic", action="store_true", help="Zipf token shards instead of TRAIN_FILES")
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
@@ -181,6 +114,7 @@ def main():
                 dist.broadcast_object_list(shared, 0)
             hp = hp.replace(train_files=shared[0][0], val_files=shared[0][1], val_tokens=4 * hp.data.val_seq_len)
         T.check_hyperparameters(hp)
+        T.check_ngram_rows(hp, world)  # the table's rows per process fit, as main() checks
         T.allow_graph_per_shape()
         trainer = T.Trainer(hp, rank, world, device, T.RunLog(None))
         if args.share:  # before the warm-up, which captures the step's CUDA graphs with these
@@ -198,17 +132,14 @@ def main():
                  "| stage | step | wall ms/step | NCCL ms/step (with waits) | of it, no compute running | "
                  "compute ms/step | by kind (ms/step) | 8 ranks: NCCL | 8 ranks: no compute running |",
                  "|---|---|---|---|---|---|---|---|---|"]
-        hashed_batches = []
-        bigram_table = hasattr(trainer.model, "bigram_embed")  # NGRAM_ROWS=0; by default the n-gram table (T3.19)
 
         def run(step, n):
             """n steps at `step`, Adam on every other one, non-Adam first: as in the run, each Adam step
-            adds the gradient kept from the step before. The warm-up compiles no Adam step without one,
-            and after it the guards are skipped (SKIP_GUARD_CHECKS), so starting on an Adam step (the
-            middle of stage 1 is odd) stopped with "Recompilation triggered"."""
+            adds the gradient kept from the step before (T2.7). The warm-up compiles no Adam step without one,
+            and after it dynamo's guards are skipped (T5.2), so starting on an Adam step (the middle of
+            stage 1 is odd) would need a graph the warm-up did not compile."""
             for i in range(n):
-                adam = i % 2 == 1 or not schedule.config.adam_every_other_step
-                trainer.train_step(dataclasses.replace(schedule.plan(step), adam_step=adam), loader)
+                trainer.train_step(dataclasses.replace(schedule.plan(step), adam_step=i % 2 == 1), loader)
 
         for stage in stages:
             step = stage_step(schedule, stage)
@@ -240,29 +171,10 @@ def main():
                     model8 = f"| {comm8:.2f} | {low:.2f}-{high:.2f} |"
                 lines.append(f"| {stage} | {step} | {wall:.2f} | {comm:.2f} | {exposed:.2f} | {compute:.2f} | "
                              f"{kinds or '-'} {model8}")
-            plan = schedule.plan(step)  # one micro-batch's hashed ids (the loader hands out whole steps)
-            inputs = [loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len)[0]
-                      for _ in range(trainer.grad_accum)]
-            if bigram_table:
-                hashed_batches.append((stage, T.bigram_ids(inputs[0].long(), trainer.model.bigram_embed.size(0))))
-        results = []
-        if world > 1 and bigram_table:
-            results = exchange_bench(trainer.model, hashed_batches, world, rank, device, args.repeats)
-        if rank == 0 and world > 1 and not bigram_table:
-            lines += ["", "The n-gram table (NGRAM_ROWS, T3.19) sends its rows and their gradients to their owners "
-                      "inside the steps above (all_to_all, sizes first); NGRAM_ROWS=0 compares the bigram table's "
-                      "dense reduction with a touched-rows exchange."]
-        if rank == 0 and results:
-            rows, dim = trainer.model.bigram_embed.shape
-            dtype = str(trainer.model.bigram_embed.dtype).split('.')[-1]
-            lines += ["", f"bigram table {rows} x {dim} {dtype}: reduce-scatter of this rank's gradient, "
-                      f"dense vs touched rows only (median of {args.repeats})", "",
-                      "| stage | rows touched by one rank's step | dense ms | touched-rows ms | max abs diff | "
-                      "8 ranks: dense ms (model) |", "|---|---|---|---|---|---|"]
-            for r in results:
-                lines.append(f"| {r['stage']} | {r['touched']} ({100 * r['fraction']:.1f}%) | "
-                             f"{r['dense_ms']:.2f} | {r['sparse_ms']:.2f} | {r['max_abs_diff']:.3g} | "
-                             f"{r['dense_ms'] * scale_to(world):.2f} |")
+        if rank == 0 and world > 1:
+            lines += ["", f"The n-gram table (NGRAM_ROWS={hp.model.ngram_rows}, T3.19) sends its rows and their "
+                      "gradients to their owners inside the steps above: all_to_all of compact lists, sizes first "
+                      "(SendRecv)."]
         if rank == 0:
             text = "\n".join(lines)
             print(text, flush=True)

@@ -14,8 +14,9 @@ source, builds its Trainer for one GPU from the environment as main() does (no p
 nothing logged, no compile warm-up), then for each stage takes the step in the middle of the stage
 (Adam on every other of the repeated steps, as in the run) and runs:
 --warmup-steps untimed steps (compile); where the source plans CUDA graphs of the step (#47: its
-Trainer has step_graphs, on a GPU unless CUDA_GRAPHS=0), the stage's two graphs (Adam and non-Adam
-step) are captured and checked as the run's warm-up does, and the steps after replay them
+Trainer has step_graphs, on a GPU unless CUDA_GRAPHS=0; WARMUP is set to 1 for the Trainer, since this
+warm-up is the child's own), the stage's two graphs (Adam and non-Adam step) are captured and checked
+as the run's warm-up does, and the steps after replay them
 (`--graphs off`: eager steps; `--graphs both`: each source twice, the eager one labelled
 "LABEL eager"); then --steps steps between two synchronizations (wall ms/step, no profiler), the
 same steps under torch.profiler. Every kernel, memcpy and memset is summed by name
@@ -304,6 +305,9 @@ def run_child(args):
 
     hp = module.Hyperparameters.from_env()
     module.check_hyperparameters(hp)
+    if "warmup" in (hp.flat() if hasattr(hp, "flat") else vars(hp)):  # the steps below are the warm-up, and a
+        # source since step_runner() plans its step graphs only with WARMUP=1 (the warm-up captures them)
+        hp = hp.replace(warmup=True) if hasattr(hp, "flat") else dataclasses.replace(hp, warmup=True)
     device_name = setting(hp, "device")
     if device_name == "cuda":
         if not torch.cuda.is_available():
@@ -320,6 +324,8 @@ def run_child(args):
     loader = module.TrainLoader(setting(hp, "train_files"), 0, 1, device, log=lambda _: None, grad_accum=trainer.grad_accum)
     optimizer, schedule = trainer.optimizer, trainer.schedule
     graphs = None if args.no_graphs else getattr(trainer, "step_graphs", None)
+    if graphs is None and hasattr(trainer, "eager_forward_backward"):  # a Trainer that decided on graphs in
+        trainer.forward_backward = trainer.eager_forward_backward  # __init__ (step_runner) steps eagerly here
     if hasattr(schedule, "plan"):
         tokens_per_rank = lambda step: schedule.plan(step).tokens_per_rank  # noqa: E731
         max_seq_len = lambda step: schedule.plan(step).shape.max_seq_len  # noqa: E731

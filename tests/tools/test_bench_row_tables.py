@@ -18,13 +18,12 @@ import train_gpt as T  # noqa: E402
 
 def test_measure_reports_the_distinct_rows_of_each_timed_micro_batch(corpus):
     rows, per_batch, kept, repeats = 3001, 64, 2, 2
-    hp = T.Hyperparameters.of(ngram_rows=rows, ngram_optimizer="rowwise")
     tokens = B.token_source(str(corpus / "tiny_train_*.bin"), per_batch * kept * (B.WARMUP + repeats), 50304, 0)
-    table = T.NgramTable(hp.model, hp.optim, 16, torch.device("cpu"))
+    table = B.build_table(rows, per_batch, torch.device("cpu"))
     result = B.measure(table, tokens, per_batch, kept, repeats, torch.device("cpu"))
     timed = range(B.WARMUP * kept, (B.WARMUP + repeats) * kept)  # the warm-up's micro-batches come first
     expected = [torch.unique(T.ngram_ids(torch.from_numpy(tokens[b * per_batch:(b + 1) * per_batch]), rows,
-                                         hp.model.ngram_orders)).numel() for b in timed]
+                                         T.NGRAM_ORDERS)).numel() for b in timed]
     assert result["distinct_counts"] == expected and 0 < min(expected) < per_batch * 2
     assert table.step_count == B.WARMUP + repeats and table.kept == []
     assert int((table.last_step > 0).sum()) > 0  # the steps moved rows: the table's own update ran

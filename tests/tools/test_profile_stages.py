@@ -304,8 +304,8 @@ def test_sources_resolve_paths_labels_and_git_revisions(tmp_path):
 
 
 def test_child_runs_the_tiny_configuration_on_the_cpu_and_merge_reprints_its_table(tmp_path, corpus):
-    # bf16 matmuls are slow on CPUs: one step per stage, 128 tokens, no value-embedding tables
-    env = tiny_env(tmp_path, corpus, rank_slice=True, stage_batch_tokens=(1024,) * 5, value_embeds=False)
+    # bf16 matmuls are slow on CPUs: one step per stage, 128 tokens, one value-embedding plane (the fewest)
+    env = tiny_env(tmp_path, corpus, rank_slice=True, stage_batch_tokens=(1024,) * 5, value_embed_layers=(1,))
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, SCRIPT, "--steps", "1", "--warmup-steps", "0", "--stages", "3,1",
                            "--out", str(out), "tiny=" + os.path.join(ROOT, "train_gpt.py")],
