@@ -3,7 +3,7 @@ symmetric Triton kernels, each eager and compiled as one graph (as the optimizer
 variant is first checked against a float64 run of the same iteration.
 
     python bench/bench_orthogonalize.py            # variants per shape
-    python bench/bench_orthogonalize.py --method polar_express6_l3e4   # another ORTHOGONALIZERS set
+    python bench/bench_orthogonalize.py --method polar_express6_l3e4   # another set of quintic_maps.MAP_SETS
     python bench/bench_orthogonalize.py --sweep    # launch configurations per kernel and size, then
                                                    # the variants again with the fastest ones
 
@@ -22,6 +22,9 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train_gpt as T  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import quintic_maps as Q  # noqa: E402  the sets of maps (MAP_SETS), beside this file
 
 # (batch, rows, cols): the reference's benchmark shapes, then the banks of one GPU in rank-slice mode (qk, vo, mlp)
 SHAPES = [(24, 768, 768), (24, 3072, 768), (12, 3072, 768), (64, 256, 768),
@@ -46,12 +49,14 @@ def rotating(fn, inputs):
 
 
 def variants(method="polar_express"):
+    """Set `method` through T.orthogonalize with its maps (Q.orthogonalize): torch and Triton, eager and compiled."""
     torch._dynamo.config.recompile_limit = 64  # one graph per shape and path
-    compiled = torch.compile(T.orthogonalize, dynamic=False, fullgraph=True)
-    return {"torch": lambda G: T.orthogonalize(G, method, use_triton=False),
-            "triton": lambda G: T.orthogonalize(G, method, use_triton=True),
-            "torch compiled": lambda G: compiled(G, method, False),
-            "triton compiled": lambda G: compiled(G, method, True)}
+
+    def fn(G, use_triton):
+        return Q.orthogonalize(G, method, use_triton)
+    compiled = torch.compile(fn, dynamic=False, fullgraph=True)
+    return {"torch": lambda G: fn(G, False), "triton": lambda G: fn(G, True),
+            "torch compiled": lambda G: compiled(G, False), "triton compiled": lambda G: compiled(G, True)}
 
 
 def profile(dtype, method="polar_express"):
@@ -80,7 +85,7 @@ def compare_variants(dtype=torch.float32, method="polar_express"):
     rows = []
     for shape in SHAPES:
         G = torch.randn(shape, device="cuda", dtype=dtype)
-        ref = T.orthogonalize_float64(G, method)
+        ref = Q.orthogonalize_float64(G, method)
         inputs = [torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4)]
         row = {"shape": shape}
         for name, fn in variants(method).items():
@@ -145,12 +150,12 @@ if __name__ == "__main__":
     parser.add_argument("--sweep", action="store_true", help="time launch configurations per kernel and size")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the bank's dtype")
     parser.add_argument("--profile", action="store_true", help="GPU time per kernel of the compiled paths")
-    parser.add_argument("--method", choices=list(T.ORTHOGONALIZERS), default="polar_express",
-                        help="the set of maps (ORTHOGONALIZER) the variants run")
+    parser.add_argument("--method", choices=list(Q.MAP_SETS), default="polar_express",
+                        help="the set of maps (bench/quintic_maps.py's MAP_SETS) the variants run")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  input {args.dtype}  "
-          f"method {args.method} ({len(T.ORTHOGONALIZERS[args.method][0])} maps)")
+          f"method {args.method} ({len(Q.MAP_SETS[args.method][0])} maps)")
     if args.sweep:
         T.SYMMETRIC_KERNEL_CONFIGS.update(sweep())
     if args.profile:

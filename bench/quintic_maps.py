@@ -1,9 +1,11 @@
 """The odd quintic maps of the orthogonalization (docs/TECHNIQUES.md T2.3) on the CPU: each set's
 envelope in float64, the singular values our bank updates bring to them, the derivation of the
-re-derived sets stored in train_gpt.py's ORTHOGONALIZERS, and (--bf16) what bf16 rounding does to them.
+re-derived sets, and (--bf16) what bf16 rounding does to them. train_gpt.py runs Polar Express's maps
+alone; the other sets measured in training (Newton-Schulz, the re-derived ones) live here, in MAP_SETS,
+and run through train_gpt's functions as their `coeffs` (bench/bench_orthogonalize.py --method times them).
 
     python bench/quintic_maps.py                 # envelopes, spectra, derivation (seconds)
-    python bench/quintic_maps.py --derive        # the derivation alone: the coefficient tuples to paste
+    python bench/quintic_maps.py --derive        # the derivation alone: the coefficient tuples (MAP_SETS')
     python bench/quintic_maps.py --bf16 [--top-slack 0] [--cushion 0]
                                                  # the sets through the bf16 path (a minute), derived
                                                  # as given: without the slack or the cushion
@@ -43,12 +45,56 @@ import train_gpt as T
 
 TOP_SLACK = 2.0 ** -7
 CUSHION = 0.02
-SAFETY = 1.02  # the normalization's safety factor, as for polar_express
-# name in ORTHOGONALIZERS: (number of maps, floor ℓ on σ_i(G)/‖G‖_F)
+SAFETY = T.POLAR_SAFETY  # the normalization's safety factor, as for polar_express (1.02)
+# name in MAP_SETS: (number of maps, floor ℓ on σ_i(G)/‖G‖_F)
 DESIGNS = {"polar_express5_l3e3": (5, 3e-3), "polar_express6_l3e4": (6, 3e-4)}
+
+# Classic Muon Newton-Schulz quintic (#3): singular values land in about [0.68, 1.13].
+NEWTON_SCHULZ_COEFFS = ((3.4445, -4.7750, 2.0315),) * 5
+# The greedy construction's sets (DESIGNS; derive_maps reproduces them, tests/tools/test_quintic_maps.py):
+# exact-arithmetic envelopes for σ_i(G)/‖G‖_F in [ℓ, 1] (polar_express: [0.8467, 1.1411] from 1e-3):
+# five maps from 3e-3: [0.9931, 1.0069]; six from 3e-4: [0.9121, 1.0879]. (Six from 1e-3, [0.9984, 1.0016],
+# gave main's loss at a sixth more work; four from 1e-2 cost more loss than the time they save.)
+GREEDY5_FLOOR_3E3_COEFFS = (
+    (7.710969245867679, -22.113754790481156, 16.24874301773847),
+    (4.144837788446324, -3.434457866214604, 0.7291428289304236),
+    (3.6219906611071337, -2.841498004519581, 0.5932121716542422),
+    (2.520263341903864, -1.837610522467476, 0.4271193069501146),
+    (1.9194472142571712, -1.2898333752956908, 0.3719505132726187),
+)
+GREEDY6_FLOOR_3E4_COEFFS = (
+    (7.710969245867679, -22.113754790481156, 16.24874301773847),
+    (4.144837788446324, -3.434457866214604, 0.7291428289304236),
+    (4.144837788446322, -3.4344578662146046, 0.7291428289304237),
+    (4.12645868223001, -3.413555682612789, 0.7243452639561597),
+    (3.1657177848996447, -2.340118382992727, 0.4814640317675152),
+    (2.1907616171925604, -1.5529037214894479, 0.39749933657357994),
+)
+MAP_SETS = {  # name: (coefficients, the normalization's safety factor, its epsilon); the first: train_gpt's own
+    "polar_express": (T.POLAR_EXPRESS_COEFFS, T.POLAR_SAFETY, T.POLAR_EPS),
+    "newton_schulz": (NEWTON_SCHULZ_COEFFS, 1.0, 1e-7),
+    "polar_express5_l3e3": (GREEDY5_FLOOR_3E3_COEFFS, SAFETY, T.POLAR_EPS),
+    "polar_express6_l3e4": (GREEDY6_FLOOR_3E4_COEFFS, SAFETY, T.POLAR_EPS),
+}
 FLOORS = (3e-4, 1e-3, 3e-3, 1e-2)
 # (rows, cols) of one matrix of each bank: qk, narrow qk (T3.18), vo, mlp (up and projection alike)
 BANK_SHAPES = {"qk": (256, 768), "qk narrow": (128, 768), "vo": (768, 768), "mlp": (3072, 768)}
+
+
+def orthogonalize(G: torch.Tensor, name: str, use_triton: bool | None = None) -> torch.Tensor:
+    """train_gpt's bf16 orthogonalization of the bank G with set `name`'s maps: T.orthogonalize itself where the
+    set normalizes as Polar Express does; its two stages with the set's own normalization otherwise
+    (newton_schulz: ‖G‖_F, no safety factor)."""
+    coeffs, safety, eps = MAP_SETS[name]
+    if (safety, eps) == (T.POLAR_SAFETY, T.POLAR_EPS):
+        return T.orthogonalize(G, use_triton, coeffs)
+    return T.polar_iterations(T.polar_normalize(G, safety, eps), use_triton, coeffs)
+
+
+def orthogonalize_float64(G: torch.Tensor, name: str) -> torch.Tensor:
+    """The float64 iteration of set `name` (T.orthogonalize_float64 with its maps and normalization)."""
+    coeffs, safety, eps = MAP_SETS[name]
+    return T.orthogonalize_float64(G, coeffs, safety, eps)
 
 
 def composed_map(coeffs, sigma):
@@ -97,7 +143,7 @@ def derive_maps(num_maps: int, floor: float, safety: float = SAFETY, top_slack: 
 
 def report_envelopes():
     print("envelope (min, max) of the composed map over σ in [ℓ, 1]; 'scaled': σ/safety, what the normalization feeds")
-    for name, (coeffs, safety, _) in T.ORTHOGONALIZERS.items():
+    for name, (coeffs, safety, _) in MAP_SETS.items():
         for floor in FLOORS:
             plain, scaled = envelope(coeffs, floor), envelope(coeffs, floor, input_scale=1 / safety)
             print(f"{name:>20} ({len(coeffs)} maps) ℓ={floor:.0e}: [{plain[0]:.5f}, {plain[1]:.5f}]  "
@@ -138,15 +184,14 @@ def report_derivation(top_slack: float = TOP_SLACK, cushion: float = CUSHION, co
 
 
 def report_bf16(sets: dict, trials: int = 60, seed: int = 0):
-    """Each set through orthogonalize's bf16 path (on the CPU: fp32 products rounded to bf16 where the
-    GPU's bf16 GEMMs round): the least and largest output singular value over matrices with singular
+    """Each set (name: maps, normalized as Polar Express) through T.orthogonalize's bf16 path (on the CPU: fp32
+    products rounded to bf16 where the GPU's bf16 GEMMs round): the least and largest output singular value over matrices with singular
     values uniform in [0.1, 1] (shares of the norm about 0.02-0.2, all inside every floor), and the
     largest over Gaussian matrices with a rank-one spike (a share near 1: the top of the interval)."""
     generator = torch.Generator().manual_seed(seed)
     shapes = [(3, 64, 64), (3, 48, 160), (3, 160, 48)]
     print(f"bf16 path, {trials} trials per set: [least, largest] singular value; largest with a spike")
     for name, maps in sets.items():
-        T.ORTHOGONALIZERS[name] = (maps, SAFETY, 1e-6)
         low, high, spiked = 9.0, 0.0, 0.0
         for trial in range(trials):
             batch, rows, cols = shapes[trial % 3]
@@ -154,11 +199,11 @@ def report_bf16(sets: dict, trials: int = 60, seed: int = 0):
             U = torch.linalg.qr(torch.randn(batch, rows, k, generator=generator)).Q
             V = torch.linalg.qr(torch.randn(batch, cols, k, generator=generator)).Q
             s = torch.empty(batch, k).uniform_(0.1, 1.0, generator=generator)
-            sv = torch.linalg.svdvals(T.orthogonalize(U @ torch.diag_embed(s) @ V.mT, name).double())
+            sv = torch.linalg.svdvals(T.orthogonalize(U @ torch.diag_embed(s) @ V.mT, coeffs=maps).double())
             low, high = min(low, sv.min().item()), max(high, sv.max().item())
             spike = 30 * torch.randn(batch, rows, 1, generator=generator) @ torch.randn(batch, 1, cols, generator=generator)
             G = torch.randn(batch, rows, cols, generator=generator) + spike / k ** 0.5
-            spiked = max(spiked, torch.linalg.svdvals(T.orthogonalize(G, name).double()).max().item())
+            spiked = max(spiked, torch.linalg.svdvals(T.orthogonalize(G, coeffs=maps).double()).max().item())
         print(f"{name:>20}: [{low:.4f}, {high:.4f}]  spiked {spiked:.4f}")
 
 
@@ -174,4 +219,4 @@ if __name__ == "__main__":
         report_spectra()
     derived = report_derivation(args.top_slack, args.cushion, code=not args.bf16)
     if args.bf16:
-        report_bf16({"polar_express": T.ORTHOGONALIZERS["polar_express"][0], **derived})
+        report_bf16({"polar_express": T.POLAR_EXPRESS_COEFFS, **derived})

@@ -1,6 +1,6 @@
-"""The hashed n-gram table (T3.19): its hashing, the lazy sparse Adam against dense Adam and the row-wise RMSprop
-against its dense form (NGRAM_OPTIMIZER), the compact exchange against a dense all-reduce on gloo ranks, and a
-tiny model training with it."""
+"""The hashed n-gram table (T3.19), model.ngram: its hashing, its lazy row-wise RMSprop against the dense one, the
+compact exchange against a dense all-reduce on gloo ranks, a tiny model training with it, its sizes' checks and
+its reset by the warm-up."""
 import math
 import os
 
@@ -13,7 +13,8 @@ from helpers import TINY, free_port
 import train_gpt as T
 
 DIM = 8
-# The rows of ngram_ids(GOLDEN_IDS, 1000, (2, 3)): the same in every process, on every device and rank
+# The rows of ngram_ids(GOLDEN_IDS, 1000) (the table's orders, 2 and 3): the same in every process, on every device
+# and rank
 GOLDEN_IDS = torch.tensor([50256, 11, 0, 50303, 464, 11, 0, 50303])
 GOLDEN_ROWS = [[998, 999], [275, 999], [217, 441], [86, 727], [783, 6], [28, 917], [217, 471], [86, 727]]
 
@@ -26,10 +27,13 @@ def python_ngram_row(tokens: list[int], hashed_rows: int) -> int:
     return h * T.NGRAM_SCATTER % T.NGRAM_PRIME % hashed_rows
 
 
-def table(rows: int = 40, rank: int = 0, world: int = 1, max_steps: int = 12, **optim) -> T.NgramTable:
+def table(rows: int = 40, rank: int = 0, world: int = 1, tokens: int = 64, device="cpu", compile: bool = False,
+          dtype=torch.float32) -> T.NgramTable:
+    """A table of `rows` rows of DIM values whose row cache serves forwards of up to `tokens` tokens, sharded for
+    (rank, world): as GPT builds it and the trainer shards it."""
     cfg = T.ModelConfig(model_dim=DIM, ngram_rows=rows)
-    return T.NgramTable(cfg, T.Hyperparameters.of(**optim).optim, max_steps, torch.device("cpu"), rank, world,
-                        dtype=torch.float32)
+    return T.NgramTable(cfg, tokens, tokens).to(device).shard(T.Hyperparameters.of().optim, rank, world,
+                                                              compile=compile, dtype=dtype)
 
 
 def dense_rowwise_step(W: torch.Tensor, v: torch.Tensor, dense: torch.Tensor, step_size: float, beta2: float,
@@ -41,7 +45,7 @@ def dense_rowwise_step(W: torch.Tensor, v: torch.Tensor, dense: torch.Tensor, st
 
 
 def test_ngram_rows_are_fixed_in_range_and_reserved_at_the_batch_start():
-    assert T.ngram_ids(GOLDEN_IDS, 1000, (2, 3)).tolist() == GOLDEN_ROWS
+    assert T.NGRAM_ORDERS == (2, 3) and T.ngram_ids(GOLDEN_IDS, 1000).tolist() == GOLDEN_ROWS
     tokens = GOLDEN_IDS.tolist()
     assert GOLDEN_ROWS[2:] == [[python_ngram_row(tokens[t - n + 1: t + 1], 998) for n in (2, 3)] for t in range(2, 8)]
     ids = torch.randint(0, 50304, (4096,))
@@ -101,39 +105,22 @@ def test_summed_row_gradients_adds_each_rows_pairs_across_parts_in_fp32(count):
                                rtol=1e-6, atol=1e-6)
 
 
-def dense_adam_steps(steps, rows: int, weight: torch.Tensor, optim, betas) -> tuple:
-    """Dense Adam (adam_update, no decay) over the whole table, zero gradients on the rows a step leaves out."""
-    W, m, v = weight.clone(), torch.zeros_like(weight), torch.zeros_like(weight)
-    beta1, beta2 = betas
-    for t, (ids, grads, lr_multiplier) in enumerate(steps, 1):
-        dense = torch.zeros(rows, DIM).index_add_(0, ids.clamp_max(rows - 1), grads * (ids < rows)[:, None])
-        lr = optim.adam_lr * 75.0 * lr_multiplier
-        step_size = torch.tensor(lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t))
-        T.adam_update(dense, None, W, m, v, step_size, torch.tensor(0.0), beta1, beta2, optim.adam_eps, 1.0)
-    return W, m, v
-
-
 def test_the_table_compiles_its_update_only_on_the_gpu():
-    """Decided once at construction: on the CPU the table runs lazy_adam_rows and lazy_adam_replayed as they are."""
-    cfg = T.ModelConfig(model_dim=DIM, ngram_rows=40)
-    cpu = T.NgramTable(cfg, T.Hyperparameters.of(ngram_optimizer="adam").optim, 12, torch.device("cpu"), compile=True)
-    assert cpu.rule._rows_fn is T.lazy_adam_rows and cpu.rule._read_fn is T.lazy_adam_replayed
-    assert cpu._summed is T.summed_row_gradients
-    rowwise = T.NgramTable(cfg, T.Hyperparameters.of(ngram_optimizer="rowwise").optim, 12, torch.device("cpu"), compile=True)
-    assert isinstance(rowwise.rule, T.RowwiseRMSprop) and rowwise.rule._rows_fn is T.lazy_rowwise_rows
+    """Decided once, when shard allocates the rows: on the CPU the table runs rowwise_rmsprop_rows and
+    summed_row_gradients as they are."""
+    cpu = table(compile=True)
+    assert cpu._rows_fn is T.rowwise_rmsprop_rows and cpu._summed is T.summed_row_gradients
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("optimizer", ["adam", "rowwise"])
-def test_the_compiled_lazy_update_equals_the_eager_one_on_the_gpu(optimizer):
-    """The compiled update and read (one graph each for a fixed row count) give the eager functions' rows,
-    optimizer state and steps over ten steps of random row sets with repeats and padding."""
+def test_the_compiled_lazy_update_equals_the_eager_one_on_the_gpu():
+    """The compiled update (one graph for a fixed row count) gives the eager function's rows, optimizer state and
+    steps over ten steps of random row sets with repeats and padding."""
     torch.manual_seed(0)
-    cfg, cuda = T.ModelConfig(model_dim=DIM, ngram_rows=40), torch.device("cuda")
-    optim = T.Hyperparameters.of(ngram_optimizer=optimizer).optim
-    eager, fused = (T.NgramTable(cfg, optim, 12, cuda, dtype=torch.float32, compile=c) for c in (False, True))
-    assert fused.rule._rows_fn is not eager.rule._rows_fn and fused._summed is not eager._summed
+    cuda = torch.device("cuda")
+    eager, fused = (table(device=cuda, compile=c) for c in (False, True))
+    assert fused._rows_fn is not eager._rows_fn and fused._summed is not eager._summed
     start = torch.randn(40, DIM, device=cuda)
     for tab in (eager, fused):
         tab.weight[:40].copy_(start)
@@ -142,8 +129,7 @@ def test_the_compiled_lazy_update_equals_the_eager_one_on_the_gpu(optimizer):
         grads = torch.randn(30, DIM, device=cuda)
         for tab in (eager, fused):
             tab.update(*tab.owner_sums([(ids, grads)]), 1.0 - 0.08 * t)
-    rows = torch.arange(40, device=cuda)
-    torch.testing.assert_close(fused.replayed(rows), eager.replayed(rows), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused.weight[:40], eager.weight[:40], rtol=1e-5, atol=1e-6)
     assert torch.equal(fused.last_step, eager.last_step)
     parts = random_parts(3, 40, 40, torch.bfloat16, cuda)  # the compiled sums of bf16 parts, as a run keeps them
     distinct, sums = fused.owner_sums(parts)
@@ -151,12 +137,8 @@ def test_the_compiled_lazy_update_equals_the_eager_one_on_the_gpu(optimizer):
     assert distinct[: len(expected)].tolist() == sorted(expected)
     torch.testing.assert_close(sums[: len(expected)].double().cpu(), torch.stack([expected[r] for r in sorted(expected)]),
                                rtol=1e-6, atol=1e-6)
-    expected = eager.rule.tensors()
-    for name, value in fused.rule.tensors().items():  # per row (but the scratch row 40), or the replay sums
-        if name == "replay":
-            torch.testing.assert_close(value, expected[name], rtol=1e-12, atol=0)
-        else:
-            torch.testing.assert_close(value[:40], expected[name][:40], rtol=1e-5, atol=1e-9)
+    # per row (but the scratch row 40)
+    torch.testing.assert_close(fused.row_sq[:40], eager.row_sq[:40], rtol=1e-5, atol=1e-9)
 
 
 @pytest.mark.gpu
@@ -166,8 +148,7 @@ def test_the_compiled_sums_with_dynamic_shapes_equal_the_eager_ones_on_the_gpu()
     sums of received rows of several lengths, as the eager function gives them. No collective is needed for it."""
     torch.manual_seed(2)
     cuda = torch.device("cuda")
-    owner = T.NgramTable(T.ModelConfig(model_dim=DIM, ngram_rows=80), T.Hyperparameters.of().optim, 12, cuda,
-                         rank=0, world_size=2, compile=True)
+    owner = table(rows=80, rank=0, world=2, device=cuda, compile=True, dtype=torch.bfloat16)
     assert owner._summed is not T.summed_row_gradients
     for length in (17, 40, 63):  # received rows: repeats, local ids below the shard's 40 rows
         ids = torch.randint(0, 40, (length,), device=cuda)
@@ -178,40 +159,17 @@ def test_the_compiled_sums_with_dynamic_shapes_equal_the_eager_ones_on_the_gpu()
         torch.testing.assert_close(sums, expected_sums, rtol=1e-6, atol=1e-6)
 
 
-def test_lazy_sparse_adam_equals_dense_adam_with_zero_gradients_on_untouched_steps():
-    """Random row sets (repeats, padding, rows left out for many steps, rows never touched), a varying lr."""
-    torch.manual_seed(0)
-    lazy = table(rows=40, ngram_optimizer="adam")
-    lazy.weight[:40].normal_()
-    initial = lazy.weight[:40].clone()
-    steps = []
-    for t in range(10):
-        n = int(torch.randint(1, 30, ()))
-        ids = torch.cat([torch.randint(0, 30, (n,)), torch.full((3,), 40)])  # rows 30..39: never; 40: padding
-        steps.append((ids, torch.randn(n + 3, DIM), 1.0 - 0.08 * t))
-    for ids, grads, lr_multiplier in steps:
-        lazy.update(*lazy.owner_sums([(ids, grads)]), lr_multiplier)
-    W, m, v = dense_adam_steps(steps, 40, initial, lazy.optim, lazy.spec.betas)
-    rows = torch.arange(40)
-    torch.testing.assert_close(lazy.replayed(rows), W, rtol=2e-6, atol=2e-6)
-    missed = (lazy.step_count - lazy.last_step[rows]).float()[:, None]  # the moments, decayed to now
-    beta1, beta2 = lazy.spec.betas
-    torch.testing.assert_close(lazy.rule.exp_avg[rows] * beta1 ** missed, m, rtol=2e-6, atol=1e-9)
-    torch.testing.assert_close(lazy.rule.exp_avg_sq[rows] * beta2 ** missed, v, rtol=2e-6, atol=1e-12)
-    assert torch.equal(lazy.weight[30:40], initial[30:40]) and (lazy.last_step[30:40] == 0).all()
-
-
 def test_lazy_rowwise_rmsprop_equals_the_dense_one():
-    """NGRAM_OPTIMIZER=rowwise over the same kind of random row sets: the touched rows move and their moments
-    take every step's decay as the dense optimizer's do, the others stay put, nothing is replayed; its state is
-    one value per row."""
+    """Random row sets (repeats, padding, rows left out for many steps, rows never touched), a varying lr: the
+    touched rows move and their moments take every step's decay as the dense optimizer's do, the others stay put;
+    its state is one value per row."""
     torch.manual_seed(1)
-    lazy = table(rows=40, ngram_optimizer="rowwise")
-    assert set(lazy.rule.tensors()) == {"row_sq"} and lazy.rule.row_sq.shape == (41,)
+    lazy = table(rows=40)
+    assert set(lazy.tensors()) == {"weight", "last_step", "row_sq"} and lazy.row_sq.shape == (41,)
     lazy.weight[:40].normal_()
     W, v = lazy.weight[:40].clone(), torch.zeros(40)
     initial = W.clone()
-    beta1, beta2 = lazy.spec.betas
+    _, beta2 = lazy.spec.betas
     for t in range(1, 11):
         n = int(torch.randint(1, 30, ()))
         ids = torch.cat([torch.randint(0, 30, (n,)), torch.full((3,), 40)])  # rows 30..39: never; 40: padding
@@ -221,25 +179,25 @@ def test_lazy_rowwise_rmsprop_equals_the_dense_one():
         lr = lazy.optim.adam_lr * 75.0 * lr_multiplier
         dense_rowwise_step(W, v, dense, lr * math.sqrt(1 - beta2 ** t), beta2, lazy.optim.adam_eps)
     rows = torch.arange(40)
-    torch.testing.assert_close(lazy.replayed(rows), W, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lazy.weight[rows], W, rtol=1e-6, atol=1e-6)
     missed = (lazy.step_count - lazy.last_step[rows]).float()
-    torch.testing.assert_close(lazy.rule.row_sq[rows] * beta2 ** missed, v, rtol=1e-5, atol=1e-12)
+    torch.testing.assert_close(lazy.row_sq[rows] * beta2 ** missed, v, rtol=1e-5, atol=1e-12)
     assert (lazy.weight[:30] != initial[:30]).any(1).sum() > 20
     assert torch.equal(lazy.weight[30:40], initial[30:40]) and (lazy.last_step[30:40] == 0).all()
 
 
-def exchange_worker(rank: int, world: int, port: int, out_path: str, optimizer: str):
+def exchange_worker(rank: int, world: int, port: int, out_path: str):
     # forked after earlier tests ran torch's OpenMP pool, which a forked child cannot use: one thread, no pool
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        result = {"golden": T.ngram_ids(GOLDEN_IDS, 1000, (2, 3)).tolist()}
+        result = {"golden": T.ngram_ids(GOLDEN_IDS, 1000).tolist()}
         # (row id, gradient) pairs with repeats and padding; gradients multiples of 1/8: exact sums in any order
         g = torch.Generator().manual_seed(rank)
         rows = torch.cat([torch.randint(0, 37, (25,), generator=g), torch.full((4,), 37)])
         grads = torch.randint(-8, 9, (29, DIM), generator=g) / 8
-        tab = table(rows=37, rank=rank, world=world, ngram_optimizer=optimizer)
+        tab = table(rows=37, rank=rank, world=world)
         local, sums = tab.owner_sums([(rows, grads)])
         dense = torch.zeros(38, DIM).index_add_(0, rows, grads)[:37]
         dist.all_reduce(dense)
@@ -247,30 +205,28 @@ def exchange_worker(rank: int, world: int, port: int, out_path: str, optimizer: 
         result["exchanged"] = (local[owned], sums[owned], dense[tab.start: tab.start + tab.shard_rows])
         # three steps of the sharded table, each rank loading its own ids: the rows it reads, what it adds
         tab.weight[: tab.shard_rows] = (torch.arange(tab.shard_rows)[:, None] + tab.start + torch.arange(DIM)) / 64
-        cache, inverse = torch.zeros(64 * 2, DIM), torch.zeros(64, 2, dtype=torch.long)
         result["steps"] = []
         for step in range(3):
             ids = torch.randint(0, 500, (64,), generator=g)
-            distinct = tab.load(ids, cache, inverse)
+            distinct = tab.load(ids)  # into the table's row cache (bf16) and inverse
             cache_grad = torch.randint(-8, 9, (128, DIM), generator=g) / 8
-            result["steps"].append((ids, cache[inverse].clone(), cache_grad))
-            tab.add_gradient(distinct, cache_grad)
+            result["steps"].append((ids, tab.cache.detach()[tab.inverse], cache_grad))
+            tab.keep_gradient(distinct, cache_grad)
             tab.step(1.0 - 0.2 * step, adam=step != 1)  # Adam every other step: step 2 sums two steps' pairs
-        result["shard"] = tab.replayed(torch.arange(tab.shard_rows))
+        result["shard"] = tab.weight[: tab.shard_rows].clone()
         torch.save(result, f"{out_path}.{rank}")
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("world, optimizer", [(2, "adam"), (4, "adam"), (2, "rowwise")])
-def test_compact_exchange_equals_the_dense_all_reduce_and_one_process(world, optimizer, tmp_path):
+@pytest.mark.parametrize("world", [2, 4])
+def test_compact_exchange_equals_the_dense_all_reduce_and_one_process(world, tmp_path):
     """Each rank's rows get exactly the dense all-reduce's sums; a sharded table reads and updates bit for bit
-    as one process fed every rank's pairs (with either NGRAM_OPTIMIZER); every rank hashes alike."""
+    as one process fed every rank's pairs; every rank hashes alike."""
     out_path = str(tmp_path / "ngram.pt")
     # forked, the ranks start without importing torch again (a spawned rank takes seconds on two cores)
-    mp.start_processes(exchange_worker, args=(world, free_port(), out_path, optimizer), nprocs=world,
-                       start_method="fork")
+    mp.start_processes(exchange_worker, args=(world, free_port(), out_path), nprocs=world, start_method="fork")
     results = [torch.load(f"{out_path}.{rank}") for rank in range(world)]
     for result in results:
         assert result["golden"] == GOLDEN_ROWS
@@ -278,33 +234,32 @@ def test_compact_exchange_equals_the_dense_all_reduce_and_one_process(world, opt
         assert local.unique().numel() == local.numel()  # each owned row once
         expected = torch.zeros_like(dense).index_copy_(0, local, sums)
         assert torch.equal(expected, dense)
-    single = table(rows=37, ngram_optimizer=optimizer)
+    single = table(rows=37)
     single.weight[:37] = (torch.arange(37)[:, None] + torch.arange(DIM)) / 64
-    cache, inverse = torch.zeros(64 * 2, DIM), torch.zeros(64, 2, dtype=torch.long)
     for step in range(3):
         for rank, result in enumerate(results):
             ids, rows_read, cache_grad = result["steps"][step]
-            distinct = single.load(ids, cache, inverse)
-            assert torch.equal(cache[inverse], rows_read), (rank, step)
-            single.add_gradient(distinct, cache_grad / world)  # the ranks' sum is scaled by 1/world
+            distinct = single.load(ids)
+            assert torch.equal(single.cache.detach()[single.inverse], rows_read), (rank, step)
+            single.keep_gradient(distinct, cache_grad / world)  # the ranks' sum is scaled by 1/world
         single.step(1.0 - 0.2 * step, adam=step != 1)
     sharded = torch.cat([result["shard"] for result in results])[:37]
-    assert torch.equal(sharded, single.replayed(torch.arange(37))) and sharded.abs().sum() > 0
+    assert torch.equal(sharded, single.weight[:37]) and sharded.abs().sum() > 0
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "rowwise"])
-def test_a_tiny_model_trains_with_the_table_as_dense_adam_would_without_a_dense_gradient(corpus, optimizer):
-    """Four CPU steps (Adam on odd ones) with NGRAM_ROWS: the table is no parameter and gets no gradient of its
-    own; every row the batches touched moves, each as the dense optimizer (Adam, or row-wise RMSprop) on the
-    steps' summed row gradients moves it (zero gradient where a step left it out); rows never touched stay zero."""
-    hp = T.Hyperparameters.of(**dict(TINY, ngram_rows=3001, rank_slice=True, ngram_optimizer=optimizer),
+def test_a_tiny_model_trains_with_the_table_as_the_dense_optimizer_would_without_a_dense_gradient(corpus):
+    """Four CPU steps (Adam on odd ones): the table is no parameter and gets no gradient of its own; every row the
+    batches touched moves, each as the dense row-wise RMSprop on the steps' summed row gradients moves it (zero
+    gradient where a step left it out); rows never touched stay zero."""
+    hp = T.Hyperparameters.of(**dict(TINY, ngram_rows=3001, rank_slice=True),
                               train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
                               tokenizer_dir=str(corpus))
     T.check_hyperparameters(hp)
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
-    tab = trainer.ngram
-    assert not any(p.numel() % 3001 == 0 or "ngram" in name for name, p in trainer.model.named_parameters())
-    assert "bigram_embed" not in dict(trainer.model.named_parameters()) and "ngram_table" not in trainer.optimizer.params
+    model, tab = trainer.model, trainer.ngram
+    assert tab is model.ngram and isinstance(tab, T.NgramTable)
+    assert not any(p.numel() % 3001 == 0 or "ngram" in name for name, p in model.named_parameters())
+    assert "ngram_table" not in trainer.optimizer.params
     assert not tab.weight.requires_grad and tab.weight.grad is None
     updates, update = [], tab.update
     tab.update = lambda local, sums, lr_multiplier: (updates.append((local.clone(), sums.clone(), lr_multiplier)),
@@ -315,93 +270,82 @@ def test_a_tiny_model_trains_with_the_table_as_dense_adam_would_without_a_dense_
     try:
         for step in range(4):
             trainer.train_step(trainer.schedule.plan(step), loader)
-        val_loss, _ = trainer.evaluate(4, max_batches=1)  # validation reads the table through the cache too
+        val_loss = trainer.evaluate(4, max_batches=1)  # validation reads the table through the cache too
     finally:
         torch.set_num_threads(threads)
-    assert math.isfinite(val_loss) and len(updates) == 2 and tab.weight.grad is None and trainer.model.ngram_cache.grad is None
+    assert math.isfinite(val_loss) and len(updates) == 2 and tab.weight.grad is None and tab.cache.grad is None
     # the cache a backward fills is the longest training forward's (512 tokens, 2 orders); validation's longer
     # forward (1024) reads its own, without a gradient, which the evaluation's load filled
-    model = trainer.model
-    assert model.ngram_cache.shape[0] == 2 * T.longest_training_forward(hp) == 2 * 512
-    assert model.ngram_eval_cache.shape[0] == 2 * 1024 and not model.ngram_eval_cache.requires_grad
-    assert model.ngram_cache_for(512) is model.ngram_cache and model.ngram_cache_for(1024) is model.ngram_eval_cache
-    assert (model.ngram_eval_cache[:1024] != 0).any(1).sum() > 100
-    W, m, v = tab.weight[:3001].float().clone().zero_(), torch.zeros(3001, 128), torch.zeros(3001, 128)
-    row_sq = torch.zeros(3001)
-    beta1, beta2 = tab.spec.betas
+    assert tab.cache.shape[0] == 2 * T.longest_training_forward(hp) == 2 * 512 and tab.cache.is_leaf
+    assert tab.eval_cache.shape[0] == 2 * 1024 and not tab.eval_cache.requires_grad
+    assert tab.cache_for(512) is tab.cache and tab.cache_for(1024) is tab.eval_cache
+    assert (tab.eval_cache[:1024] != 0).any(1).sum() > 100
+    W, row_sq = torch.zeros(3001, 128), torch.zeros(3001)
+    _, beta2 = tab.spec.betas
     touched = torch.zeros(3001, dtype=torch.bool)
     for t, (local, sums, lr_multiplier) in enumerate(updates, 1):
         real = local < 3001
         touched[local[real]] = True
         dense = torch.zeros(3001, 128).index_add_(0, local[real], sums[real])
         lr = hp.optim.adam_lr * 75.0 * lr_multiplier
-        if optimizer == "adam":
-            step_size = lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
-            T.adam_update(dense, None, W, m, v, torch.tensor(step_size), torch.tensor(0.0), beta1, beta2,
-                          hp.optim.adam_eps, 1.0)
-        else:
-            dense_rowwise_step(W, row_sq, dense, lr * math.sqrt(1 - beta2 ** t), beta2, hp.optim.adam_eps)
+        dense_rowwise_step(W, row_sq, dense, lr * math.sqrt(1 - beta2 ** t), beta2, hp.optim.adam_eps)
     assert 100 < touched.sum() < 3001
-    rows = torch.arange(3001)
-    assert (tab.replayed(rows)[touched] != 0).any(1).all()  # every touched row moved
-    torch.testing.assert_close(tab.replayed(rows), W, rtol=1e-2, atol=1e-3 * W.abs().max().item())
-    state = tab.rule.exp_avg if optimizer == "adam" else tab.rule.row_sq
-    assert (tab.weight[:3001][~touched] == 0).all() and (state[:3001][~touched] == 0).all() and (state != 0).any()
+    weight = tab.weight[:3001].float()
+    assert (weight[touched] != 0).any(1).all()  # every touched row moved
+    torch.testing.assert_close(weight, W, rtol=1e-2, atol=1e-3 * W.abs().max().item())
+    assert (weight[~touched] == 0).all() and (tab.row_sq[:3001][~touched] == 0).all() and (tab.row_sq != 0).any()
     assert torch.isfinite(trainer.losses[:4]).all()
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"ngram_rows": 1001, "bigram_embed": False}, "set BIGRAM_EMBED=1"),
-    ({"ngram_rows": 1001, "ngram_orders": (3, 2)}, "NGRAM_ORDERS=3,2"),
-    ({"ngram_rows": 2}, "NGRAM_ROWS=2"),
-    ({"ngram_rows": 1001, "ngram_optimizer": "sgd"}, "NGRAM_OPTIMIZER=sgd: one of adam, rowwise$"),
-    ({"ngram_optimizer": "Adam"}, "NGRAM_OPTIMIZER=Adam: one of adam, rowwise$"),  # stopped without a table too
-])
-def test_settings_the_table_cannot_take_are_one_line(settings, message):
-    with pytest.raises(T.SetupError, match=message) as error:
-        T.check_hyperparameters(T.Hyperparameters.of(**settings))
+@pytest.mark.parametrize("rows", [2, T.NGRAM_PRIME + 1])
+def test_row_counts_the_table_cannot_take_are_one_line(rows):
+    """More rows than orders (one reserved row each), and hashable."""
+    with pytest.raises(T.SetupError, match=f"^NGRAM_ROWS={rows}: give more than 2 rows .* at most {T.NGRAM_PRIME}$") \
+            as error:
+        T.check_ngram_rows(T.Hyperparameters.of(ngram_rows=rows), 1)
     assert "\n" not in str(error.value)
+    T.check_ngram_rows(T.Hyperparameters.of(ngram_rows=3), 1)
 
 
 def test_a_table_too_large_for_a_process_names_the_largest_that_fits():
-    largest = T.NGRAM_STATE_GIB * 2**30 // T.lazy_table_bytes_per_row(768, "adam")
-    T.check_row_tables(T.Hyperparameters.of(ngram_rows=largest, ngram_optimizer="adam", rank_slice=True), 1)
-    rowwise = T.NGRAM_STATE_GIB * 2**30 // T.lazy_table_bytes_per_row(768, "rowwise")
-    with pytest.raises(T.SetupError, match=f"rank-slice mode holds the whole table.*NGRAM_ROWS={largest}, "
-                                           r"or NGRAM_OPTIMIZER=rowwise \(1544 bytes per row\)$"):
-        T.check_row_tables(T.Hyperparameters.of(ngram_rows=largest + 1, ngram_optimizer="adam", rank_slice=True), 1)
-    # row-wise state: the bf16 weight and 8 bytes a row, so rank-slice holds record #92's 10,575,360 rows per rank
-    assert T.lazy_table_bytes_per_row(768, "adam") == 7684 and rowwise > 10_575_360 > largest
-    T.check_row_tables(T.Hyperparameters.of(ngram_rows=rowwise, ngram_optimizer="rowwise", rank_slice=True), 1)
-    with pytest.raises(T.SetupError, match=f"NGRAM_OPTIMIZER=rowwise's state.*NGRAM_ROWS={rowwise}$"):
-        T.check_row_tables(T.Hyperparameters.of(ngram_rows=rowwise + 1, ngram_optimizer="rowwise", rank_slice=True), 1)
-    eager = {"device": "cuda", "cuda_graphs": False, "ngram_optimizer": "adam"}
-    T.check_row_tables(T.Hyperparameters.of(ngram_rows=8 * largest, **eager), 8)  # one eighth per rank
-    with pytest.raises(T.SetupError, match=f"NGRAM_ROWS={8 * largest}, or NGRAM_OPTIMIZER=rowwise"):
-        T.check_row_tables(T.Hyperparameters.of(ngram_rows=8 * largest + 1, **eager), 8)
+    row_bytes = T.ngram_bytes_per_row(768)
+    largest = T.NGRAM_STATE_GIB * 2**30 // row_bytes
+    T.check_ngram_rows(T.Hyperparameters.of(ngram_rows=largest, rank_slice=True), 1)
+    with pytest.raises(T.SetupError, match=f"^NGRAM_ROWS={largest + 1} does not fit: 1544 bytes per row .*"
+                                           f"rank-slice mode holds the whole table.*NGRAM_ROWS={largest}$"):
+        T.check_ngram_rows(T.Hyperparameters.of(ngram_rows=largest + 1, rank_slice=True), 1)
+    # the bf16 weight and 8 bytes a row (row-wise state), so rank-slice holds record #92's 10,575,360 rows per rank
+    assert row_bytes == 2 * 768 + 4 + 4 and largest > 10_575_360
+    T.check_ngram_rows(T.Hyperparameters.of(ngram_rows=8 * largest), 8)  # one eighth per rank
+    with pytest.raises(T.SetupError, match=rf"\(world size 8\); the largest that fits: NGRAM_ROWS={8 * largest}$"):
+        T.check_ngram_rows(T.Hyperparameters.of(ngram_rows=8 * largest + 1), 8)
 
 
-def test_the_warm_up_keeps_the_tables_initial_state_in_host_memory_and_restores_it(corpus, monkeypatch):
-    """The warm-up's copy of each row table (as large as the table: 28 GiB at 3.9M rows, which beside the model
-    overflowed an 80 GB GPU) goes to host memory, and the reset after the warm-up brings the table back from it."""
-    hp = T.Hyperparameters.of(**dict(TINY, ngram_rows=3001, ngram_optimizer="adam", rank_slice=True),
+def test_the_warm_up_leaves_the_table_reset_and_takes_no_copy_of_it(corpus, monkeypatch):
+    """After the warm-up's steps the table is as shard left it: rows and moments zero, no step taken, no gradient kept
+    or left on the cache. It is reset, not restored from a copy (one as large as the table: 28 GiB at 3.9M rows,
+    which beside the model overflowed an 80 GB GPU)."""
+    hp = T.Hyperparameters.of(**dict(TINY, ngram_rows=3001, rank_slice=True),
                               train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
                               tokenizer_dir=str(corpus))
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
-    tab, copies, state_dict = trainer.ngram, [], T.LazyRowTable.state_dict
+    tab, steps = trainer.ngram, []
 
-    def spy(self, device=None):
-        copies.append(device)
-        return state_dict(self, device)
-
-    def fake_step(plan, loader):  # what a step leaves in the table: moved rows, a step, a kept gradient
-        tab.weight.add_(1.0), tab.rule.exp_avg.add_(2.0), tab.last_step.fill_(3), tab.rule.replay.add_(0.5)
+    def fake_step(plan, loader, forward_backward=None):  # what a step leaves in the table
+        steps.append(plan.step)
+        tab.weight.add_(1.0), tab.row_sq.add_(2.0), tab.last_step.fill_(3)
         tab.step_count += 1
-        tab.kept.append((torch.arange(2), torch.ones(2, DIM)))
+        tab.kept.append((torch.arange(2), torch.ones(2, 128)))
+        tab.cache.grad = torch.ones_like(tab.cache)
 
-    monkeypatch.setattr(T.LazyRowTable, "state_dict", spy)
+    def no_copy(self, device=None):
+        raise AssertionError(f"the warm-up copied the n-gram table (to {device})")
+
+    monkeypatch.setattr(T.NgramTable, "rows_state", no_copy)
     monkeypatch.setattr(trainer, "train_step", fake_step)
-    monkeypatch.setattr(trainer, "evaluate", lambda *args, **kwargs: (0.0, None))
+    monkeypatch.setattr(trainer, "evaluate", lambda *args, **kwargs: 0.0)
     trainer.warmup()
-    assert copies == ["cpu"]
-    assert tab.step_count == 0 and tab.kept == [] and all((t == 0).all() for t in tab.tensors().values())
+    assert steps and trainer.ngram is tab and trainer.model.ngram is tab
+    assert tab.step_count == 0 and tab.kept == [] and tab.cache.grad is None
+    assert set(tab.tensors()) == {"weight", "last_step", "row_sq"}
+    assert all((t == 0).all() for t in tab.tensors().values())

@@ -1,5 +1,6 @@
 """Optimizer: orthogonalization against float64, NorMuon/Adam math, sharding over gloo ranks."""
 
+import importlib.util
 import math
 import os
 
@@ -9,7 +10,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import train_gpt as T
-from helpers import free_port
+from helpers import ROOT, free_port
+
+# the orthogonalizer's other sets of maps (Newton-Schulz, the re-derived ones) live in the bench tool
+_SPEC = importlib.util.spec_from_file_location("quintic_maps", os.path.join(ROOT, "bench", "quintic_maps.py"))
+Q = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(Q)
 
 
 def conditioned(batch: int, rows: int, cols: int, smallest: float = 0.1) -> torch.Tensor:
@@ -25,13 +31,24 @@ def conditioned(batch: int, rows: int, cols: int, smallest: float = 0.1) -> torc
 SHAPES = [(3, 64, 64), (3, 48, 160), (3, 160, 48), (2, 256, 768)]
 
 
+def map_set(method: str) -> tuple:
+    """(coefficients, safety, eps) of a set of maps: polar_express's are train_gpt's own, the others bench's."""
+    return (T.POLAR_EXPRESS_COEFFS, T.POLAR_SAFETY, T.POLAR_EPS) if method == "polar_express" else Q.MAP_SETS[method]
+
+
+def orthogonalized(G: torch.Tensor, method: str) -> torch.Tensor:
+    """train_gpt's bf16 orthogonalization with a set of maps: polar_express as the optimizer calls it (the default
+    coefficients and normalization); another set of bench/quintic_maps.py through the same functions."""
+    return T.orthogonalize(G) if method == "polar_express" else Q.orthogonalize(G, method)
+
+
 @pytest.mark.parametrize("method", ["polar_express", "newton_schulz"])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_orthogonalize_matches_float64(method, shape):
     G = conditioned(*shape) * torch.rand(()).add(0.5)  # fresh random inputs, arbitrary scale
-    out = T.orthogonalize(G, method)
+    out = orthogonalized(G, method)
     assert out.dtype == torch.bfloat16 and out.shape == G.shape
-    ref = T.orthogonalize_float64(G, method)
+    ref = T.orthogonalize_float64(G, *map_set(method))
     # Five chained bf16 iterations: relative error a little above one bf16 rounding (~4e-3).
     assert ((out.double() - ref).norm() / ref.norm()).item() < 3e-2
 
@@ -52,13 +69,14 @@ BAND_CASES = [(method, shape) for method in BANDS for shape in SHAPES
 @pytest.mark.parametrize("method, shape", BAND_CASES)
 def test_orthogonalize_singular_value_band(method, shape):
     G = conditioned(*shape, smallest=0.1)
-    sv = torch.linalg.svdvals(T.orthogonalize(G, method).double())
+    out = orthogonalized(G, method)
+    sv = torch.linalg.svdvals(out.double())
     low, high = BANDS[method]
     assert sv.min() > low and sv.max() < high, (sv.min().item(), sv.max().item())
     # ...and it is the polar factor's direction: U Vᵀ up to the band's spread
     U, _, Vh = torch.linalg.svd(G.double(), full_matrices=False)
     polar = U @ Vh
-    cos = (T.orthogonalize(G, method).double() * polar).sum() / polar.norm() ** 2
+    cos = (out.double() * polar).sum() / polar.norm() ** 2
     assert low < cos < high
 
 
@@ -78,7 +96,7 @@ def composed_map(coeffs, sigma: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("method", ENVELOPES)
 def test_quintic_maps_stay_in_their_envelope(method):
-    coeffs, safety, _ = T.ORTHOGONALIZERS[method]
+    coeffs, safety, _ = map_set(method)
     floor, low, high = ENVELOPES[method]
     out = composed_map(coeffs, torch.logspace(math.log10(floor), 0, 50_001, dtype=torch.float64) / safety)
     assert low - 2e-4 < out.min() < low + 1e-5 and high - 1e-5 < out.max() < high + 2e-4, (out.min(), out.max())
@@ -96,22 +114,13 @@ def test_rederived_maps_land_singular_values_in_their_envelope(method, shape):
     V = torch.linalg.qr(torch.randn(batch, cols, k, dtype=torch.float64)).Q
     s = 10 ** torch.empty(batch, k, dtype=torch.float64).uniform_(-4, 0)
     G = U @ torch.diag_embed(s) @ V.mT
-    coeffs, safety, eps = T.ORTHOGONALIZERS[method]
+    coeffs, safety, eps = map_set(method)
     shares = s / s.norm(dim=-1, keepdim=True)
     expected = composed_map(coeffs, s / (s.norm(dim=-1, keepdim=True) * safety + eps)).abs()
-    sv = torch.linalg.svdvals(T.orthogonalize_float64(G, method))
+    sv = torch.linalg.svdvals(T.orthogonalize_float64(G, coeffs, safety, eps))
     assert torch.allclose(sv, expected.sort(dim=-1, descending=True).values, atol=1e-9)
     inside = expected[shares >= floor]
     assert inside.numel() > k // 4 and low - 1e-5 < inside.min() and inside.max() < high + 1e-5
-
-
-def test_orthogonalizer_setting_takes_every_map_set_and_stops_on_a_typo():
-    for method in T.ORTHOGONALIZERS:
-        T.check_hyperparameters(T.Hyperparameters.from_env({"ORTHOGONALIZER": method}))
-    with pytest.raises(T.SetupError, match=r"^ORTHOGONALIZER=polar_expres6_l3e4: use one of .*; did you mean polar_express6_l3e4\?$"):
-        T.check_hyperparameters(T.Hyperparameters.from_env({"ORTHOGONALIZER": "polar_expres6_l3e4"}))
-    with pytest.raises(T.SetupError, match=r"^ORTHOGONALIZER=polar_express4_l1e2 was removed: four maps .*; use one of polar_express,"):
-        T.check_hyperparameters(T.Hyperparameters.from_env({"ORTHOGONALIZER": "polar_express4_l1e2"}))
 
 
 def test_mantissa_round_trip_is_exact():
@@ -261,7 +270,7 @@ def test_communication_order_small_then_banks_then_tables():
     sharded Adam tables, each group in table order (NCCL runs collectives in launch order)."""
     order = T.NorMuonAdam(make_params(), SPECS, CONFIG).comm_order
     assert order == ["scalars", "mudd_gate_scale", "qk_bank", "mlp_bank", "lm_head", "embed"]
-    hp = T.Hyperparameters.of(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001, ngram_rows=0)
+    hp = T.Hyperparameters.of(device="cpu", model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256)
     model = T.GPT(hp.model, T.longest_forward(hp))
     specs = T.param_specs(model)
     order = T.NorMuonAdam(dict(model.named_parameters()), specs, CONFIG).comm_order
@@ -395,8 +404,7 @@ FLAT_SPECS = {
     "embed": T.ParamSpec("adam", "sharded", wd_mul=150.0, betas=(0.5, 0.95)),
 }
 FLAT_REPLICATED = [k for k, spec in FLAT_SPECS.items() if spec.comm == "replicated"]
-# Adam on odd steps, two steps without Adam in a row (a stage edge), Adam twice in a row
-# (ADAM_EVERY_OTHER_STEP=0); untied after step 3
+# Adam on odd steps, two steps without Adam in a row (a stage edge), Adam twice in a row; untied after step 3
 FLAT_ADAM_STEPS = [False, True, False, True, False, False, True, True]
 FLAT_UNTIE_AFTER = 3
 
@@ -526,10 +534,16 @@ def test_world_size_one_sends_nothing_and_copies_no_gradient(monkeypatch):
 
 # --- the schedule's scalars on the device (T5.3) ---------------------------------------------------
 
+def fast_rail_of(step: int) -> tuple[float, float] | None:
+    """The fast momentum rail's (beta, blend weight) at a step (T2.9): the single EMA's (None) for the first four, then
+    the rails engaged."""
+    return None if step < 4 else (0.8 - 0.02 * step, 0.4)
+
+
 def reference_world_one_steps(params: dict, specs: dict, adam_steps: list, untie_after: int):
     """The optimizer at world size 1 written out plainly, its scalars made per call as 0-d CPU
-    tensors (float64 math, then float32) as before they moved to the device: the tie, NorMuon,
-    Adam with the kept gradients of T2.7, the untie."""
+    tensors (float64 math, then float32) as before they moved to the device: the tie, NorMuon with
+    its two momentum rails, Adam with the kept gradients of T2.7, the untie."""
     cfg, scalar = CONFIG, (lambda x: torch.tensor(x, dtype=torch.float32))
     tied, kept, state = True, {}, {}
     for label, p in params.items():
@@ -540,13 +554,14 @@ def reference_world_one_steps(params: dict, specs: dict, adam_steps: list, untie
             bank = p.view(-1, *spec.matrix_shape)
             rows, cols = spec.matrix_shape
             state[label] = {
-                "momentum": torch.zeros(bank.shape),
+                "momentum": torch.zeros(bank.shape), "slow_momentum": torch.zeros(bank.shape),
                 "second_moment": torch.zeros((len(bank), rows, 1) if rows >= cols else (len(bank), 1, cols)),
                 "mantissa": torch.zeros(bank.shape, dtype=torch.int16) if p.dtype == torch.bfloat16 else None,
                 "lr_muls": spec.matrix_lr_mul(torch.arange(len(bank))).view(-1, 1, 1)}
     with torch.no_grad():
         for step, adam in enumerate(adam_steps):
             lr_multiplier, momentum = 1.0 - 0.05 * step, 0.85 + 0.01 * step
+            fast_beta, fast_weight = fast_rail_of(step) or (momentum, 1.0)
             grads = micro_grads(params, step, 0)
             if tied:
                 grads["lm_head"] = grads["lm_head"] + grads.pop("embed")
@@ -554,11 +569,13 @@ def reference_world_one_steps(params: dict, specs: dict, adam_steps: list, untie
                 spec, st = specs[label], state[label]
                 if spec.optimizer == "normuon":
                     rows, cols = spec.matrix_shape
-                    T.normuon_bank_step(grad.view(-1, rows, cols), st["momentum"], st["second_moment"],
+                    rails = (st["momentum"], st["slow_momentum"], scalar(fast_beta), scalar(fast_weight),
+                             cfg.muon_rails_slow_beta)
+                    T.normuon_bank_step(grad.view(-1, rows, cols), rails, st["second_moment"],
                                         params[label].view(-1, rows, cols), st["mantissa"], scalar(momentum),
                                         scalar(cfg.muon_lr * lr_multiplier * spec.lr_mul), st["lr_muls"],
                                         scalar(cfg.muon_weight_decay * spec.wd_mul * cfg.muon_lr * lr_multiplier),
-                                        1.0, cfg.muon_beta2, -1 if rows >= cols else -2, cfg.orthogonalizer, False)
+                                        1.0, cfg.muon_beta2, -1 if rows >= cols else -2, False)
                 elif adam:
                     beta1, beta2 = spec.betas
                     st["step"] += 1
@@ -578,16 +595,17 @@ def reference_world_one_steps(params: dict, specs: dict, adam_steps: list, untie
 
 
 def test_scalars_on_the_device_give_the_plain_steps_numbers_bit_for_bit():
-    """Adam and non-Adam steps (two without Adam in a row, two with Adam in a row), tied then untied:
-    the optimizer, its scalars copied each step into one tensor that stays where it is, updates the
-    parameters and moments exactly as the plain steps with per-call CPU scalars do."""
+    """Adam and non-Adam steps (two without Adam in a row, two with Adam in a row), tied then untied, the
+    momentum rails engaged from step 4: the optimizer, its scalars copied each step into one tensor that
+    stays where it is, updates the parameters and moments exactly as the plain steps with per-call CPU
+    scalars do."""
     params, reference = make_flat_params(), make_flat_params()
     opt = T.NorMuonAdam(params, FLAT_SPECS, CONFIG, tied=("embed", "lm_head"))
     address = opt.scalars.data_ptr()
     for step, adam in enumerate(FLAT_ADAM_STEPS):
         for k, g in micro_grads(params, step, 0).items():
             params[k].grad = g
-        opt.step(1.0 - 0.05 * step, 0.85 + 0.01 * step, adam=adam)
+        opt.step(1.0 - 0.05 * step, 0.85 + 0.01 * step, adam=adam, fast_rail=fast_rail_of(step))
         if step == FLAT_UNTIE_AFTER:
             opt.untie()
     state = reference_world_one_steps(reference, FLAT_SPECS, FLAT_ADAM_STEPS, FLAT_UNTIE_AFTER)
