@@ -6,12 +6,17 @@ On first use the sample (gutenberg.jsonl.xz beside this file) is tokenized by da
 with the repository's GPT-2 BPE files into --cache-dir (default: cache/ beside this file, ignored by
 git); later runs reuse those shards while the sample is unchanged. Hyperparameter variables already
 set in the environment win over the preset's (e.g. SMOKE=1 NUM_SCHEDULED_ITERATIONS=60 ./run.sh).
+
+The preset's settings fit the repository's current train_gpt.py (--script runs another, e.g. a record's):
+`<script> --check` sees them first, and a setting the script does not accept stops the run in one line.
+Ctrl-C stops training as it stops train_gpt.py (its log ends with `interrupted at step N`; exit code 130).
 """
 import argparse
 import datetime
 import hashlib
 import lzma
 import os
+import re
 import subprocess
 import sys
 
@@ -22,6 +27,7 @@ sys.path.insert(0, DATA)
 import tokenize_docs  # noqa: E402
 
 SAMPLE = os.path.join(HERE, "gutenberg.jsonl.xz")
+TRAIN_GPT = os.path.join(ROOT, "train_gpt.py")  # the trainer the preset fits
 PREFIX = "smoke"
 VAL_TOKENS = 4096
 SHARD_TOKENS = 100_000
@@ -29,11 +35,11 @@ STAMP = "sample.sha256"  # in the cache: the sha256 of the sample its shards wer
 # The tiny model of the CPU tests, 22 steps of 2,048 tokens (full batch: 8 micro-batches of 256; its time and
 # loss: README.md beside this file). A step's cost grows with its tokens, so more steps of fewer tokens teach
 # more per second.
-PRESET = dict(MODEL_DIM=128, NUM_HEADS=2, HEAD_DIM=64, MLP_HIDDEN=256, BIGRAM_ROWS=1001, NGRAM_ROWS=4001,
+PRESET = dict(MODEL_DIM=128, NUM_HEADS=2, HEAD_DIM=64, MLP_HIDDEN=256, NGRAM_ROWS=4001,
               STAGE_BATCH_TOKENS="2048,2048,2048,2048,2048", STAGE_MAX_SEQ_LEN="128,256,256,256,256", WINDOW_BLOCK_SIZE=16,
               NUM_SCHEDULED_ITERATIONS=21, NUM_EXTENSION_ITERATIONS=1, VAL_TOKENS=VAL_TOKENS, VAL_SEQ_LEN=1024,
               VAL_LOSS_EVERY=7, TRAIN_LOSS_EVERY=1, MUON_MOMENTUM_WARMUP_STEPS=7, MUON_MOMENTUM_COOLDOWN_STEPS=2,
-              COMPILE=0, WARMUP=0, LOG_DIR="logs")
+              COMPILE=0, WARMUP=0, LOG_DIR="logs", ALLOW_REPEAT=1)  # longer runs on a small text repeat it
 # On the CPU, glibc would map and zero the step's large tensors (vocabulary-sized gradients and logits)
 # anew each time and unmap them after: 40 % of the run went to those page faults. Keep freed memory.
 CPU_MALLOC = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"
@@ -45,18 +51,22 @@ def sample_digest():
 
 
 def prepare(cache_dir):
-    """Tokenize the sample into cache_dir unless it holds the shards of this very sample; return cache_dir."""
+    """Tokenize the sample into cache_dir unless it holds the shards of this very sample (then silently);
+    return cache_dir. A folder that cannot be made or written is one `error:` line."""
     stamp = os.path.join(cache_dir, STAMP)
     digest = sample_digest()
     if os.path.exists(stamp) and open(stamp).read().strip() == digest:
-        print(f"smoke: reusing the tokenized sample in {cache_dir}")
         return cache_dir
-    os.makedirs(cache_dir, exist_ok=True)
-    if os.path.exists(stamp):
-        os.remove(stamp)  # the shards below are being replaced
     text = os.path.join(cache_dir, "gutenberg.jsonl")
-    with lzma.open(SAMPLE) as src, open(text, "wb") as dst:
-        dst.write(src.read())
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        if os.path.exists(stamp):
+            os.remove(stamp)  # the shards below are being replaced
+        with lzma.open(SAMPLE) as src, open(text, "wb") as dst:  # the sample itself was read above
+            dst.write(src.read())
+    except OSError as error:
+        raise SystemExit(f"error: --cache-dir {cache_dir}: cannot write the tokenized sample there "
+                         f"({error.strerror or error}); give a folder you can write") from None
     try:
         status = tokenize_docs.main([text, "--prefix", PREFIX, "--out-dir", cache_dir, "--overwrite",
                                      "--val-tokens", str(VAL_TOKENS), "--shard-tokens", str(SHARD_TOKENS)])
@@ -82,22 +92,76 @@ def preset_env(cache_dir, cuda, environ):
     return env
 
 
+def check(script, env, environ):
+    """`script --check` under the run's environment: 0 when it passes, else its exit code after one line on why.
+    A PRESET setting that its last line names, where it names none the user set, is one the script does not
+    accept: the preset fits the repository's current train_gpt.py, not older ones (a record's)."""
+    proc = subprocess.run([sys.executable, script, "--check"], env=env, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode == 0:
+        return 0
+    lines = (proc.stderr.strip() or proc.stdout.strip() or f"exit code {proc.returncode}").splitlines()
+    reason = lines[-1].removeprefix("error: ")  # train_gpt.py's one line, or a traceback's last
+    named = sorted((name for name in env if name.isupper() and re.search(rf"\b{re.escape(name)}\b", reason)),
+                   key=reason.index)
+    ours = [] if any(name in environ for name in named) else [name for name in named if name in PRESET]
+    shown = os.path.relpath(script, ROOT) if script.startswith(ROOT + os.sep) else script
+    fits = "error: the smoke preset's settings fit the repository's current train_gpt.py; "
+    if ours:
+        print(fits + f"{shown} did not accept {', '.join(f'{name}={env[name]}' for name in ours)} ({reason})",
+              file=sys.stderr)
+    elif script != TRAIN_GPT:
+        print(fits + f"{shown} --check failed: {reason}", file=sys.stderr)
+    else:  # the user's setting or machine: train_gpt.py's own line says what to change
+        sys.stdout.write(proc.stdout)
+        sys.stderr.write(proc.stderr)
+        print(f"smoke: failed (exit code {proc.returncode}); training stopped before writing a log")
+    return proc.returncode
+
+
+def wait(child):
+    """child's exit code (128 + the signal's number if one ended it). Ctrl-C reaches the child too (the
+    terminal signals the whole process group) and train_gpt.py stops on its own, logging where: wait."""
+    while True:
+        try:
+            status = child.wait()
+            return 128 - status if status < 0 else status
+        except KeyboardInterrupt:
+            pass
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache-dir", default=os.path.join(HERE, "cache"),
                         help="folder for the tokenized sample (default: data/smoke/cache)")
+    parser.add_argument("--script", default=TRAIN_GPT,
+                        help="the trainer to run (default: the repository's train_gpt.py, which the preset fits)")
     args = parser.parse_args(argv)
-    cache_dir = prepare(args.cache_dir)
+    if not os.path.isfile(args.script):
+        raise SystemExit(f"error: --script {args.script}: no such file (default: the repository's train_gpt.py)")
+    script = os.path.abspath(args.script)
+    cache_dir = prepare(os.path.abspath(args.cache_dir))
     import torch  # after tokenizing: a bad sample or BPE file fails fast
 
     env = preset_env(cache_dir, torch.cuda.is_available(), os.environ)
+    status = check(script, env, os.environ)
+    if status:
+        return status
     log = os.path.join(env["LOG_DIR"], env["RUN_ID"] + ".txt")
-    print(f"smoke: training a tiny model on {env['DEVICE']}; log: {log}", flush=True)
-    status = subprocess.run([sys.executable, os.path.join(ROOT, "train_gpt.py")], env=env, cwd=ROOT).returncode
     where = log if os.path.isabs(log) else os.path.join(ROOT, log)
-    print(f"smoke: {'done' if status == 0 else f'failed (exit code {status})'}; the log is {where}")
+    size = os.path.getsize(where) if os.path.exists(where) else None  # a RUN_ID used before: appended to
+    print(f"smoke: training a tiny model on {env['DEVICE']}; log: {log}", flush=True)
+    status = wait(subprocess.Popen([sys.executable, script], env=env, cwd=ROOT))
+    outcome = "done" if status == 0 else "interrupted" if status == 130 else f"failed (exit code {status})"
+    if os.path.exists(where) and os.path.getsize(where) != size:
+        print(f"smoke: {outcome}; the log is {where}")
+    else:
+        print(f"smoke: {outcome}; training stopped before writing a log")
     return status
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # before training: tokenizing (redone next time) or checking
+        print("smoke: interrupted before training", file=sys.stderr)
+        sys.exit(130)
