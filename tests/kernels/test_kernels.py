@@ -4,15 +4,23 @@ against float64 and the torch path, and the optimizer's compiled bank step. The 
 cross-entropy and the FP8 lm_head: test_cross_entropy.py; the attention backends against SDPA:
 tests/model/test_attention_backends.py."""
 
+import importlib.util
+import os
 import textwrap
 
 import pytest
 import torch
 
 import train_gpt as T
-from helpers import rel_err, run_in_triton_interpreter
+from helpers import ROOT, rel_err, run_in_triton_interpreter
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# the orthogonalizer's other sets of maps live in the bench tool: a six-map set, normalized as Polar Express's
+_SPEC = importlib.util.spec_from_file_location("quintic_maps", os.path.join(ROOT, "bench", "quintic_maps.py"))
+Q = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(Q)
+MAPS = {"polar_express": T.POLAR_EXPRESS_COEFFS, "polar_express6_l3e4": Q.GREEDY6_FLOOR_3E4_COEFFS}
 
 INTERPRETER_CHECK = textwrap.dedent("""
     import torch, train_gpt as T
@@ -39,8 +47,8 @@ INTERPRETER_CHECK = textwrap.dedent("""
     for shape in ((2, 96, 64), (2, 64, 96), (2, 64, 64), (3, 100, 300)):
         G = torch.randn(shape)
         ref = T.orthogonalize_float64(G)
-        torch_err = rel(T.orthogonalize(G, "polar_express", use_triton=False), ref)
-        triton_err = rel(T.orthogonalize(G, "polar_express", use_triton=True), ref)
+        torch_err = rel(T.orthogonalize(G, use_triton=False), ref)
+        triton_err = rel(T.orthogonalize(G, use_triton=True), ref)
         results.append(("orthogonalize", shape, None, triton_err, min(2e-2, 1.3 * torch_err)))
     bad = [r for r in results if not r[3] < r[4]]
     for r in results:
@@ -64,11 +72,12 @@ def test_triton_orthogonalize_is_as_accurate_as_the_torch_path(shape, method):
     whichever way they round, and the two paths round differently (Triton: B + a·I once, in the
     kernel; torch: B, then a·X + X·B), so they differ from each other by about as much (1.3-1.4e-2)
     as from float64: each is held to float64, the Triton path to the torch path's accuracy."""
+    assert Q.MAP_SETS[method][1:] == (T.POLAR_SAFETY, T.POLAR_EPS)  # the default normalization applies
     G = torch.randn(shape, device="cuda")
-    ref = T.orthogonalize_float64(G, method)
-    fast = T.orthogonalize(G, method, use_triton=True)
+    ref = T.orthogonalize_float64(G, MAPS[method])
+    fast = T.orthogonalize(G, use_triton=True, coeffs=MAPS[method])
     assert torch.isfinite(fast).all()
-    fast_err, torch_err = rel_err(fast, ref), rel_err(T.orthogonalize(G, method, use_triton=False), ref)
+    fast_err, torch_err = rel_err(fast, ref), rel_err(T.orthogonalize(G, use_triton=False, coeffs=MAPS[method]), ref)
     assert fast_err < 2e-2 and torch_err < 2e-2
     assert fast_err < 1.3 * torch_err
     A = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
@@ -86,20 +95,21 @@ def test_triton_orthogonalize_is_as_accurate_as_the_torch_path(shape, method):
 def test_compiled_triton_bank_step_matches_the_eager_steps(shape):
     """The optimizer's compiled NorMuon bank step (Triton kernels traced into one graph) against the
     same step run eagerly (the same kernels: a tight match) and against the eager torch path (which
-    rounds differently, see above: about 1.4e-2 apart in the orthogonalized update)."""
+    rounds differently, see above: about 1.4e-2 apart in the orthogonalized update); the momentum rails
+    engaged (T2.9: the fast rail's beta and weight as the schedule sets them, the slow rail's beta)."""
     grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     weight0 = (torch.randn(shape, device="cuda") * 0.02).bfloat16()
-    momentum0 = torch.randn(shape, device="cuda") * 0.1
+    fast0, slow0 = torch.randn(shape, device="cuda") * 0.1, torch.randn(shape, device="cuda") * 0.1
     rows, cols = shape[1:]
     axis = -1 if rows >= cols else -2
     updates = []
     compiled = torch.compile(T.normuon_bank_step, dynamic=False, fullgraph=True)
     for fn, use_triton in ((T.normuon_bank_step, False), (T.normuon_bank_step, True), (compiled, True)):
-        weight, momentum = weight0.clone(), momentum0.clone()
+        weight, rails = weight0.clone(), (fast0.clone(), slow0.clone(), torch.tensor(0.85), torch.tensor(0.4385), 0.98)
         second_moment = torch.zeros((shape[0], rows, 1) if axis == -1 else (shape[0], 1, cols), device="cuda")
         mantissa = torch.zeros(shape, dtype=torch.int16, device="cuda")
-        fn(grad, momentum, second_moment, weight, mantissa, torch.tensor(0.9), torch.tensor(0.02),
-           torch.ones(shape[0], 1, 1, device="cuda"), torch.tensor(0.01), 1.0, 0.9, axis, "polar_express", use_triton)
+        fn(grad, rails, second_moment, weight, mantissa, torch.tensor(0.9), torch.tensor(0.02),
+           torch.ones(shape[0], 1, 1, device="cuda"), torch.tensor(0.01), 1.0, 0.9, axis, use_triton)
         updates.append(T._fp32_from_bf16_and_mantissa(weight, mantissa) - weight0.float())
     assert torch.isfinite(updates[2]).all()
     assert rel_err(updates[2], updates[1]) < 1e-2

@@ -172,7 +172,7 @@ def test_normed_activations_take_a_static_e4m3_scale():
 
 
 def test_fp8_mlp_is_off_without_a_hopper_gpu():
-    hp = T.Hyperparameters.of(device="cpu", fp8_mlp=True, fused_mlp_min_tokens=0)
+    hp = T.Hyperparameters.of(device="cpu", fp8_mlp=True)
     assert not T.resolve_execution(hp.execution, hp.model, torch.device("cpu"), 4096, training=True).mlp_e4m3
 
 
@@ -298,8 +298,8 @@ def test_compiled_model_with_the_fused_mlp_matches_the_plain_mlp():
     inputs, targets, cu, shape = four_document_batch()
     results = []
     for fused in (True, False):
-        hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001, ngram_rows=0,
-                               val_seq_len=1024, fused_mlp=fused, fused_mlp_min_tokens=0, fp8_mlp=False)
+        hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, ngram_rows=1001,
+                               val_seq_len=1024, fused_mlp=fused, fp8_mlp=False)
         torch.manual_seed(0)
         model = T.GPT(hp.model, T.longest_forward(hp)).cuda()
         plans = [T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), inputs.numel(), training)
@@ -392,8 +392,8 @@ def test_compiled_model_with_the_fp8_mlp_trains_like_the_bf16_mlp(layout):
     inputs, targets, cu, shape = four_document_batch()
     results = []
     for fp8 in (True, False):
-        hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=1001, ngram_rows=0,
-                               val_seq_len=1024, fused_mlp_min_tokens=0, fp8_mlp=fp8, **layout)
+        hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, ngram_rows=1001,
+                               val_seq_len=1024, fp8_mlp=fp8, **layout)
         torch.manual_seed(0)
         model = T.GPT(hp.model, T.longest_forward(hp)).cuda()
         plan, evaluation = (T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), inputs.numel(), training)
@@ -420,8 +420,9 @@ def test_compiled_model_with_the_fp8_mlp_trains_like_the_bf16_mlp(layout):
     assert torch.equal(total, ref_total)  # evaluation runs the bf16 MLP
 
 
-def test_fused_mlp_runs_from_its_token_threshold(monkeypatch):
-    """FUSED_MLP_MIN_TOKENS: forwards of fewer tokens per rank take the plain MLP (launch-bound there)."""
+def test_every_mlp_follows_the_fused_mlp_setting_at_any_size(monkeypatch):
+    """Every MLP layer's forward takes the fused MLP with FUSED_MLP=1 and the plain expression with 0, whatever
+    the forward's size (no token threshold since #77: a 128-token forward was below the old one)."""
     calls = []
     for name, fused in (("relu_square_mlp", True), ("relu_square_mlp_reference", False)):
         monkeypatch.setattr(T, name, lambda x, fc, proj, *_, fused=fused: calls.append(fused) or (x @ fc.t()) @ proj)
@@ -429,9 +430,9 @@ def test_fused_mlp_runs_from_its_token_threshold(monkeypatch):
     inputs = torch.randint(0, 1000, (tokens,), dtype=torch.int32)
     cu = torch.from_numpy(T.cu_seqlens_for([tokens], tokens, 16))
     shape = T.ForwardShape(short_window=128, long_window=128, max_seq_len=tokens)
-    for threshold, fused in [(tokens, True), (tokens + 1, False)]:
+    for fused in (True, False):
         hp = T.Hyperparameters.of(model_dim=64, num_heads=2, head_dim=32, mlp_hidden=128, vocab_size=1024,
-                               bigram_rows=101, device="cpu", fused_mlp_min_tokens=threshold)
+                               ngram_rows=101, device="cpu", fused_mlp=fused)
         calls.clear()
         plan = T.resolve_execution(hp.execution, hp.model, torch.device("cpu"), tokens, training=True)
         T.GPT(hp.model, T.longest_forward(hp)).hidden_states(inputs, cu, shape, plan)

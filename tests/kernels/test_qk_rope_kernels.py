@@ -1,7 +1,7 @@
 """QK-norm + rotary + key offset in Triton kernels (docs/TECHNIQUES.md T6.4): the kernels through Triton's
 CPU interpreter against the torch reference in float64, output and gradients (fp32 storage to rounding,
-bf16 to bf16 precision; full-width and narrow Q/K heads, T3.18, with V as wide or as narrow, T3.21), and
-the tiny model (all layers wide, with narrow layers, with narrow V/O too) with them against its torch path;
+bf16 to bf16 precision; full-width and narrow Q/K heads, T3.18, with V full width), and the tiny model (all
+layers wide, and with narrow layers) with them against its torch path;
 compiled ahead of time for sm_90 (the backward at the launches the bench times); on a GPU (gpu-marked) at
 the model's shapes, eager and traced by torch.compile, and the compiled model with them. The execution
 plan's switch: tests/model/test_execution_plan.py."""
@@ -26,12 +26,12 @@ QK_ROPE_INTERPRETER_CHECK = textwrap.dedent("""
     from helpers import cpu_execution, outputs_and_grads, random_batch, rel_err, rope_tables
 
     # (tokens, heads, head_dim, Q/K head width, paired, key offset, value input, V head width); Q/K head_dim/2
-    # wide: narrow layers (T3.18), every dimension turning, v head_dim wide or, narrow V/O (T3.21), as q
+    # wide: narrow layers (T3.18), every dimension turning (no key offset there), v head_dim wide
     cases = [(37, 2, 64, 64, True, True, True, 64), (64, 6, 64, 64, False, True, False, 64),
              (37, 6, 64, 64, True, False, True, 64), (64, 2, 64, 64, False, False, False, 64),
              (37, 6, 32, 32, False, True, True, 32), (37, 6, 64, 32, True, False, True, 64),
-             (37, 2, 64, 32, False, False, False, 64), (37, 2, 64, 32, True, False, False, 32),
-             (64, 6, 64, 32, False, False, True, 32)]
+             (37, 2, 64, 32, False, False, False, 64), (37, 2, 64, 32, True, False, False, 64),
+             (64, 6, 64, 32, False, False, True, 64)]
     for (tokens, H, hd, qk_hd, paired, key_offset, value_input, vd) in cases:
         torch.manual_seed(tokens * H)
         cos, sin = rope_tables(tokens, hd, paired)
@@ -53,12 +53,11 @@ QK_ROPE_INTERPRETER_CHECK = textwrap.dedent("""
                 assert torch.equal(got[2], T.qk_norm_rope_reference(qkv, v_extra, *args)[2])
 
     # one program per part in the model (the interpreter's time goes by programs; the cases above take the
-    # kernels' own launches); all layers wide, then record #92's narrow layers (T3.18), then three of them
-    # with narrow V/O too (T3.21)
+    # kernels' own launches); all layers wide, then record #92's narrow layers (T3.18)
     T.QK_ROPE_FORWARD_LAUNCH = T.QK_ROPE_BACKWARD_LAUNCH = {"BLOCK": 512, "num_warps": 4}
-    for narrow, narrow_vo in (((), ()), (T.ModelConfig.narrow_qk_layers, ()), (T.ModelConfig.narrow_qk_layers, (0, 5))):
+    for narrow in ((), T.ModelConfig.narrow_qk_layers):
         hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, vocab_size=1024,
-                                  bigram_rows=1001, ngram_rows=0, narrow_qk_layers=narrow, narrow_vo_layers=narrow_vo)
+                                  ngram_rows=1001, narrow_qk_layers=narrow)
         torch.manual_seed(0)
         model = T.GPT(hp.model, 256).float()  # in fp32 the two paths agree to rounding (bf16: the cases above)
         with torch.no_grad():  # live MUDD value mix (the extra value input of layer 10)
@@ -72,11 +71,11 @@ QK_ROPE_INTERPRETER_CHECK = textwrap.dedent("""
             kernel_plan = dataclasses.replace(plan, qk_rope_kernel=kernel)
             loss, _ = model.training_loss(inputs, targets, cu, shape, kernel_plan, torch.tensor([1.0]))
             loss.backward()
-            banks = [bank.grad for bank, _ in model.qk_banks() + model.vo_banks()]
+            banks = [bank.grad for bank, _ in model.qk_banks()] + [model.vo_bank.grad]
             results.append((loss, *banks, model.value_embeds.grad))
         errors = [rel_err(a, b) for a, b in zip(*results)]
-        print("model", narrow, narrow_vo, ["%.1e" % e for e in errors])
-        assert len(errors) == 4 + bool(narrow) + bool(narrow_vo)
+        print("model", narrow, ["%.1e" % e for e in errors])
+        assert len(errors) == 4 + bool(narrow)
         assert max(errors) < 1e-5, errors
 """)
 
@@ -177,7 +176,7 @@ def test_compiled_model_with_the_qk_rope_kernels_matches_the_torch_path_on_gpu()
     shape = T.ForwardShape(short_window=128, long_window=384, max_seq_len=512, n_predict=2)
     results = []
     for setting in (False, True):
-        hp = T.Hyperparameters.of(model_dim=384, num_heads=6, head_dim=64, mlp_hidden=1024, bigram_rows=1001, ngram_rows=0,
+        hp = T.Hyperparameters.of(model_dim=384, num_heads=6, head_dim=64, mlp_hidden=1024, ngram_rows=1001,
                                   val_seq_len=1024, qk_rope_kernel=setting)
         torch.manual_seed(0)
         model = T.GPT(hp.model, T.longest_forward(hp)).cuda()

@@ -1,7 +1,9 @@
 """The newest pieces of the model (records #81-#88) on the CPU: XSA, DC-MHA's torch path (its Triton
 kernels: tests/kernels/test_dc_mha_kernels.py), MUDD connections and gates (their layouts, and that
 at init they equal the static weights they replaced), the multi-target loss, the prefix-token table
-and loss, the optimizer table, and that the whole model traces with torch.compile(fullgraph=True)."""
+and loss, the optimizer table, and that the whole model traces with torch.compile(fullgraph=True). The
+n-gram table's rows (T3.19) enter a forward through its row cache: live_ngram gives them values, and
+`model.ngram.load(ids)` caches a batch's rows before its forward."""
 
 import json
 import math
@@ -15,7 +17,7 @@ from helpers import FULL_LAYOUT, cpu_execution, dc_mha_dense, rel_err
 
 # A tiny model with a small vocabulary (the CPU is slow with 50304-row tables).
 SMALL = dict(device="cpu", compile=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, vocab_size=1024,
-             bigram_rows=1001, ngram_rows=0, window_block_size=16, val_tokens=2048, val_seq_len=1024,
+             ngram_rows=1001, window_block_size=16, val_tokens=2048, val_seq_len=1024,
              stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096, 4096),
                                             max_seq_len=(128, 256, 256, 256, 256),
                                             ce_candidates=(0,) * 5))  # the vocabulary: below the budgets
@@ -37,6 +39,15 @@ def make_model(seed=0, **switches):
 
 
 PLAN = cpu_execution()  # torch paths: what a 256-token forward takes on the CPU
+
+
+def live_ngram(model, std=0.5, seed=2):
+    """The model's n-gram table (T3.19) with its rows allocated (world size 1: every row, on the model's device)
+    and given seeded values, so that the bigram injection carries signal once `load` fills the row cache."""
+    table = model.ngram.shard(T.Hyperparameters.of(**SMALL).optim)
+    with torch.no_grad():
+        table.weight.copy_(torch.randn(table.weight.shape, generator=torch.Generator().manual_seed(seed)) * std)
+    return table
 
 
 # --- XSA ------------------------------------------------------------------------------------------
@@ -93,7 +104,7 @@ def test_mudd_layouts_match_the_reference():
     assert at[("bigram", 9)] == 27 and at[("skip", 6)] == 28 and at[("dc_w1", 10)] == 29 and at[("dc_w2", 10)] == 35
     bias = [value / T.MUDD_GATE_SCALE_INIT for part in (pre, post) for _, width, value in part for _ in range(width)]
     assert bias[12:18] == [2.5] * 6 and bias[19] == 0.5 and bias[26 + 28] == 5 and bias[26 + 29] == 10
-    layer, final = T.mudd_connection_outputs(cfg)  # pre-scale biases
+    layer, final = T.mudd_connection_outputs()  # pre-scale biases
     b = [value / T.MUDD_SCALE for part in (layer, final) for _, _, value in part]
     assert [name for name, _, _ in layer] == list(T.MUDD_LAYER_OUTPUTS)
     assert [name for name, _, _ in final] == list(T.MUDD_FINAL_OUTPUTS)
@@ -109,13 +120,14 @@ def hidden(model, seed=0):
 
 
 def make_live(*models):
-    """Give the parameters every model shares the same non-zero values, so that all paths carry signal."""
+    """Give the parameters every model shares, and the n-gram table's rows, the same non-zero values, so that
+    all paths carry signal (the rows once a `load` caches a batch's)."""
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for name, std in (("mlp_bank", 0.05), ("bigram_embed", 0.5)):
-            values = torch.randn(getattr(models[0], name).shape, generator=g) * std
-            for m in models:
-                getattr(m, name).copy_(values)
+        values = torch.randn(models[0].mlp_bank.shape, generator=g) * 0.05
+        for m in models:
+            m.mlp_bank.copy_(values)
+            live_ngram(m)
         rows = torch.randn(models[0].ve_gate_bank.shape, generator=g)  # every gated value-embedding layer
         for m in models:
             m.ve_gate_bank.copy_(rows)
@@ -130,6 +142,7 @@ def test_value_embeddings_are_token_major_rows():
     d, layers = SMALL["model_dim"], len(model.config.value_embed_layers)
     assert model.value_embeds.shape == (SMALL["vocab_size"], layers * d)
     inputs, _, cu = small_batch()
+    model.ngram.load(inputs)
     model.hidden_states(inputs, cu, SHAPE, PLAN).float().square().sum().backward()
     grad = model.value_embeds.grad.float()
     used = torch.zeros(SMALL["vocab_size"], dtype=torch.bool)
@@ -238,8 +251,6 @@ def test_prefix_weight_schedule():
     assert abs(prefix(635) - 0.125) < 1e-12 and 0 < prefix(846) < 1e-3
     assert prefix(847) is None and prefix(1284) is None
     assert plan(0).target_weights == (1.0, 0.5, 0.25, 0.25) and plan(900).target_weights == (1.0,)
-    off = T.Schedule(T.Hyperparameters.of(prefix_loss=False).schedule).plan
-    assert off(0).target_weights == (1.0, 0.5, 0.25) and not off(0).shape.prefix_target
 
 
 # --- optimizer table and compile --------------------------------------------------------------------
@@ -250,7 +261,7 @@ REFERENCE_TABLE = {  # label: (optimizer, comm, betas, lr_mul, wd_mul), as the r
     "mlp_bank": ("normuon", "sharded", None, 1, 1),
     "scalars": ("adam", "replicated", (0.9, 0.99), 5, 0), "smear_gate": ("adam", "replicated", (0.9, 0.99), 0.01, 0),
     "ve_gate_bank": ("adam", "replicated", (0.9, 0.99), 1, 1), "lm_head": ("adam", "sharded", (0.5, 0.95), 1, 150),
-    "bigram_embed": ("adam", "sharded", (0.75, 0.95), 75, 5), "post_lambdas": ("adam", "replicated", (0.9, 0.95), 1, 0),
+    "post_lambdas": ("adam", "replicated", (0.9, 0.95), 1, 0),
     "resid_lambdas": ("adam", "replicated", (0.9, 0.95), 5, 0),
     "value_embeds": ("adam", "sharded", (0.75, 0.95), 75, 5), "embed": ("adam", "sharded", (0.5, 0.95), 1, 150),
     "mudd.w1": ("adam", "replicated", (0.9, 0.99), 0.25, 1), "mudd.w2": ("adam", "replicated", (0.9, 0.99), 0.25, 1),
@@ -271,15 +282,19 @@ def test_param_specs_match_the_reference_table():
 
 def test_model_with_every_feature_traces_whole_with_torch_compile():
     """GPU runs compile the model with fullgraph=True; aot_eager traces forward and backward the same
-    way on the CPU (no graph breaks) and must give the eager result."""
-    model = make_model(dc_mha=True)
+    way on the CPU (no graph breaks) and must give the eager result: the loss, every parameter's gradient
+    and the n-gram rows' (the row cache's, T3.19)."""
+    model = make_model()
     model.prefix_ids.copy_(torch.arange(SMALL["vocab_size"]) // 2 - 1)
     inputs, targets, cu = small_batch()
+    table = live_ngram(model)
+    table.load(inputs)
     shape = T.ForwardShape(32, 96, 256, 3, True)
     weights = torch.tensor([1.0, 0.5, 0.25, 0.25])
     eager, _ = model.training_loss(inputs, targets, cu, shape, PLAN, weights)
     eager.backward()
     eager_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    eager_rows, table.cache.grad = table.cache.grad, None
     model.zero_grad(set_to_none=True)
     compiled = torch.compile(model.training_loss, backend="aot_eager", fullgraph=True)
     loss, _ = compiled(inputs, targets, cu, shape, PLAN, weights)
@@ -287,6 +302,7 @@ def test_model_with_every_feature_traces_whole_with_torch_compile():
     assert abs(loss.item() - eager.item()) < 1e-3 * eager.item()
     for name, p in model.named_parameters():
         assert rel_err(p.grad, eager_grads[name]) < 2e-2 or eager_grads[name].norm() == 0, name
+    assert eager_rows.norm() > 0 and rel_err(table.cache.grad, eager_rows) < 2e-2
 
 
 @pytest.mark.gpu
@@ -294,13 +310,15 @@ def test_model_with_every_feature_traces_whole_with_torch_compile():
 def test_compiled_model_with_every_feature_matches_eager_on_cuda():
     """Inductor (as in training) against eager on the GPU, model width 768 and real head shapes,
     every feature on: loss to 1e-2; gradients to 1e-1 (bf16 rounding in different places, amplified
-    through 11 layers; a wrong formula or a dropped term is off by O(1))."""
+    through 11 layers; a wrong formula or a dropped term is off by O(1)), the n-gram rows' too (T3.19: zero
+    as the table starts, so the bigram injection adds nothing here, as the zero bigram table did)."""
     tokens = 4096  # per forward: one eighth of the step's batch (sizes the rotary tables)
     hp = T.Hyperparameters.of(**dict(SMALL, device="cuda", model_dim=768, num_heads=6, head_dim=128, mlp_hidden=3072,
-                                  vocab_size=50304, bigram_rows=377280, dc_mha=True, fp8_lm_head=False,
+                                  vocab_size=50304, fp8_lm_head=False,
                                   stages=T.replace_stage_columns(T.STAGES, batch_tokens=(8 * tokens,) * 5)))
     torch.manual_seed(0)
     model = T.GPT(hp.model, T.longest_forward(hp)).cuda()
+    table = model.ngram.shard(hp.optim)
     plan = T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), tokens, training=True)
     model.prefix_ids.copy_(torch.arange(50304, device="cuda") // 2 - 1)
     with torch.no_grad():
@@ -313,14 +331,17 @@ def test_compiled_model_with_every_feature_matches_eager_on_cuda():
     ids = torch.randint(0, 50257, (tokens + 1,), generator=g)
     cu = torch.tensor(T.cu_seqlens_for([700, 1, 1500, tokens + 1 - 2201], tokens, 16), device="cuda")
     inputs, targets = ids[:-1].int().cuda(), ids[1:].int().cuda()
+    table.load(inputs)
     shape = T.ForwardShape(384, 896, 2048, 3, True)
     weights = torch.tensor([1.0, 0.5, 0.25, 0.25], device="cuda")
     results = []
     for forward in (model.training_loss, torch.compile(model.training_loss, dynamic=False, fullgraph=True)):
         model.zero_grad(set_to_none=True)
+        table.cache.grad = None
         loss, _ = forward(inputs, targets, cu, shape, plan, weights)
         loss.backward()
-        results.append((loss.item(), {n: p.grad.float().clone() for n, p in model.named_parameters()}))
+        grads = {n: p.grad.float().clone() for n, p in model.named_parameters()}
+        results.append((loss.item(), {**grads, "n-gram rows": table.cache.grad.float().clone()}))
     (eager, eager_grads), (compiled, compiled_grads) = results
     assert math.isfinite(compiled) and abs(compiled - eager) < 1e-2 * eager
     for name, grad in eager_grads.items():

@@ -1,6 +1,7 @@
 """The execution plan: every fast-path choice resolved once per stage from the settings, the device and
 the forward's size (resolve_execution), on a CPU with a Hopper GPU and the kernels' packages patched in;
-and the settings tree it is resolved from (flat names, typos, removed settings)."""
+and the settings tree it is resolved from (flat names, typos, removed settings). Whether the steps replay
+CUDA graphs is the step runner's, not the plan's (tests/training/test_step_graphs.py)."""
 
 import dataclasses
 import types
@@ -14,12 +15,11 @@ from helpers import TINY
 
 @pytest.fixture
 def hopper(monkeypatch):
-    """resolve_execution sees an sm90 GPU with Triton, FA3 and FA4 installed."""
+    """resolve_execution sees an sm90 GPU with Triton and FA4 installed."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(T, "triton", T.triton or types.SimpleNamespace())
     monkeypatch.setattr(T, "fa4_interface", types.SimpleNamespace())
-    monkeypatch.setattr(T, "flash_attn_varlen_func", types.SimpleNamespace())
     return torch.device("cuda", 0)
 
 
@@ -28,15 +28,17 @@ def plan(device, tokens, training=True, **settings):
     return T.resolve_execution(hp.execution, hp.model, device, tokens, training)
 
 
-def test_each_eager_stage_gets_the_fast_paths_from_its_token_thresholds(hopper):
-    """The defaults' stages launched from the host (CUDA_GRAPHS=0): 16,384 tokens per rank (stage 1)
-    keep FA3, the plain MLP and bf16 Q/K/V (host-bound there); 32,768 (stage 2) take FA4 and the fused
-    e4m3 MLP; 49,152 (stage 3) also the e4m3 Q/K/V projection. Evaluation stays bf16 at any size."""
-    stage1, stage2, stage3 = (plan(hopper, n, cuda_graphs=False) for n in (16384, 32768, 49152))
-    assert (stage1.attention, stage1.mlp_fused, stage1.mlp_e4m3, stage1.qkv_e4m3) == ("fa3", False, False, False)
-    assert (stage2.attention, stage2.mlp_fused, stage2.mlp_kernel, stage2.mlp_e4m3, stage2.qkv_e4m3) == (
-        "fa4", True, True, True, False)
-    assert stage3.qkv_e4m3 and stage3.mlp_e4m3 and stage3.lm_head_fp8 and stage3.dc_mha_kernel
+def test_every_stage_gets_the_fast_paths_at_its_size(hopper):
+    """The defaults' stages (16,384, 32,768 and 49,152 tokens per rank) and a forward far smaller all take
+    FA4, the fused e4m3 MLP with its kernel, the e4m3 Q/K/V projection, the FP8 lm_head and DC-MHA's kernels:
+    no size thresholds (#77), and the same plan whether the steps replay CUDA graphs or not. Evaluation
+    stays bf16 at any size."""
+    for n in (1024, 16384, 32768, 49152):
+        stage = plan(hopper, n)
+        assert (stage.attention, stage.mlp_fused, stage.mlp_kernel, stage.mlp_e4m3, stage.qkv_e4m3) == (
+            "fa4", True, True, True, True), n
+        assert stage.lm_head_fp8 and stage.dc_mha_kernel and stage.qk_rope_kernel, n
+        assert plan(hopper, n, cuda_graphs=False) == stage, n
     evaluation = plan(hopper, 262144, training=False)
     assert evaluation.attention == "fa4" and evaluation.mlp_fused
     assert not (evaluation.mlp_e4m3 or evaluation.qkv_e4m3 or evaluation.lm_head_fp8)
@@ -49,24 +51,6 @@ def test_a_switched_off_setting_turns_its_path_off_at_every_size(hopper, setting
     assert not getattr(plan(hopper, 49152, **{setting: False}), field)
 
 
-def test_thresholds_are_settings(hopper):
-    assert not plan(hopper, 49152, fp8_qkv_min_tokens=49153, cuda_graphs=False).qkv_e4m3
-    assert plan(hopper, 1024, fused_mlp_min_tokens=1024, fa4_min_tokens=1024).attention == "fa4"
-    assert not plan(hopper, 1024, fused_mlp_min_tokens=1025, cuda_graphs=False).mlp_fused
-
-
-def test_a_graphed_step_takes_the_fused_and_e4m3_paths_below_the_launch_thresholds(hopper):
-    """A CUDA graph's replay launches no kernel from the host (T5.3): the fused e4m3 MLP and the e4m3
-    Q/K/V projection at every training size, FA4's threshold kept (unmeasured with graphs); evaluation,
-    never graphed, keeps the thresholds."""
-    for tokens in (16384, 32768):
-        graphed, eager = plan(hopper, tokens), plan(hopper, tokens, cuda_graphs=False)
-        assert graphed.cuda_graph and graphed.mlp_e4m3 and graphed.qkv_e4m3 and not eager.qkv_e4m3
-        assert graphed.attention == eager.attention
-    assert not plan(hopper, 16384, cuda_graphs=False).mlp_fused
-    assert not plan(hopper, 16384, training=False).mlp_fused
-
-
 def test_the_candidate_budget_applies_to_training_only(hopper):
     """The sampled cross-entropy's budget (T4.6) is the stage's in training; evaluation's softmax is full."""
     hp = T.Hyperparameters()
@@ -77,7 +61,7 @@ def test_the_candidate_budget_applies_to_training_only(hopper):
 
 
 def test_cpu_takes_the_torch_paths(hopper):
-    """On the CPU device: SDPA and the torch paths, even with FA4, FA3, Triton and a Hopper GPU present."""
+    """On the CPU device: SDPA and the torch paths, even with FA4, Triton and a Hopper GPU present."""
     cpu = plan(torch.device("cpu"), 49152)
     assert cpu.attention == "sdpa" and cpu.mlp_fused  # the fused MLP's custom backward runs in torch
     assert not (cpu.mlp_kernel or cpu.mlp_e4m3 or cpu.qkv_e4m3 or cpu.lm_head_fp8 or cpu.dc_mha_kernel)
@@ -103,17 +87,15 @@ def test_the_qk_rope_kernels_are_on_where_cuda_and_the_head_size_take_them(hoppe
 def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
     lines = []
     hp = T.Hyperparameters.of(device="cpu", compile=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
-                              bigram_rows=1001, ngram_rows=0, train_files=str(corpus / "tiny_train_*.bin"), val_tokens=2048,
+                              ngram_rows=1001, train_files=str(corpus / "tiny_train_*.bin"), val_tokens=2048,
                               val_files=str(corpus / "tiny_val_*.bin"), tokenizer_dir=str(corpus), val_seq_len=1024,
                               stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096, 4096),
-                                                             max_seq_len=(128, 256, 256, 256, 256)),
-                              fused_mlp_min_tokens=512)
+                                                             max_seq_len=(128, 256, 256, 256, 256)))
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), lines.append)
     plans = [line for line in lines if line.startswith("execution plan")]
-    rest = "dc_mha_kernel=0 qk_rope_kernel=0 cuda_graph=0"
+    rest = "dc_mha_kernel=0 qk_rope_kernel=0"
     fused = "attention=sdpa mlp_fused=1 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0"
-    assert plans == ["execution plan (stage 1): attention=sdpa mlp_fused=0 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 "
-                     f"lm_head_fp8=0 ce_candidates=10240 {rest} evaluation_chunk=0",  # 256 tokens: below the fused MLP's 512
+    assert plans == [f"execution plan (stage 1): {fused} ce_candidates=10240 {rest} evaluation_chunk=0",
                      f"execution plan (stage 2): {fused} ce_candidates=14336 {rest} evaluation_chunk=0",
                      f"execution plan (stage 3): {fused} ce_candidates=24576 {rest} evaluation_chunk=0",
                      f"execution plan (taper, extension): {fused} ce_candidates=0 {rest} evaluation_chunk=0",
@@ -142,14 +124,16 @@ def test_evaluation_takes_the_lm_head_in_chunks_of_the_plan(corpus):
     chunks = []
     evaluation_loss = trainer.evaluation_loss
     trainer.evaluation_loss = lambda *args: chunks.append(args[-1]) or evaluation_loss(*args)
-    loss, _ = trainer.evaluate(0)
+    loss = trainer.evaluate(0)
     assert chunks == [64]  # TINY's VAL_TOKENS=1024: one forward of VAL_SEQ_LEN=1024
     inputs, targets, cu_seqlens = next(iter(trainer.val_set))
     shape, _ = trainer.validation_shape(0)
+    trainer.ngram.load(inputs)  # the forward's n-gram rows (T3.19)
     with torch.no_grad():
         sums = [trainer.model.evaluation_loss(inputs, targets, cu_seqlens, shape, trainer.validation_execution, chunk)
                 for chunk in (64, 1024)]
     torch.testing.assert_close(sums[0], sums[1], rtol=1e-6, atol=0)
+    assert abs(sums[0].item() / inputs.numel() - loss) < 1e-6 * loss  # evaluate's mean: one float
 
 
 # --- the settings tree ------------------------------------------------------------------------------
@@ -190,3 +174,8 @@ def test_a_removed_setting_says_so():
         T.Hyperparameters.from_env({"VALUE_EMBED_SPARSE": "1"})
     with pytest.raises(T.SetupError, match=r"TABLE_ADAM_PERIOD was removed.*\(T2.10\)"):
         T.Hyperparameters.from_env({"TABLE_ADAM_PERIOD": "4"})
+    # the deletion pass (#77): a technique switch, a size threshold, a removed layout
+    for name, why in (("DC_MHA", "the technique is always on"), ("FA4_MIN_TOKENS", "size thresholds"),
+                      ("NARROW_VO_LAYERS", "narrow V/O heads")):
+        with pytest.raises(T.SetupError, match=f"^{name} was removed: {why}.*; unset it$"):
+            T.Hyperparameters.from_env({name: "1"})

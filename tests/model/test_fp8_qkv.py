@@ -24,22 +24,18 @@ def banks(slots=3, H=2, hd=32, seed=0):
 
 
 def test_qkv_bank_holds_each_slots_q_k_v_rows_at_its_own_scale():
-    """One Q/K and one V/O bank for all slots; then slot 1 narrow (T3.18): its Q/K rows from a bank of
-    their own; then slot 1 with narrow V/O as well (T3.21): its V rows from a narrow V/O bank too."""
+    """One Q/K bank for all slots, then slot 1 narrow (T3.18): its Q/K rows from a bank of their own; the V
+    rows of every slot from the one V/O bank."""
     qk, vo = banks()
     slots, d = 3, 64
     gen = torch.Generator().manual_seed(1)
     narrow = torch.randn(2, 32, d, generator=gen).bfloat16()
-    narrow_vo = torch.randn(2, 32, d, generator=gen).bfloat16() * 100  # V then O (in, out) of slot 1
-    wide_vo = torch.cat([vo[:2], vo[4:]])  # slots 0 and 2
-    layouts = {"wide": ([(qk, [0, 1, 2])], [(vo, [0, 1, 2])], qk.view(slots, -1, d), vo[0::2]),
-               "narrow slot 1": ([(qk[:4], [0, 2]), (narrow, [1])], [(vo, [0, 1, 2])],
-                                 [qk[:2].reshape(-1, d), narrow.reshape(-1, d), qk[2:4].reshape(-1, d)], vo[0::2]),
-               "narrow V/O slot 1": ([(qk[:4], [0, 2]), (narrow, [1])], [(wide_vo, [0, 2]), (narrow_vo, [1])],
-                                     [qk[:2].reshape(-1, d), narrow.reshape(-1, d), qk[2:4].reshape(-1, d)],
-                                     [vo[0], narrow_vo[0], vo[4]])}
-    for layout, (qk_banks, vo_banks, qk_rows, v_rows) in layouts.items():
-        bank8 = T.QKVBankFP8.quantize(qk_banks, vo_banks)
+    layouts = {"wide": ([(qk, [0, 1, 2])], qk.view(slots, -1, d)),
+               "narrow slot 1": ([(qk[:4], [0, 2]), (narrow, [1])],
+                                 [qk[:2].reshape(-1, d), narrow.reshape(-1, d), qk[2:4].reshape(-1, d)])}
+    v_rows = vo[0::2]  # each slot's V, the first of its V/O pair
+    for layout, (qk_banks, qk_rows) in layouts.items():
+        bank8 = T.QKVBankFP8.quantize(qk_banks, vo)
         assert len(bank8.weights) == len(bank8.scales) == slots
         for s in range(slots):
             want = torch.cat([qk_rows[s], v_rows[s]])  # what the bf16 forward multiplies
@@ -83,9 +79,8 @@ def test_fp8_normed_linear_backward_is_the_bf16_products():
 def model_and_plans(device="cpu", tokens=512):
     """A small GPT and the execution plans of its 512-token training forward with the FP8 Q/K/V
     projection forced on (resolve_execution turns it off off Hopper) and off, and of its evaluation."""
-    hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, bigram_rows=101,
-                              val_seq_len=1024, device=device, fp8_mlp=False, fused_mlp=device == "cuda",
-                              fused_mlp_min_tokens=0, fp8_qkv_min_tokens=0)
+    hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, ngram_rows=101,
+                              val_seq_len=1024, device=device, fp8_mlp=False, fused_mlp=device == "cuda")
     torch.manual_seed(0)
     model = T.GPT(hp.model, T.longest_forward(hp)).to(device)
     plan = T.resolve_execution(hp.execution, hp.model, torch.device(device), tokens, training=True)
@@ -130,7 +125,7 @@ def test_training_forward_takes_the_fp8_projections_and_evaluation_stays_bf16(mo
 
 
 def test_fp8_qkv_is_off_without_a_hopper_gpu():
-    hp = T.Hyperparameters.of(device="cpu", fp8_qkv=True, fp8_qkv_min_tokens=0)
+    hp = T.Hyperparameters.of(device="cpu", fp8_qkv=True)
     assert not T.resolve_execution(hp.execution, hp.model, torch.device("cpu"), 4096, training=True).qkv_e4m3
 
 

@@ -3,8 +3,8 @@ Q/K heads HEAD_DIM/2 wide in a bank of their own, rotated whole by the wide head
 the softmax scale × NARROW_QK_SCALE_MUL. On the CPU: the banks and plans, every slot's gradient,
 the rotation against float64, the torch attention paths with q/k narrower than v, the set-up's
 refusals, and a tiny run; on a GPU (gpu-marked) the narrow model with the plan's backend (FA4 and
-its backward tile where installed) and the QK-norm + rotary kernels against the torch path. The
-kernels in Triton's interpreter: tests/kernels/test_qk_rope_kernels.py."""
+its backward tile where installed, else flex) and the QK-norm + rotary kernels against the torch path.
+The kernels in Triton's interpreter: tests/kernels/test_qk_rope_kernels.py."""
 
 import dataclasses
 import math
@@ -17,7 +17,7 @@ from helpers import cpu_execution, rel_err
 import train_gpt as T
 
 SMALL = {"device": "cpu", "compile": False, "model_dim": 128, "num_heads": 2, "head_dim": 64, "mlp_hidden": 256,
-         "vocab_size": 1024, "bigram_rows": 1001, "window_block_size": 16, "val_tokens": 2048, "val_seq_len": 1024,
+         "vocab_size": 1024, "ngram_rows": 1001, "window_block_size": 16, "val_tokens": 2048, "val_seq_len": 1024,
          "stages": T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096, 4096),
                                            max_seq_len=(128, 256, 256, 256, 256),
                                            ce_candidates=(0,) * 5)}  # the vocabulary: below the budgets
@@ -125,26 +125,16 @@ def test_torch_attention_takes_q_and_k_narrower_than_v(backend):
 
 
 def test_narrow_layouts_the_set_up_refuses():
-    for env, message in (({"NARROW_QK_LAYERS": "3"}, r"layer\(s\) 3, whose KEY_OFFSET needs full-width"),
-                         ({"NARROW_QK_LAYERS": "10", "KEY_OFFSET": "0"}, "whose DC_MHA needs full-width"),
+    """Not the key offset's layers (3, 10: no stationary half to shift) nor DC-MHA's (10: one width for q, k, v),
+    naming only those; nor a layer without attention; the list in increasing order."""
+    full_width = r"whose key offset \(T3.11\) or DC-MHA \(T3.17\) needs full-width Q/K heads"
+    for env, message in (({"NARROW_QK_LAYERS": "3"}, rf"layer\(s\) 3, {full_width}"),
+                         ({"NARROW_QK_LAYERS": "1,3,8,10"}, rf"layer\(s\) 3,10, {full_width}"),
                          ({"NARROW_QK_LAYERS": "6"}, r"names layer\(s\) 6 without attention"),
                          ({"NARROW_QK_LAYERS": "2,1"}, "give increasing layer indices")):
         with pytest.raises(T.SetupError, match=message):
             T.check_hyperparameters(T.Hyperparameters.from_env(env))
     T.check_hyperparameters(T.Hyperparameters.from_env({"NARROW_QK_LAYERS": ",".join(map(str, NARROW))}))
-    T.check_hyperparameters(T.Hyperparameters.from_env({"NARROW_QK_LAYERS": "3,10", "KEY_OFFSET": "0",
-                                                        "DC_MHA": "0"}))
-
-
-def test_backends_that_take_one_head_width_are_avoided_or_refused(monkeypatch):
-    """torch's varlen attention takes one width for q, k and v: a narrow layout keeps FA4 for the small
-    forwards it hands to varlen (no FA3 installed), and ATTENTION_BACKEND=varlen stops at set-up."""
-    monkeypatch.setattr(T, "flash_attn_varlen_func", None)
-    monkeypatch.setattr(T, "varlen_attn", lambda *args, **kwargs: None)  # as on a CUDA build of torch
-    assert T.fa4_small_forward_backend(False) == "varlen" and T.fa4_small_forward_backend(True) == "fa4"
-    hp = T.Hyperparameters.of(**SMALL, narrow_qk_layers=NARROW, attention_backend="varlen")
-    with pytest.raises(T.SetupError, match="torch's varlen attention does not take"):
-        T.resolve_execution(hp.execution, hp.model, torch.device("cpu"), 256, training=True)
 
 
 TINY_RUN = {**SMALL, "vocab_size": 50304, "warmup": False, "num_scheduled_iterations": 3, "num_extension_iterations": 1,
@@ -165,22 +155,22 @@ def test_tiny_narrow_model_trains(corpus):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_narrow_model_on_gpu_matches_the_torch_path(monkeypatch):
     """The narrow model at real head shapes (6 heads, Q/K 64 wide, V 128) on 4096 tokens, eager: the plan's
-    backend (FA4 where installed, with FA4_NARROW_BACKWARD_TILE for the (64, 128) backward) and the
+    backend (FA4 where installed, with FA4_NARROW_BACKWARD_TILE for the (64, 128) backward; else flex) and the
     QK-norm + rotary kernels, against SDPA and the torch path (check_narrow_model_on_gpu)."""
     check_narrow_model_on_gpu(monkeypatch, narrow_qk_layers=NARROW)
 
 
 def check_narrow_model_on_gpu(monkeypatch, **layout):
     """The model with `layout` at real head shapes (6 heads of 128) on 4096 tokens, eager, with the plan's
-    backend and kernels against SDPA and the torch path. Loss to 1e-2; each gradient to 1e-1 of its
-    norm (bf16 through 11 layers; a wrong width or a dropped term is off by O(1)) or within 4 times the
-    torch path's own spread: its difference from the same path with the attention in fp32. A gradient
-    that is a near-cancelling sum moves by O(1) with any rounding (on an H100 the smear lambda's was
-    0.084 by SDPA, 0.283 by FA4)."""
+    backend and kernels against SDPA and the torch path. Loss to 1e-2; each gradient (the n-gram rows' too,
+    T3.19: zero as the table starts) to 1e-1 of its norm (bf16 through 11 layers; a wrong width or a dropped
+    term is off by O(1)) or within 4 times the torch path's own spread: its difference from the same path
+    with the attention in fp32. A gradient that is a near-cancelling sum moves by O(1) with any rounding (on
+    an H100 the smear lambda's was 0.084 by SDPA, 0.283 by FA4)."""
     tokens = 4096
     hp = T.Hyperparameters.of(**{**SMALL, "device": "cuda", "model_dim": 768, "num_heads": 6, "head_dim": 128,
-                                 "mlp_hidden": 3072, "vocab_size": 50304, "bigram_rows": 377280, "fp8_lm_head": False,
-                                 "qk_rope_kernel": True, "fa4_min_tokens": tokens, **layout,
+                                 "mlp_hidden": 3072, "vocab_size": 50304, "fp8_lm_head": False,
+                                 "qk_rope_kernel": True, **layout,
                                  "stages": T.replace_stage_columns(T.STAGES, batch_tokens=(8 * tokens,) * 5)})
     torch.manual_seed(0)
     model = T.GPT(hp.model, T.longest_forward(hp)).cuda()
@@ -188,12 +178,14 @@ def check_narrow_model_on_gpu(monkeypatch, **layout):
         for block in (model.mudd, model.gates):
             block.w2.normal_(0, 0.05)
         model.mlp_bank[:, 1].normal_(0, 0.02)
+    table = model.ngram.shard(hp.optim)  # the n-gram rows (T3.19)
     plan = T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), tokens, training=True)
     torch_path = dataclasses.replace(plan, attention="sdpa", qk_rope_kernel=False)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 50257, (tokens + 1,), generator=g)
     cu = torch.tensor(T.cu_seqlens_for([700, 1, 1500, tokens + 1 - 2201], tokens, 16), device="cuda")
     inputs, targets = ids[:-1].int().cuda(), ids[1:].int().cuda()
+    table.load(inputs)
     shape = T.ForwardShape(384, 896, 2048)
     bf16_attend = T.attend
 
@@ -203,10 +195,12 @@ def check_narrow_model_on_gpu(monkeypatch, **layout):
     results = []
     for execution, attend in ((plan, bf16_attend), (torch_path, bf16_attend), (torch_path, fp32_attend)):
         model.zero_grad(set_to_none=True)
+        table.cache.grad = None
         monkeypatch.setattr(T, "attend", attend)
         loss, _ = model.training_loss(inputs, targets, cu, shape, execution, torch.tensor([1.0], device="cuda"))
         loss.backward()
-        results.append((loss.item(), {n: p.grad.float().clone() for n, p in model.named_parameters()}))
+        grads = {n: p.grad.float().clone() for n, p in model.named_parameters()}
+        results.append((loss.item(), {**grads, "n-gram rows": table.cache.grad.float().clone()}))
     (got, grads), (want, want_grads), (_, fp32_grads) = results
     assert math.isfinite(got) and abs(got - want) < 1e-2 * want, (plan.attention, got, want)
     for name, grad in want_grads.items():
