@@ -30,6 +30,7 @@ import resource
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 import typing
 import uuid
@@ -160,6 +161,9 @@ class DataConfig:
     val_tokens: int = 10_485_760  # proxy runs use 3_932_160
     val_seq_len: int = 262_144  # tokens per validation forward on one rank
     tokenizer_dir: str = "data/gpt2"  # GPT-2's encoder.json (the prefix-token loss)
+    # 1: a run whose steps need more than the train files hold reads them again (the smoke preset); 0: it stops in
+    # --check and at start, naming the shards it needs (a second pass measures memorization, not learning)
+    allow_repeat: bool = False
 
 
 @dataclass(frozen=True)
@@ -297,6 +301,9 @@ class Hyperparameters:
         stage table's columns by STAGE_<COLUMN>. A variable that looks like a setting but names
         none (MUON_LRR) stops with the nearest name."""
         check_unknown_settings(environ)
+        if "SEED" in environ and "SEEDS" in environ:
+            raise SetupError("SEED and SEEDS are both set: SEEDS=1,2,3 makes one run per seed, SEED the seed of a single "
+                             "run; unset one")
         types = {part.name: part.default_factory for part in dataclasses.fields(cls)}
         kinds = {name: typing.get_type_hints(types[part])[name] for name, part in cls.part_of_field().items()}
         values = {name: _parse_env_value(name.upper(), environ[name.upper()], kind)
@@ -1423,7 +1430,6 @@ class NorMuonAdam:
                 lr = cfg.adam_lr * spec.lr_mul * lr_multiplier
                 label_values = (lr * math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t),
                                 lr * lr * cfg.adam_weight_decay * spec.wd_mul)
-            # zip: a "normuon" rule has no slots for the fast rail's two values
             for slot, value in zip(self.scalar_slots[label], label_values):
                 values[slot] = value
         host = torch.tensor(values, dtype=torch.float32, pin_memory=self.scalars.is_cuda)
@@ -1881,8 +1887,8 @@ class NgramTable(nn.Module):
         return {"weight": self.weight, "last_step": self.last_step, "row_sq": self.row_sq}
 
     def rows_state(self, device: torch.device | str | None = None) -> dict:
-        """This rank's rows, their optimizer state, the step count and the kept gradients: copies,
-        on `device` (None: where they are; the warm-up keeps its copy in host memory, as large as the table)."""
+        """This rank's rows, their optimizer state, the step count and the kept gradients (a checkpoint's):
+        copies, on `device` (None: where they are)."""
         def copy(t: Tensor) -> Tensor:
             return t.to(device, copy=True) if device is not None else t.clone()
         return {"step_count": self.step_count, "kept": [(copy(r), copy(g)) for r, g in self.kept],
@@ -1950,9 +1956,10 @@ def find_shards(pattern: str) -> list[str]:
 
 
 class Shard:
-    """One shard's tokens in (pinned) host memory and the positions of its documents' BOS tokens."""
+    """One shard's tokens in (pinned) host memory and the positions of its documents' BOS tokens; with a
+    vocab_size, a token id outside the vocabulary is a ShardError (an embedding lookup would fail on it)."""
 
-    def __init__(self, path: str, pin_memory: bool):
+    def __init__(self, path: str, pin_memory: bool, vocab_size: int | None = None):
         n = read_shard_header(path)
         storage = torch.empty(n, dtype=torch.int16, pin_memory=pin_memory)
         self.tokens = storage.numpy().view(np.uint16)
@@ -1960,6 +1967,9 @@ class Shard:
             f.seek(SHARD_HEADER_BYTES)
             if f.readinto(self.tokens) != 2 * n:
                 raise ShardError(path, f"could not read {n} tokens")
+        if vocab_size is not None and n and (largest := int(self.tokens.max())) >= vocab_size:
+            raise ShardError(path, f"token id {largest} at position {int(self.tokens.argmax())} is outside the "
+                                   f"vocabulary of {vocab_size} (VOCAB_SIZE): not GPT-2 tokens? re-tokenize it")
         self.path = path
         self.bos = np.flatnonzero(self.tokens == BOS_ID)
 
@@ -2025,31 +2035,14 @@ def max_segments_per_batch(tokens: int, attention_cap: int) -> int:
     return max_docs_per_batch(tokens) + (tokens // attention_cap if attention_cap else 0)
 
 
-def repeated_data_warning(hp: "Hyperparameters", files: list[str]) -> str | None:
-    """A warning line when the run's steps read more tokens than the train files hold, so that it
-    trains on the same documents again: losses then measure memorization. A lower bound: documents
-    cut at max_seq_len leave their tails unread, so a run may repeat data even without it."""
-    schedule = Schedule(hp.schedule)
-    steps = hp.run.stop_after or schedule.total_steps
-    need = sum(hp.schedule.stages[schedule.stage(step)].batch_tokens for step in range(steps))
-    if hp.run.rank_slice:
-        need //= RANKS_PER_STEP
-    have = sum(read_shard_header(path) for path in files)
-    if need <= have:
-        return None
-    remedy = "add train shards" + ("" if hp.run.rank_slice else " or train rank-slice (RANK_SLICE=1)")
-    return (f"warning: the run reads at least {need:,} training tokens and the {len(files)} train files hold "
-            f"{have:,}: it repeats its data (at least {need / have:.1f} passes) and its val loss then measures "
-            f"memorization; {remedy}")
-
-
 class TrainLoader:
     """Training batches for one rank: the planner's slice of consecutive documents, the next shard
     loaded by a background thread, cycling over the files when they run out (logged once per
-    pass). next_batch() accepts a new batch size and max_seq_len at any step."""
+    pass). next_batch() accepts a new batch size and max_seq_len at any step. With a vocab_size each
+    shard's token ids are checked as it loads (Shard)."""
 
     def __init__(self, pattern: str, rank: int, world_size: int, device: torch.device, log=print,
-                 grad_accum: int = 1):
+                 grad_accum: int = 1, vocab_size: int | None = None):
         self.files = find_shards(pattern)
         self.rank, self.world_size, self.device, self.log = rank, world_size, device, log
         self.grad_accum = grad_accum
@@ -2057,8 +2050,9 @@ class TrainLoader:
         self.pin_memory = device.type == "cuda"
         self._pool = ThreadPoolExecutor(max_workers=1)
         self.file_index, self.passes, self.doc_cursor = 0, 1, 0
-        self.shard = Shard(self.files[0], self.pin_memory)
-        self._next_shard = self._pool.submit(Shard, self.files[1 % len(self.files)], self.pin_memory)
+        self._load = functools.partial(Shard, pin_memory=self.pin_memory, vocab_size=vocab_size)
+        self.shard = self._load(self.files[0])
+        self._next_shard = self._pool.submit(self._load, self.files[1 % len(self.files)])
 
     def _advance_shard(self):
         self.file_index += 1
@@ -2067,8 +2061,27 @@ class TrainLoader:
             self.log(f"data: starting pass {self.passes} over {len(self.files)} train files")
         self.shard = self._next_shard.result()
         following = self.files[(self.file_index + 1) % len(self.files)]
-        self._next_shard = self._pool.submit(Shard, following, self.pin_memory)
+        self._next_shard = self._pool.submit(self._load, following)
         self.doc_cursor = 0
+
+    def plan_step(self, tokens: int, max_seq_len: int) -> list:
+        """The whole step's plan (world_size x grad_accum slices of `tokens`, every rank's), made at once so
+        that a shard boundary falls at the same place on 1, 2, 4 or 8 GPUs; the next shard where this one runs
+        out (check_train_data replays the run's steps through it)."""
+        slices = self.world_size * self.grad_accum
+        for _ in range(2 * len(self.files) + 1):
+            planned = plan_batch(self.shard.bos, self.doc_cursor, len(self.shard.tokens), tokens, slices,
+                                 max_seq_len, max_docs_per_batch(tokens))
+            if planned is not None:
+                plan, self.doc_cursor = planned
+                return plan
+            self._advance_shard()
+        raise SetupError(f"no train shard holds a batch of {tokens} tokens x {slices} slices: the "
+                         f"{len(self.files)} train files are too small")
+
+    def close(self):
+        """Drop the shard loading in the background (a loader that only planned: check_train_data)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def next_batch(self, tokens: int, max_seq_len: int, into: tuple[Tensor, Tensor] | None = None,
                    attention_cap: int = 0) -> tuple[Tensor, Tensor, Tensor]:
@@ -2076,24 +2089,11 @@ class TrainLoader:
         `into` (a (tokens + 1,) token buffer and a cu_seqlens buffer on the device), written there:
         the static inputs of a CUDA graph (T5.3). attention_cap > 0: cu_seqlens splits the documents
         into attention segments of at most that many tokens (T5.5); the tokens are the same."""
-        max_docs = max_docs_per_batch(tokens)
         if self._step_slices and self._step_shape != (tokens, max_seq_len):
             raise ValueError(f"batch shape changed to {(tokens, max_seq_len)} in the middle of a step "
                              f"planned for {self._step_shape}")
         if not self._step_slices:
-            # Plan the whole step (world_size x grad_accum slices) at once, so that a shard
-            # boundary falls at the same place on 1, 2, 4 or 8 GPUs.
-            ranks = self.world_size * self.grad_accum
-            for _ in range(2 * len(self.files) + 1):
-                planned = plan_batch(self.shard.bos, self.doc_cursor, len(self.shard.tokens), tokens,
-                                     ranks, max_seq_len, max_docs)
-                if planned is not None:
-                    break
-                self._advance_shard()
-            else:
-                raise SetupError(f"no train shard holds a batch of {tokens} tokens x {ranks} slices: the "
-                                 f"{len(self.files)} train files are too small")
-            plan, self.doc_cursor = planned
+            plan = self.plan_step(tokens, max_seq_len)
             self._step_slices = [plan[k * self.world_size + self.rank] for k in range(self.grad_accum)]
             self._step_shape = (tokens, max_seq_len)
         segments = self._step_slices.pop(0)
@@ -2116,12 +2116,13 @@ class ValidationSet:
     """The first val_tokens (+1) tokens of the validation files, in chunks of seq_len tokens
     (chunk i is evaluated by rank i % world_size); documents are not truncated."""
 
-    def __init__(self, pattern: str, val_tokens: int, seq_len: int, rank: int, world_size: int, device: torch.device):
+    def __init__(self, pattern: str, val_tokens: int, seq_len: int, rank: int, world_size: int, device: torch.device,
+                 vocab_size: int | None = None):
         if val_tokens % seq_len:
             raise SetupError(f"VAL_TOKENS={val_tokens} must be a multiple of VAL_SEQ_LEN={seq_len}")
         parts, have = [], 0
         for path in find_shards(pattern):
-            parts.append(Shard(path, pin_memory=False).tokens)
+            parts.append(Shard(path, pin_memory=False, vocab_size=vocab_size).tokens)
             have += len(parts[-1])
             if have > val_tokens:
                 break
@@ -2337,6 +2338,7 @@ def interpolate(weights: tuple[float, float], tau: float) -> float:
 
 # steps between checks of the training losses and the candidate shortfall (T4.6), each read a period later
 NONFINITE_CHECK_EVERY = 25
+CONSOLE_EVERY = 5.0  # seconds between the console's step lines (the log has every step's)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -2371,6 +2373,17 @@ def step_line(step: int, total: int, train_ms: float, val_loss: float | None = N
     return " ".join(parts + [f"train_time:{train_ms:.0f}ms", f"step_avg:{train_ms / max(step, 1):.2f}ms"])
 
 
+def duration(ms: float) -> str:
+    """A console duration: 850ms, 42s, 3m07s, 1h02m."""
+    seconds = ms / 1000
+    if seconds < 1:
+        return f"{ms:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    minutes = int(seconds // 60)
+    return f"{minutes}m{int(seconds % 60):02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
 def peak_memory_line(allocated_mib: int, reserved_mib: int, cpu: bool = False) -> str:
     """The run's last line; on the CPU both numbers are the process's peak resident memory."""
     return (f"peak memory allocated: {allocated_mib} MiB reserved: {reserved_mib} MiB"
@@ -2394,12 +2407,13 @@ class RunLog:
             self.file = open(path, "a", buffering=1 << 20)
             atexit.register(self.file.close)
 
-    def __call__(self, text: str, console: bool = True):
+    def __call__(self, text: str, console: bool = True, note: str = ""):
+        """Write a line; with console, print it too (with `note` after it, on the console only)."""
         if self.file is None:
             return
         self.file.write(text + "\n")
         if console:
-            print(text, flush=True)
+            print(text + note, flush=True)
             self.file.flush()
 
 
@@ -2443,6 +2457,11 @@ def data_label(data: DataConfig) -> str:
 
 def check_hyperparameters(hp: Hyperparameters):
     stages, run = hp.schedule.stages, hp.run
+    for name, low in (("val_tokens", 1), ("val_seq_len", 1), ("num_scheduled_iterations", 1),
+                      ("num_extension_iterations", 0), ("val_loss_every", 0), ("train_loss_every", 0),
+                      ("window_block_size", 1), ("final_long_window", 1), ("ngram_rows", 1)):
+        if (value := hp.flat()[name]) < low:
+            raise SetupError(f"{name.upper()}={value}: give a whole number >= {low}")
     if len(stages) < 2 or stages[-1].fraction is not None or any(s.fraction is None for s in stages[:-1]):
         raise SetupError("the stage table needs stages with a fraction of the scheduled steps, then the extension")
     fractions = [s.fraction for s in stages[:-1]]
@@ -2815,7 +2834,8 @@ class Trainer:
         # inputs first: a missing or damaged file stops the run before the model takes the GPU
         data = hp.data
         find_shards(data.train_files)
-        self.val_set = ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, rank, world_size, device)
+        self.val_set = ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, rank, world_size, device,
+                                     hp.model.vocab_size)
         self.token_bytes = gpt2_token_bytes(data.tokenizer_dir)
         self.stage_execution, self.validation_execution = self.resolve_executions()
         torch.manual_seed(hp.run.seed)
@@ -3118,9 +3138,7 @@ class Trainer:
 
     def run(self) -> float:
         loader = TrainLoader(self.hp.data.train_files, self.rank, self.world_size, self.device, log=self.log,
-                             grad_accum=self.grad_accum)
-        if warning := repeated_data_warning(self.hp, loader.files):
-            self.log(warning)
+                             grad_accum=self.grad_accum, vocab_size=self.hp.model.vocab_size)
         gc.collect()
         gc.freeze()  # on the clock the collector neither pauses the host nor scans the model's objects (T5.3)
         gc.disable()
@@ -3147,7 +3165,7 @@ class Trainer:
         # each stage's first step line waits for the GPU, so its train_time is the GPU's and the ms/step
         # per stage (records/tool.py stages) hold with the step graphs too, where the host runs ahead (T5.3)
         stage_edges = set(self.schedule.stage_starts[1:])
-        self.position = "at step 0"
+        self.position, self.last_console = "at step 0", time.perf_counter()
         for step in range(self.last_step + 1):
             last = step == self.last_step
             if last and self.blend_tail_ema:  # on the clock, before the final validation (T5.4)
@@ -3172,12 +3190,18 @@ class Trainer:
         return val_loss
 
     def log_step(self, steps_done: int, elapsed_ms: float, ce: Tensor):
+        """A step line in the log; on the console the first one, then one at least every CONSOLE_EVERY seconds,
+        each with the training time so far and an estimate of what is left (the run's mean step so far)."""
         train_loss = None
         every = self.hp.run.train_loss_every
         if every and steps_done % every == 0:
             train_loss = self.global_mean(ce)
-        self.log(step_line(steps_done, self.schedule.total_steps, elapsed_ms, train_loss=train_loss),
-                 console=steps_done % 25 == 0 or steps_done <= 10)
+        line, now = step_line(steps_done, self.schedule.total_steps, elapsed_ms, train_loss=train_loss), time.perf_counter()
+        if steps_done > 1 and now - self.last_console < CONSOLE_EVERY:
+            return self.log(line, console=False)
+        self.last_console = now
+        left = elapsed_ms / steps_done * (self.last_step - steps_done)
+        self.log(line, note=f"  ({duration(elapsed_ms)} trained, about {duration(left)} left)")
 
     def log_memory(self):
         if self.device.type == "cuda":
@@ -3217,11 +3241,59 @@ def check_world_size(hp: Hyperparameters, world_size: int):
 
 
 def check_inputs(hp: Hyperparameters):
-    """What a run reads before its first step, checked on the CPU: the shards and the tokenizer files."""
+    """What a run reads before its first step, checked on the CPU: the shards (check_train_data), the validation
+    tokens and the tokenizer file."""
     data = hp.data
-    find_shards(data.train_files)
-    ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, 0, 1, torch.device("cpu"))
+    check_train_data(hp)
+    ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, 0, 1, torch.device("cpu"), hp.model.vocab_size)
     prefix_token_ids(gpt2_token_bytes(data.tokenizer_dir), hp.model.vocab_size)
+
+
+def check_train_data(hp: Hyperparameters):
+    """The train files against what the run reads of them, by the loader's own plan over their documents (a
+    document longer than its stage's max_seq_len leaves its tail unread, so a run reads more than its batches
+    hold): their token ids inside the vocabulary and, unless ALLOW_REPEAT=1, no second pass over them (a run
+    that repeats stops, naming the shards it needs). Every GPU count reads what the 8-GPU run reads (T1.3)."""
+    data, schedule = hp.data, Schedule(hp.schedule)
+    loader = TrainLoader(data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None, vocab_size=hp.model.vocab_size,
+                         grad_accum=1 if hp.run.rank_slice else RANKS_PER_STEP)
+    steps, repeats_at = hp.run.stop_after or schedule.total_steps, None
+    try:
+        for step in range(steps):
+            stage = hp.schedule.stages[schedule.stage(step)]
+            loader.plan_step(stage.batch_tokens // RANKS_PER_STEP, stage.max_seq_len)
+            if loader.passes > 1 and repeats_at is None:
+                if data.allow_repeat:  # every file read once: their token ids checked
+                    return
+                repeats_at = step + 1
+    finally:
+        loader.close()
+    if repeats_at is not None:
+        raise SetupError(f"the run's {steps} steps would read past the end of its {len(loader.files)} train files at step "
+                         f"{repeats_at} and train on them again: they need {loader.file_index + 1} shards like "
+                         f"{os.path.basename(loader.files[0])}; add train shards (TRAIN_FILES), or ALLOW_REPEAT=1")
+
+
+def check_log_dir(hp: Hyperparameters):
+    """LOG_DIR: a folder this process can write (made if missing), where the run's log goes."""
+    try:
+        os.makedirs(hp.run.log_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=hp.run.log_dir):
+            pass
+    except OSError as error:
+        raise SetupError(f"LOG_DIR={hp.run.log_dir!r} is not a folder this process can write ({error.strerror or error}): "
+                         f"give another LOG_DIR") from None
+
+
+def check_setup(hp: Hyperparameters, world_size: int, rank: int = 0):
+    """Everything checked before any GPU work, for --check and for a run: the world size, the n-gram table's share,
+    the device and its GPUs, and on rank 0 the input files, then the log folder (made only once all else is ok)."""
+    check_world_size(hp, world_size)
+    check_ngram_rows(hp, world_size)
+    check_device(hp, world_size)
+    if rank == 0:
+        check_inputs(hp)
+        check_log_dir(hp)
 
 
 def allow_graph_per_shape():
@@ -3231,9 +3303,13 @@ def allow_graph_per_shape():
             setattr(torch._dynamo.config, name, 64)
 
 
-def check_gpus(hp: Hyperparameters, world_size: int):
-    """Enough CUDA GPUs visible for world_size processes (run.sh's --check gets WORLD_SIZE=NGPU)."""
+def check_device(hp: Hyperparameters, world_size: int):
+    """DEVICE, enough CUDA GPUs visible for world_size processes (run.sh's --check gets WORLD_SIZE=NGPU), and
+    the attention backend there."""
+    if hp.run.device not in ("cuda", "cpu"):
+        raise SetupError(f"DEVICE={hp.run.device!r}: use cuda (one GPU per process) or cpu")
     if hp.run.device != "cuda":
+        resolve_attention_backend(hp.execution.attention_backend, hp.run.device)
         return
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if visible == 0:
@@ -3243,6 +3319,7 @@ def check_gpus(hp: Hyperparameters, world_size: int):
         fits = max(n for n in (1, 2, 4, 8) if n <= visible)
         raise SetupError(f"{world_size} processes (NGPU) but {visible} CUDA GPU(s) visible: use NGPU={fits} "
                          f"(fewer GPUs accumulate gradients: the same training)")
+    resolve_attention_backend(hp.execution.attention_backend, hp.run.device)
 
 
 def limit_gpu_memory(gib: float, device: torch.device):
@@ -3288,14 +3365,22 @@ def cpu_16bit_gemms_in_fp32() -> None:
     _CPU_GEMMS = library  # the registration lives as long as the Library object
 
 
+def launch_ranks(environ=os.environ) -> tuple[int, int, int]:
+    """(rank, world size, local rank) of this process from torchrun's variables (run.sh's --check gets
+    WORLD_SIZE=NGPU); one process without them."""
+    values = []
+    for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        raw = environ.get(name, default)
+        if not raw.isdigit():
+            raise SetupError(f"{name}={raw!r} is not a whole number (torchrun sets it; run.sh passes NGPU as WORLD_SIZE)")
+        values.append(int(raw))
+    return tuple(values)
+
+
 def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
     """(rank, world size, device) of this process; the process group when several run."""
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    check_world_size(hp, world_size)
-    check_ngram_rows(hp, world_size)
+    rank, world_size, local_rank = launch_ranks()
     if hp.run.device == "cuda":
-        check_gpus(hp, world_size)
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         if hp.run.gpu_memory_gib > 0:
@@ -3337,7 +3422,9 @@ def open_run_log(hp: Hyperparameters, rank: int, world_size: int, device: torch.
     log("\n".join([f"run_id: {hp.run.run_id}", f"hardware: {hardware}", *capped,
                    f"mode: {'rank-slice' if hp.run.rank_slice else 'full-batch'}", f"world_size: {world_size}",
                    f"grad_accum_steps: {grad_accum_steps(hp, world_size)}", f"data: {data_label(hp.data)}",
-                   f"overrides: {environment_overrides()}", f"hyperparameters: {json.dumps(hp.flat())}"]))
+                   f"overrides: {environment_overrides()}"]))
+    log(f"hyperparameters: {json.dumps(hp.flat())}", console=False)
+    log(f"log: {log.path}")
     return log
 
 
@@ -3378,20 +3465,17 @@ def report_interrupt(where: str, rank: int, log: RunLog | None):
 def main():
     """Train; `python train_gpt.py --check` only checks the settings and inputs (run.sh does so
     before it starts torchrun, so a bad setting is one line, not one traceback per process)."""
-    rank, world_size, log = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), None
+    rank, log = 0, None
     if sys.argv[1:] in (["--help"], ["-h"]):
         return print(__doc__.strip())
     try:
         if sys.argv[1:] not in ([], ["--check"]):
             raise SetupError(f"unknown arguments {sys.argv[1:]}: settings are environment variables (README)")
+        rank, world_size, _ = launch_ranks()
         hp = Hyperparameters.from_env()
         check_hyperparameters(hp)
+        check_setup(hp, world_size, rank)
         if sys.argv[1:] == ["--check"]:
-            world_size = int(os.environ.get("WORLD_SIZE", 1))
-            check_world_size(hp, world_size)
-            check_ngram_rows(hp, world_size)
-            check_gpus(hp, world_size)
-            check_inputs(hp)
             return print(f"settings and inputs ok ({data_label(hp.data)})")
         rank, world_size, device = init_process(hp)
         runs = planned_runs(hp, world_size)
@@ -3663,9 +3747,10 @@ def polar_iterations(X: Tensor, use_triton: bool | None = None, coeffs: tuple = 
     return X
 
 
-def orthogonalize(G: Tensor, use_triton: bool | None = None, coeffs: tuple = POLAR_EXPRESS_COEFFS) -> Tensor:
+def orthogonalize(G: Tensor, use_triton: bool | None = None, coeffs: tuple = POLAR_EXPRESS_COEFFS,
+                  safety: float = POLAR_SAFETY, eps: float = POLAR_EPS) -> Tensor:
     """Approximate U·Vᵀ (the orthogonal polar factor) of every matrix of a bank G (B, rows, cols), in bf16."""
-    return polar_iterations(polar_normalize(G), use_triton, coeffs)
+    return polar_iterations(polar_normalize(G, safety, eps), use_triton, coeffs)
 
 
 # --- lm_head and soft-capped multi-target cross-entropy (T4.1, T4.4) ---------------------------------

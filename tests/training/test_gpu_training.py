@@ -10,7 +10,7 @@ import train_gpt as T
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 TINY = dict(device="cuda", compile=False, warmup=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
-            bigram_rows=1001, ngram_rows=0, window_block_size=16,
+            ngram_rows=4001, window_block_size=16,
             stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096, 4096), max_seq_len=(128, 256, 256, 256, 256)), val_tokens=2048, val_seq_len=1024, num_scheduled_iterations=12,
             num_extension_iterations=2, rank_slice=True)
 

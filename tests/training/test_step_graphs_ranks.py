@@ -14,23 +14,22 @@ from test_step_graphs import EagerGraph, tiny_hp
 import train_gpt as T
 
 
-def _worker(rank: int, world: int, port: int, corpus, out_path: str, ngram_rows: int = 0):
+def _worker(rank: int, world: int, port: int, corpus, out_path: str):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)  # two processes on CI's two cores
     try:
         # in CI's time: one micro-batch per rank (main() refuses RANK_SLICE at two ranks, the trainer
-        # plans two slices a step; accumulation is tested at one rank), half the tiny batches, no
-        # value-embedding table (the embeddings and the bigram table are the kept Adam gradients),
-        # stopped after the untie (step 5, stage 3)
+        # plans two slices a step; accumulation is tested at one rank), half the tiny batches, stopped
+        # after the untie (step 5, stage 3)
         stages = T.replace_stage_columns(TINY["stages"], batch_tokens=(1024, 2048, 2048, 2048, 2048))
-        hp = tiny_hp(corpus, rank_slice=True, stages=stages, stop_after=6, value_embeds=False, ngram_rows=ngram_rows)
+        hp = tiny_hp(corpus, rank_slice=True, stages=stages, stop_after=6, ngram_rows=3001)
         cpu = torch.device("cpu")
         eager = T.Trainer(hp, rank, world, cpu, T.RunLog(None))
         graphed = T.Trainer(hp, rank, world, cpu, T.RunLog(None))
         graphed.step_graphs = T.StepGraphs(graphed.training_loss, graphed.model, graphed.grad_accum,
                                            graphed.grad_scale, new_graph=EagerGraph,
-                                           max_over_ranks=graphed.max_over_ranks, row_tables=graphed.row_tables,
+                                           max_over_ranks=graphed.max_over_ranks,
                                            loads_in_graphs=False)  # as the Trainer decides above world size 1
         graphed.capture_graphs(T.TrainLoader(hp.data.train_files, rank, world, cpu, log=lambda _: None,
                                              grad_accum=graphed.grad_accum))
@@ -43,27 +42,26 @@ def _worker(rank: int, world: int, port: int, corpus, out_path: str, ngram_rows:
             graphed.train_step(plan, loaders[1])
         differences = {name: (p.detach().float() - q.detach().float()).abs().max().item()
                        for (name, p), q in zip(eager.model.named_parameters(), graphed.model.parameters())}
-        tables = [(a.step_count, b.step_count, (a.weight.float() - b.weight.float()).abs().max().item(),
-                   torch.equal(a.last_step, b.last_step)) for a, b in zip(eager.row_tables, graphed.row_tables)]
+        a, b = eager.ngram, graphed.ngram
+        table = (a.step_count, b.step_count, (a.weight.float() - b.weight.float()).abs().max().item(),
+                 torch.equal(a.last_step, b.last_step))
         torch.save({"eager": eager.losses.clone(), "graphed": graphed.losses.clone(), "differences": differences,
                     "untie": any(plan.untie for plan in plans), "stages": {plan.stage for plan in plans},
-                    "tables": tables}, f"{out_path}.{rank}")
+                    "table": table}, f"{out_path}.{rank}")
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("ngram_rows", [0, 3001])
-def test_graphed_steps_at_two_ranks_train_as_eager_steps(corpus, tmp_path, ngram_rows):
-    """With NGRAM_ROWS (T3.19) each rank owns half the table; every micro-batch's rows are loaded from their
-    owners (an exchange with a host sync) between the loader and the replay, into the caches the graph reads."""
+def test_graphed_steps_at_two_ranks_train_as_eager_steps(corpus, tmp_path):
+    """Each rank owns half the n-gram table (T3.19); every micro-batch's rows are loaded from their owners (an
+    exchange with a host sync) between the loader and the replay, into the cache the graph reads."""
     out_path = str(tmp_path / "ranks")
-    mp.spawn(_worker, args=(2, free_port(), corpus, out_path, ngram_rows), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), corpus, out_path), nprocs=2, join=True)
     for rank in range(2):
         result = torch.load(f"{out_path}.{rank}")
         assert result["untie"] and result["stages"] == {0, 1, 2}
         torch.testing.assert_close(result["graphed"], result["eager"], rtol=1e-5, atol=1e-6)
         assert max(result["differences"].values()) < 1e-5, result["differences"]
-        assert len(result["tables"]) == (1 if ngram_rows else 0)
-        for eager_steps, graphed_steps, difference, same_clock in result["tables"]:
-            assert eager_steps == graphed_steps > 0 and same_clock and difference < 1e-5, result["tables"]
+        eager_steps, graphed_steps, difference, same_clock = result["table"]
+        assert eager_steps == graphed_steps > 0 and same_clock and difference < 1e-5, result["table"]

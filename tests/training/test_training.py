@@ -53,9 +53,6 @@ def test_schedule_matches_the_recipe():
     assert (plan(500).attention_cap, plan(1000).attention_cap, plan(1350).attention_cap, plan(1410).attention_cap) == (0, 2560, 2560, 2560)
     assert s.warmup_steps() == [0, 1, 465, 466, 467, 468, 931, 932, 933, 934, 1286, 1287, 1288, 1289,
                                 1398, 1399, 1400, 1401]
-    off = schedule_of(T.Hyperparameters.of(sliding_windows=False, multi_token_prediction=False, adam_every_other_step=False))
-    assert off.plan(0).shape.short_window == T.NO_WINDOW and off.plan(0).target_weights == (1.0, 0.25)
-    assert all(off.plan(step).adam_step for step in range(4))
 
 
 def test_stage_table_fractions_and_columns():
@@ -73,15 +70,19 @@ def test_stage_table_fractions_and_columns():
 
 
 def test_env_overrides():
-    hp = T.Hyperparameters.from_env({"NUM_SCHEDULED_ITERATIONS": "1_000", "MUON_LR": "0.05", "YARN": "false",
+    hp = T.Hyperparameters.from_env({"NUM_SCHEDULED_ITERATIONS": "1_000", "MUON_LR": "0.05", "CUDA_GRAPHS": "false",
                                      "STAGE_LR_MUL": "1,2,3,4,5", "ATTENTION_BACKEND": "flex", "UNRELATED": "x"})
-    assert hp.schedule.num_scheduled_iterations == 1000 and hp.optim.muon_lr == 0.05 and hp.model.yarn is False
+    assert hp.schedule.num_scheduled_iterations == 1000 and hp.optim.muon_lr == 0.05
+    assert hp.execution.cuda_graphs is False
     assert [s.lr_mul for s in hp.schedule.stages] == [1.0, 2.0, 3.0, 4.0, 5.0] and hp.execution.attention_backend == "flex"
     assert T.Hyperparameters.from_env({}) == T.Hyperparameters()
     with pytest.raises(ValueError, match="VAL_LOSS_EVERY"):
         T.Hyperparameters.from_env({"VAL_LOSS_EVERY": "often"})
-    with pytest.raises(ValueError, match="YARN"):
-        T.Hyperparameters.from_env({"YARN": "maybe"})
+    with pytest.raises(ValueError, match="CUDA_GRAPHS"):
+        T.Hyperparameters.from_env({"CUDA_GRAPHS": "maybe"})
+    with pytest.raises(T.SetupError, match=r"^XSA was removed: the technique is always on; .*\(docs/TECHNIQUES.md, "
+                                           r"Removed\); unset it$"):
+        T.Hyperparameters.from_env({"XSA": "0"})
     with pytest.raises(ValueError, match="STAGE_MAX_SEQ_LEN has 2 entries"):
         T.Hyperparameters.from_env({"STAGE_MAX_SEQ_LEN": "1,2"})
 
@@ -118,7 +119,7 @@ def test_main_learns_and_writes_the_field_log_format(tmp_path, corpus):
     source = open(os.path.join(ROOT, "train_gpt.py")).read()
     assert log.startswith(source.rstrip("\n") + "\n" + "=" * 100 + "\n")
     assert "Running PyTorch " in log and "mode: rank-slice" in log and "hardware: cpu" in log
-    assert "\nvalidation: plain next-token cross-entropy (VAL_MASK=0)\n" in log and "\nunmasked " not in log
+    assert "\nstep runner: eager steps (CUDA graphs need a CUDA device, not cpu)\n" in log
     assert re.search(r"^Running on host CPU .+ \(\d+ cores usable\)$", log, re.M)
     overrides = re.search(r"^overrides: (.*)$", log, re.M).group(1)
     assert "RANK_SLICE=1" in overrides and "NUM_SCHEDULED_ITERATIONS=30" in overrides and "RUN_ID" not in overrides
@@ -129,6 +130,13 @@ def test_main_learns_and_writes_the_field_log_format(tmp_path, corpus):
     peak = re.search(r"^peak memory allocated: (\d+) MiB reserved: \d+ MiB \(cpu: peak resident set size\)$", log, re.M)
     assert peak and int(peak.group(1)) > 100  # the CPU process's resident memory, not a placeholder 0
     assert vals[0][1] > 10 and vals[-1][1] < 6.0  # ln(50304) = 10.8 at init; the progressions are learnable
+    # the console: where the log is, no hyperparameters JSON, the first step line (then one at least every
+    # CONSOLE_EVERY seconds) with the time trained and an estimate of what is left; the log's lines keep the format
+    console = proc.stdout.splitlines()
+    assert f"log: {tmp_path / 'logs' / 'learn.txt'}" in console and "hyperparameters:" not in proc.stdout
+    assert re.match(r"^step:1/32 train_time:\d+ms step_avg:\d+\.\d{2}ms  \(\d+(ms|s) trained, about \S+ left\)$",
+                    next(line for line in console if line.startswith("step:1/"))), proc.stdout[-2000:]
+    assert not [line for line in log.splitlines() if line.startswith("step:") and "trained" in line]
     # the records tool parses what main() writes
     run = load_records_tool().parse_log(str(tmp_path / "logs" / "learn.txt"))
     assert abs(run.final_loss - vals[-1][1]) < 1e-9 and run.overrides == overrides
@@ -161,7 +169,7 @@ def test_missing_data_names_the_pattern_and_the_download_command(tmp_path, corpu
     env = tiny_env(tmp_path, corpus, train_files=str(tmp_path / "nothing_*.bin"), run_id="nodata")
     error = one_line_error(run_main(env))
     assert "nothing_*.bin" in error and "cached_fineweb10B.py" in error
-    assert (tmp_path / "logs" / "nodata.txt").read_text().rstrip("\n").endswith(error)  # the run's log has it too
+    assert not (tmp_path / "logs").exists()  # checked before the log folder is made: nothing left behind
 
 
 def test_missing_vocabulary_names_the_fix(tmp_path, corpus):
@@ -193,22 +201,24 @@ def test_start_up_errors_print_once_under_torchrun_and_run_sh_stops_before_it(tm
     assert proc.returncode == 0 and proc.stdout.startswith("settings and inputs ok"), proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("every,detected", [(1, 3), (0, 6)])
-def test_non_finite_loss_stops_and_names_the_step(tmp_path, corpus, every, detected):
+@pytest.mark.parametrize("every,detected", [(1, 3), (100, 6)])
+def test_non_finite_loss_stops_and_names_the_step(tmp_path, corpus, monkeypatch, every, detected):
     """every=1: the periodic check without a host sync, queued after step 2 and read after step 3;
-    every=0: only the blocking check before the validation at step 6."""
-    env = tiny_env(tmp_path, corpus, rank_slice=True, muon_lr=float("inf"), nonfinite_check_every=every,
-                   val_loss_every=6, train_loss_every=1, run_id="nan")
-    proc = run_main(env)
-    assert proc.returncode == 1
-    log = (tmp_path / "logs" / "nan.txt").read_text()
+    every=100 (longer than the run): only the blocking check before the validation at step 6."""
+    monkeypatch.setattr(T, "NONFINITE_CHECK_EVERY", every)
+    hp = T.Hyperparameters.of(**{**TINY, "num_scheduled_iterations": 6, "num_extension_iterations": 1},
+                              rank_slice=True, muon_lr=float("inf"), val_loss_every=6, train_loss_every=1,
+                              train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
+                              tokenizer_dir=str(corpus))
+    log = T.RunLog(str(tmp_path / "nan.txt"))
     # the first step runs on the initial weights; the infinite update poisons the second one's loss,
     # and the error names the step as its step line does
-    first_nan = re.search(r"^step:(\d+)/7 train_loss:nan", log, re.M).group(1)
-    assert first_nan == "2"
-    assert re.search(rf"^error: non-finite training loss nan at step {first_nan} \(detected at step {detected}\)",
-                     log, re.M), log[-500:]
-    assert "step:6/7 val_loss" not in log
+    with pytest.raises(T.NonFiniteLoss, match=rf"^non-finite training loss nan at step 2 \(detected at step {detected}\)"):
+        T.Trainer(hp, 0, 1, torch.device("cpu"), log).run()
+    log.file.flush()
+    text = (tmp_path / "nan.txt").read_text()
+    assert re.search(r"^step:(\d+)/7 train_loss:nan", text, re.M).group(1) == "2"
+    assert "step:6/7 val_loss" not in text
 
 
 def test_val_loss_every_zero_validates_first_and_last_only(tmp_path, corpus):
@@ -232,7 +242,7 @@ def test_stop_after_ends_the_run_early_with_the_schedule_unchanged(tmp_path, cor
     tool = load_records_tool()
     stopped = tool.parse_log(str(tmp_path / "logs" / "stop.txt"), complete=False)  # what `compare` reads
     assert sorted(stopped.train_losses) == [1, 2, 3, 4] and [s for s, _, _ in stopped.val] == [0, 3, 4]
-    with pytest.raises(tool.RecordsError, match=r"truncated run: no final validation line \(last step 4/7\)"):
+    with pytest.raises(tool.RecordsError, match=r"stopped early by STOP_AFTER=4 after 4 of 7"):
         tool.parse_log(str(tmp_path / "logs" / "stop.txt"))  # a stopped run never becomes a record
     with pytest.raises(ValueError, match="STOP_AFTER=8: must lie in 0..7"):
         T.check_hyperparameters(T.Hyperparameters.of(num_scheduled_iterations=6, num_extension_iterations=1, stop_after=8))
@@ -281,7 +291,7 @@ def test_readme_documents_every_hyperparameter_and_the_ci_test_command():
 
 
 def test_skipped_guard_checks_after_the_warmup_pick_the_same_graphs(corpus, monkeypatch, val_loss_every=6):
-    """With SKIP_GUARD_CHECKS the timed run checks only the guards that tell graphs apart: every
+    """After the warm-up the timed run checks only the guards that tell graphs apart: every
     step's loss and the validation must equal an uncompiled run's, bit for bit, and nothing recompiles.
     Dynamo's own graphs (backend="eager") run the same ops as the uncompiled model, which keeps them
     exact and the test fast; the guards are the same as inductor's. VAL_LOSS_EVERY=6 puts a validation
@@ -296,7 +306,7 @@ def test_skipped_guard_checks_after_the_warmup_pick_the_same_graphs(corpus, monk
     expected = (uncompiled.run(), uncompiled.losses.tolist())
     try:
         torch._dynamo.reset()
-        trainer = T.Trainer(hp.replace(skip_guard_checks=True), 0, 1, torch.device("cpu"), T.RunLog(None))
+        trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
         trainer.warmup()
         assert torch._dynamo.eval_frame._is_skip_guard_eval_unsafe_stance()
         compiled = dict(torch._dynamo.utils.counters["stats"])
@@ -356,7 +366,7 @@ def test_ctrl_c_ends_with_one_interrupted_line_and_keeps_the_log(tmp_path, corpu
     at the end of the log, which keeps everything before it, and no traceback."""
     import signal
     import time
-    env = tiny_env(tmp_path, corpus, rank_slice=True, num_scheduled_iterations=3000, run_id="ctrlc")
+    env = tiny_env(tmp_path, corpus, rank_slice=True, num_scheduled_iterations=3000, allow_repeat=True, run_id="ctrlc")
     log_path = tmp_path / "logs" / "ctrlc.txt"
     # SIGINT's default action in the child: a pytest started in the background by a non-interactive shell
     # (`pytest &`) has SIGINT ignored, which its children inherit, and Python then never raises KeyboardInterrupt
@@ -380,7 +390,7 @@ def test_ctrl_c_ends_with_one_interrupted_line_and_keeps_the_log(tmp_path, corpu
 
 def test_out_of_memory_at_set_up_is_one_line_naming_the_n_gram_table(tmp_path, corpus, monkeypatch, capsys):
     """The table is set-up's largest allocation on one or two GPUs (T3.19): running out there is one error line
-    that gives its per-process size and the setting that swaps it for the small bigram table, not a traceback."""
+    that gives its per-process size and that fewer rows take less, not a traceback."""
     for key, value in tiny_env(tmp_path, corpus, run_id="oom").items():
         monkeypatch.setenv(key, value)
 
@@ -394,8 +404,7 @@ def test_out_of_memory_at_set_up_is_one_line_naming_the_n_gram_table(tmp_path, c
     assert stopped.value.code == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: out of GPU memory. The n-gram table holds 0.0 GiB of it per "
-                                                   "process (NGRAM_ROWS=4001): NGRAM_ROWS=0 NUM_SCHEDULED_ITERATIONS=1400")
+                                                   "process (NGRAM_ROWS=4001): fewer rows take less (a row: 264 bytes)")
     hp = T.Hyperparameters.of(rank_slice=True)  # the default table where one process holds it
     assert "holds 15.2 GiB of it per process (NGRAM_ROWS=10575360)" in T.out_of_memory_hint(hp, 1)
     assert "holds 1.9 GiB" in T.out_of_memory_hint(hp, 8)
-    assert "n-gram" not in T.out_of_memory_hint(T.Hyperparameters.of(ngram_rows=0), 1)
