@@ -2,12 +2,11 @@
 
     torchrun --standalone --nproc_per_node=8 train_gpt.py      # also 1, 2 or 4 GPUs (same math)
 
-Read top-down: config (every hyperparameter, the stage table), model, optimizer, the n-gram table, data,
-schedule (with the log's lines and the settings' checks), the CUDA graphs of a step, training, the processes
-and main(), then the fast paths (Triton kernels, each beside its torch reference). Every field of
-`Hyperparameters` is overridable by the environment variable of the same name in upper case (e.g.
-`VAL_LOSS_EVERY=125`). Comments cite the techniques by section of docs/TECHNIQUES.md (T3.4) and by
-the number of the NanoGPT-speedrun record that introduced them (#62).
+Read top-down: config (every hyperparameter, the stage table), model, optimizer, the n-gram table, data, schedule
+(with the log's lines and the settings' checks), the CUDA graphs of a step, training, the processes and main(), then
+the fast paths (Triton kernels, each beside its torch reference). Every field of `Hyperparameters` is overridable by
+the environment variable of its name in upper case (VAL_LOSS_EVERY=125). Comments cite techniques by section of
+docs/TECHNIQUES.md (T3.4) and by the NanoGPT-speedrun record that introduced them (#62).
 """
 
 import os
@@ -254,7 +253,6 @@ class RunConfig:
     warmup: bool = True  # compile every shape before the clock, then restore the initial state
     run_id: str = ""
     log_dir: str = "logs"
-    save_checkpoint: bool = False
     train_loss_every: int = 0  # >0: add train_loss to every N-th step line (costs a sync)
 
 
@@ -302,8 +300,8 @@ class Hyperparameters:
         none (MUON_LRR) stops with the nearest name."""
         check_unknown_settings(environ)
         if "SEED" in environ and "SEEDS" in environ:
-            raise SetupError("SEED and SEEDS are both set: SEEDS=1,2,3 makes one run per seed, SEED the seed of a single "
-                             "run; unset one")
+            raise SetupError("SEED and SEEDS are both set: SEEDS=1,2,3 makes one run per seed, SEED the seed of a "
+                             "single run; unset one")
         types = {part.name: part.default_factory for part in dataclasses.fields(cls)}
         kinds = {name: typing.get_type_hints(types[part])[name] for name, part in cls.part_of_field().items()}
         values = {name: _parse_env_value(name.upper(), environ[name.upper()], kind)
@@ -360,13 +358,13 @@ REMOVED_SETTINGS = {
     **dict.fromkeys(("FA4_MIN_TOKENS", "FUSED_MLP_MIN_TOKENS", "FP8_QKV_MIN_TOKENS"),
                     "size thresholds that mattered only to eager steps launched from the host"),
     **dict.fromkeys(("BIGRAM_ROWS", "NGRAM_OPTIMIZER", "NGRAM_ORDERS"),
-                    "the n-gram table (NGRAM_ROWS, row-wise RMSprop, orders 2 and 3) beat the bigram table and Adam rows"),
+                    "the n-gram table (row-wise RMSprop, orders 2 and 3) beat the bigram table and Adam rows"),
     "OPTIMIZER_GRAPHS": "a speed-up of world size 1 alone (rank-slice), which the 8-GPU run it stands for lacks",
     "ORTHOGONALIZER": "Polar Express's five maps are the one set; bench/quintic_maps.py keeps the others",
     "VAL_MASK": "validation masking; record V9's own train_gpt.py keeps it",
     "NARROW_VO_LAYERS": "narrow V/O heads, unmeasured in training since 2026-11-28",
     "TAIL_EMA_RATE": "the tail EMA's rate is 2/(its steps + 1)", "SKIP_GUARD_CHECKS": "always on after the warm-up",
-    "NONFINITE_CHECK_EVERY": "every 25 steps",
+    "NONFINITE_CHECK_EVERY": "every 25 steps", "SAVE_CHECKPOINT": "no tool read its checkpoints; off, unused",
     "EMBED_GRAD_FP32": "fp32-summed embedding gradients measured no gain",
     "PAIRED_ROPE_BY_HEAD": "the reference's paired-head rotary positions measured no gain",
     "VALUE_EMBED_SPARSE": "the value embeddings as a row table measured slower than the dense path (T3.20)",
@@ -529,9 +527,8 @@ class ExecutionPlan:
 
 def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.device, tokens: int,
                       training: bool, ce_candidates: int = 0) -> ExecutionPlan:
-    """The plan of a forward of `tokens` tokens on one rank: the settings and what the device has.
-    ce_candidates: the stage's candidate budget (T4.6). Evaluation (training=False) stays bf16 and takes
-    the full softmax."""
+    """The plan of a forward of `tokens` tokens on one rank: the settings and what the device has. ce_candidates: the
+    stage's candidate budget (T4.6). Evaluation (training=False) stays bf16 and takes the full softmax."""
     cuda = device.type == "cuda" and torch.cuda.is_available()
     kernels = cuda and triton is not None
     hopper = kernels and torch.cuda.get_device_capability(device)[0] >= 9  # TMA, e4m3 GEMMs
@@ -638,8 +635,7 @@ class AttnArgs:
 
     def doubled(self) -> "AttnArgs":
         """The same documents over the doubled sequence of paired-head layers (2t, 2t + 1)."""
-        return AttnArgs(2 * self.cu_seqlens, self.doc_ids.repeat_interleave(2), 2 * self.max_seqlen,
-                        self.backend, {})
+        return AttnArgs(2 * self.cu_seqlens, self.doc_ids.repeat_interleave(2), 2 * self.max_seqlen, self.backend, {})
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, args: AttnArgs, window: int) -> Tensor:
@@ -728,7 +724,7 @@ class ForwardContext:
     """What the layers of one forward share besides the residual stream x."""
     x_input: Tensor  # the residual entering layer 0
     x0: Tensor  # the normalized embedding, re-injected after every attention (T3.4)
-    bigram: Tensor | None  # the bigram embedding, re-injected likewise (LayerPlan.bigram)
+    bigram: Tensor  # the bigram embedding (the n-gram table's rows), re-injected likewise (LayerPlan.bigram)
     value_embeds: tuple[Tensor, ...]  # one (T, d) block per value-embedding layer
     gates: dict  # MUDD gate outputs {(kind, layer): (T, width)}; the post gate's added at its layer
     scalars: dict[str, Tensor]
@@ -840,11 +836,10 @@ class GPT(nn.Module):
     def training_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
                       execution: ExecutionPlan, target_weights: Tensor,
                       grad_scale: float = 1.0) -> tuple[Tensor, Tensor]:
-        """(loss to backpropagate, mean next-token CE). target_weights weighs the target columns
-        (t+1 ... t+n_predict, then the prefix target); the fused lm_head + soft-capped cross-entropy
-        (FP8 where the plan says, T4.4) scores every column at once, against the whole vocabulary or,
-        where the plan gives a candidate budget, against the step's candidates (T4.6; the mean CE
-        is then the candidates' too)."""
+        """(loss to backpropagate, mean next-token CE). target_weights weighs the target columns (t+1 ... t+n_predict,
+        then the prefix target); the fused lm_head + soft-capped cross-entropy (FP8 where the plan says, T4.4) scores
+        every column at once, against the whole vocabulary or, where the plan gives a candidate budget, against the
+        step's candidates (T4.6; the mean CE is then the candidates' too)."""
         x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
         targets = self.target_columns(target_ids.long(), shape)
         if execution.ce_candidates:
@@ -871,9 +866,8 @@ class GPT(nn.Module):
         against the targets t+1 .. t+n_predict (none past the end); the prefix-token loss (#88, T4.3)
         against the token spelling the longest proper prefix of the next token."""
         T, n = targets.size(0), shape.n_predict
-        # Columns as shifted slices of the padded targets, stacked: torch 2.11's inductor fails on
-        # CUDA (loop merging) for the same matrix built as a gather over (T, n) indices joined with
-        # the prefix column by cat.
+        # Columns as shifted slices of the padded targets, stacked: torch 2.11's inductor fails on CUDA (loop merging)
+        # for the same matrix built as a gather over (T, n) indices joined with the prefix column by cat.
         padded = torch.cat([targets, targets.new_full((n - 1,), -1)]) if n > 1 else targets
         columns = [padded[k: k + T] for k in range(n)]
         if shape.prefix_target:
@@ -969,9 +963,8 @@ class GPT(nn.Module):
         return attn, rope, attn.doubled(), rope_paired
 
     def value_input(self, layer: LayerPlan, a_in: Tensor, x: Tensor, ctx: ForwardContext, mix: dict) -> Tensor:
-        """The extra value input (T, H, hd) of an attention: the value embedding with its gate
-        (#55, #70; T3.3), at the MUDD layer one MUDD gate per half of the heads, plus the dense
-        value mix of earlier residuals (T3.14)."""
+        """The extra value input (T, H, hd) of an attention: the value embedding with its gate (#55, #70; T3.3), at
+        the MUDD layer one MUDD gate per half of the heads, plus the dense value mix of earlier residuals (T3.14)."""
         T, H, hd = x.size(0), self.config.num_heads, self.config.head_dim
         v_extra = 0
         if layer.value_embed is not None:
@@ -991,7 +984,7 @@ class GPT(nn.Module):
         return v_extra
 
     def attention(self, layer: LayerPlan, x: Tensor, v_extra: Tensor | None, ctx: ForwardContext) -> Tensor:
-        """One attention sublayer on the normalized input x (T3.8-T3.13, T3.16-T3.18, T3.21)."""
+        """One attention sublayer on the normalized input x (T3.8-T3.13, T3.16-T3.18)."""
         cfg, i, slot = self.config, layer.index, layer.attn_slot
         T, H, hd = x.size(0), cfg.num_heads, cfg.head_dim
         qk_hd, scale = (hd // 2, self.narrow_attn_scale) if layer.narrow_qk else (hd, self.attn_scale)
@@ -1009,8 +1002,7 @@ class GPT(nn.Module):
         y = attend(q, k, v, ctx.attn_paired if layer.paired_heads else ctx.attn, window).reshape(T, H, hd)
         if layer.dc_mha:  # cross-head composition on a local window (#85, T3.17); w1 RMS-normalized
             w1 = F.rms_norm(ctx.gates["dc_w1", i].float(), (H,), eps=1e-6)
-            y = y + dc_mha(q, k, v, ctx.attn.doc_ids, w1, ctx.gates["dc_w2", i], DC_WINDOW,
-                           ctx.execution.dc_mha_kernel)
+            y = y + dc_mha(q, k, v, ctx.attn.doc_ids, w1, ctx.gates["dc_w2", i], DC_WINDOW, ctx.execution.dc_mha_kernel)
         if layer.xsa:  # (T3.13)
             y = exclusive_self_attention(y, v, ctx.gates["xsa", i])
         if layer.out_gate:  # (#28, #85; T3.16)
@@ -1068,10 +1060,10 @@ class ParamSpec:
 
 
 def param_table(cfg: ModelConfig) -> dict[str, ParamSpec]:
-    """The optimizer's table (T2.1): how each parameter of GPT(cfg) is optimized. Within its group
-    (replicated, bank, sharded table) a parameter's place here is its place in the optimizer's
-    communication and work order: the big MLP bank sits between the two small banks, so the first
-    wait and the last gather are short. Parameters a switch removes are simply absent from the model."""
+    """The optimizer's table (T2.1): how each parameter of GPT(cfg) is optimized. Within its group (replicated, bank,
+    sharded table) a parameter's place here is its place in the optimizer's communication and work order: the big MLP
+    bank sits between the two small banks, so the first wait and the last gather are short. Parameters a layout leaves
+    out (qk_narrow_bank with no narrow layer) are simply absent from the model."""
     return {
         "qk_bank": ParamSpec("normuon", "sharded", matrix_shape=(2 * cfg.head_dim, cfg.model_dim), wd_mul=1.0),
         "qk_narrow_bank": ParamSpec("normuon", "sharded", matrix_shape=(cfg.head_dim, cfg.model_dim), wd_mul=1.0),
@@ -1231,25 +1223,14 @@ class WaitOnce:
 
 
 class FlatReplicatedGrads:
-    """The gradients of a set of replicated parameters sent as one flat all-reduce per dtype (T2.1;
-    modded-nanogpt record #92 sends one flat all-reduce per gradient dtype for its replicated
-    parameters): one launch and one latency per dtype instead of one per parameter.
-
-    The layout is fixed at construction: per dtype, the parameters in the given (launch) order, each
-    starting on a 16-byte boundary, the alignment inductor's kernels assume of their inputs, so the
-    compiled Adam update takes a view as it took a gradient of its own. Padding stays zero. Two preallocated buffer sets
-    alternate between launches: a gradient kept on a step without Adam (T2.7) still sits in the
-    previous launch's set while the next launch fills the other. That is enough, because every launch
-    of a layout covers all its labels, and each label's earlier kept gradient is either consumed by
-    that launch's update or summed into it, so no launch but the latest holds a kept view. Every
-    launch's work is waited for before its set is filled again (by the update or the keep of the
-    next launch, or by NorMuonAdam._settle_kept before its state is replaced).
-
-    The gradients are copied in (one multi-tensor copy per dtype) rather than being views of the
-    buffer from the backward on: the CUDA graphs hand out their own static gradient outputs (T5.3),
-    eager autograd would need .grad kept alive and zeroed instead of set to None, and the kept gradient
-    would need the parameters' .grad swapped between buffer sets every step. The copy moves the small
-    parameters' bytes once (about 0.4 MB at the default size)."""
+    """The gradients of a set of replicated parameters sent as one flat all-reduce per dtype (T2.1, as record #92
+    does): one launch and one latency per dtype instead of one per parameter. The layout is fixed at construction:
+    per dtype, the parameters in launch order, each on a 16-byte boundary (the alignment inductor's kernels assume),
+    padding zero. Two buffer sets alternate between launches: a gradient kept on a step without Adam (T2.7) sits in
+    the previous launch's set while the next launch fills the other; every launch covers all its labels and each
+    earlier kept gradient is consumed or summed by it, so only the latest launch holds a kept view, and each launch
+    is waited for before its set is filled again. Gradients are copied in (one multi-tensor copy per dtype, ~0.4 MB)
+    rather than being views from the backward on: the CUDA graphs hand out their own static gradients (T5.3)."""
 
     ALIGN_BYTES = 16
 
@@ -1290,36 +1271,18 @@ STEP_SCALARS = {"normuon": ("momentum", "lr", "wd_lr", "fast_beta", "fast_weight
 
 
 class NorMuonAdam:
-    """One optimizer for every parameter, without DDP (#61, T2.1).
-
-    step(): (1) launch the gradient reductions asynchronously, each in its gradient's dtype: the
-    replicated parameters' gradients copied into one flat buffer per dtype (in the default model bf16
-    for the gates and MUDD weights, fp32 for the scalars, the lambdas and gates.scale) and
-    all-reduced as one collective per dtype (FlatReplicatedGrads, laid out on the first step of each set of labels),
-    then one reduce-scatter per sharded parameter (bf16); (2) update in the same order: wait for a
-    reduction, update this rank's rows from it (a replicated parameter from its view of the flat
-    sum), launch their all-gather; (3) wait for the gathers. Gradients are SUM-reduced and scaled by
-    1/world in the update functions. At world size 1 nothing is sent or copied: the updates read .grad.
-    The order (`comm_order`): small replicated parameters (their per-dtype flat all-reduces, dtypes
-    in order of first appearance), then the NorMuon banks, then the big sharded Adam tables, each
-    group in table order. NCCL runs collectives in launch order, so waiting in launch order never
-    waits for an unrelated reduction, and bank i is orthogonalized while bank i+1 and the tables are
-    still reducing. Every replicated parameter is an Adam parameter, so the flat all-reduces go
-    first on an Adam step and, on a step without Adam, first among the reductions launched after
-    the gathers for the kept gradients (below).
-
-    Step sizes: a NorMuon matrix moves by muon_lr × the schedule's lr multiplier × its spec's lr_mul
-    × spec.matrix_lr_mul(i); an Adam parameter by adam_lr × the lr multiplier × its spec's lr_mul.
-
-    Adam every other step (T2.7): on a step without Adam, each Adam parameter's gradient is moved out
-    of .grad into `kept` (its reduction launched at once, so it overlaps the next step: the
-    replicated ones as their flat all-reduces, kept as views of that launch's buffer set), and the
-    next step's update adds it to the new one inside the Adam kernel. Autograd would otherwise add
-    the two in a separate full pass over every table.
-
-    Tied embedding (#51, #53; T3.15): while tied, embed's gradient is added to lm_head's, only lm_head
-    is reduced and updated and embed is overwritten with it; untie() hands lm_head's Adam state to
-    embed. Both are stored (vocab, dim), so tying needs no transpose."""
+    """One optimizer for every parameter, without DDP (#61, T2.1). step(): (1) launch each gradient's reduction
+    asynchronously in its dtype, in `comm_order`: the small replicated parameters' gradients as one flat all-reduce
+    per dtype (FlatReplicatedGrads), then one reduce-scatter per sharded parameter; (2) in the same order, wait for a
+    reduction, update this rank's rows (scaled by 1/world) and launch their all-gather; (3) wait for the gathers.
+    NCCL runs collectives in launch order, so a wait never waits for an unrelated reduction, and bank i is
+    orthogonalized while bank i+1 and the tables still reduce. At world size 1 nothing is sent: updates read .grad.
+    Step sizes: muon_lr (adam_lr) x the schedule's lr multiplier x the spec's lr_mul (x spec.matrix_lr_mul(i)).
+    Adam every other step (T2.7): a step without Adam moves each Adam gradient into `kept` (its reduction launched
+    at once, overlapping the next step), and the next update adds it inside the Adam kernel rather than in an
+    autograd pass over every table. Tied embedding (#51, #53; T3.15): while tied, embed's gradient is added to
+    lm_head's, only lm_head is reduced and updated, and embed is overwritten with it; untie() hands lm_head's Adam
+    state to embed (both stored (vocab, dim): no transpose)."""
 
     def __init__(self, params: dict[str, nn.Parameter], specs: dict[str, ParamSpec], config: OptimConfig,
                  rank: int = 0, world_size: int = 1, tied: tuple[str, str] | None = None, compile: bool = False,
@@ -1715,37 +1678,30 @@ def ngram_bytes_per_row(dim: int) -> int:
 
 
 class NgramTable(nn.Module):
-    """The hashed n-gram table (record #92, PR #360; T3.19): NGRAM_ROWS rows, each position reading one row per
-    order (ngram_ids), summed into the bigram injection (T3.4). One object holds all of it: the row cache the
-    model's forward reads (this module's buffers), this rank's rows with their optimizer state, the gradients
-    kept for the next Adam step, and the exchange with the rows' owners. It is no parameter: NorMuonAdam never
-    sees it, and no dense gradient exists.
+    """The hashed n-gram table (record #92, PR #360; T3.19): NGRAM_ROWS rows, each position reading one row per order
+    (ngram_ids), summed into the bigram injection (T3.4). One object holds all of it: the row cache the model's
+    forward reads (this module's buffers: `cache`, a leaf whose gradient is the per-row sums; `eval_cache` for longer
+    validation forwards; `inverse`, each position's places), this rank's rows with their optimizer state, the
+    gradients kept for the next Adam step, and the exchange with the rows' owners. It is no parameter: NorMuonAdam
+    never sees it, and no dense gradient exists. The model calls it as `self.ngram(tokens)`; the trainer calls
+    `shard` once, `load` before each forward on new tokens (`serve` in a validation round where this rank has no
+    chunk), `keep_gradient` after each backward, `step` after each optimizer step, `reset` after the warm-up and
+    between seeds (nn.Module's state_dict leaves the rows out: they are no buffers).
 
-    The model calls it as `self.ngram(tokens)` (the embedding of the rows `load` cached). The trainer calls:
-    `shard` once (this rank's rows and their state), `load` before each forward on new tokens (`serve` in a
-    validation round where this rank has no chunk), `keep_gradient` after each backward, `step` after each
-    optimizer step, `reset` after the warm-up and between seeds, and `rows_state` for a checkpoint (nn.Module's
-    state_dict leaves the rows out: they are no buffers).
-
-    Cache: `cache` holds a training forward's distinct rows (a leaf whose gradient is the per-row sums), `eval_cache`
-    those of a longer forward (validation's, no gradient), `inverse` each position's place per order. Sharding:
-    rank r owns the rows [r·S, (r+1)·S), S = ⌈rows / world⌉, with their state, and one scratch row (local index S)
-    that padded_unique's padding reads and writes. load: the ids' rows, the distinct ones (padded_unique: static
-    shapes) and each position's place among them, into the cache with their current weights; at world size 1 one
-    gather, above it the distinct row ids go to their owners and the weights come back. step (on an Adam step,
-    T2.7): the kept (row, gradient) pairs of every micro-batch and of the step before are summed per row, sent to
-    the rows' owners and summed there; each owner updates its rows. Above world size 1 every exchange is two
-    all_to_all_single of compact lists, their sizes sent first (one host sync each).
-
-    Optimizer: row-wise RMSprop (rowwise_rmsprop_rows): no first moment and one fp32 second moment per row, the
-    mean square of the row's gradient values, as large embedding tables keep it (FBGEMM's row-wise AdaGrad, with
-    an EMA: the spec's beta2, bias-corrected). A row a step leaves out gets a zero gradient, so it does not move
-    and only its moment decays: the lazy update equals the dense one, up to float rounding. 2 bytes a value
-    beside 8 a row, so one process holds record #92's per-rank rows."""
+    Rank r owns rows [r·S, (r+1)·S), S = ⌈rows / world⌉, and a scratch row (local S) that padding reads and writes.
+    load: the distinct rows (padded_unique: static shapes) and their current weights into the cache; at world size 1
+    one gather, above it the row ids go to their owners and the weights come back. step (on an Adam step, T2.7): the
+    kept (row, gradient) pairs of every micro-batch and of the step before are summed per row, sent to their owners,
+    summed there and applied. Above world size 1 each exchange is two all_to_all_single of compact lists, sizes first
+    (a host sync each). The rows' optimizer is row-wise RMSprop (rowwise_rmsprop_rows; FBGEMM's row-wise AdaGrad with
+    an EMA): no momentum, one fp32 second moment per row. A row a step leaves out gets a zero gradient, so it does not
+    move and only its moment decays: the lazy update equals the dense one. 2 bytes a value beside 8 a row, so one
+    process holds record #92's per-rank rows."""
 
     def __init__(self, cfg: ModelConfig, max_tokens: int, max_train_tokens: int):
         super().__init__()
-        self.rows, self.spec, orders, d = cfg.ngram_rows, param_table(cfg)["ngram_table"], len(NGRAM_ORDERS), cfg.model_dim
+        self.rows, self.spec, orders = cfg.ngram_rows, param_table(cfg)["ngram_table"], len(NGRAM_ORDERS)
+        d = cfg.model_dim
         cache = torch.zeros(max_train_tokens * orders, d, dtype=torch.bfloat16).requires_grad_()
         self.register_buffer("cache", cache, persistent=False)
         if max_tokens > max_train_tokens:
@@ -1773,8 +1729,8 @@ class NgramTable(nn.Module):
 
     def shard(self, optim: OptimConfig, rank: int = 0, world_size: int = 1, compile: bool = False,
               dtype: torch.dtype = torch.bfloat16):
-        """Allocate this rank's rows and their optimizer state on the cache's device, zero (as the bigram table
-        started, T3.4), no step taken."""
+        """Allocate this rank's rows and their optimizer state on the cache's device, all zero (the injection
+        starts at nothing, T3.4), no step taken; returns the table."""
         self.optim, self.world = optim, world_size
         self.shard_rows = -(-self.rows // world_size)
         self.start = rank * self.shard_rows
@@ -1886,14 +1842,6 @@ class NgramTable(nn.Module):
         """This rank's rows and their state (what the CUDA graphs read besides the cache)."""
         return {"weight": self.weight, "last_step": self.last_step, "row_sq": self.row_sq}
 
-    def rows_state(self, device: torch.device | str | None = None) -> dict:
-        """This rank's rows, their optimizer state, the step count and the kept gradients (a checkpoint's):
-        copies, on `device` (None: where they are)."""
-        def copy(t: Tensor) -> Tensor:
-            return t.to(device, copy=True) if device is not None else t.clone()
-        return {"step_count": self.step_count, "kept": [(copy(r), copy(g)) for r, g in self.kept],
-                **{name: copy(t) for name, t in self.tensors().items()}}
-
     def reset(self):
         """Zero rows and moments, no step taken, no gradient kept."""
         for t in self.tensors().values():
@@ -1980,11 +1928,10 @@ def max_docs_per_batch(tokens: int) -> int:
 
 def plan_batch(bos: np.ndarray, first_doc: int, shard_len: int, tokens: int, num_ranks: int,
                max_seq_len: int, max_docs: int):
-    """BOS-aligned packing (#26, T1.2): every rank gets consecutive documents starting at a
-    BOS, each truncated to max_seq_len and the last cut to fit, totalling exactly tokens+1.
-    A rank's (max_docs)-th segment takes all it still needs, across document boundaries, so that
-    cu_seqlens keeps a fixed length. Returns (per-rank [(start, end)], next document index), or
-    None when the shard runs out (the caller re-plans from the next shard)."""
+    """BOS-aligned packing (#26, T1.2): every rank gets consecutive documents starting at a BOS, each truncated to
+    max_seq_len and the last cut to fit, totalling exactly tokens+1. A rank's (max_docs)-th segment takes all it still
+    needs, across document boundaries, so that cu_seqlens keeps a fixed length. Returns (per-rank [(start, end)], next
+    document index), or None when the shard runs out (the caller re-plans from the next shard)."""
     plan, i = [], first_doc
     for _ in range(num_ranks):
         segments, length = [], 0
@@ -2018,10 +1965,9 @@ def cu_seqlens_for(lengths: list[int], tokens: int, max_docs: int) -> np.ndarray
 
 
 def capped_lengths(lengths: list[int], attention_cap: int) -> list[int]:
-    """The attention cap (record #92, PR #360; T5.5): each segment longer than attention_cap split into
-    consecutive virtual segments of attention_cap tokens and the rest, so attention never spans more;
-    the tokens and their targets stay where they are. n segments of T + 1 tokens become at most
-    n + T // attention_cap (max_segments_per_batch)."""
+    """The attention cap (record #92, PR #360; T5.5): each segment longer than attention_cap split into consecutive
+    virtual segments of attention_cap tokens and the rest, so attention never spans more; the tokens and their targets
+    stay where they are. n segments of T + 1 tokens become at most n + T // attention_cap (max_segments_per_batch)."""
     pieces = []
     for length in lengths:
         whole, rest = divmod(length, attention_cap)
@@ -2036,10 +1982,9 @@ def max_segments_per_batch(tokens: int, attention_cap: int) -> int:
 
 
 class TrainLoader:
-    """Training batches for one rank: the planner's slice of consecutive documents, the next shard
-    loaded by a background thread, cycling over the files when they run out (logged once per
-    pass). next_batch() accepts a new batch size and max_seq_len at any step. With a vocab_size each
-    shard's token ids are checked as it loads (Shard)."""
+    """Training batches for one rank: the planner's slice of consecutive documents, the next shard loaded by a
+    background thread, cycling over the files when they run out (logged once per pass). next_batch() accepts a new batch
+    size and max_seq_len at any step. With a vocab_size each shard's token ids are checked as it loads (Shard)."""
 
     def __init__(self, pattern: str, rank: int, world_size: int, device: torch.device, log=print,
                  grad_accum: int = 1, vocab_size: int | None = None):
@@ -2198,9 +2143,8 @@ def prefix_token_ids(token_bytes: dict[int, bytes], vocab_size: int) -> Tensor:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """What one step takes from the schedule: the loader its batch shape, the model its windows,
-    target columns and loss weights, the optimizer its learning-rate multiplier, momentum and
-    whether Adam runs."""
+    """What one step takes from the schedule: the loader its batch shape, the model its windows, target columns and
+    loss weights, the optimizer its learning-rate multiplier, momentum and whether Adam runs."""
     step: int
     stage: int
     tokens_per_rank: int
@@ -2211,7 +2155,7 @@ class StepPlan:
     graph_stage: int  # the first stage whose training forward is this stage's: its CUDA graphs serve both
     lr_multiplier: float
     momentum: float
-    fast_rail: tuple[float, float]  # MUON_RAILS: the fast rail's beta and its weight in the blend (T2.9)
+    fast_rail: tuple[float, float]  # the fast momentum rail's beta and its weight in the blend (T2.9)
     adam_step: bool
     untie: bool  # untie embed and lm_head after this step
     tail_ema_rate: float  # TAIL_EMA_FRAC: the weights' EMA's rate after this step; 1 starts it, 0 none (T5.4)
@@ -2287,17 +2231,16 @@ class Schedule:
         return low + (high - low) * warm
 
     def fast_rail(self, step: int) -> tuple[float, float]:
-        """MUON_RAILS' fast rail (T2.9): (its beta, its weight in the blend with the slow rail). Until
-        the engage step it is today's single EMA: the scheduled momentum, weight 1."""
+        """The fast momentum rail (T2.9): (its beta, its weight in the blend with the slow rail). Until
+        the engage step it is Muon's single EMA: the scheduled momentum, weight 1."""
         cfg = self.config
         if step < self.rails_engage_step:
             return self.momentum(step), 1.0
         return cfg.muon_rails_fast_beta, cfg.muon_rails_fast_weight
 
     def tail_ema_rate(self, step: int) -> float:
-        """The tail EMA's rate after `step` (T5.4): 0 before its window (the last TAIL_EMA_FRAC of the
-        steps), 1 at the window's first step (the EMA starts as that step's weights), then 2/(window + 1),
-        record #92's."""
+        """The tail EMA's rate after `step` (T5.4): 0 before its window (the last TAIL_EMA_FRAC of the steps), 1 at
+        the window's first step (the EMA starts as that step's weights), then 2/(window + 1), record #92's."""
         start = self.tail_ema_start
         if start is None or step < start:
             return 0.0
@@ -2320,9 +2263,8 @@ def forward_columns(stage: Stage) -> tuple:
 
 
 def tail_ema_blends(cfg: ScheduleConfig, specs: dict[str, ParamSpec]) -> dict[str, float]:
-    """TAIL_EMA_FRAC's labels, each with the EMA's share of its weights after the blend (T5.4): the
-    NorMuon banks at TAIL_EMA_BANK_BLEND, embed and lm_head at TAIL_EMA_EMBED_BLEND; a share of 0 leaves
-    its labels out."""
+    """TAIL_EMA_FRAC's labels, each with the EMA's share of its weights after the blend (T5.4): the NorMuon banks at
+    TAIL_EMA_BANK_BLEND, embed and lm_head at TAIL_EMA_EMBED_BLEND; a share of 0 leaves its labels out."""
     if not cfg.tail_ema_frac:
         return {}
     blends = {label: cfg.tail_ema_bank_blend for label, spec in specs.items() if spec.optimizer == "normuon"}
@@ -2375,13 +2317,9 @@ def step_line(step: int, total: int, train_ms: float, val_loss: float | None = N
 
 def duration(ms: float) -> str:
     """A console duration: 850ms, 42s, 3m07s, 1h02m."""
-    seconds = ms / 1000
-    if seconds < 1:
-        return f"{ms:.0f}ms"
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    minutes = int(seconds // 60)
-    return f"{minutes}m{int(seconds % 60):02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+    s = int(ms // 1000)
+    return (f"{ms:.0f}ms" if s < 1 else f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600
+            else f"{s // 3600}h{s // 60 % 60:02d}m")
 
 
 def peak_memory_line(allocated_mib: int, reserved_mib: int, cpu: bool = False) -> str:
@@ -2396,9 +2334,8 @@ def final_windows_line(setting: str, val_loss: float) -> str:
 
 
 class RunLog:
-    """Rank 0 writes logs/<run_id>.txt through one buffered handle and echoes chosen lines to the
-    console. The file is flushed with each console line and at exit, so the step lines between
-    cost the timed loop no system call (T5.3)."""
+    """Rank 0 writes logs/<run_id>.txt through one buffered handle and echoes chosen lines to the console. The file is
+    flushed with each console line and at exit, so the step lines between cost the timed loop no system call (T5.3)."""
 
     def __init__(self, path: str | None):
         self.path, self.file = path, None
@@ -2435,12 +2372,10 @@ def environment_report() -> str:
         smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout.rstrip()
     except (OSError, subprocess.TimeoutExpired):
         smi = ""
-    lines = [f"Running Python {sys.version.replace(chr(10), ' ')}",
-             f"Running PyTorch {torch.__version__} compiled for CUDA {torch.version.cuda}",
-             f"Running Triton version {triton.__version__ if triton else 'not installed'}",
-             f"Running on host CPU {host_cpu()}",
-             smi or "nvidia-smi: not available"]
-    return "\n".join(lines)
+    return "\n".join([f"Running Python {sys.version.replace(chr(10), ' ')}",
+                      f"Running PyTorch {torch.__version__} compiled for CUDA {torch.version.cuda}",
+                      f"Running Triton version {triton.__version__ if triton else 'not installed'}",
+                      f"Running on host CPU {host_cpu()}", smi or "nvidia-smi: not available"])
 
 
 def environment_overrides(environ=os.environ) -> str:
@@ -2525,50 +2460,35 @@ ATTENTION_REQUIRED_LAYERS = tuple(sorted({*LONG_WINDOW_LAYERS, *KEY_OFFSET_LAYER
 
 
 def check_layer_layout(model: ModelConfig):
-    """ATTENTION_LAYERS, VALUE_EMBED_LAYERS and MLP_LAYERS: increasing layer indices; attention kept where a
-    layer's attention has a role of its own; value embeddings only on attention layers; the MUDD layer's MLP."""
-    def listed(values):
-        return ",".join(map(str, values))
-
-    for name, layers in (("ATTENTION_LAYERS", model.attention_layers), ("VALUE_EMBED_LAYERS", model.value_embed_layers),
-                         ("MLP_LAYERS", model.mlp_layers), ("NARROW_QK_LAYERS", model.narrow_qk_layers)):
+    """The layer lists (T3.1): increasing indices; attention kept where it has a role of its own; value embeddings
+    (at least one) and narrow Q/K heads only on attention layers, the narrow ones (T3.18) not where the key offset
+    (no stationary half to shift) or DC-MHA (one width for q, k, v) needs full width; the MUDD layer's MLP (T3.14)."""
+    attention, listed = model.attention_layers, lambda values: ",".join(map(str, values))  # noqa: E731
+    lists = {"ATTENTION_LAYERS": attention, "VALUE_EMBED_LAYERS": model.value_embed_layers,
+             "MLP_LAYERS": model.mlp_layers, "NARROW_QK_LAYERS": model.narrow_qk_layers}
+    for name, layers in lists.items():
         if any(not 0 <= layer < NUM_LAYERS for layer in layers) or list(layers) != sorted(set(layers)):
             raise SetupError(f"{name}={listed(layers)}: give increasing layer indices from 0 to {NUM_LAYERS - 1}")
-    missing = [layer for layer in ATTENTION_REQUIRED_LAYERS if layer not in model.attention_layers]
-    if missing:
-        raise SetupError(f"ATTENTION_LAYERS={listed(model.attention_layers)} drops the attention of layer(s) "
-                         f"{listed(missing)}, which the architecture needs (long windows, key offset, output gates, "
-                         f"the MUDD value mix, DC-MHA): keep {listed(ATTENTION_REQUIRED_LAYERS)}")
-    stray = [layer for layer in model.value_embed_layers if layer not in model.attention_layers]
-    if stray:
-        raise SetupError(f"VALUE_EMBED_LAYERS={listed(model.value_embed_layers)} names layer(s) {listed(stray)} "
-                         f"without attention (ATTENTION_LAYERS={listed(model.attention_layers)}): value embeddings "
-                         "enter through an attention's values")
+    if missing := [layer for layer in ATTENTION_REQUIRED_LAYERS if layer not in attention]:
+        raise SetupError(f"ATTENTION_LAYERS={listed(attention)} drops the attention of layer(s) {listed(missing)}, "
+                         f"which the architecture needs (long windows, key offset, output gates, the MUDD value mix, "
+                         f"DC-MHA): keep {listed(ATTENTION_REQUIRED_LAYERS)}")
+    for name in ("VALUE_EMBED_LAYERS", "NARROW_QK_LAYERS"):
+        if stray := [layer for layer in lists[name] if layer not in attention]:
+            raise SetupError(f"{name}={listed(lists[name])} names layer(s) {listed(stray)} without attention "
+                             f"(ATTENTION_LAYERS={listed(attention)}): set {name} to attention layers only")
     if not model.value_embed_layers:
-        raise SetupError("VALUE_EMBED_LAYERS is empty: name at least one attention layer (the final mix reads the first "
-                         "plane, T3.14)")
+        raise SetupError("VALUE_EMBED_LAYERS is empty: name at least one attention layer (the final mix reads the "
+                         "first plane, T3.14)")
+    if clash := [layer for layer in model.narrow_qk_layers if layer in (*KEY_OFFSET_LAYERS, DC_LAYER)]:
+        raise SetupError(f"NARROW_QK_LAYERS names layer(s) {listed(clash)}, whose key offset (T3.11) or DC-MHA (T3.17) "
+                         f"needs full-width Q/K heads: leave them wide")
+    if model.narrow_qk_layers and model.head_dim % 4:
+        raise SetupError(f"NARROW_QK_LAYERS needs HEAD_DIM divisible by 4 (narrow heads are HEAD_DIM/2 wide), got "
+                         f"{model.head_dim}")
     if MUDD_LAYER not in model.mlp_layers:
         raise SetupError(f"MLP_LAYERS={listed(model.mlp_layers)} drops the MLP of layer {MUDD_LAYER}, whose MLP output "
                          f"the MUDD residual mix weighs (T3.14): keep {MUDD_LAYER}")
-    check_narrow_qk_layers(model)
-
-
-def check_narrow_qk_layers(model: ModelConfig):
-    """NARROW_QK_LAYERS (T3.18): attention layers whose roles work with Q/K heads half as wide and wholly
-    rotated: not the key offset's (no stationary half to shift) nor DC-MHA's (one width for q, k, v)."""
-    narrow = model.narrow_qk_layers
-    stray = [layer for layer in narrow if layer not in model.attention_layers]
-    if stray:
-        raise SetupError(f"NARROW_QK_LAYERS={','.join(map(str, narrow))} names layer(s) {','.join(map(str, stray))} "
-                         f"without attention (ATTENTION_LAYERS={','.join(map(str, model.attention_layers))}): set "
-                         "NARROW_QK_LAYERS to attention layers only (empty: every head full width)")
-    if narrow and model.head_dim % 4:
-        raise SetupError(f"NARROW_QK_LAYERS needs HEAD_DIM divisible by 4 (narrow heads are HEAD_DIM/2 wide), "
-                         f"got {model.head_dim}")
-    clash = [layer for layer in narrow if layer in (*KEY_OFFSET_LAYERS, DC_LAYER)]
-    if clash:
-        raise SetupError(f"NARROW_QK_LAYERS names layer(s) {','.join(map(str, clash))}, whose key offset (T3.11) or "
-                         f"DC-MHA (T3.17) needs full-width Q/K heads: leave them wide")
 
 
 # =============================================================================================
@@ -2577,11 +2497,9 @@ def check_narrow_qk_layers(model: ModelConfig):
 
 
 class CudaGraph:
-    """One CUDA graph: capture(fn) runs fn once eagerly on the capture stream (lazy set-up such as
-    cuBLAS workspaces and any autotuning happens there, outside the capture), then records fn's
-    kernels; replay() launches them again on the addresses they were captured with. The graphs of
-    one StepGraphs share a memory pool: they run one at a time, and outputs that must outlive other
-    graphs' replays are protected by the capture order (StepGraphs.capture_order)."""
+    """One CUDA graph: capture(fn) runs fn once eagerly on the capture stream (lazy set-up and autotuning happen
+    there), then records its kernels; replay() launches them again on the same addresses. The graphs of one StepGraphs
+    share a memory pool; outputs that must outlive other graphs' replays are protected by StepGraphs.capture_order."""
 
     def __init__(self, pool, stream: "torch.cuda.Stream"):
         self.graph, self.pool, self.stream = torch.cuda.CUDAGraph(), pool, stream
@@ -2624,19 +2542,15 @@ class GraphMismatch(RuntimeError):
 
 
 class StepGraphs:
-    """The training step's forward and backward as CUDA graphs (#92, T5.3), captured in the warm-up
-    and replayed in the timed loop, one per key: (graph stage, Adam step). A stage fixes the shapes and
-    the execution plan (stages alike in them share the first one's graphs: StepPlan.graph_stage); Adam
-    and non-Adam steps get their own outputs, so the gradient a non-Adam step keeps for the next Adam
-    step (T2.7) survives that step's replay. Each capture is checked against eager execution on the
-    same batch (CE and every gradient's norm); every parameter and buffer must stay where the graphs
-    read it (check_addresses). The optimizer and its collectives run outside the graphs, so any world
-    size works; `max_over_ranks` makes every rank stop together when one rank's check fails.
-    The n-gram table (T3.19): each graph reads the micro-batch's rows from the table's row cache and leaves the
-    cache's gradient as an output, which `run` hands to the table after each replay (its optimizer step runs
-    outside). Where a load is device work alone (`loads_in_graphs`: world size 1) each graph loads the rows
-    itself before its forward; above it a load exchanges rows with their owners, sizes first (a host sync),
-    so `run` loads each micro-batch eagerly between the loader and the replay, into the cache the graphs read."""
+    """The training step's forward and backward as CUDA graphs (#92, T5.3), captured in the warm-up and replayed in
+    the timed loop, one per key (graph stage, Adam step): stages alike in shapes and plan share the first one's graphs
+    (StepPlan.graph_stage); Adam and non-Adam steps get their own outputs, so a gradient kept for the next Adam step
+    (T2.7) survives that step's replay. Each capture is checked against eager execution on its batch (CE and every
+    gradient's norm), every tensor the graphs read must stay put (check_addresses), and `max_over_ranks` stops every
+    rank together. The optimizer runs outside the graphs. Each graph reads the n-gram table's row cache (T3.19) and
+    leaves its gradient, which `run` hands to the table after each replay; at world size 1 (`loads_in_graphs`) the
+    graph loads its rows itself, above it a load exchanges rows with a host sync, so `run` loads each micro-batch
+    eagerly between the loader and the replay."""
 
     def __init__(self, loss_fn, model: nn.Module, grad_accum: int, grad_scale: float, new_graph=None,
                  rtol: float = 1e-2, grad_rtol: float = 5e-2, max_over_ranks=lambda t: t, loads_in_graphs: bool = True):
@@ -2702,18 +2616,14 @@ class StepGraphs:
 
     @staticmethod
     def capture_order(keys) -> list[tuple[int, bool]]:
-        """Non-Adam steps' graphs first, then Adam steps', each in stage order. The graphs share one
-        memory pool, so a graph captured later may hold its outputs where an earlier one keeps its
-        temporaries, and that earlier graph's replay overwrites them. A non-Adam step's gradient
-        is kept (T2.7) through the next step's replay, an Adam step or, at a stage edge, the next
-        stage's non-Adam step: captured first, the kept gradients were live during every capture
-        that can run while they are kept, so no such graph put anything there."""
+        """Non-Adam steps' graphs first, then Adam steps', each in stage order: a graph captured later may put its
+        outputs where an earlier one keeps temporaries, so the non-Adam graphs, whose gradients are kept (T2.7)
+        through the next replays, are captured while nothing else holds memory in the pool."""
         return sorted(keys, key=lambda key: (key[1], key[0]))
 
     def check_kept_gradients(self):
-        """Stop unless every non-Adam graph's outputs survive the replay of every graph that can run
-        while they are kept: replay the non-Adam graphs in stage order, then the Adam graphs, and compare
-        each non-Adam graph's outputs with what they were right after its own replay."""
+        """Stop unless every non-Adam graph's outputs survive the replays of the graphs that can run while they are
+        kept (the non-Adam graphs in stage order, then the Adam graphs)."""
         def replay(step: CapturedStep):
             step.first.replay()
             if step.accumulate is not None:
@@ -2741,7 +2651,7 @@ class StepGraphs:
         return [*self.model.named_parameters(), *self.model.named_buffers(), *table]
 
     def record_addresses(self):
-        """Where every parameter, buffer and row table tensor is now: where the graphs read them."""
+        """Where every parameter, buffer and n-gram table tensor is now: where the graphs read them."""
         self.addresses = {name: t.data_ptr() for name, t in self.read_tensors()}
 
     @staticmethod
@@ -2755,9 +2665,8 @@ class StepGraphs:
         return ["CE", *(f"{name}'s gradient norm" for name in grads), "the n-gram table's row gradient norm"]
 
     def compare(self, plan: StepPlan, what: str, got: Tensor, expected: Tensor, noise: Tensor, labels: list[str]):
-        """The CE within rtol of `expected`, each gradient norm within grad_rtol (a norm sums roundings
-        that a graph's other memory layout may order differently), both widened by four times eager
-        execution's own spread; keeps the worst share of its tolerance any value used, for the log."""
+        """The CE within rtol, each gradient norm within grad_rtol (another memory layout may order its sums
+        differently), both widened by four times eager execution's own spread; the worst share is kept for the log."""
         rtol = torch.full_like(expected, self.grad_rtol)
         rtol[0] = self.rtol
         tolerance = rtol * expected.abs() + 4 * noise + 1e-6
@@ -2776,7 +2685,7 @@ class StepGraphs:
                             f"{expected[i].item():.6g}; run with CUDA_GRAPHS=0 and report it")
 
     def check_addresses(self):
-        """Stop unless every parameter, buffer and row table tensor is where the graphs read it (state is
+        """Stop unless every parameter, buffer and n-gram table tensor is where the graphs read it (state is
         restored with copy_, never by assigning new tensors)."""
         for name, t in self.read_tensors():
             if self.addresses.get(name) != t.data_ptr():
@@ -2866,8 +2775,7 @@ class Trainer:
         self.forward_backward = self.step_graphs.run if graphs else self.eager_forward_backward
         self.long_windows = None  # those the model's rotary tables are set for
         self.losses = torch.zeros(self.schedule.total_steps, device=device)
-        self.checked_steps = 0
-        self.pending_check = None  # (first step, CUDA event of its flag's copy) of the check in flight
+        self.checked_steps, self.pending_check = 0, None  # pending: (first step, CUDA event of its flags' copy)
         self.position = "before the warm-up"  # where the run is, for an interruption's line
         # what a periodic check reads a period later: a non-finite loss (0/1), the candidate shortfall (T4.6)
         self.check_flags = torch.zeros(2, dtype=torch.long, pin_memory=device.type == "cuda")
@@ -3037,10 +2945,9 @@ class Trainer:
         return value.item() / self.world_size
 
     def check_finite(self, upto: int, wait: bool = True):
-        """Stop at the first non-finite training loss among the steps not checked yet, or at a
-        candidate shortfall (T4.6). wait=False (the periodic check) queues the test with no host
-        sync: its flags land in pinned memory and are read at the next check, long finished by then,
-        so a bad step stops the run one period late."""
+        """Stop at the first non-finite training loss among the steps not checked yet, or at a candidate shortfall
+        (T4.6). wait=False (the periodic check) queues the test with no host sync: its flags land in pinned memory and
+        are read at the next check, long finished by then, so a bad step stops the run one period late."""
         if self.pending_check is not None:
             (start, copied), self.pending_check = self.pending_check, None
             self.read_check_flags(copied, start, self.checked_steps, upto)
@@ -3083,11 +2990,10 @@ class Trainer:
                             f"(detected at step {detected_at}); lower the learning rates or check the data")
 
     def warmup(self):
-        """Compile every graph the run will use (each stage's shapes, Adam and non-Adam steps, the
-        untie step, every validation shape) on real, eager steps, capture the step runner's CUDA graphs, then
-        restore the initial state (#47, T5.2); the n-gram table's is its reset, all zeros. Every Adam step it
-        compiles follows a non-Adam one (T2.7's kept gradient is an input): a caller that starts a stage on an
-        Adam step after it needs a graph it lacks (dynamo's guards are skipped after the warm-up)."""
+        """Compile every graph the run uses (each stage's shapes, Adam and non-Adam steps, the untie step, every
+        validation shape) on real eager steps, capture the step runner's CUDA graphs, then restore the initial state
+        (#47, T5.2; the n-gram table by its reset). Each Adam step compiled follows a non-Adam one, as in the run:
+        dynamo's guards are skipped after the warm-up, so a step it never saw would need a graph it lacks."""
         steps = [step for step in self.schedule.warmup_steps() if step < self.last_step]
         validations = {}  # one validation per distinct shape the run validates with
         for step in self.validation_steps():
@@ -3149,8 +3055,6 @@ class Trainer:
             gc.unfreeze()
             gc.collect()
         self.log_memory()
-        if self.hp.run.save_checkpoint:
-            self.save_checkpoint()
         return val_loss
 
     def timed_steps(self, loader: "TrainLoader") -> float:
@@ -3196,7 +3100,7 @@ class Trainer:
         every = self.hp.run.train_loss_every
         if every and steps_done % every == 0:
             train_loss = self.global_mean(ce)
-        line, now = step_line(steps_done, self.schedule.total_steps, elapsed_ms, train_loss=train_loss), time.perf_counter()
+        line, now = step_line(steps_done, self.schedule.total_steps, elapsed_ms, None, train_loss), time.perf_counter()
         if steps_done > 1 and now - self.last_console < CONSOLE_EVERY:
             return self.log(line, console=False)
         self.last_console = now
@@ -3211,17 +3115,6 @@ class Trainer:
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # KiB on Linux
             self.log(peak_memory_line(rss, rss, cpu=True))
 
-    def save_checkpoint(self):
-        folder = os.path.join("checkpoints", self.hp.run.run_id)
-        os.makedirs(folder, exist_ok=True)
-        if self.rank == 0:
-            torch.save({"hyperparameters": self.hp.flat(), "model": self.model.state_dict()},
-                       os.path.join(folder, "model.pt"))
-        torch.save(self.optimizer.state_dict(), os.path.join(folder, f"optimizer_rank{self.rank}.pt"))
-        if self.ngram is not None:  # this rank's rows of the table and their Adam state (T3.19)
-            torch.save(self.ngram.rows_state(), os.path.join(folder, f"ngram_rank{self.rank}.pt"))
-        self.log(f"checkpoint: {folder}/")
-
     def _sync(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -3233,6 +3126,7 @@ class Trainer:
 
 
 def check_world_size(hp: Hyperparameters, world_size: int):
+    """1, 2, 4 or 8 processes (fewer GPUs accumulate the 8 ranks' slices, T1.3); rank-slice mode on one."""
     if world_size not in (1, 2, 4, 8):
         raise SetupError(f"world size {world_size} is not supported: run on 1, 2, 4 or 8 GPUs "
                          f"(gradient accumulation 8 // world_size keeps the 8-GPU math)")
@@ -3255,8 +3149,8 @@ def check_train_data(hp: Hyperparameters):
     hold): their token ids inside the vocabulary and, unless ALLOW_REPEAT=1, no second pass over them (a run
     that repeats stops, naming the shards it needs). Every GPU count reads what the 8-GPU run reads (T1.3)."""
     data, schedule = hp.data, Schedule(hp.schedule)
-    loader = TrainLoader(data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None, vocab_size=hp.model.vocab_size,
-                         grad_accum=1 if hp.run.rank_slice else RANKS_PER_STEP)
+    loader = TrainLoader(data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None,
+                         grad_accum=1 if hp.run.rank_slice else RANKS_PER_STEP, vocab_size=hp.model.vocab_size)
     steps, repeats_at = hp.run.stop_after or schedule.total_steps, None
     try:
         for step in range(steps):
@@ -3269,8 +3163,8 @@ def check_train_data(hp: Hyperparameters):
     finally:
         loader.close()
     if repeats_at is not None:
-        raise SetupError(f"the run's {steps} steps would read past the end of its {len(loader.files)} train files at step "
-                         f"{repeats_at} and train on them again: they need {loader.file_index + 1} shards like "
+        raise SetupError(f"the run's {steps} steps would read past the end of its {len(loader.files)} train files at "
+                         f"step {repeats_at} and train on them again: they need {loader.file_index + 1} shards like "
                          f"{os.path.basename(loader.files[0])}; add train shards (TRAIN_FILES), or ALLOW_REPEAT=1")
 
 
@@ -3281,8 +3175,8 @@ def check_log_dir(hp: Hyperparameters):
         with tempfile.TemporaryFile(dir=hp.run.log_dir):
             pass
     except OSError as error:
-        raise SetupError(f"LOG_DIR={hp.run.log_dir!r} is not a folder this process can write ({error.strerror or error}): "
-                         f"give another LOG_DIR") from None
+        raise SetupError(f"LOG_DIR={hp.run.log_dir!r} is not a folder this process can write "
+                         f"({error.strerror or error}): give another LOG_DIR") from None
 
 
 def check_setup(hp: Hyperparameters, world_size: int, rank: int = 0):
@@ -3308,14 +3202,11 @@ def check_device(hp: Hyperparameters, world_size: int):
     the attention backend there."""
     if hp.run.device not in ("cuda", "cpu"):
         raise SetupError(f"DEVICE={hp.run.device!r}: use cuda (one GPU per process) or cpu")
-    if hp.run.device != "cuda":
-        resolve_attention_backend(hp.execution.attention_backend, hp.run.device)
-        return
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if visible == 0:
+    visible = torch.cuda.device_count() if hp.run.device == "cuda" and torch.cuda.is_available() else 0
+    if hp.run.device == "cuda" and visible == 0:
         raise SetupError("no CUDA GPU visible. train_gpt.py trains on NVIDIA GPUs (H100-class); `SMOKE=1 "
                          "./run.sh` trains a tiny model on the CPU, DEVICE=cpu runs this one there (slowly)")
-    if visible < world_size:
+    if hp.run.device == "cuda" and visible < world_size:
         fits = max(n for n in (1, 2, 4, 8) if n <= visible)
         raise SetupError(f"{world_size} processes (NGPU) but {visible} CUDA GPU(s) visible: use NGPU={fits} "
                          f"(fewer GPUs accumulate gradients: the same training)")
@@ -3372,7 +3263,8 @@ def launch_ranks(environ=os.environ) -> tuple[int, int, int]:
     for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         raw = environ.get(name, default)
         if not raw.isdigit():
-            raise SetupError(f"{name}={raw!r} is not a whole number (torchrun sets it; run.sh passes NGPU as WORLD_SIZE)")
+            raise SetupError(f"{name}={raw!r} is not a whole number (torchrun sets it; run.sh passes NGPU as "
+                             f"WORLD_SIZE)")
         values.append(int(raw))
     return tuple(values)
 
@@ -3418,7 +3310,8 @@ def open_run_log(hp: Hyperparameters, rank: int, world_size: int, device: torch.
     capped = []
     if hp.run.gpu_memory_gib > 0:
         total = torch.cuda.get_device_properties(device).total_memory / 2**30
-        capped.append(f"gpu_memory: the allocator capped at {hp.run.gpu_memory_gib:g} GiB of {total:.1f} (GPU_MEMORY_GIB)")
+        capped.append(f"gpu_memory: the allocator capped at {hp.run.gpu_memory_gib:g} GiB of {total:.1f} "
+                      f"(GPU_MEMORY_GIB)")
     log("\n".join([f"run_id: {hp.run.run_id}", f"hardware: {hardware}", *capped,
                    f"mode: {'rank-slice' if hp.run.rank_slice else 'full-batch'}", f"world_size: {world_size}",
                    f"grad_accum_steps: {grad_accum_steps(hp, world_size)}", f"data: {data_label(hp.data)}",
@@ -3443,7 +3336,8 @@ def report_setup_error(error: Exception, rank: int, log: RunLog | None):
 
 def out_of_memory_hint(hp: Hyperparameters, world_size: int) -> str:
     """What to change after torch.OutOfMemoryError: the allocator's cap, the n-gram table's share, the batch."""
-    capped = f"GPU_MEMORY_GIB={hp.run.gpu_memory_gib:g} caps this process's allocator; " if hp.run.gpu_memory_gib else ""
+    capped = (f"GPU_MEMORY_GIB={hp.run.gpu_memory_gib:g} caps this process's allocator; "
+              if hp.run.gpu_memory_gib else "")
     gib = -(-hp.model.ngram_rows // world_size) * ngram_bytes_per_row(hp.model.model_dim) / 2**30  # T3.19
     table = (f"The n-gram table holds {gib:.1f} GiB of it per process (NGRAM_ROWS={hp.model.ngram_rows}): "
              f"fewer rows take less (a row: {ngram_bytes_per_row(hp.model.model_dim)} bytes). ")
@@ -3505,13 +3399,12 @@ def main():
 # =============================================================================================
 # Fast paths
 # =============================================================================================
-# Each fused op is one block, in this order: its torch reference (the definition and the fallback),
-# the Triton kernels, their launcher (traced by torch.compile, or in a custom op where the op cannot
-# be traced), the autograd function, and the dispatcher the model or optimizer calls. One rule picks the path:
-# a dispatcher's `use_triton=None` means triton_applies(input) (a CUDA tensor with Triton installed,
-# and the shapes the kernels take); True forces the kernels (tests run them in Triton's CPU
-# interpreter), False the reference. What the model runs (FP8, the fused MLP, DC-MHA's kernels) the
-# execution plan decides once per stage (resolve_execution) and passes as explicit flags.
+# Each fused op is one block, in this order: its torch reference (the definition and the fallback), the Triton
+# kernels, their launcher (traced by torch.compile, or in a custom op where the op cannot be traced), the autograd
+# function, and the dispatcher the model or optimizer calls. One rule picks the path: a dispatcher's `use_triton=None`
+# means triton_applies(input) (a CUDA tensor with Triton installed, and the shapes the kernels take); True forces the
+# kernels (tests run them in Triton's CPU interpreter), False the reference. What the model runs (FP8, the fused MLP,
+# DC-MHA's kernels) the execution plan decides once per stage (resolve_execution) and passes as explicit flags.
 TRITON_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
 
 
@@ -3559,8 +3452,7 @@ def orthogonalize_float64(G: Tensor, coeffs: tuple = POLAR_EXPRESS_COEFFS, safet
 
 
 def _gemm_dtype(X: Tensor) -> torch.dtype:
-    # On the CPU the products run in fp32, rounded to bf16 where a bf16 GEMM rounds: same function,
-    # but CPU bf16 GEMMs run ~60x slower than fp32 without AVX512-BF16 (CI, tests).
+    # On the CPU the products run in fp32, rounded to bf16 where a bf16 GEMM rounds: the same function, faster.
     return torch.float32 if X.device.type == "cpu" else torch.bfloat16
 
 
@@ -3577,12 +3469,11 @@ def polar_iterations_reference(X: Tensor, coeffs: tuple = POLAR_EXPRESS_COEFFS) 
         X = (torch.baddbmm(Y, Y, B, beta=a) if tall else torch.baddbmm(Y, B, Y, beta=a)).bfloat16()
     return X
 
-# Symmetric batched products for Newton-Schulz / Polar Express (#27, #69, #74): only output tiles
-# on or below the diagonal are computed (a 1-D enumeration of the triangle), each stored at
-# [m, n] and mirrored to [n, m]; fp32 accumulation; operands loaded along their contiguous dim.
-# Odd sizes wrap the output offsets (loads stay in bounds) and mask the stores and reduction.
-# UPCAST only serves Triton's CPU interpreter (TRITON_INTERPRET=1), whose dot cannot do bf16 and
-# whose fp32-to-bf16 cast truncates: there the kernels round to nearest themselves (_to_dtype).
+# Symmetric batched products for Newton-Schulz / Polar Express (#27, #69, #74): only output tiles on or below the
+# diagonal are computed (a 1-D enumeration of the triangle), each stored at [m, n] and mirrored to [n, m]; fp32
+# accumulation; operands loaded along their contiguous dim. Odd sizes wrap the output offsets (loads stay in bounds)
+# and mask the stores and reduction. UPCAST only serves Triton's CPU interpreter (TRITON_INTERPRET=1), whose dot
+# cannot do bf16 and whose fp32-to-bf16 cast truncates: there the kernels round to nearest themselves (_to_dtype).
 if triton is not None:
     @triton.jit
     def _lower_triangle_tile(t):
@@ -3790,13 +3681,12 @@ def softcap_ce_reference(logits: Tensor, targets: Tensor, weights: Tensor, grad_
     return loss_rows, ce0_rows, grad.to(grad_dtype)
 
 
-# Fused soft-capped multi-target cross-entropy, forward and backward in one kernel (#60, #67, #79;
-# T4.1). Persistent programs take rows t = pid, pid + programs, ...; each row is read from memory
-# once and held in registers as up to three power-of-two parts (`vocab_parts`: 32768 + 16384 + 2048
-# for GPT-2's 50,304, the last one masked): sweep 1 sums exp(z − 23) (z < 23: no running max),
-# sweep 2 writes the logit gradient from the held logits, then the ≤ MAX_TARGETS target columns are
-# rewritten after a barrier. With tanh: z = h + h·t, t = tanh((u+5)/15), h = 23/2;
-# dz/du = 23/(4·7.5)·(1 − t²).
+# Fused soft-capped multi-target cross-entropy, forward and backward in one kernel (#60, #67, #79; T4.1). Persistent
+# programs take rows t = pid, pid + programs, ...; each row is read from memory once and held in registers as up to
+# three power-of-two parts (`vocab_parts`: 32768 + 16384 + 2048 for GPT-2's 50,304, the last one masked): sweep 1 sums
+# exp(z − 23) (z < 23: no running max), sweep 2 writes the logit gradient from the held logits, then the ≤ MAX_TARGETS
+# target columns are rewritten after a barrier. With tanh: z = h + h·t, t = tanh((u+5)/15), h = 23/2; dz/du =
+# 23/(4·7.5)·(1 − t²).
 if triton is not None:
     @triton.jit
     def _tanh(x, FAST: tl.constexpr):
@@ -3903,8 +3793,7 @@ if triton is not None:
             tl.store(g_row + ys, g_y.to(grad_ptr.dtype.element_ty), mask=valid)
 
     @triton.jit
-    def _transpose_kernel(src_ptr, dst_ptr, M, N, stride_src, stride_dst,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    def _transpose_kernel(src_ptr, dst_ptr, M, N, stride_src, stride_dst, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         # dst (N, M) = srcᵀ: a tile read along src's rows, written along dst's rows
         offs_m = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         offs_n = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
@@ -3976,11 +3865,10 @@ def _scale_tensor(value: float, device: torch.device) -> Tensor:
     return torch.full((), value, dtype=torch.float32, device=device)
 
 
-# The lm_head + loss as two custom ops (opaque to torch.compile): the forward computes the logits,
-# runs the fused cross-entropy, which writes the logit gradient at once (the logits are freed),
-# and the backward only multiplies the upstream scalar in and does the two products.
-# FP8 (#19, #67; T4.4): e4m3 x and W inputs select it; logits = x8·W8ᵀ (fast accumulation),
-# gradient e5m2, dx = g8·W8 and dW = g8ᵀ·x8 in FP8 with transposed copies for the K-major operands.
+# The lm_head + loss as two custom ops (opaque to torch.compile): the forward computes the logits, runs the fused
+# cross-entropy, which writes the logit gradient at once (the logits are freed), and the backward only multiplies the
+# upstream scalar in and does the two products. FP8 (#19, #67; T4.4): e4m3 x and W inputs select it; logits = x8·W8ᵀ
+# (fast accumulation), gradient e5m2, dx = g8·W8 and dW = g8ᵀ·x8 in FP8 with transposed copies for the K-major operands.
 @torch.library.custom_op("speedrun::lm_head_softcap_ce", mutates_args=())
 def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: Tensor,
                                 grad_scale: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -4060,19 +3948,17 @@ def lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Ten
 
 
 # --- Sampled (shared-negative) soft-capped cross-entropy for training (#92, T4.6) ----------------------
-# Over the stages whose budget is not 0, the training loss scores one forward's tokens against a
-# shared set of candidate columns: every target of the forward and a sweep of negatives. The set is
-# built on the device with static shapes (CUDA graphs, no host sync); the loss is lm_head_softcap_ce
-# on the candidates' lm_head rows, so the fused kernel and the FP8 path run unchanged on a
-# (tokens, budget) logit matrix. Validation always takes the full softmax.
+# Over the stages whose budget is not 0, the training loss scores one forward's tokens against a shared set of
+# candidate columns: every target of the forward and a sweep of negatives. The set is built on the device with static
+# shapes (CUDA graphs, no host sync); the loss is lm_head_softcap_ce on the candidates' lm_head rows, so the fused
+# kernel and the FP8 path run unchanged on a (tokens, budget) logit matrix. Validation always takes the full softmax.
 GOLDEN_RATIO = (1 + 5 ** 0.5) / 2
 
 
 def sweep_stride(vocab_size: int) -> tuple[int, int]:
-    """(G, G⁻¹ mod V): the step through the vocabulary from one position of the negatives' sweep to
-    the next, the integer nearest V/φ that is coprime with V (so j -> j·G mod V visits every token
-    once, and a stretch of the sweep spreads over the whole id range: frequent low ids and rare high
-    ones alike), and its inverse."""
+    """(G, G⁻¹ mod V): the step through the vocabulary from one position of the negatives' sweep to the next, the
+    integer nearest V/φ that is coprime with V (so j -> j·G mod V visits every token once, and a stretch of the sweep
+    spreads over the whole id range: frequent low ids and rare high ones alike), and its inverse."""
     stride = round(vocab_size / GOLDEN_RATIO)
     while math.gcd(stride, vocab_size) != 1:
         stride += 1
@@ -4080,22 +3966,14 @@ def sweep_stride(vocab_size: int) -> tuple[int, int]:
 
 
 def candidate_set(targets: Tensor, vocab_size: int, budget: int, step: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The candidate columns of one forward (T4.6): (candidates (budget,) token ids, each once; the
-    targets (T, N) as indices into candidates, −1 where none; shortfall, 0-d: how many distinct
-    targets did not fit). `step` is a 0-d integer tensor, so the set changes from step to step
-    without a host sync, a new shape or a recompile.
-
-    The distinct targets take the first slots, in token order; the other budget − n slots take the
-    non-targets in the order of this step's sweep, whose position j holds token ((s + j)·G) mod V
-    (G: sweep_stride) from s = step·⌊budget/4⌋ mod V. Every token's slot is computed directly (a
-    target: the count of targets below it; a non-target: n plus the count of non-targets before it
-    in the sweep; beyond the budget: the spare slot `budget`) and one scatter writes the tokens to
-    their slots, so each slot below the budget is written exactly once: no duplicates, no sort.
-    Each step starts the sweep a quarter of the budget further; while a step's distinct targets take
-    at most three quarters of the budget, every token of that quarter is among its candidates, so
-    any ⌈V / ⌊budget/4⌋⌉ consecutive steps cover the vocabulary. If the distinct targets exceed the
-    budget, the candidates are the lowest-numbered targets and no negatives, the other targets are
-    left out of the loss (−1), and shortfall counts them: the trainer stops at its next check."""
+    """The candidate columns of one forward (T4.6): (candidates (budget,) token ids, each once; the targets (T, N) as
+    indices into candidates, −1 where none; shortfall, 0-d: the distinct targets that did not fit). `step` is a 0-d
+    tensor, so the set changes per step with no host sync, new shape or recompile. The n distinct targets take the
+    first slots in token order, the other slots the non-targets in this step's sweep order, position j holding token
+    ((s + j)·G) mod V (G: sweep_stride), s = step·⌊budget/4⌋ mod V: every token's slot is computed directly and one
+    scatter writes each slot below the budget exactly once (no duplicates, no sort). While the targets take at most
+    three quarters of the budget, any ⌈V / ⌊budget/4⌋⌉ consecutive steps cover the vocabulary. Targets beyond the
+    budget are left out of the loss (−1) and counted in shortfall: the trainer stops at its next check."""
     V, device = vocab_size, targets.device
     stride, inverse = sweep_stride(V)
     tokens = torch.arange(V, device=device)
@@ -4132,12 +4010,11 @@ def sampled_softcap_ce_reference(x: Tensor, lm_head: Tensor, targets: Tensor, we
 
 def sampled_lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, budget: int,
                                step: Tensor, grad_scale: float = 1.0, fp8: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """lm_head_softcap_ce against `budget` candidate columns (candidate_set's for `step`): the
-    candidates' rows of the lm_head gathered (with fp8, the e4m3 weight's rows: the fixed-scale
-    quantization commutes with the gather, so only the gathered rows are quantized), the fused
-    kernel on the (T, budget) logits (its exponent sums already take the soft-cap's bound, 23, in
-    place of a running maximum) with the targets remapped; the gradient reaches W's candidate rows
-    only (autograd's scatter of the gather). (loss, mean ce0 over the candidates, shortfall)."""
+    """lm_head_softcap_ce against `budget` candidate columns (candidate_set's for `step`): the candidates' rows of the
+    lm_head gathered (with fp8, the e4m3 weight's rows: the fixed-scale quantization commutes with the gather, so only
+    the gathered rows are quantized), the fused kernel on the (T, budget) logits (its exponent sums already take the
+    soft-cap's bound, 23, in place of a running maximum) with the targets remapped; the gradient reaches W's candidate
+    rows only (autograd's scatter of the gather). (loss, mean ce0 over the candidates, shortfall)."""
     candidates, candidate_targets, shortfall = candidate_set(targets, lm_head.size(0), budget, step)
     loss, ce0 = lm_head_softcap_ce(x, lm_head[candidates], candidate_targets, weights, grad_scale, fp8)
     return loss, ce0, shortfall
@@ -4151,11 +4028,10 @@ def relu_square_mlp_reference(x: Tensor, fc: Tensor, proj: Tensor) -> Tensor:
     also the model's choice where the step is launch-bound (stage 1), compiled by inductor."""
     return torch.relu(x @ fc.t()).square() @ proj
 
-# Fused MLP up-projection + ReLU² (#59, #87; T6.1): one persistent TMA GEMM C = A·Bᵀ
-# (A (M, K), B (N, K), both row-major bf16) with fp32 accumulation and the activation in the
-# epilogue. Forward: post = relu(x·fcᵀ)², so the pre-activation never reaches memory. Backward:
-# dpre = (grad·projᵀ)·2·√post, as √post = relu(pre). TMA zero-fills out-of-bounds loads and clips
-# out-of-bounds stores, so ragged M, N, K need no masks.
+# Fused MLP up-projection + ReLU² (#59, #87; T6.1): one persistent TMA GEMM C = A·Bᵀ (A (M, K), B (N, K), both
+# row-major bf16) with fp32 accumulation and the activation in the epilogue. Forward: post = relu(x·fcᵀ)², so the
+# pre-activation never reaches memory. Backward: dpre = (grad·projᵀ)·2·√post, as √post = relu(pre). TMA zero-fills
+# out-of-bounds loads and clips out-of-bounds stores, so ragged M, N, K need no masks.
 if triton is not None:
     @triton.jit
     def _grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
@@ -4166,8 +4042,7 @@ if triton is not None:
         return first_m + (tile % per_group) % rows, (tile % per_group) // rows
 
     @triton.jit
-    def _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, acc, m, n, inv_act_scale,
-                              EPILOGUE: tl.constexpr):
+    def _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, acc, m, n, inv_act_scale, EPILOGUE: tl.constexpr):
         if EPILOGUE == "relu_square_grad":  # aux holds post
             acc = acc * (2.0 * tl.sqrt(aux_desc.load([m, n]).to(tl.float32)))
         else:
@@ -4362,13 +4237,11 @@ def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool) -> Te
 
 
 # --- FP8 MLP forward (the reference's #84, #89; T6.2) -------------------------------------------------
-# The training forward's two MLP products in e4m3 with fp32 accumulation; the backward stays bf16
-# (it reads the bf16 x, fc, proj and post). Tensorwise scales: x, RMS-normalized without weights so
-# that no element exceeds √d, at the static scale √d/448 (no amax pass; the reference measures the
-# amax per call); each layer's fc and proj by their amax per forward (one pass over the bank: the
-# weights change only at optimizer steps); post by a delayed scale, the layer's previous amax of post
-# times FP8_POST_MARGIN (post's amax is known only once the GEMM that writes it is done); values
-# above it clamp to 448.
+# The training forward's two MLP products in e4m3 with fp32 accumulation; the backward stays bf16 (it reads the bf16
+# x, fc, proj and post). Tensorwise scales: x, RMS-normalized without weights so that no element exceeds √d, at the
+# static scale √d/448 (no amax pass); each layer's fc and proj by their amax per forward (one pass over the bank: the
+# weights change only at optimizer steps); post by a delayed scale, the layer's previous amax of post times
+# FP8_POST_MARGIN (post's amax is known only once the GEMM that writes it is done); values above it clamp to 448.
 FP8_POST_MARGIN = 1.8
 
 
@@ -4450,18 +4323,16 @@ class FP8ReluSquareMLP(torch.autograd.Function):
 
 def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, slot: int,
                         post_scale: Tensor) -> tuple[Tensor, Tensor]:
-    """(out, amax of post) of the MLP in bank slot `slot` with the e4m3 forward; x RMS-normalized (norm), fc
-    and proj the bf16 weights the backward reads, post_scale a one-element fp32 tensor of its own
-    (16-byte aligned)."""
+    """(out, amax of post) of the MLP in bank slot `slot` with the e4m3 forward; x RMS-normalized (norm), fc and proj
+    the bf16 weights the backward reads, post_scale a one-element fp32 tensor of its own (16-byte aligned)."""
     return FP8ReluSquareMLP.apply(x, fc, proj, bank8.fc[slot], bank8.proj_t[slot], bank8.scales[slot, 0, 0],
                                   bank8.scales[slot, 1, 0], post_scale)
 
 
 # --- FP8 Q/K/V projections (T6.3) ----------------------------------------------------------------------
-# The attention input is RMS-normalized, so it takes the MLP's static e4m3 scale; each layer's Q, K
-# and V rows are quantized once per forward with one scale per layer. cuBLAS multiplies (fast
-# accumulation, as the lm_head's forward); the backward is the bf16 product's, from the bf16 input
-# and weight it saves.
+# The attention input is RMS-normalized, so it takes the MLP's static e4m3 scale; each layer's Q, K and V rows are
+# quantized once per forward with one scale per layer. cuBLAS multiplies (fast accumulation, as the lm_head's
+# forward); the backward is the bf16 product's, from the bf16 input and weight it saves.
 @dataclass
 class QKVBankFP8:
     """Each attention slot's Q, K, V weights in e4m3, (2·H·w + d, d) for Q/K heads w wide ((3d, d) unless
@@ -4485,9 +4356,8 @@ class QKVBankFP8:
 
 
 def bank_slots(matrices: Tensor, indices: list[int]) -> Tensor:
-    """matrices[indices] for a Python list of indices: the tensor itself where it is all of them in order,
-    else a stack of views (a list index would copy the indices from the host, which a CUDA graph capture
-    refuses)."""
+    """matrices[indices] for a Python list of indices: the tensor itself where it is all of them in order, else a
+    stack of views (a list index would copy the indices from the host, which a CUDA graph capture refuses)."""
     if indices == list(range(matrices.size(0))):
         return matrices
     return torch.stack([matrices[i] for i in indices])
@@ -4521,23 +4391,19 @@ def fp8_normed_linear(x: Tensor, w: Tensor, w8: Tensor, w_scale: Tensor) -> Tens
 
 
 # --- QK-norm + rotary (T6.4) --------------------------------------------------------------------------
-# What each attention layer does between its Q/K/V projection and attend: QK-norm (T3.2), half-truncated
-# rotary (T3.9), the key offset (T3.11), the softmax scale into q, the extra value input (T3.3, T3.14)
-# and the paired heads' doubled sequence (T3.10). Compiled, inductor spreads it over several elementwise
-# and reduction kernels (~1 TB/s on an H100). Ours (issue #51, item 3): Triton kernels that read the
-# projection once and write q, k, v once; the backward writes the projection's whole gradient, dv
-# included, so no concatenation of dq, dk and dv follows it. v passes through them for that reason (a
-# copy where the torch path hands attend a view).
+# What each attention layer does between its Q/K/V projection and attend: QK-norm (T3.2), half-truncated rotary
+# (T3.9), the key offset (T3.11), the softmax scale into q, the extra value input (T3.3, T3.14) and the paired heads'
+# doubled sequence (T3.10), as Triton kernels that read the projection once and write q, k, v once (inductor spreads
+# it over several); the backward writes the projection's whole gradient, dv included (so v passes through them too).
 def qk_norm_rope_reference(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor,
                            heads: int, qk_head_dim: int, paired: bool,
                            key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """attend's q, k, v from the projection qkv (T, heads·(2·qk_head_dim + hd)): q and k (qk_head_dim
-    wide: hd, or hd/2 on narrow layers, T3.18) RMS-normalized per head and rotated by cos, sin
-    (attention_layout's tables: (T, 1, hd/4), or (T, 2, 1, hd/4) for paired heads; apply_rope says
-    which dimensions turn), the keys' stationary half from the previous position where key_offset,
-    q times the softmax scale (0-d), v plus v_extra (T, heads, hd) where given. Shaped (T, heads, ·),
-    or for paired heads (2T, heads/2, ·): heads h and h + heads/2 of token t at positions 2t and
-    2t + 1 (#58)."""
+    """attend's q, k, v from the projection qkv (T, heads·(2·qk_head_dim + hd)): q and k (qk_head_dim wide: hd, or
+    hd/2 on narrow layers, T3.18) RMS-normalized per head and rotated by cos, sin (attention_layout's tables: (T, 1,
+    hd/4), or (T, 2, 1, hd/4) for paired heads; apply_rope says which dimensions turn), the keys' stationary half from
+    the previous position where key_offset, q times the softmax scale (0-d), v plus v_extra (T, heads, hd) where
+    given. Shaped (T, heads, ·), or for paired heads (2T, heads/2, ·): heads h and h + heads/2 of token t at positions
+    2t and 2t + 1 (#58)."""
     T, H, qk_hd = qkv.size(0), heads, qk_head_dim
     hd = qkv.size(1) // H - 2 * qk_hd
     q, k, v = (t.view(T, H, -1) for t in qkv.split([H * qk_hd, H * qk_hd, H * hd], dim=1))
@@ -4554,13 +4420,12 @@ def qk_norm_rope_reference(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin
     return (q * scale).to(v.dtype), k, v
 
 
-# The kernels work on head rows: row n = t·H + h is head h of token t. Its q and k (HD wide) are at
-# qkv[t, h·HD:] and H·HD further, its v (VD wide: HD, or 2·HD on narrow layers, T3.18) at
-# qkv[t, 2·H·HD + h·VD:], and it is row n of the outputs, (T·H, HD) and (T·H, VD) row-major, which is
-# attend's (T, H, ·) and, for paired heads, (2T, H/2, ·): head n % (H/2) at position n // (H/2) of the
-# doubled sequence. So row n rotates its first 2·PAIRS dimensions at position n // SEQ_HEADS (H/2 with
-# paired heads, else H) and its key offset takes the stationary half of row n − SEQ_HEADS (its own at
-# the first position). The backward recomputes the norms from the projection, which it saves.
+# The kernels work on head rows: row n = t·H + h is head h of token t. Its q and k (HD wide) are at qkv[t, h·HD:] and
+# H·HD further, its v (VD wide: HD, or 2·HD on narrow layers, T3.18) at qkv[t, 2·H·HD + h·VD:], and it is row n of the
+# outputs, (T·H, HD) and (T·H, VD) row-major, which is attend's (T, H, ·) and, for paired heads, (2T, H/2, ·): head n
+# % (H/2) at position n // (H/2) of the doubled sequence. So row n rotates its first 2·PAIRS dimensions at position n
+# // SEQ_HEADS (H/2 with paired heads, else H) and its key offset takes the stationary half of row n − SEQ_HEADS (its
+# own at the first position). The backward recomputes the norms from the projection, which it saves.
 if triton is not None:
     @triton.jit
     def _projection_rows(rows, H: tl.constexpr, HD: tl.constexpr, VD: tl.constexpr):
@@ -4711,8 +4576,7 @@ def qk_norm_rope_forward(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: 
                                       QK_ROPE_FORWARD_LAUNCH)
     q, k, v = (qkv.new_empty(rows, constants[width]) for width in ("HD", "HD", "VD"))
     grid = (triton.cdiv(rows, constants["BLOCK"]),)
-    _qk_norm_rope_forward_kernel[grid](qkv, v_extra, cos, sin, scale, q, k, v, rows, KEY_OFFSET=key_offset,
-                                       **constants)
+    _qk_norm_rope_forward_kernel[grid](qkv, v_extra, cos, sin, scale, q, k, v, rows, KEY_OFFSET=key_offset, **constants)
     seq_heads = heads // 2 if paired else heads
     return q.view(-1, seq_heads, qk_head_dim), k.view(-1, seq_heads, qk_head_dim), v.view(-1, seq_heads, constants["VD"])
 
@@ -4794,17 +4658,14 @@ def dc_mha_torch(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w
     return out.transpose(1, 2).reshape(n * window, H, D)[:T]
 
 
-# Lightweight DC-MHA (#85, T3.17) as Triton kernels. A program takes BLOCK queries; they see
-# three key tiles of BLOCK keys (the two previous blocks and their own), enough for windows up to
-# 2·BLOCK + 1 keys. Forward: per head the softmax normalizer over the three tiles (online), then the
-# probabilities mixed over the heads by w1 into a (kept in bf16 for the backward), then o_h = a·V_h.
-# Backward: per query block da = Σ_h dO_h·V_hᵀ (through an fp32 scratch buffer), dw1_h = Σ_s p_h·da,
-# dS_h = w1_h·p_h·(da − dw1_h) (kept in bf16) and dq_h; then per key tile dk_h = Σ dS_hᵀ·q_h and
-# dv_h = Σ aᵀ·dO_h over the three query blocks that see it, so every gradient has one writer
-# (deterministic, no atomics). Scores are recomputed rather than held, and da is reloaded per tile
-# (ptxas: the backward-query kernel spills 12 bytes instead of 1.1 KB with da held in registers).
-# Tile j of query block i holds the keys of block i + j − 2; a, da and dS are kept as (rows, 3·BLOCK),
-# column j·BLOCK + c for key c of tile j.
+# Lightweight DC-MHA (#85, T3.17) as Triton kernels. A program takes BLOCK queries; they see three key tiles of BLOCK
+# keys (the two previous blocks and their own), enough for windows up to 2·BLOCK + 1 keys. Forward: per head the softmax
+# normalizer over the three tiles (online), then the probabilities mixed over the heads by w1 into a (kept in bf16 for
+# the backward), then o_h = a·V_h. Backward: per query block da = Σ_h dO_h·V_hᵀ (through an fp32 scratch buffer), dw1_h
+# = Σ_s p_h·da, dS_h = w1_h·p_h·(da − dw1_h) (kept in bf16) and dq_h; then per key tile dk_h = Σ dS_hᵀ·q_h and dv_h = Σ
+# aᵀ·dO_h over the three query blocks that see it, so every gradient has one writer (deterministic, no atomics). Scores
+# are recomputed rather than held, and da is reloaded per tile (fewer spills than holding it). Tile j of query block i
+# holds the keys of block i + j − 2; a, da and dS are kept as (rows, 3·BLOCK), column j·BLOCK + c for key c of tile j.
 if triton is not None:
     @triton.jit
     def _dc_load_head(ptr, rows, h, H: tl.constexpr, D: tl.constexpr, T, UPCAST: tl.constexpr):
@@ -4946,9 +4807,8 @@ if triton is not None:
 
 
 DC_BLOCK = 64  # queries per program and keys per tile: windows up to 129 keys
-# Launch options per kernel. No software pipelining of the head loops: Triton would multi-buffer
-# every tile load they issue, 344-515 KB of shared memory against Hopper's 227 KB per block (tests
-# compile them for sm_90). Warps: the faster of 4 and 8 per kernel (bench/bench_arch.py --dc-warps; T3.17).
+# Launch options per kernel: no software pipelining of the head loops (Triton would multi-buffer every tile load,
+# beyond Hopper's shared memory; tests compile them for sm_90); warps per bench/bench_arch.py --dc-warps (T3.17).
 DC_LAUNCH = {"forward": dict(num_warps=8, num_stages=1), "backward_query": dict(num_warps=4, num_stages=1),
              "backward_key": dict(num_warps=4, num_stages=1)}
 
@@ -5038,11 +4898,10 @@ def dc_mha_kernel_supports(T: int, H: int, D: int, window: int, block: int = DC_
 
 def dc_mha(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Tensor, window: int,
            use_triton: bool) -> Tensor:
-    """Lightweight DC-MHA (#85, T3.17): the heads' softmax patterns over the last `window` keys
-    of the query's document, mixed across heads by w1 (T, H) and applied to every head's values,
-    scaled by w2 (T, H): out_h(t) = w2[t,h]·Σ_s (Σ_g w1[t,g]·p_g(t,s))·v_h(s). q (T, H, D) carries
-    the softmax scale. The Triton kernels where use_triton (dc_mha_kernel_supports says where they
-    apply), else dc_mha_torch."""
+    """Lightweight DC-MHA (#85, T3.17): the heads' softmax patterns over the last `window` keys of the query's
+    document, mixed across heads by w1 (T, H) and applied to every head's values, scaled by w2 (T, H): out_h(t) =
+    w2[t,h]·Σ_s (Σ_g w1[t,g]·p_g(t,s))·v_h(s). q (T, H, D) carries the softmax scale. The Triton kernels where
+    use_triton (dc_mha_kernel_supports says where they apply), else dc_mha_torch."""
     if use_triton:
         return DCMHAKernel.apply(q, k, v, doc_ids, w1, window, DC_BLOCK) * w2[..., None]
     return dc_mha_torch(q, k, v, doc_ids, w1, w2, window)
@@ -5061,9 +4920,8 @@ def _fa4_window_size(window: int) -> tuple[int | None, int]:
 @torch.library.custom_op("speedrun::fa4_varlen_attention", mutates_args=())
 def fa4_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int,
                          window: int) -> tuple[Tensor, Tensor]:
-    """(out (S, H, D), lse (H, S) fp32) of attend's attention with FA4; q already scaled. FA4's
-    forward itself, as the backward below: its public function adds an autograd.Function (host
-    time per call) whose graph this op replaces."""
+    """(out (S, H, D), lse (H, S) fp32) of attend's attention with FA4; q already scaled. FA4's forward itself, as the
+    backward below: its public function adds an autograd.Function (host time per call) whose graph this op replaces."""
     left, right = _fa4_window_size(window)
     out, lse, *_ = fa4_interface._flash_attn_fwd(
         q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
@@ -5110,11 +4968,9 @@ def _fa4_backward(ctx, grad_out: Tensor, _grad_lse: Tensor):
 
 fa4_varlen_attention.register_autograd(_fa4_backward, setup_context=_fa4_setup_context)
 
-# FA4 4.0.0b36 picks its SM90 backward tile from the Q/K width alone. For Q/K 64 wide with V 128 wide
-# (narrow Q/K heads, T3.18) that tile needs ~240 KB of shared memory, more than an H100's 227 KB, and
-# fails to launch. This one is the library's tile for 128-wide heads with blocks of 64 query rows by
-# 128 keys, two Q and two dO stages: bench/bench_head_dims.py's tile 128/64,128,2,2, the fastest that
-# launched there (records/experiments/2026-11-27_FourGpusH100, lease 4).
+# FA4 4.0.0b36 picks its SM90 backward tile from the Q/K width alone; for Q/K 64 wide with V 128 wide (narrow Q/K
+# heads, T3.18) it needs more shared memory than an H100 has and fails to launch. This one is the library's tile for
+# 128-wide heads with blocks of 64 query rows by 128 keys, two Q and two dO stages (bench/bench_head_dims.py; T3.18).
 FA4_NARROW_BACKWARD_TILE = {"base_head_dim": 128, "m_block_size": 64, "n_block_size": 128, "num_stages_Q": 2,
                             "num_stages_dO": 2}
 

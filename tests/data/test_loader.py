@@ -502,9 +502,9 @@ def test_next_shard_is_loaded_in_the_background(shards, tmp_path, monkeypatch):
     real_shard = tg.Shard
 
     class RecordingShard(real_shard):
-        def __init__(self, path, pin_memory):
+        def __init__(self, path, pin_memory, vocab_size=None):
             built.append((path, threading.current_thread() is threading.main_thread()))
-            super().__init__(path, pin_memory)
+            super().__init__(path, pin_memory, vocab_size)
 
     monkeypatch.setattr(tg, "Shard", RecordingShard)
     loader = tg.TrainLoader(corpus.pattern, 0, 1, CPU)
@@ -654,22 +654,3 @@ def test_validation_errors(shards, tmp_path):
     assert len(tg.ValidationSet(pattern, 2499, 833, 0, 1, CPU).tokens) == 2500
     with pytest.raises(FileNotFoundError, match="cached_fineweb10B.py"):
         tg.ValidationSet(str(tmp_path / "missing_*.bin"), 256, 256, 0, 1, CPU)
-
-
-def test_a_run_that_reads_more_tokens_than_its_train_files_hold_is_warned(shards, tmp_path):
-    """Full batch on a small corpus trains on the same documents again and again (a 4-GPU proxy run's
-    val loss rose from step 500 on): the run says so at its start, with the remedy; rank-slice reads
-    an eighth as much, STOP_AFTER fewer steps."""
-    corpus = Corpus(shards, tmp_path, "train", [20000, 10000], seed=3)
-    stages = tg.replace_stage_columns(tg.STAGES, batch_tokens=(2048, 4096, 8192, 8192, 8192))
-    hp = tg.Hyperparameters.of(stages=stages, num_scheduled_iterations=6, num_extension_iterations=1,
-                               train_files=corpus.pattern, rank_slice=False)
-    need = 2 * 2048 + 2 * 4096 + 3 * 8192  # steps 0-1, 2-3, 4-5 and the extension's step 6
-    assert tg.repeated_data_warning(hp, corpus.paths) == (
-        f"warning: the run reads at least {need:,} training tokens and the 2 train files hold 30,000: it repeats "
-        f"its data (at least {need / 30000:.1f} passes) and its val loss then measures memorization; add train "
-        "shards or train rank-slice (RANK_SLICE=1)")
-    assert tg.repeated_data_warning(hp.replace(stop_after=4), corpus.paths) is None  # 12,288 tokens
-    assert tg.repeated_data_warning(hp.replace(rank_slice=True), corpus.paths) is None
-    small = Corpus(shards, tmp_path, "small", [3000], seed=3)
-    assert tg.repeated_data_warning(hp.replace(rank_slice=True), small.paths).endswith("memorization; add train shards")

@@ -44,8 +44,8 @@ def check(monkeypatch, capsys, env: dict) -> tuple[int, list[str]]:
     ({"ATTENTION_BACKEND": "varlen"}, "error: ATTENTION_BACKEND=varlen: use one of auto, fa4, flex, sdpa"),
     ({"WORLD_SIZE": "abc"}, "error: WORLD_SIZE='abc' is not a whole number (torchrun sets it; run.sh passes NGPU as "
                             "WORLD_SIZE)"),
-    ({"BIGRAM_ROWS": "1001"}, "error: BIGRAM_ROWS was removed: the n-gram table (NGRAM_ROWS, row-wise RMSprop, orders "
-                              "2 and 3) beat the bigram table and Adam rows (docs/TECHNIQUES.md, Removed); unset it"),
+    ({"BIGRAM_ROWS": "1001"}, "error: BIGRAM_ROWS was removed: the n-gram table (row-wise RMSprop, orders 2 and 3) "
+                              "beat the bigram table and Adam rows (docs/TECHNIQUES.md, Removed); unset it"),
 ])
 def test_bad_input_is_one_line_before_any_work(tmp_path, corpus, monkeypatch, capsys, setting, message):
     code, lines = check(monkeypatch, capsys, dict(tiny_env(tmp_path, corpus, run_id="bad"), **setting))

@@ -119,8 +119,8 @@ def test_a_failure_before_the_log_names_no_log(cache, tmp_path, monkeypatch, cap
 
     monkeypatch.setenv("MUON_LR", "abc")
     for error in ("error: environment variable MUON_LR='abc' is not a valid float",  # a setting the user set
-                  "error: the run's 1001 steps would read past the end of its 4 train files; add train shards "
-                  "(TRAIN_FILES), or ALLOW_REPEAT=1"):  # the preset's input files, not one of its settings
+                  "error: smoke_train_000001.bin: token id 60000 at position 3 is outside the vocabulary of 50304 "
+                  "(VOCAB_SIZE): not GPT-2 tokens? re-tokenize it"):  # the input files, not one of the preset's settings
         monkeypatch.setattr(preset, "TRAIN_GPT", fake_trainer(tmp_path, check_error=error))
         assert preset.main(["--cache-dir", cache, "--script", preset.TRAIN_GPT]) == 1
         out, err = capfd.readouterr()

@@ -346,10 +346,10 @@ def test_check_needs_as_many_gpus_as_processes(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     hp = T.Hyperparameters()
-    T.check_gpus(hp, 2)
+    T.check_device(hp, 2)
     with pytest.raises(T.SetupError, match=r"8 processes \(NGPU\) but 2 CUDA GPU\(s\) visible: use NGPU=2"):
-        T.check_gpus(hp, 8)
-    T.check_gpus(hp.replace(device="cpu"), 8)  # DEVICE=cpu needs none
+        T.check_device(hp, 8)
+    T.check_device(hp.replace(device="cpu"), 8)  # DEVICE=cpu needs none
 
 
 def test_help_prints_usage_without_starting_anything():
