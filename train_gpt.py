@@ -2830,9 +2830,8 @@ class Trainer:
         """What a run leaves outside the weights and the optimizer's state (the gradients kept for
         Adam, T2.7, are the optimizer's): gradients, the losses, the YaRN tables' windows, the
         periodic checks and the candidate shortfall they read (T4.6)."""
-        for p in self.model.parameters():
+        for p in self.model.parameters():  # the n-gram table's cache gradient goes with its reset, before this
             p.grad = None
-        self.ngram.cache.grad = None
         self.losses.zero_()
         self.model.candidate_shortfall.zero_()
         self.long_windows = None
@@ -3100,7 +3099,8 @@ class Trainer:
         every = self.hp.run.train_loss_every
         if every and steps_done % every == 0:
             train_loss = self.global_mean(ce)
-        line, now = step_line(steps_done, self.schedule.total_steps, elapsed_ms, None, train_loss), time.perf_counter()
+        line = step_line(steps_done, self.schedule.total_steps, elapsed_ms, train_loss=train_loss)
+        now = time.perf_counter()
         if steps_done > 1 and now - self.last_console < CONSOLE_EVERY:
             return self.log(line, console=False)
         self.last_console = now
