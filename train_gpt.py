@@ -182,6 +182,9 @@ class ModelConfig:
     narrow_qk_layers: tuple[int, ...] = (0, 1, 2, 5, 8)
     # the bigram injection's rows from a hashed bigram + trigram table this large (T3.19; record #92's rows per rank)
     ngram_rows: int = 10_575_360
+    # >0: the table holds this many rows per process, NGRAM_ROWS = it × the world size (T3.19): 8 GPUs hold record
+    # #92's 84.6M rows while rank-slice (world size 1) holds one rank's share; the math then differs by world size
+    ngram_rows_per_rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -1677,6 +1680,21 @@ def ngram_bytes_per_row(dim: int) -> int:
     return 2 * dim + 4 + 4
 
 
+NGRAM_EXCHANGE_SIGMAS = 8  # an owner's slots in an exchange: its mean share plus this many standard deviations
+
+
+def exchange_capacity(ids: int, world: int, shard_rows: int) -> int:
+    """The slots for each owner in an exchange of `ids` distinct row ids (T3.19): hashed rows fall on the owners as
+    independent draws, so an owner's share is binomial; its mean plus NGRAM_EXCHANGE_SIGMAS deviations (an overflow
+    below one in 10^15 per owner), never more than the ids or an owner's rows."""
+    mean = ids / world
+    return max(1, min(ids, shard_rows, math.ceil(mean + NGRAM_EXCHANGE_SIGMAS * math.sqrt(mean)) + 8))
+
+
+class ExchangeOverflow(RuntimeError):
+    pass
+
+
 class NgramTable(nn.Module):
     """The hashed n-gram table (record #92, PR #360; T3.19): NGRAM_ROWS rows, each position reading one row per order
     (ngram_ids), summed into the bigram injection (T3.4). One object holds all of it: the row cache the model's
@@ -1692,8 +1710,8 @@ class NgramTable(nn.Module):
     load: the distinct rows (padded_unique: static shapes) and their current weights into the cache; at world size 1
     one gather, above it the row ids go to their owners and the weights come back. step (on an Adam step, T2.7): the
     kept (row, gradient) pairs of every micro-batch and of the step before are summed per row, sent to their owners,
-    summed there and applied. Above world size 1 each exchange is two all_to_all_single of compact lists, sizes first
-    (a host sync each). The rows' optimizer is row-wise RMSprop (rowwise_rmsprop_rows; FBGEMM's row-wise AdaGrad with
+    summed there and applied. Above world size 1 an exchange (to_owners) is all_to_all_single of fixed-size slots:
+    static shapes and no host sync, so the loads run inside the step graphs at every world size. The rows' optimizer is row-wise RMSprop (rowwise_rmsprop_rows; FBGEMM's row-wise AdaGrad with
     an EMA): no momentum, one fp32 second moment per row. A row a step leaves out gets a zero gradient, so it does not
     move and only its moment decays: the lazy update equals the dense one. 2 bytes a value beside 8 a row, so one
     process holds record #92's per-rank rows."""
@@ -1741,10 +1759,11 @@ class NgramTable(nn.Module):
         self.step_count = 0  # Adam steps taken
         self.kept: list[tuple[Tensor, Tensor]] = []  # (row ids, their gradient sums) since the last Adam step
         self.scalars = torch.zeros(3, dtype=torch.float64, device=device)  # the update's (t, step size, lr²·wd)
+        self.overflow = torch.zeros((), dtype=torch.long, device=device)  # the most ids an exchange's slots left out
         fns = (rowwise_rmsprop_rows, summed_row_gradients)
         if compile and device.type == "cuda":  # the gathers and arithmetic fused; one graph per stage's row count
-            allow_graph_per_shape()  # above world size 1 the counts vary
-            fns = tuple(torch.compile(f, dynamic=world_size > 1, fullgraph=True) for f in fns)
+            allow_graph_per_shape()
+            fns = tuple(torch.compile(f, dynamic=False, fullgraph=True) for f in fns)
         self._rows_fn, self._summed = fns
         return self
 
@@ -1759,11 +1778,8 @@ class NgramTable(nn.Module):
         distinct, places = padded_unique(row_ids.flatten(), self.rows)
         distinct = distinct[: cache.size(0)]
         self.inverse[: ids.size(0)].copy_(places.view_as(row_ids))
-        if self.world == 1:
-            cache[: distinct.numel()].copy_(self.weight[distinct])  # the padding reads the scratch row
-        else:
-            owned = distinct[: int((distinct < self.rows).sum())]
-            cache[: owned.numel()].copy_(self.fetch(owned))
+        # at world size 1 the padding reads the scratch row
+        cache[: distinct.numel()].copy_(self.weight[distinct] if self.world == 1 else self.fetch(distinct))
         return distinct
 
     def keep_gradient(self, distinct: Tensor, grad: Tensor | None = None):
@@ -1790,9 +1806,8 @@ class NgramTable(nn.Module):
         distinct, sums = self._summed(*zip(none, *pairs), fill=self.rows)  # an Adam step with no pairs still steps
         if self.world == 1:
             return distinct, sums
-        count = int((distinct < self.rows).sum())
-        received, (received_sums,), _, _ = self.to_owners(distinct[:count], sums[:count])
-        return self._summed((received - self.start,), (received_sums,), fill=self.shard_rows)
+        local, (received,), _ = self.to_owners(distinct, sums)
+        return self._summed((local,), (received,), fill=self.shard_rows)
 
     def update(self, local: Tensor, sums: Tensor, lr_multiplier: float):
         """One step of the rows `local` (duplicates only of the scratch row) with their gradients summed over
@@ -1809,38 +1824,52 @@ class NgramTable(nn.Module):
                       1.0 / self.world)
 
     # --- exchange (world size > 1) --------------------------------------------------------------------
-    def to_owners(self, rows: Tensor, *payloads: Tensor) -> tuple[Tensor, list[Tensor], list[int], list[int]]:
-        """Send the increasing row ids `rows`, and the payloads' rows with them, to their owners: (the ids
-        received, the payloads received, the counts sent to and received from each rank)."""
-        sent = torch.bincount(rows // self.shard_rows, minlength=self.world)
-        received = torch.empty_like(sent)
-        dist.all_to_all_single(received, sent)
-        sent, received = sent.tolist(), received.tolist()
+    def to_owners(self, rows: Tensor, *payloads: Tensor) -> tuple[Tensor, list[Tensor], Tensor]:
+        """Send the increasing row ids `rows` (padding: self.rows, last) and the payloads' rows with them to their
+        owners, in exchange_capacity slots per owner (every rank sends as many ids): (the local rows received, the
+        scratch row in empty slots; the payloads received; each id's slot, where the owners' answers come back). An
+        owner's ids beyond its slots are counted in `overflow`, which the trainer's periodic check reads."""
+        if rows.numel() == 0:  # an Adam step with no kept pairs still exchanges
+            rows, payloads = rows.new_full((1,), self.rows), [p.new_zeros(1, *p.shape[1:]) for p in payloads]
+        world, n, device = self.world, rows.numel(), rows.device
+        capacity = exchange_capacity(n, world, self.shard_rows)
+        starts = torch.searchsorted(rows, (torch.arange(world + 1, device=device) * self.shard_rows).clamp(max=self.rows))
+        torch.maximum(self.overflow, (starts.diff() - capacity).max(), out=self.overflow)
+        owner = (rows // self.shard_rows).clamp(max=world - 1)
+        slot = torch.arange(n, device=device) - starts[owner]
+        place = torch.where((rows < self.rows) & (slot < capacity), owner * capacity + slot, 0)
+        take = starts[:-1, None] + torch.arange(capacity, device=device)  # (owner, slot) -> an index into rows
+        filled = (take < starts[1:, None]).flatten()
+        take = torch.where(filled, take.flatten(), 0)
 
         def exchange(t: Tensor) -> Tensor:
-            out = t.new_empty((sum(received), *t.shape[1:]))
-            dist.all_to_all_single(out, t, received, sent)
+            out = torch.empty_like(t)
+            dist.all_to_all_single(out, t)  # equal splits: static shapes, no sizes to send first
             return out
 
-        return exchange(rows), [exchange(p) for p in payloads], sent, received
+        received = exchange(torch.where(filled, rows[take], self.rows))
+        local = torch.where(received < self.rows, received - self.start, self.shard_rows)
+        return local, [exchange(p[take]) for p in payloads], place
 
-    def serve(self):
-        """Take part in the other ranks' loads with none of its own: send this rank's rows they ask for."""
+    def serve(self, tokens: int):
+        """Take part in the other ranks' loads of `tokens` tokens with none of its own: answer their requests."""
         if self.world > 1:
-            self.fetch(self.last_step.new_zeros(0, dtype=torch.long))
+            ids = min(tokens * len(NGRAM_ORDERS), self.cache_for(tokens).size(0))
+            self.fetch(torch.full((ids,), self.rows, device=self.weight.device))
 
     def fetch(self, rows: Tensor) -> Tensor:
-        """The current weights of the increasing row ids `rows`, from their owners."""
-        asked, _, sent, received = self.to_owners(rows)
-        served = self.weight[asked - self.start]
-        out = served.new_empty((rows.numel(), served.size(1)))
-        dist.all_to_all_single(out, served, sent, received)
-        return out
+        """The current weights of the increasing row ids `rows` (padding: self.rows, last) from their owners."""
+        local, _, place = self.to_owners(rows)
+        served = self.weight[local]
+        answers = torch.empty_like(served)
+        dist.all_to_all_single(answers, served)
+        return answers[place]
 
     # --- state ----------------------------------------------------------------------------------------
     def tensors(self) -> dict[str, Tensor]:
-        """This rank's rows and their state (what the CUDA graphs read besides the cache)."""
-        return {"weight": self.weight, "last_step": self.last_step, "row_sq": self.row_sq}
+        """This rank's rows, their state and the exchanges' overflow count (what the CUDA graphs use besides the
+        cache)."""
+        return {"weight": self.weight, "last_step": self.last_step, "row_sq": self.row_sq, "overflow": self.overflow}
 
     def reset(self):
         """Zero rows and moments, no step taken, no gradient kept."""
@@ -2394,7 +2423,7 @@ def check_hyperparameters(hp: Hyperparameters):
     stages, run = hp.schedule.stages, hp.run
     for name, low in (("val_tokens", 1), ("val_seq_len", 1), ("num_scheduled_iterations", 1),
                       ("num_extension_iterations", 0), ("val_loss_every", 0), ("train_loss_every", 0),
-                      ("window_block_size", 1), ("final_long_window", 1), ("ngram_rows", 1)):
+                      ("window_block_size", 1), ("final_long_window", 1), ("ngram_rows", 1), ("ngram_rows_per_rank", 0)):
         if (value := hp.flat()[name]) < low:
             raise SetupError(f"{name.upper()}={value}: give a whole number >= {low}")
     if len(stages) < 2 or stages[-1].fraction is not None or any(s.fraction is None for s in stages[:-1]):
@@ -2435,6 +2464,16 @@ def check_taper(cfg: ScheduleConfig):
     if tapers != ([len(cfg.stages) - 2] if cfg.taper_fraction else []):
         raise SetupError(f"TAPER_FRACTION={cfg.taper_fraction} but the stage table has {len(tapers)} taper rows: "
                          f"build the table with set_taper(stages, TAPER_FRACTION), as from_env does")
+
+
+def rows_for_world(hp: Hyperparameters, world_size: int) -> Hyperparameters:
+    """hp with NGRAM_ROWS = NGRAM_ROWS_PER_RANK × world size where that is set (T3.19)."""
+    per_rank = hp.model.ngram_rows_per_rank
+    if not per_rank:
+        return hp
+    if hp.model.ngram_rows not in (ModelConfig.ngram_rows, per_rank * world_size):
+        raise SetupError(f"NGRAM_ROWS={hp.model.ngram_rows} and NGRAM_ROWS_PER_RANK={per_rank}: give one of them")
+    return hp.replace(ngram_rows=per_rank * world_size)
 
 
 def check_ngram_rows(hp: Hyperparameters, world_size: int):
@@ -2531,10 +2570,9 @@ class CapturedStep:
     ce: Tensor
     grads: dict[str, Tensor]
     # the n-gram table's (distinct rows, row cache's gradient) of the first micro-batch's graph, then of the
-    # accumulating one's: per micro-batch, handed to the table after each replay (T3.19); the distinct rows
-    # None where the loads run outside the graphs (StepGraphs.loads_in_graphs)
-    rows: tuple[Tensor | None, Tensor]
-    accumulate_rows: tuple[Tensor | None, Tensor] | None
+    # accumulating one's: per micro-batch, handed to the table after each replay (T3.19)
+    rows: tuple[Tensor, Tensor]
+    accumulate_rows: tuple[Tensor, Tensor] | None
 
 
 class GraphMismatch(RuntimeError):
@@ -2547,17 +2585,16 @@ class StepGraphs:
     (StepPlan.graph_stage); Adam and non-Adam steps get their own outputs, so a gradient kept for the next Adam step
     (T2.7) survives that step's replay. Each capture is checked against eager execution on its batch (CE and every
     gradient's norm), every tensor the graphs read must stay put (check_addresses), and `max_over_ranks` stops every
-    rank together. The optimizer runs outside the graphs. Each graph reads the n-gram table's row cache (T3.19) and
-    leaves its gradient, which `run` hands to the table after each replay; at world size 1 (`loads_in_graphs`) the
-    graph loads its rows itself, above it a load exchanges rows with a host sync, so `run` loads each micro-batch
-    eagerly between the loader and the replay."""
+    rank together. The optimizer runs outside the graphs. Each graph loads its micro-batch's n-gram rows (T3.19; above
+    world size 1 an exchange of fixed-size slots) and leaves the row cache's gradient, which `run` hands to the table
+    after each replay."""
 
     def __init__(self, loss_fn, model: nn.Module, grad_accum: int, grad_scale: float, new_graph=None,
-                 rtol: float = 1e-2, grad_rtol: float = 5e-2, max_over_ranks=lambda t: t, loads_in_graphs: bool = True):
+                 rtol: float = 1e-2, grad_rtol: float = 5e-2, max_over_ranks=lambda t: t):
         self.loss_fn, self.model, self.grad_accum, self.grad_scale = loss_fn, model, grad_accum, grad_scale
         self.rtol, self.grad_rtol, self.max_over_ranks = rtol, grad_rtol, max_over_ranks
         self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
-        self.ngram, self.loads_in_graphs = model.ngram, loads_in_graphs
+        self.ngram = model.ngram
         if new_graph is None:
             pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
             new_graph = lambda: CudaGraph(pool, stream)  # noqa: E731
@@ -2578,11 +2615,9 @@ class StepGraphs:
         tokens, cu_seqlens = torch.cat([inputs, targets[-1:]]), cu_seqlens.clone()
         inputs, targets = tokens[:-1], tokens[1:]
         weights, names = target_weights.clone(), list(self.params)
-        if not self.loads_in_graphs:  # the batch's rows, which every forward below reads (run loads them so)
-            self.ngram.load(inputs)
 
-        def forward_backward() -> tuple[Tensor, dict[str, Tensor], tuple[Tensor | None, Tensor]]:
-            distinct = self.ngram.load(inputs) if self.loads_in_graphs else None
+        def forward_backward() -> tuple[Tensor, dict[str, Tensor], tuple[Tensor, Tensor]]:
+            distinct = self.ngram.load(inputs)
             loss, ce = self.loss_fn(inputs, targets, cu_seqlens, plan.shape, execution, weights, self.grad_scale)
             *grads, cache_grad = torch.autograd.grad(loss, [*(self.params[name] for name in names), self.ngram.cache],
                                                      allow_unused=True)
@@ -2599,7 +2634,7 @@ class StepGraphs:
         first.replay()
         self.compare(plan, "", self.summary(ce, grads, rows), reference, noise, self.labels(grads))
         if self.grad_accum > 1:
-            def accumulate() -> tuple[Tensor | None, Tensor]:
+            def accumulate() -> tuple[Tensor, Tensor]:
                 more_ce, more, more_rows = forward_backward()
                 ce.add_(more_ce)
                 torch._foreach_add_(list(grads.values()), [more[name] for name in grads])
@@ -2655,7 +2690,7 @@ class StepGraphs:
         self.addresses = {name: t.data_ptr() for name, t in self.read_tensors()}
 
     @staticmethod
-    def summary(ce: Tensor, grads: dict[str, Tensor], rows: tuple[Tensor | None, Tensor] | None = None) -> Tensor:
+    def summary(ce: Tensor, grads: dict[str, Tensor], rows: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """The CE, each gradient's norm, the row cache's gradient norm (when given)."""
         return torch.stack([ce.float(), *(g.float().norm() for g in grads.values()),
                             *([rows[1].float().norm()] if rows is not None else [])])
@@ -2700,11 +2735,10 @@ class StepGraphs:
         for k in range(self.grad_accum):
             loader.next_batch(plan.tokens_per_rank, plan.shape.max_seq_len, into=(step.tokens, step.cu_seqlens),
                               attention_cap=plan.attention_cap)
-            loaded = None if self.loads_in_graphs else self.ngram.load(step.tokens[:-1])
             (step.first if k == 0 else step.accumulate).replay()
             distinct, cache_grad = step.rows if k == 0 else step.accumulate_rows
             # the next replay rewrites the graph's rows and gradient; keep_gradient copies the gradient
-            self.ngram.keep_gradient(distinct.clone() if loaded is None else loaded, cache_grad)
+            self.ngram.keep_gradient(distinct.clone(), cache_grad)
         self.set_grads(self.key(plan))
         return step.ce
 
@@ -2752,7 +2786,8 @@ class Trainer:
         self._share_initialization()
         self.ngram = self.model.ngram.shard(hp.optim, rank, world_size, compile=hp.execution.compile)
         gib = self.ngram.shard_rows * ngram_bytes_per_row(hp.model.model_dim) / 2**30
-        log(f"n-gram table (T3.19): {hp.model.ngram_rows} rows, orders {','.join(map(str, NGRAM_ORDERS))}; "
+        per_rank = f" (NGRAM_ROWS_PER_RANK={hp.model.ngram_rows_per_rank})" if hp.model.ngram_rows_per_rank else ""
+        log(f"n-gram table (T3.19): {hp.model.ngram_rows} rows{per_rank}, orders {','.join(map(str, NGRAM_ORDERS))}; "
             f"{self.ngram.shard_rows} rows per process, {gib:.2f} GiB with their row-wise RMSprop state")
         specs = param_specs(self.model)
         self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), specs, hp.optim, rank, world_size,
@@ -2770,15 +2805,16 @@ class Trainer:
         graphs, runner = step_runner(hp, device)
         log(f"step runner: {runner}")
         self.step_graphs = (StepGraphs(self.training_loss, self.model, self.grad_accum, self.grad_scale,
-                                       max_over_ranks=self.max_over_ranks, loads_in_graphs=world_size == 1)
+                                       max_over_ranks=self.max_over_ranks)
                             if graphs else None)
         self.forward_backward = self.step_graphs.run if graphs else self.eager_forward_backward
         self.long_windows = None  # those the model's rotary tables are set for
         self.losses = torch.zeros(self.schedule.total_steps, device=device)
         self.checked_steps, self.pending_check = 0, None  # pending: (first step, CUDA event of its flags' copy)
         self.position = "before the warm-up"  # where the run is, for an interruption's line
-        # what a periodic check reads a period later: a non-finite loss (0/1), the candidate shortfall (T4.6)
-        self.check_flags = torch.zeros(2, dtype=torch.long, pin_memory=device.type == "cuda")
+        # what a periodic check reads a period later: a non-finite loss (0/1), the candidate shortfall (T4.6), the
+        # n-gram exchanges' overflow (T3.19)
+        self.check_flags = torch.zeros(3, dtype=torch.long, pin_memory=device.type == "cuda")
         # Every step's target-column weights on the device, made once: a per-step copy from host
         # memory would block the CPU until the GPU drained its queue, exposing launch gaps.
         self.target_weights = [torch.tensor(self.schedule.plan(step).target_weights, device=device)
@@ -2917,7 +2953,7 @@ class Trainer:
         chunks = self.val_set.chunks
         for i in range(self.val_set.rounds if max_batches is None else min(max_batches, self.val_set.rounds)):
             if i >= len(chunks):  # a rank with a chunk fewer than others still answers their loads (T3.19)
-                self.ngram.serve()
+                self.ngram.serve(self.val_set.seq_len)
                 continue
             inputs, targets, cu_seqlens = self.val_set.batch(chunks[i])
             self.ngram.load(inputs)
@@ -2951,10 +2987,10 @@ class Trainer:
             (start, copied), self.pending_check = self.pending_check, None
             self.read_check_flags(copied, start, self.checked_steps, upto)
         recent = self.recent_losses(self.checked_steps, upto)
-        shortfall = self.model.candidate_shortfall.clone()
-        if self.world_size > 1 and self.candidate_steps is not None:
-            dist.all_reduce(shortfall, op=dist.ReduceOp.MAX)  # every rank stops together
-        self.check_flags.copy_(torch.stack([(~torch.isfinite(recent)).any().long(), shortfall]), non_blocking=True)
+        counts = torch.stack([self.model.candidate_shortfall, self.ngram.overflow])
+        if self.world_size > 1:
+            dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # every rank stops together
+        self.check_flags.copy_(torch.cat([(~torch.isfinite(recent)).any().long()[None], counts]), non_blocking=True)
         copied = torch.cuda.Event() if self.device.type == "cuda" else None  # the CPU's copy is done on return
         if copied is not None:
             copied.record()
@@ -2967,9 +3003,12 @@ class Trainer:
     def read_check_flags(self, copied: "torch.cuda.Event | None", start: int, end: int, detected_at: int):
         if copied is not None:
             copied.synchronize()
-        nonfinite, shortfall = self.check_flags.tolist()
+        nonfinite, shortfall, overflow = self.check_flags.tolist()
         if nonfinite:
             self.raise_nonfinite(start, end, detected_at)
+        if overflow:
+            raise ExchangeOverflow(f"an n-gram table exchange sent an owner {overflow} more rows than its slots (detected "
+                                   f"at step {detected_at}): raise NGRAM_EXCHANGE_SIGMAS in train_gpt.py and report it")
         if shortfall:
             budgets = ",".join(str(stage.ce_candidates) for stage in self.hp.schedule.stages)
             raise CandidateShortfall(f"a training forward had {shortfall} more distinct targets than its stage's "
@@ -3368,6 +3407,7 @@ def main():
         rank, world_size, _ = launch_ranks()
         hp = Hyperparameters.from_env()
         check_hyperparameters(hp)
+        hp = rows_for_world(hp, world_size)
         check_setup(hp, world_size, rank)
         if sys.argv[1:] == ["--check"]:
             return print(f"settings and inputs ok ({data_label(hp.data)})")
@@ -3384,7 +3424,7 @@ def main():
     try:
         for _ in trainer.run_each(runs):  # each run logs its own results
             pass
-    except (NonFiniteLoss, CandidateShortfall, GraphMismatch) as error:
+    except (NonFiniteLoss, CandidateShortfall, GraphMismatch, ExchangeOverflow) as error:
         trainer.log(f"error: {error}")
         raise SystemExit(1) from None
     except KeyboardInterrupt:

@@ -141,22 +141,55 @@ def test_the_compiled_lazy_update_equals_the_eager_one_on_the_gpu():
     torch.testing.assert_close(fused.row_sq[:40], eager.row_sq[:40], rtol=1e-5, atol=1e-9)
 
 
+def mirrored_exchange(world: int):
+    """dist.all_to_all_single of equal splits as rank 0 of `world` ranks that all send what rank 0 sends: the
+    exchange's kernels and shapes on one device without a process group (NCCL's own all_to_all_single of equal
+    splits makes no host sync)."""
+    def all_to_all_single(out, t):
+        out.view(world, -1, *t.shape[1:]).copy_(t[: t.size(0) // world])
+    return all_to_all_single
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_the_compiled_sums_with_dynamic_shapes_equal_the_eager_ones_on_the_gpu():
-    """Above world size 1 the sums are compiled with dynamic shapes (the row counts vary step to step): an owner's
-    sums of received rows of several lengths, as the eager function gives them. No collective is needed for it."""
-    torch.manual_seed(2)
+def test_above_world_size_1_the_loads_and_steps_make_no_host_sync_and_a_load_replays_in_a_cuda_graph(monkeypatch):
+    """Rank 0 of 4 (mirrored_exchange), the compiled update and sums: loads, kept gradients and Adam every other
+    step under torch.cuda.set_sync_debug_mode("error") once the first round compiled them; then a load captured in
+    a CUDA graph and replayed on other tokens fills the row cache as the eager load does."""
+    monkeypatch.setattr(T.dist, "all_to_all_single", mirrored_exchange(4))
+    torch.manual_seed(3)
     cuda = torch.device("cuda")
-    owner = table(rows=80, rank=0, world=2, device=cuda, compile=True, dtype=torch.bfloat16)
-    assert owner._summed is not T.summed_row_gradients
-    for length in (17, 40, 63):  # received rows: repeats, local ids below the shard's 40 rows
-        ids = torch.randint(0, 40, (length,), device=cuda)
-        grads = torch.randn(length, DIM, device=cuda)
-        distinct, sums = owner._summed((ids,), (grads,), fill=owner.shard_rows)
-        expected_distinct, expected_sums = T.summed_row_gradients((ids,), (grads,), fill=owner.shard_rows)
-        assert torch.equal(distinct, expected_distinct)
-        torch.testing.assert_close(sums, expected_sums, rtol=1e-6, atol=1e-6)
+    tab = table(rows=4000, rank=0, world=4, tokens=512, device=cuda, compile=True, dtype=torch.bfloat16)
+    batches = [torch.randint(0, 50257, (512,), device=cuda) for _ in range(4)]
+
+    def round_of_steps():
+        for step, ids in enumerate(batches[:3]):
+            distinct = tab.load(ids)
+            tab.keep_gradient(distinct, torch.randn(tab.cache.shape, device=cuda, dtype=torch.bfloat16))
+            tab.step(1.0, adam=step != 1)
+
+    round_of_steps()  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        round_of_steps()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert tab.step_count == 4 and tab.overflow.item() == 0 and (tab.weight[: tab.shard_rows] != 0).any()
+    static = batches[0].clone()
+    stream, graph = torch.cuda.Stream(), torch.cuda.CUDAGraph()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        tab.load(static)
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph, stream=stream):
+        distinct = tab.load(static)
+    static.copy_(batches[3])
+    tab.cache.detach().zero_()
+    graph.replay()
+    replayed, replayed_distinct = tab.cache.detach().clone(), distinct.clone()
+    assert torch.equal(replayed_distinct, tab.load(batches[3]))
+    assert torch.equal(replayed, tab.cache.detach()) and replayed.abs().sum() > 0
 
 
 def test_lazy_rowwise_rmsprop_equals_the_dense_one():
@@ -165,7 +198,7 @@ def test_lazy_rowwise_rmsprop_equals_the_dense_one():
     its state is one value per row."""
     torch.manual_seed(1)
     lazy = table(rows=40)
-    assert set(lazy.tensors()) == {"weight", "last_step", "row_sq"} and lazy.row_sq.shape == (41,)
+    assert set(lazy.tensors()) == {"weight", "last_step", "row_sq", "overflow"} and lazy.row_sq.shape == (41,)
     lazy.weight[:40].normal_()
     W, v = lazy.weight[:40].clone(), torch.zeros(40)
     initial = W.clone()
@@ -214,22 +247,28 @@ def exchange_worker(rank: int, world: int, port: int, out_path: str):
             tab.keep_gradient(distinct, cache_grad)
             tab.step(1.0 - 0.2 * step, adam=step != 1)  # Adam every other step: step 2 sums two steps' pairs
         result["shard"] = tab.weight[: tab.shard_rows].clone()
+        result["overflow"] = [tab.overflow.item()]
+        T.NGRAM_EXCHANGE_SIGMAS = -10**6  # one slot per owner: a load of many rows overflows, and says so
+        tab.load(torch.randint(0, 500, (64,), generator=g))
+        result["overflow"].append(tab.overflow.item())
         torch.save(result, f"{out_path}.{rank}")
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("world", [2, 4])
-def test_compact_exchange_equals_the_dense_all_reduce_and_one_process(world, tmp_path):
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_the_exchange_equals_the_dense_all_reduce_and_one_process(world, tmp_path):
     """Each rank's rows get exactly the dense all-reduce's sums; a sharded table reads and updates bit for bit
-    as one process fed every rank's pairs; every rank hashes alike."""
+    as one process fed every rank's pairs; every rank hashes alike; no exchange overflowed its slots until a
+    test made them too few."""
     out_path = str(tmp_path / "ngram.pt")
     # forked, the ranks start without importing torch again (a spawned rank takes seconds on two cores)
     mp.start_processes(exchange_worker, args=(world, free_port(), out_path), nprocs=world, start_method="fork")
     results = [torch.load(f"{out_path}.{rank}") for rank in range(world)]
     for result in results:
         assert result["golden"] == GOLDEN_ROWS
+        assert result["overflow"][0] == 0 and result["overflow"][1] > 0
         local, sums, dense = result["exchanged"]
         assert local.unique().numel() == local.numel()  # each owned row once
         expected = torch.zeros_like(dense).index_copy_(0, local, sums)
@@ -343,5 +382,41 @@ def test_the_warm_up_leaves_the_table_reset_and_takes_no_copy_of_it(corpus, monk
     trainer.warmup()
     assert steps and trainer.ngram is tab and trainer.model.ngram is tab
     assert tab.step_count == 0 and tab.kept == [] and tab.cache.grad is None
-    assert set(tab.tensors()) == {"weight", "last_step", "row_sq"}
+    assert set(tab.tensors()) == {"weight", "last_step", "row_sq", "overflow"}
     assert all((t == 0).all() for t in tab.tensors().values())
+
+
+def test_an_exchange_gives_each_owner_its_binomial_share_with_room_and_never_more_than_it_can_hold():
+    """exchange_capacity: the mean share plus NGRAM_EXCHANGE_SIGMAS deviations (rank-slice's stage 3 at 8 ranks:
+    98,304 ids, 12,288 a rank on average), bounded by the ids and by an owner's rows."""
+    assert T.exchange_capacity(98_304, 8, 1_321_920) == 12_288 + math.ceil(8 * math.sqrt(12_288)) + 8
+    assert T.exchange_capacity(128, 4, 10) == 10 and T.exchange_capacity(3, 2, 100) == 3
+    assert T.exchange_capacity(0, 8, 100) == 1
+
+
+def test_an_overflowing_exchange_stops_the_run_at_the_periodic_check(corpus):
+    """The slots an owner lacked are counted on the device (no host sync) and read with the non-finite check:
+    one line naming the constant."""
+    hp = T.Hyperparameters.of(**dict(TINY, ngram_rows=3001, rank_slice=True),
+                              train_files=str(corpus / "tiny_train_*.bin"), val_files=str(corpus / "tiny_val_*.bin"),
+                              tokenizer_dir=str(corpus))
+    trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
+    trainer.check_finite(2)
+    trainer.ngram.overflow.fill_(3)
+    with pytest.raises(T.ExchangeOverflow, match=r"^an n-gram table exchange sent an owner 3 more rows than its slots "
+                                                 r"\(detected at step 4\): raise NGRAM_EXCHANGE_SIGMAS"):
+        trainer.check_finite(4)
+    trainer.ngram.reset()
+    assert trainer.ngram.overflow.item() == 0
+
+
+def test_rows_per_rank_make_the_table_grow_with_the_world_size():
+    """NGRAM_ROWS_PER_RANK: 8 GPUs hold record #92's 84.6M rows, rank-slice (one process) one rank's 10.6M; with
+    NGRAM_ROWS too it is one line."""
+    hp = T.Hyperparameters.of(ngram_rows_per_rank=10_575_360)
+    assert T.rows_for_world(hp, 8).model.ngram_rows == 84_602_880
+    assert T.rows_for_world(hp, 1).model.ngram_rows == 10_575_360
+    assert T.rows_for_world(T.Hyperparameters.of(ngram_rows=5000), 8).model.ngram_rows == 5000
+    with pytest.raises(T.SetupError, match="^NGRAM_ROWS=5000 and NGRAM_ROWS_PER_RANK=3000: give one of them$"):
+        T.rows_for_world(T.Hyperparameters.of(ngram_rows=5000, ngram_rows_per_rank=3000), 2)
+    T.check_ngram_rows(T.rows_for_world(hp, 8), 8)

@@ -75,11 +75,11 @@ def tiny_hp(corpus, **overrides) -> T.Hyperparameters:
                                 tokenizer_dir=str(corpus))
 
 
-def graphed_trainer(hp, graph=EagerGraph, loads_in_graphs=True) -> T.Trainer:
+def graphed_trainer(hp, graph=EagerGraph) -> T.Trainer:
     """A CPU trainer whose steps replay graphs captured as the warm-up captures them."""
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
     trainer.step_graphs = T.StepGraphs(trainer.training_loss, trainer.model, trainer.grad_accum,
-                                       trainer.grad_scale, new_graph=graph, loads_in_graphs=loads_in_graphs)
+                                       trainer.grad_scale, new_graph=graph)
     trainer.capture_graphs(T.TrainLoader(hp.data.train_files, 0, 1, torch.device("cpu"), log=lambda _: None,
                                          grad_accum=trainer.grad_accum))
     trainer.forward_backward = trainer.step_graphs.run
@@ -145,15 +145,13 @@ def test_accumulated_micro_batches_sum_their_gradients_as_eager_backward_does(co
         torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("loads_in_graphs", [True, False])
-def test_graphed_steps_with_the_ngram_table_train_as_eager_ones(corpus, loads_in_graphs):
-    """The n-gram table under the step graphs (T3.19): each graph loads its micro-batch's rows (or, as above
-    world size 1, run loads them before each replay: a graph that read the capture's rows would train on them)
-    and leaves the cache's gradient, which the table takes after each replay; every step's loss, the weights and
+def test_graphed_steps_with_the_ngram_table_train_as_eager_ones(corpus):
+    """The n-gram table under the step graphs (T3.19): each graph loads its micro-batch's rows (a graph that read
+    the capture's rows would train on them) and leaves the cache's gradient, which the table takes after each replay; every step's loss, the weights and
     the table as eager steps leave them. The table's state is among what the graphs read."""
     hp = tiny_hp(corpus, rank_slice=True, ngram_rows=3001)
     eager = T.Trainer(hp, 0, 1, torch.device("cpu"), T.RunLog(None))
-    graphed = graphed_trainer(hp, loads_in_graphs=loads_in_graphs)
+    graphed = graphed_trainer(hp)
     table = graphed.step_graphs.ngram
     assert table is graphed.ngram is graphed.model.ngram
     assert table.kept == [] and table.step_count == 0  # the capture's loads and replays kept nothing, updated nothing
@@ -369,16 +367,12 @@ def test_captured_cuda_graphs_train_as_eager_steps_without_host_syncs(corpus, ra
     torch.testing.assert_close(runs[True], runs[False], rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("loads_in_graphs", [True, False])  # False: as above world size 1, loads between replays
 @pytest.mark.parametrize("rank_slice", [True, False])  # one micro-batch; eight accumulated, each with its rows
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_captured_cuda_graphs_with_the_ngram_table_train_as_eager_steps_without_host_syncs(corpus, rank_slice,
-                                                                                          loads_in_graphs):
-    """The n-gram table under the step graphs (T3.19): the loads captured in each step graph (or run eagerly
-    before each replay, into the cache the graph reads), the table's update eager between replays; the steps
-    train as eager ones, within bf16 tolerance, and never wait for the GPU (a load at world size 1 is device
-    work alone)."""
+def test_captured_cuda_graphs_with_the_ngram_table_train_as_eager_steps_without_host_syncs(corpus, rank_slice):
+    """The n-gram table under the step graphs (T3.19): the loads captured in each step graph, the table's update
+    eager between replays; the steps train as eager ones, within bf16 tolerance, and never wait for the GPU."""
     hp = tiny_hp(corpus, device="cuda", rank_slice=rank_slice, warmup=True, num_scheduled_iterations=12,
                  num_extension_iterations=2, ngram_rows=3001)
     T.check_ngram_rows(hp, 1)
@@ -387,9 +381,6 @@ def test_captured_cuda_graphs_with_the_ngram_table_train_as_eager_steps_without_
     for graphs in (False, True):
         trainer = T.Trainer(hp.replace(cuda_graphs=graphs), 0, 1, cuda, T.RunLog(None))
         assert (trainer.step_graphs is not None) == graphs
-        if graphs:
-            assert trainer.step_graphs.loads_in_graphs  # decided from the world size
-            trainer.step_graphs.loads_in_graphs = loads_in_graphs
         trainer.warmup()
         runs[graphs] = losses_without_host_syncs(trainer)
     assert torch.isfinite(runs[True]).all()

@@ -29,8 +29,7 @@ def _worker(rank: int, world: int, port: int, corpus, out_path: str):
         graphed = T.Trainer(hp, rank, world, cpu, T.RunLog(None))
         graphed.step_graphs = T.StepGraphs(graphed.training_loss, graphed.model, graphed.grad_accum,
                                            graphed.grad_scale, new_graph=EagerGraph,
-                                           max_over_ranks=graphed.max_over_ranks,
-                                           loads_in_graphs=False)  # as the Trainer decides above world size 1
+                                           max_over_ranks=graphed.max_over_ranks)
         graphed.capture_graphs(T.TrainLoader(hp.data.train_files, rank, world, cpu, log=lambda _: None,
                                              grad_accum=graphed.grad_accum))
         graphed.forward_backward = graphed.step_graphs.run
@@ -54,8 +53,8 @@ def _worker(rank: int, world: int, port: int, corpus, out_path: str):
 
 @pytest.mark.multiproc
 def test_graphed_steps_at_two_ranks_train_as_eager_steps(corpus, tmp_path):
-    """Each rank owns half the n-gram table (T3.19); every micro-batch's rows are loaded from their owners (an
-    exchange with a host sync) between the loader and the replay, into the cache the graph reads."""
+    """Each rank owns half the n-gram table (T3.19); each graph loads its micro-batch's rows from their owners (the
+    exchange of fixed-size slots) into the cache it reads."""
     out_path = str(tmp_path / "ranks")
     mp.spawn(_worker, args=(2, free_port(), corpus, out_path), nprocs=2, join=True)
     for rank in range(2):
