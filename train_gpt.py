@@ -6,8 +6,7 @@ Read top-down: config (every hyperparameter, the stage table), model, optimizer,
 (with the log's lines and the settings' checks), the CUDA graphs of a step, training, the processes and main(), then
 the fast paths (Triton kernels, each beside its torch reference). Every field of `Hyperparameters` is overridable by
 the environment variable of its name in upper case (VAL_LOSS_EVERY=125). Comments cite techniques by section of
-docs/TECHNIQUES.md (T3.4) and by the NanoGPT-speedrun record that introduced them (#62).
-"""
+docs/TECHNIQUES.md (T3.4) and by the NanoGPT-speedrun record that introduced them (#62)."""
 
 import os
 
@@ -73,9 +72,8 @@ class SetupError(ValueError):
 
 @dataclass(frozen=True)
 class Stage:
-    """One row of the schedule (T5.1). `fraction`: its share of the scheduled steps, None for the
-    extension that follows them (NUM_EXTENSION_ITERATIONS steps at the lr floor). Weights given as
-    (start, end) move linearly across the stage."""
+    """One row of the schedule (T5.1). `fraction`: its share of the scheduled steps, None for the extension after them
+    (NUM_EXTENSION_ITERATIONS steps at the lr floor). Weights given as (start, end) move linearly across the stage."""
     fraction: float | None
     batch_tokens: int  # global tokens per step; each of the RANKS_PER_STEP ranks takes 1/8
     max_seq_len: int  # documents are truncated to this length
@@ -89,9 +87,8 @@ class Stage:
     taper: bool = False  # the taper row TAPER_FRACTION cuts from the stage before it (T5.5)
 
 
-# The last 8 % of the scheduled steps are a taper row of stage 3's with the full softmax (TAPER_FRACTION, T5.5)
+TAPER = 0.08  # the scheduled steps' last 8 %: a taper row of stage 3's with the full softmax (TAPER_FRACTION, T5.5)
 # From stage 3 on, documents of up to 3072 tokens under a 2560-token attention cap (record #92, PR #360; T5.5)
-TAPER = 0.08
 #       fraction  batch    seq   short long  lr    MTP weights: t+1, t+2, t+3          prefix        CE cands  cap
 STAGES = (
     Stage(1 / 3, 131_072, 896, 1, 3, 1.00, ((1.0, 1.0), (0.5, 0.5), (0.25, 0.0)), (0.25, 0.25), 10_240, 0),
@@ -100,8 +97,7 @@ STAGES = (
     Stage(TAPER, 393_216, 3072, 5, 11, 1.73, ((1.0, 1.0),), None, 0, 2560, taper=True),
     Stage(None, 393_216, 3072, 6, 13, 1.73, ((1.0, 1.0),), None, 0, 2560),
 )
-# The columns that environment variables STAGE_<COLUMN> override, one comma-separated entry per row;
-# STAGE_FRACTION takes one per row but the extension
+# Columns that STAGE_<COLUMN> overrides, one comma-separated entry per row (STAGE_FRACTION: every row but the extension)
 STAGE_COLUMNS = ("batch_tokens", "max_seq_len", "short_window", "long_window", "lr_mul", "ce_candidates",
                  "attention_cap")
 
@@ -134,8 +130,7 @@ def set_taper(stages: tuple[Stage, ...], fraction: float) -> tuple[Stage, ...]:
 
 
 def replace_stage_columns(stages: tuple[Stage, ...], **columns: tuple) -> tuple[Stage, ...]:
-    """The table with whole columns replaced, e.g. batch_tokens=(2048, 4096, 4096, 4096); `fraction`
-    takes an entry for every row but the extension."""
+    """The table with whole columns replaced (batch_tokens=(2048, 4096, 4096, 4096)); `fraction` skips the extension."""
     names = stage_names(stages)
     tapered = any(stage.taper for stage in stages)
     taper_hint = "; TAPER_FRACTION=0 removes the taper row" if tapered else "; TAPER_FRACTION>0 adds a taper row"
@@ -220,8 +215,7 @@ class ScheduleConfig:
     # is MUON_RAILS_FAST_BETA and the blend weighs it MUON_RAILS_FAST_WEIGHT (T2.9); before it, Muon's single EMA
     muon_rails_fast_beta: float = 0.85
     muon_rails_fast_weight: float = 0.4385
-    # an fp32 EMA of the weights (rate 2/(its steps + 1)) over this share of all steps, blended in before the
-    # final validation; 0: off (T5.4)
+    # an fp32 EMA of the weights over this share of all steps, blended in before the final validation; 0: off (T5.4)
     tail_ema_frac: float = 0.236
     tail_ema_bank_blend: float = 0.55  # the EMA's share of the NorMuon banks after the blend (0: not averaged)
     tail_ema_embed_blend: float = 0.65  # the EMA's share of embed and lm_head after the blend (0: not averaged)
@@ -298,9 +292,8 @@ class Hyperparameters:
 
     @classmethod
     def from_env(cls, environ=os.environ) -> "Hyperparameters":
-        """Defaults overridden by environment variables named like the fields, in upper case; the
-        stage table's columns by STAGE_<COLUMN>. A variable that looks like a setting but names
-        none (MUON_LRR) stops with the nearest name."""
+        """Defaults overridden by environment variables named like the fields in upper case; the stage table's columns
+        by STAGE_<COLUMN>. A misspelled setting (MUON_LRR) stops with the nearest name."""
         check_unknown_settings(environ)
         if "SEED" in environ and "SEEDS" in environ:
             raise SetupError("SEED and SEEDS are both set: SEEDS=1,2,3 makes one run per seed, SEED the seed of a "
@@ -430,9 +423,8 @@ POST_GATE_LAYER = 4  # the post MUDD gate reads the residual entering this layer
 DC_LAYER, DC_WINDOW = 10, 112  # lightweight DC-MHA: its layer and local window in keys (#85)
 MUDD_HIDDEN, MUDD_SCALE, MUDD_GATE_SCALE_INIT = 64, 0.1, 0.1
 GATE_INPUTS = 12  # residual channels a learned sigmoid gate reads (smear, value-embedding gates)
-# Per-token coefficients of the MUDD block at layer 10 (from the residual entering it) and of the
-# final mix before the head (from the last residual), in output order (T3.14). "input" is the
-# residual entering layer 0, "layerN" the residual after layer N.
+# Per-token coefficients of the MUDD block at layer 10 (from the residual entering it) and of the final mix (from the
+# last residual), in output order (T3.14). "input" is the residual entering layer 0, "layerN" that after layer N.
 MUDD_LAYER_OUTPUTS = ("v_input", "v_layer7", "v_residual", "mix_input", "mix_layer7", "mix_residual",
                       "ve_gate_first_heads", "ve_gate_last_heads", "attn_residual", "attn_out", "attn_input",
                       "attn_bigram", "mlp_residual", "mlp_out")
@@ -611,8 +603,7 @@ def fa4_runs_here(device_type: str) -> bool:
 
 
 def resolve_attention_backend(requested: str, device_type: str) -> str:
-    """auto on CUDA: FlashAttention-4 where it runs (docs/TECHNIQUES.md T3.8), else flex attention
-    (compiled by torch); SDPA with a dense mask on the CPU."""
+    """auto: FA4 where it runs (T3.8), else compiled flex attention on CUDA; SDPA with a dense mask on the CPU."""
     if requested not in ATTENTION_BACKENDS:
         raise SetupError(f"ATTENTION_BACKEND={requested}: use one of {', '.join(ATTENTION_BACKENDS)}")
     if requested == "fa4" and fa4_interface is None:
@@ -642,8 +633,7 @@ class AttnArgs:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, args: AttnArgs, window: int) -> Tensor:
-    """Causal attention within documents over keys at most `window` positions back (NO_WINDOW:
-    unbounded). q, k, v: (S, H, D), q already scaled."""
+    """Causal in-document attention, keys at most `window` back (NO_WINDOW: all); q, k, v (S, H, D), q pre-scaled."""
     if args.backend == "fa4":
         return fa4_varlen_attention(q, k, v, args.cu_seqlens, args.max_seqlen, window)[0]
     S, doc_ids = q.size(0), args.doc_ids
@@ -803,8 +793,7 @@ class GPT(nn.Module):
 
     def _init_embeddings(self, cfg: ModelConfig, max_tokens: int, max_train_tokens: int):
         d, H, V, bf16 = cfg.model_dim, cfg.num_heads, cfg.vocab_size, dict(dtype=torch.bfloat16)
-        # (#14, #63, #70; T3.3) token-major (V, layers·d): one gather serves every layer, and the gradient is one
-        # scatter into the table
+        # (#14, #63, #70; T3.3) token-major (V, layers·d): one gather for every layer, one scatter for the gradient
         self.value_embeds = nn.Parameter(torch.empty(V, len(cfg.value_embed_layers) * d, **bf16).normal_(0, 0.01))
         gated = sum(plan.value_gate is not None for plan in self.layers)
         self.ve_gate_bank = nn.Parameter(torch.zeros(gated, H, GATE_INPUTS, **bf16))
@@ -888,9 +877,8 @@ class GPT(nn.Module):
         return norm(self.final_mix(x, ctx))
 
     def layer(self, layer: LayerPlan, x: Tensor, ctx: ForwardContext) -> Tensor:
-        """One layer: attention input -> attention -> residual update -> MLP -> residual update. The
-        residual updates re-inject x0 and the bigram embedding with their gates (T3.4), or at the
-        MUDD layer mix earlier residuals densely (T3.14)."""
+        """One layer: attention input -> attention -> residual update -> MLP -> residual update. The updates re-inject
+        x0 and the bigram embedding, gated (T3.4), or at the MUDD layer mix earlier residuals densely (T3.14)."""
         i = layer.index
         if layer.gates_post:
             ctx.gates.update(self.gates(1, x))
@@ -920,8 +908,7 @@ class GPT(nn.Module):
         return self.resid_lambdas[i, 1] * x + self.post_lambdas[i, 1] * out
 
     def context(self, ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape, execution: ExecutionPlan) -> ForwardContext:
-        """Embeddings, the pre MUDD gate, the attention layout and the per-layer weights (in e4m3
-        too where the plan says): what the layers share."""
+        """What layers share: embeddings, pre MUDD gate, attention layout, per-layer weights (e4m3 too if planned)."""
         cfg, scalars = self.config, self.named_scalars()
         x = self.embed[ids]
         gate = torch.sigmoid(x[1:, :GATE_INPUTS] @ self.smear_gate.t())  # (#34, T3.6)
@@ -1056,8 +1043,7 @@ class ParamSpec:
     matrix_lr_muls: tuple[float, ...] = (1.0,)  # NorMuon: cycled over the bank's matrix index
 
     def matrix_lr_mul(self, index: Tensor) -> Tensor:
-        """NorMuon: the learning-rate multiplier of the bank's matrices `index`: the table's
-        matrix_lr_muls times √(rows/cols) for tall matrices (#42, T2.4)."""
+        """NorMuon's lr multiplier of bank matrices `index`: matrix_lr_muls × √(rows/cols) if tall (#42, T2.4)."""
         rows, cols = self.matrix_shape
         return torch.tensor(self.matrix_lr_muls)[index % len(self.matrix_lr_muls)] * max(1.0, rows / cols) ** 0.5
 
@@ -1166,9 +1152,8 @@ def normuon_update(update: Tensor, second_moment: Tensor, weight: Tensor, mantis
 def normuon_bank_step(grad: Tensor, rails: tuple, second_moment: Tensor, weight: Tensor,
                       mantissa: Tensor | None, mu: Tensor, lr: Tensor, lr_muls: Tensor, wd_lr: Tensor,
                       grad_scale: float, beta2: float, axis: int, use_triton: bool):
-    """A whole NorMuon step of one bank shard: the momentum rails (twin_rail_momentum; `rails`: fast, slow,
-    fast_beta, fast_weight, slow_beta), orthogonalization, variance normalization and the cautious update;
-    compiled as one graph per bank (#74, T2.3)."""
+    """A whole NorMuon step of one bank shard: the momentum rails (twin_rail_momentum's `rails`), orthogonalization,
+    variance normalization and the cautious update; compiled as one graph per bank (#74, T2.3)."""
     fast, slow, fast_beta, fast_weight, slow_beta = rails
     update = twin_rail_momentum(grad, fast, slow, mu, fast_beta, fast_weight, slow_beta, grad_scale)
     normuon_update(orthogonalize(update, use_triton), second_moment, weight, mantissa, lr, lr_muls, wd_lr, beta2, axis)
@@ -1196,9 +1181,8 @@ def adam_update(grad: Tensor, kept_grad: Tensor | None, weight: Tensor, exp_avg:
 
 
 class RankRows:
-    """This rank's rows of a parameter viewed as (n, ...): rows [start, start + rows) of a padded
-    (n_pad = rows·world, ...) layout. Padding rows exist only in communication buffers. A 0-d
-    parameter counts as one row (it is always replicated)."""
+    """This rank's rows of a parameter viewed as (n, ...): [start, start + rows) of a padded (n_pad = rows·world, ...)
+    layout. Padding rows exist only in communication buffers. A 0-d parameter is one row (always replicated)."""
 
     def __init__(self, view_shape: tuple[int, ...], rank: int, world: int):
         self.view_shape = view_shape
@@ -1213,8 +1197,7 @@ class RankRows:
 
 
 class WaitOnce:
-    """The work of one collective that several gradients share (a flat all-reduce): the first wait()
-    waits for it, later ones return at once."""
+    """The work of one collective that several gradients share (a flat all-reduce), waited for once."""
 
     def __init__(self, work):
         self.work = work
@@ -1275,17 +1258,16 @@ STEP_SCALARS = {"normuon": ("momentum", "lr", "wd_lr", "fast_beta", "fast_weight
 
 class NorMuonAdam:
     """One optimizer for every parameter, without DDP (#61, T2.1). step(): (1) launch each gradient's reduction
-    asynchronously in its dtype, in `comm_order`: the small replicated parameters' gradients as one flat all-reduce
-    per dtype (FlatReplicatedGrads), then one reduce-scatter per sharded parameter; (2) in the same order, wait for a
-    reduction, update this rank's rows (scaled by 1/world) and launch their all-gather; (3) wait for the gathers.
-    NCCL runs collectives in launch order, so a wait never waits for an unrelated reduction, and bank i is
-    orthogonalized while bank i+1 and the tables still reduce. At world size 1 nothing is sent: updates read .grad.
-    Step sizes: muon_lr (adam_lr) x the schedule's lr multiplier x the spec's lr_mul (x spec.matrix_lr_mul(i)).
-    Adam every other step (T2.7): a step without Adam moves each Adam gradient into `kept` (its reduction launched
-    at once, overlapping the next step), and the next update adds it inside the Adam kernel rather than in an
-    autograd pass over every table. Tied embedding (#51, #53; T3.15): while tied, embed's gradient is added to
-    lm_head's, only lm_head is reduced and updated, and embed is overwritten with it; untie() hands lm_head's Adam
-    state to embed (both stored (vocab, dim): no transpose)."""
+    asynchronously in its dtype, in `comm_order`: the small replicated gradients as one flat all-reduce per dtype
+    (FlatReplicatedGrads), then one reduce-scatter per sharded parameter; (2) in the same order, wait for a reduction,
+    update this rank's rows (scaled by 1/world) and launch their all-gather; (3) wait for the gathers. NCCL runs
+    collectives in launch order, so a wait never waits for an unrelated reduction, and bank i is orthogonalized while
+    bank i+1 and the tables still reduce. At world size 1 nothing is sent: updates read .grad. Step sizes: muon_lr
+    (adam_lr) x the schedule's lr multiplier x spec.lr_mul (x spec.matrix_lr_mul(i)). Adam every other step (T2.7): a
+    non-Adam step moves each Adam gradient into `kept` (its reduction launched at once, overlapping the next step), and
+    the next update adds it inside the Adam kernel, not in an autograd pass over every table. Tied embedding (#51, #53;
+    T3.15): while tied, embed's gradient is added to lm_head's, only lm_head is reduced and updated, and embed copies
+    it; untie() hands lm_head's Adam state to embed (both stored (vocab, dim): no transpose)."""
 
     def __init__(self, params: dict[str, nn.Parameter], specs: dict[str, ParamSpec], config: OptimConfig,
                  rank: int = 0, world_size: int = 1, tied: tuple[str, str] | None = None, compile: bool = False,
@@ -1313,9 +1295,8 @@ class NorMuonAdam:
         for label, p in params.items():
             self._init_state(label, p, specs[label])
         self.tail_ema_rate = torch.zeros((), device=next(iter(params.values())).device)  # this tick's, on the device
-        # This step's schedule scalars on the device (T5.3): one copy per step into a tensor that stays
-        # where it is, so a CUDA graph of the step reads each step's values; each value on a 16-byte
-        # boundary, the alignment inductor's kernels assume of their inputs.
+        # This step's schedule scalars on the device (T5.3): one copy per step into a fixed tensor, so a CUDA graph of
+        # the step reads each step's values; each value 16-byte aligned, as inductor's kernels assume of their inputs.
         self.scalar_slots: dict[str, list[int]] = {}  # label -> its values' places in `scalars`
         count = 0
         for label in self.comm_order:
@@ -1372,9 +1353,8 @@ class NorMuonAdam:
             params[label].grad = None
 
     def step_labels(self, has_grad, adam: bool, follower: str | None) -> tuple[list, list, list]:
-        """(the labels a step updates or keeps, those it updates, those whose gradient it keeps for the
-        next Adam step), in comm_order; `has_grad(label)`: whether the label has a gradient; the
-        follower of the tie (None when untied) is neither updated nor kept."""
+        """(labels the step updates or keeps, those it updates, those it keeps for the next Adam step), in comm_order;
+        the tie's follower (None when untied) is neither updated nor kept."""
         with_grad = [label for label in self.comm_order if has_grad(label) and label != follower]
         active = [label for label in with_grad if adam or self.specs[label].optimizer == "normuon"]
         return with_grad, active, [label for label in with_grad if label not in active]
@@ -1402,9 +1382,8 @@ class NorMuonAdam:
         self.scalars.copy_(host, non_blocking=True)
 
     def _local_step(self, active: list[str], kept: list[str], tie: bool, adam: bool):
-        """A step at world size 1, nothing sent: the tie's gradient sum, the updates from .grad (Adam's with
-        the gradient kept before), the gradients of a step without Adam kept (summed with those kept before),
-        the follower's copy."""
+        """A step at world size 1, nothing sent: the tie's gradient sum, the updates from .grad (Adam's with the
+        gradient kept before), a non-Adam step's gradients kept (summed with any kept before), the follower's copy."""
         params, (follower, leader) = self.params, self.tied or (None, None)
         if tie:
             params[leader].grad.add_(params[follower].grad)
@@ -1461,9 +1440,8 @@ class NorMuonAdam:
         return grad
 
     def _launch_reductions(self, labels: list[str]) -> list[tuple]:
-        """Launch the reductions of `labels` (in comm_order) in that order: the replicated ones as one
-        flat all-reduce per dtype, laid out on the first launch of this set of labels; one
-        reduce-scatter per sharded label. (work, gradient rows) per label."""
+        """Launch the reductions of `labels`, in comm_order: the replicated ones as one flat all-reduce per dtype, laid
+        out at this label set's first launch; one reduce-scatter per sharded label. (work, gradient rows) per label."""
         replicated = tuple(label for label in labels if self.specs[label].comm == "replicated")
         flat = {}
         if replicated:
@@ -1511,7 +1489,7 @@ class NorMuonAdam:
         return self._launch_gather(label, full_weight, weight) if sharded else None
 
     def _launch_gather(self, label: str, full_weight: Tensor, weight: Tensor):
-        """All-gather this rank's rows `weight` of a sharded parameter into every rank's full weight; a wait function."""
+        """All-gather this rank's rows `weight` of a sharded parameter into each rank's full weight; a wait function."""
         if self.rows[label].padded:
             gathered = weight.new_empty((self.rows[label].rows * self.world, *weight.shape[1:]))
             work = dist.all_gather_into_tensor(gathered, weight, async_op=True)
@@ -1675,8 +1653,7 @@ def rowwise_rmsprop_rows(weight: Tensor, row_sq: Tensor, last_step: Tensor, loca
 
 
 def ngram_bytes_per_row(dim: int) -> int:
-    """One table row's bytes with its optimizer state: the bf16 values, the step of its last update (int32) and
-    its fp32 second moment."""
+    """A table row's bytes with optimizer state: bf16 values, last update's step (int32), fp32 second moment."""
     return 2 * dim + 4 + 4
 
 
@@ -1697,24 +1674,23 @@ class ExchangeOverflow(RuntimeError):
 
 class NgramTable(nn.Module):
     """The hashed n-gram table (record #92, PR #360; T3.19): NGRAM_ROWS rows, each position reading one row per order
-    (ngram_ids), summed into the bigram injection (T3.4). One object holds all of it: the row cache the model's
-    forward reads (this module's buffers: `cache`, a leaf whose gradient is the per-row sums; `eval_cache` for longer
-    validation forwards; `inverse`, each position's places), this rank's rows with their optimizer state, the
-    gradients kept for the next Adam step, and the exchange with the rows' owners. It is no parameter: NorMuonAdam
-    never sees it, and no dense gradient exists. The model calls it as `self.ngram(tokens)`; the trainer calls
-    `shard` once, `load` before each forward on new tokens (`serve` in a validation round where this rank has no
-    chunk), `keep_gradient` after each backward, `step` after each optimizer step, `reset` after the warm-up and
-    between seeds (nn.Module's state_dict leaves the rows out: they are no buffers).
+    (ngram_ids), summed into the bigram injection (T3.4). One object holds it all: the row cache the forward reads
+    (buffers: `cache`, a leaf whose gradient is the per-row sums; `eval_cache` for longer validation forwards;
+    `inverse`, each position's places), this rank's rows and optimizer state, the gradients kept for the next Adam step,
+    and the exchange with the rows' owners. No parameter: NorMuonAdam never sees it; no dense gradient exists. The model
+    calls `self.ngram(tokens)`; the trainer calls `shard` once, `load` before each forward on new tokens (`serve` in a
+    validation round where this rank has no chunk), `keep_gradient` after each backward, `step` after each optimizer
+    step, `reset` after the warm-up and between seeds (nn.Module's state_dict leaves the rows out: they are no buffers).
 
-    Rank r owns rows [r·S, (r+1)·S), S = ⌈rows / world⌉, and a scratch row (local S) that padding reads and writes.
-    load: the distinct rows (padded_unique: static shapes) and their current weights into the cache; at world size 1
-    one gather, above it the row ids go to their owners and the weights come back. step (on an Adam step, T2.7): the
-    kept (row, gradient) pairs of every micro-batch and of the step before are summed per row, sent to their owners,
+    Rank r owns rows [r·S, (r+1)·S), S = ⌈rows / world⌉, and a scratch row (local S) that padding reads and
+    writes. load: the distinct rows (padded_unique: static shapes) and their current weights into the cache; at world
+    size 1 one gather, above it the row ids go to their owners and the weights come back. step (on an Adam step, T2.7):
+    the kept (row, gradient) pairs of every micro-batch and of the step before are summed per row, sent to their owners,
     summed there and applied. Above world size 1 an exchange (to_owners) is all_to_all_single of fixed-size slots:
-    static shapes and no host sync, so the loads run inside the step graphs at every world size. The rows' optimizer is row-wise RMSprop (rowwise_rmsprop_rows; FBGEMM's row-wise AdaGrad with
-    an EMA): no momentum, one fp32 second moment per row. A row a step leaves out gets a zero gradient, so it does not
-    move and only its moment decays: the lazy update equals the dense one. 2 bytes a value beside 8 a row, so one
-    process holds record #92's per-rank rows."""
+    static shapes and no host sync, so the loads run inside the step graphs at every world size. The rows' optimizer is
+    row-wise RMSprop (rowwise_rmsprop_rows; FBGEMM's row-wise AdaGrad with an EMA): no momentum, one fp32 second moment
+    per row. A row a step leaves out gets a zero gradient, so it does not move and only its moment decays: the lazy
+    update equals the dense one. 2 bytes a value beside 8 a row, so one process holds record #92's per-rank rows."""
 
     def __init__(self, cfg: ModelConfig, max_tokens: int, max_train_tokens: int):
         super().__init__()
@@ -1792,8 +1768,7 @@ class NgramTable(nn.Module):
     # --- optimizer ------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, lr_multiplier: float, adam: bool = True):
-        """On an Adam step, sum the kept gradients per row on the rows' owners and update those rows; on a
-        step without Adam keep them for the next one (T2.7)."""
+        """On Adam steps the owners sum the kept gradients per row and update those rows; else they stay kept (T2.7)."""
         if not adam:
             return
         kept, self.kept = self.kept, []
@@ -1833,7 +1808,8 @@ class NgramTable(nn.Module):
             rows, payloads = rows.new_full((1,), self.rows), [p.new_zeros(1, *p.shape[1:]) for p in payloads]
         world, n, device = self.world, rows.numel(), rows.device
         capacity = exchange_capacity(n, world, self.shard_rows)
-        starts = torch.searchsorted(rows, (torch.arange(world + 1, device=device) * self.shard_rows).clamp(max=self.rows))
+        starts = torch.searchsorted(
+            rows, (torch.arange(world + 1, device=device) * self.shard_rows).clamp(max=self.rows))
         torch.maximum(self.overflow, (starts.diff() - capacity).max(), out=self.overflow)
         owner = (rows // self.shard_rows).clamp(max=world - 1)
         slot = torch.arange(n, device=device) - starts[owner]
@@ -1867,8 +1843,7 @@ class NgramTable(nn.Module):
 
     # --- state ----------------------------------------------------------------------------------------
     def tensors(self) -> dict[str, Tensor]:
-        """This rank's rows, their state and the exchanges' overflow count (what the CUDA graphs use besides the
-        cache)."""
+        """This rank's rows, their state and the exchanges' overflow count (what CUDA graphs use besides the cache)."""
         return {"weight": self.weight, "last_step": self.last_step, "row_sq": self.row_sq, "overflow": self.overflow}
 
     def reset(self):
@@ -1900,9 +1875,8 @@ class ShardError(SetupError):
 
 
 def read_shard_header(path: str) -> int:
-    """Check a shard's magic, version and size; return its token count. data/shards.py keeps a copy for
-    the data scripts (tests/data/test_shards.py holds them equal). A folder is an error here, not at its
-    first read: its size would pass the size check."""
+    """A shard's token count, its magic, version and size checked. data/shards.py has a copy for the data scripts (held
+    equal by tests/data/test_shards.py). A folder fails here, not at first read: its size passes the size check."""
     if not os.path.isfile(path):
         kind = "a folder" if os.path.isdir(path) else "not a regular file"
         raise ShardError(path, f"{kind}, not a token shard: give a pattern of .bin files, e.g. "
@@ -2087,8 +2061,7 @@ class TrainLoader:
 
 
 class ValidationSet:
-    """The first val_tokens (+1) tokens of the validation files, in chunks of seq_len tokens
-    (chunk i is evaluated by rank i % world_size); documents are not truncated."""
+    """The first val_tokens (+1) validation tokens in seq_len chunks (chunk i: rank i % world_size), documents whole."""
 
     def __init__(self, pattern: str, val_tokens: int, seq_len: int, rank: int, world_size: int, device: torch.device,
                  vocab_size: int | None = None):
@@ -2128,8 +2101,7 @@ GPT2_SPECIAL_TOKEN = "<|endoftext|>"
 
 
 def gpt2_byte_of() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, character -> byte: printable Latin-1 characters stand for their own
-    byte, the other bytes for chr(256 + n) in byte order."""
+    """GPT-2's byte alphabet, char -> byte: printable Latin-1 is its own byte, the rest chr(256 + n) in byte order."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     byte_of = {chr(b): b for b in printable}
     byte_of.update({chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in printable)})
@@ -2191,9 +2163,8 @@ class StepPlan:
 
 
 class Schedule:
-    """The stage table (T5.1) turned into per-step plans: stage boundaries at the cumulative
-    fractions of the scheduled steps, then the extension; a linear cooldown of the lr multiplier to
-    the floor; the Muon momentum warm-up and cool-down (T2.8)."""
+    """The stage table (T5.1) as per-step plans: stage boundaries at cumulative fractions of the scheduled steps, then
+    the extension; the lr multiplier's linear cooldown to the floor; Muon's momentum warm-up and cool-down (T2.8)."""
 
     def __init__(self, config: ScheduleConfig):
         self.config = cfg = config
@@ -2228,8 +2199,7 @@ class Schedule:
             long_windows=tuple(w * block for i, w in enumerate(so_far) if i == 0 or w != so_far[i - 1]),
             attention_cap=row.attention_cap, graph_stage=self.graph_stages[stage],
             lr_multiplier=self.lr_multiplier(step), momentum=self.momentum(step), fast_rail=self.fast_rail(step),
-            adam_step=step % 2 == 1, untie=step == self.untie_step,
-            tail_ema_rate=self.tail_ema_rate(step))
+            adam_step=step % 2 == 1, untie=step == self.untie_step, tail_ema_rate=self.tail_ema_rate(step))
 
     def stage(self, step: int) -> int:
         return max(i for i, start in enumerate(self.stage_starts) if step >= start)
@@ -2423,7 +2393,8 @@ def check_hyperparameters(hp: Hyperparameters):
     stages, run = hp.schedule.stages, hp.run
     for name, low in (("val_tokens", 1), ("val_seq_len", 1), ("num_scheduled_iterations", 1),
                       ("num_extension_iterations", 0), ("val_loss_every", 0), ("train_loss_every", 0),
-                      ("window_block_size", 1), ("final_long_window", 1), ("ngram_rows", 1), ("ngram_rows_per_rank", 0)):
+                      ("window_block_size", 1), ("final_long_window", 1), ("ngram_rows", 1),
+                      ("ngram_rows_per_rank", 0)):
         if (value := hp.flat()[name]) < low:
             raise SetupError(f"{name.upper()}={value}: give a whole number >= {low}")
     if len(stages) < 2 or stages[-1].fraction is not None or any(s.fraction is None for s in stages[:-1]):
@@ -2442,7 +2413,8 @@ def check_hyperparameters(hp: Hyperparameters):
     if not 0 <= run.stop_after <= total_steps:
         raise SetupError(f"STOP_AFTER={run.stop_after}: must lie in 0..{total_steps} (the schedule's steps; 0: all)")
     if not 0 <= hp.schedule.tail_ema_frac <= 1:
-        raise SetupError(f"TAIL_EMA_FRAC={hp.schedule.tail_ema_frac}: the tail EMA's share of the steps must lie in 0..1 (0: off)")
+        raise SetupError(
+            f"TAIL_EMA_FRAC={hp.schedule.tail_ema_frac}: the tail EMA's share of the steps must lie in 0..1 (0: off)")
     for stage in stages:
         if stage.batch_tokens % RANKS_PER_STEP:
             raise SetupError(f"STAGE_BATCH_TOKENS entry {stage.batch_tokens} is not divisible by {RANKS_PER_STEP}")
@@ -2460,7 +2432,8 @@ def check_taper(cfg: ScheduleConfig):
     extension (from_env sets it with set_taper; STAGE_FRACTION may then give it another share); with 0, none."""
     tapers = [i for i, stage in enumerate(cfg.stages) if stage.taper]
     if cfg.taper_fraction < 0:
-        raise SetupError(f"TAPER_FRACTION={cfg.taper_fraction}: give a share of the scheduled steps >= 0 (0: no taper row)")
+        raise SetupError(
+            f"TAPER_FRACTION={cfg.taper_fraction}: give a share of the scheduled steps >= 0 (0: no taper row)")
     if tapers != ([len(cfg.stages) - 2] if cfg.taper_fraction else []):
         raise SetupError(f"TAPER_FRACTION={cfg.taper_fraction} but the stage table has {len(tapers)} taper rows: "
                          f"build the table with set_taper(stages, TAPER_FRACTION), as from_env does")
@@ -2492,8 +2465,7 @@ def check_ngram_rows(hp: Hyperparameters, world_size: int):
                          f"NGRAM_ROWS={largest}")
 
 
-# Layers whose attention has a role the others' lack: long windows and key offset (3, 10), output
-# gates (3, 10), the MUDD value mix and DC-MHA (10).
+# Layers whose attention is needed: long windows, key offset and output gates (3, 10), MUDD value mix, DC-MHA (10).
 ATTENTION_REQUIRED_LAYERS = tuple(sorted({*LONG_WINDOW_LAYERS, *KEY_OFFSET_LAYERS, *OUTPUT_GATE_LAYERS,
                                           MUDD_LAYER, DC_LAYER}))
 
@@ -2560,8 +2532,7 @@ class CudaGraph:
 
 @dataclass
 class CapturedStep:
-    """One key's graphs and static memory: the buffers the loader writes each micro-batch into,
-    the mean CE and the gradients the graphs leave."""
+    """One key's graphs and static memory: the loader's micro-batch buffers, the graphs' mean CE and gradients."""
     tokens: Tensor  # (tokens + 1,): the inputs are tokens[:-1], the targets tokens[1:]
     cu_seqlens: Tensor
     target_weights: Tensor
@@ -2580,14 +2551,13 @@ class GraphMismatch(RuntimeError):
 
 
 class StepGraphs:
-    """The training step's forward and backward as CUDA graphs (#92, T5.3), captured in the warm-up and replayed in
-    the timed loop, one per key (graph stage, Adam step): stages alike in shapes and plan share the first one's graphs
+    """The training step's forward and backward as CUDA graphs (#92, T5.3), captured in the warm-up, replayed in the
+    timed loop, one per key (graph stage, Adam step): stages alike in shapes and plan share the first one's graphs
     (StepPlan.graph_stage); Adam and non-Adam steps get their own outputs, so a gradient kept for the next Adam step
-    (T2.7) survives that step's replay. Each capture is checked against eager execution on its batch (CE and every
-    gradient's norm), every tensor the graphs read must stay put (check_addresses), and `max_over_ranks` stops every
-    rank together. The optimizer runs outside the graphs. Each graph loads its micro-batch's n-gram rows (T3.19; above
-    world size 1 an exchange of fixed-size slots) and leaves the row cache's gradient, which `run` hands to the table
-    after each replay."""
+    (T2.7) survives its replay. Each capture is checked against eager execution on its batch (CE and every gradient's
+    norm), every tensor the graphs read must stay put (check_addresses), and `max_over_ranks` stops every rank together.
+    The optimizer runs outside the graphs. Each graph loads its micro-batch's n-gram rows (T3.19; above world size 1 an
+    exchange of fixed-size slots) and leaves the row cache's gradient for `run` to hand to the table."""
 
     def __init__(self, loss_fn, model: nn.Module, grad_accum: int, grad_scale: float, new_graph=None,
                  rtol: float = 1e-2, grad_rtol: float = 5e-2, max_over_ranks=lambda t: t):
@@ -2720,8 +2690,7 @@ class StepGraphs:
                             f"{expected[i].item():.6g}; run with CUDA_GRAPHS=0 and report it")
 
     def check_addresses(self):
-        """Stop unless every parameter, buffer and n-gram table tensor is where the graphs read it (state is
-        restored with copy_, never by assigning new tensors)."""
+        """Stop unless every parameter, buffer and n-gram tensor is where the graphs read it (restored with copy_)."""
         for name, t in self.read_tensors():
             if self.addresses.get(name) != t.data_ptr():
                 raise GraphMismatch(f"{name} is no longer at the address the CUDA graphs read: restore state "
@@ -2798,22 +2767,21 @@ class Trainer:
         self.blend_tail_ema = bool(self.optimizer.tail_ema_blends) and start is not None and start < self.last_step
         if hp.execution.compile:  # one graph per stage shape
             allow_graph_per_shape()
-        compiled = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.execution.compile else (lambda f: f)
+        compiled = ((lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if hp.execution.compile
+                    else (lambda f: f))
         self.training_loss = compiled(self.model.training_loss)
         self.evaluation_loss = compiled(self.model.evaluation_loss)
         # the timed steps' runner, decided here once: the CUDA graphs the warm-up captures, or eager steps (T5.3)
         graphs, runner = step_runner(hp, device)
         log(f"step runner: {runner}")
         self.step_graphs = (StepGraphs(self.training_loss, self.model, self.grad_accum, self.grad_scale,
-                                       max_over_ranks=self.max_over_ranks)
-                            if graphs else None)
+                                       max_over_ranks=self.max_over_ranks) if graphs else None)
         self.forward_backward = self.step_graphs.run if graphs else self.eager_forward_backward
         self.long_windows = None  # those the model's rotary tables are set for
         self.losses = torch.zeros(self.schedule.total_steps, device=device)
         self.checked_steps, self.pending_check = 0, None  # pending: (first step, CUDA event of its flags' copy)
         self.position = "before the warm-up"  # where the run is, for an interruption's line
-        # what a periodic check reads a period later: a non-finite loss (0/1), the candidate shortfall (T4.6), the
-        # n-gram exchanges' overflow (T3.19)
+        # what a check reads a period later: non-finite loss (0/1), candidate shortfall (T4.6), n-gram overflow (T3.19)
         self.check_flags = torch.zeros(3, dtype=torch.long, pin_memory=device.type == "cuda")
         # Every step's target-column weights on the device, made once: a per-step copy from host
         # memory would block the CPU until the GPU drained its queue, exposing launch gaps.
@@ -2824,8 +2792,7 @@ class Trainer:
         self.candidate_steps = torch.arange(self.schedule.total_steps, device=device) if sampled else None
 
     def resolve_executions(self) -> tuple[tuple[ExecutionPlan, ...], ExecutionPlan]:
-        """The execution plan of each stage's training forward and of the validation forward, decided
-        once here; the log gets one line per distinct plan."""
+        """Each stage's training execution plan and validation's, decided once; a log line per distinct plan."""
         hp, tokens = self.hp, [stage.batch_tokens // RANKS_PER_STEP for stage in self.hp.schedule.stages]
         stages = tuple(resolve_execution(hp.execution, hp.model, self.device, n, training=True,
                                          ce_candidates=stage.ce_candidates)
@@ -2836,7 +2803,8 @@ class Trainer:
             users.setdefault(plan, []).append(name)
         users.setdefault(validation, []).append("validation")
         for plan, names in users.items():
-            fields = " ".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in dataclasses.asdict(plan).items())
+            fields = " ".join(f"{k}={int(v) if isinstance(v, bool) else v}"
+                              for k, v in dataclasses.asdict(plan).items())
             self.log(f"execution plan ({', '.join(names)}): {fields}")
         return stages, validation
 
@@ -2863,9 +2831,8 @@ class Trainer:
             self.step_graphs.check_addresses()
 
     def _clear_run_state(self):
-        """What a run leaves outside the weights and the optimizer's state (the gradients kept for
-        Adam, T2.7, are the optimizer's): gradients, the losses, the YaRN tables' windows, the
-        periodic checks and the candidate shortfall they read (T4.6)."""
+        """What a run leaves beside the weights and optimizer state (Adam's kept gradients, T2.7, are the optimizer's):
+        gradients, losses, YaRN's windows, the periodic checks and the candidate shortfall they read (T4.6)."""
         for p in self.model.parameters():  # the n-gram table's cache gradient goes with its reset, before this
             p.grad = None
         self.losses.zero_()
@@ -3007,8 +2974,9 @@ class Trainer:
         if nonfinite:
             self.raise_nonfinite(start, end, detected_at)
         if overflow:
-            raise ExchangeOverflow(f"an n-gram table exchange sent an owner {overflow} more rows than its slots (detected "
-                                   f"at step {detected_at}): raise NGRAM_EXCHANGE_SIGMAS in train_gpt.py and report it")
+            raise ExchangeOverflow(
+                f"an n-gram table exchange sent an owner {overflow} more rows than its slots (detected "
+                f"at step {detected_at}): raise NGRAM_EXCHANGE_SIGMAS in train_gpt.py and report it")
         if shortfall:
             budgets = ",".join(str(stage.ce_candidates) for stage in self.hp.schedule.stages)
             raise CandidateShortfall(f"a training forward had {shortfall} more distinct targets than its stage's "
@@ -3174,8 +3142,7 @@ def check_world_size(hp: Hyperparameters, world_size: int):
 
 
 def check_inputs(hp: Hyperparameters):
-    """What a run reads before its first step, checked on the CPU: the shards (check_train_data), the validation
-    tokens and the tokenizer file."""
+    """A run's inputs, checked on the CPU: the shards (check_train_data), validation tokens and tokenizer file."""
     data = hp.data
     check_train_data(hp)
     ValidationSet(data.val_files, data.val_tokens, data.val_seq_len, 0, 1, torch.device("cpu"), hp.model.vocab_size)
@@ -3237,8 +3204,7 @@ def allow_graph_per_shape():
 
 
 def check_device(hp: Hyperparameters, world_size: int):
-    """DEVICE, enough CUDA GPUs visible for world_size processes (run.sh's --check gets WORLD_SIZE=NGPU), and
-    the attention backend there."""
+    """DEVICE, a visible CUDA GPU per process (run.sh's --check: WORLD_SIZE=NGPU) and the attention backend there."""
     if hp.run.device not in ("cuda", "cpu"):
         raise SetupError(f"DEVICE={hp.run.device!r}: use cuda (one GPU per process) or cpu")
     visible = torch.cuda.device_count() if hp.run.device == "cuda" and torch.cuda.is_available() else 0
@@ -3296,8 +3262,7 @@ def cpu_16bit_gemms_in_fp32() -> None:
 
 
 def launch_ranks(environ=os.environ) -> tuple[int, int, int]:
-    """(rank, world size, local rank) of this process from torchrun's variables (run.sh's --check gets
-    WORLD_SIZE=NGPU); one process without them."""
+    """(rank, world size, local rank) from torchrun's variables (run.sh's --check: WORLD_SIZE=NGPU), or (0, 1, 0)."""
     values = []
     for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         raw = environ.get(name, default)
@@ -3327,8 +3292,7 @@ def init_process(hp: Hyperparameters) -> tuple[int, int, torch.device]:
 
 
 def planned_runs(hp: Hyperparameters, world_size: int) -> list[Hyperparameters]:
-    """The runs this process makes: hp, or (SEEDS) one per seed, logged as RUN_ID_s<seed>. A missing
-    RUN_ID becomes rank 0's uuid4 on every rank."""
+    """This process's runs: hp, or one per SEEDS entry as RUN_ID_s<seed>; no RUN_ID: rank 0's uuid4 on every rank."""
     run_id = hp.run.run_id or str(uuid.uuid4())
     if world_size > 1:  # every rank logs under rank 0's id
         shared = [run_id]
@@ -3361,8 +3325,7 @@ def open_run_log(hp: Hyperparameters, rank: int, world_size: int, device: torch.
 
 
 def report_setup_error(error: Exception, rank: int, log: RunLog | None):
-    """One line naming the fix, from rank 0 only (torchrun would print it once per process), and
-    into the run's log when it is open; exit code 1."""
+    """One line naming the fix, from rank 0 only (not once per process), and into the open run log; exit 1."""
     message = f"error: {error}"
     if log is not None:
         log(message, console=False)
@@ -3497,10 +3460,9 @@ def _gemm_dtype(X: Tensor) -> torch.dtype:
 
 
 def polar_iterations_reference(X: Tensor, coeffs: tuple = POLAR_EXPRESS_COEFFS) -> Tensor:
-    """The odd-polynomial iteration on a normalized bf16 bank X (B, rows, cols) in torch. Wide and
-    square matrices iterate on X·Xᵀ, tall ones on Xᵀ·X (#74), so the symmetric products are
-    min(rows, cols)² and nothing is transposed in memory. (a·X + X·B is not folded into X·(B + a·I)
-    here: torch would round B to bf16 before adding a·I, 1.1-1.5e-2 from float64.)"""
+    """The odd-polynomial iteration on a normalized bf16 bank X (B, rows, cols) in torch. Wide and square matrices use
+    X·Xᵀ, tall ones use Xᵀ·X (#74), so the symmetric products are min(rows, cols)² and nothing is transposed in memory.
+    (a·X + X·B, not X·(B + a·I): torch would round B to bf16 before adding a·I, 1.1-1.5e-2 from float64.)"""
     tall, work = X.size(-2) > X.size(-1), _gemm_dtype(X)
     for a, b, c in coeffs:
         Y = X.to(work)
@@ -3722,11 +3684,10 @@ def softcap_ce_reference(logits: Tensor, targets: Tensor, weights: Tensor, grad_
 
 
 # Fused soft-capped multi-target cross-entropy, forward and backward in one kernel (#60, #67, #79; T4.1). Persistent
-# programs take rows t = pid, pid + programs, ...; each row is read from memory once and held in registers as up to
-# three power-of-two parts (`vocab_parts`: 32768 + 16384 + 2048 for GPT-2's 50,304, the last one masked): sweep 1 sums
-# exp(z − 23) (z < 23: no running max), sweep 2 writes the logit gradient from the held logits, then the ≤ MAX_TARGETS
-# target columns are rewritten after a barrier. With tanh: z = h + h·t, t = tanh((u+5)/15), h = 23/2; dz/du =
-# 23/(4·7.5)·(1 − t²).
+# programs take rows t = pid, pid + programs, ...; each row is read once and held in registers as up to three
+# power-of-two parts (`vocab_parts`: 32768 + 16384 + 2048 for GPT-2's 50,304, the last masked): sweep 1 sums exp(z − 23)
+# (z < 23: no running max), sweep 2 writes the logit gradient from them, then the ≤ MAX_TARGETS target columns are
+# rewritten after a barrier. With tanh: z = h + h·t, t = tanh((u+5)/15), h = 23/2; dz/du = 23/(4·7.5)·(1 − t²).
 if triton is not None:
     @triton.jit
     def _tanh(x, FAST: tl.constexpr):
@@ -3855,10 +3816,9 @@ def vocab_parts(V: int) -> tuple[int, int, int]:
 def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float, grad_dtype: torch.dtype,
                use_triton: bool | None = None, num_warps: int = 16, programs: int | None = None,
                fast_tanh: bool | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """softcap_ce_reference's function; the fused Triton kernel where use_triton (default: on CUDA).
-    programs: persistent programs (default one per SM: a 50,304-logit row takes all of an SM's
-    registers at 16 warps, 128 per thread; larger vocabularies spill; T4.4).
-    fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter)."""
+    """softcap_ce_reference's function; the fused Triton kernel where use_triton (default: CUDA). programs: persistent
+    programs (default one per SM: a 50,304-logit row fills an SM's registers at 16 warps, 128 per thread; larger
+    vocabularies spill; T4.4). fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter)."""
     if not (triton_applies(logits) if use_triton is None else use_triton):
         return softcap_ce_reference(logits, targets, weights, grad_mul, grad_dtype)
     T, V = logits.shape
@@ -4034,10 +3994,9 @@ def candidate_set(targets: Tensor, vocab_size: int, budget: int, step: Tensor) -
 
 def sampled_softcap_ce_reference(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, candidates: Tensor,
                                  grad_scale: float = 1.0) -> tuple[Tensor, Tensor]:
-    """The sampled cross-entropy by its definition, for autograd: logits z = softcap(x·W[c]ᵀ) of the
-    candidate rows c only, each target looked up among the candidates (one not among them counts as
-    none), then (Σ_t Σ_k w_k·(lse_t − z_t[y_tk])·grad_scale, mean ce0_t) as lm_head_softcap_ce's.
-    The gradient reaches x and, through the gather, W's candidate rows only."""
+    """The sampled cross-entropy by its definition, for autograd: logits z = softcap(x·W[c]ᵀ) of the candidate rows c
+    only, each target looked up among the candidates (none if absent), then (Σ_t Σ_k w_k·(lse_t − z_t[y_tk])·grad_scale,
+    mean ce0_t) as lm_head_softcap_ce's. The gradient reaches x and, through the gather, W's candidate rows only."""
     z = softcap(x @ lm_head[candidates].t())
     slot_of = torch.full((lm_head.size(0),), -1, dtype=torch.long, device=x.device)
     slot_of[candidates] = torch.arange(candidates.numel(), device=x.device)
@@ -4049,7 +4008,8 @@ def sampled_softcap_ce_reference(x: Tensor, lm_head: Tensor, targets: Tensor, we
 
 
 def sampled_lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, budget: int,
-                               step: Tensor, grad_scale: float = 1.0, fp8: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                               step: Tensor, grad_scale: float = 1.0,
+                               fp8: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """lm_head_softcap_ce against `budget` candidate columns (candidate_set's for `step`): the candidates' rows of the
     lm_head gathered (with fp8, the e4m3 weight's rows: the fixed-scale quantization commutes with the gather, so only
     the gathered rows are quantized), the fused kernel on the (T, budget) logits (its exponent sums already take the
@@ -4193,7 +4153,8 @@ def relu_square_fp8_gemm(a: Tensor, b: Tensor, product_scale: Tensor, act_scale:
     config = config or RELU_SQUARE_GEMM_CONFIGS["relu_square_fp8"]
     (M, K), N = a.shape, b.size(0)
     if b.size(1) != K or a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
-        raise ValueError(f"expected e4m3 a (M, K) and b (N, K), got {a.dtype} {tuple(a.shape)}, {b.dtype} {tuple(b.shape)}")
+        raise ValueError(
+            f"expected e4m3 a (M, K) and b (N, K), got {a.dtype} {tuple(a.shape)}, {b.dtype} {tuple(b.shape)}")
     if N % 16 or K % 16:
         raise ValueError(f"N={N} and K={K} must be multiples of 16 (16-byte TMA row strides)")
     if product_scale.numel() != 1 or act_scale.numel() != 1:
@@ -4230,9 +4191,8 @@ def tma_gemm_applies(t: Tensor) -> bool:
     return triton_applies(t) and torch.cuda.get_device_capability(t.device)[0] >= 9
 
 
-# The two GEMMs. torch.compile traces the Triton launches (TMA descriptors included) into its graph
-# and inductor launches the kernels itself: no custom op, whose Python path costs host time per call
-# (T6.1). use_triton=False: the same products in torch.
+# The two GEMMs. torch.compile traces the Triton launches (TMA descriptors too) into its graph and inductor launches the
+# kernels itself, sparing a custom op's per-call Python host time (T6.1). use_triton=False: the products in torch.
 def relu_square_matmul(x: Tensor, w: Tensor, use_triton: bool) -> Tensor:
     """post = relu(x·wᵀ)², x (M, K), w (N, K)."""
     if use_triton:
@@ -4325,8 +4285,7 @@ def fp8_relu_square_mlp_reference(x: Tensor, fc: Tensor, proj: Tensor, post_scal
 # scale views. The up-projection's Triton launch is traced, as relu_square_matmul's.
 @torch.library.custom_op("speedrun::fp8_down_projection", mutates_args=())
 def fp8_down_projection(post8: Tensor, post_scale: Tensor, proj8_t: Tensor, proj_scale: Tensor) -> Tensor:
-    """post8·proj in bf16: post8 (M, hidden) e4m3 at post_scale, proj given transposed (d, hidden) in
-    e4m3 at proj_scale."""
+    """post8·proj in bf16: post8 (M, hidden) e4m3 at post_scale, proj transposed (d, hidden) in e4m3 at proj_scale."""
     return torch._scaled_mm(post8, proj8_t.t(), scale_a=post_scale, scale_b=proj_scale,
                             out_dtype=torch.bfloat16, use_fast_accum=True)
 
@@ -4382,8 +4341,7 @@ class QKVBankFP8:
 
     @classmethod
     def quantize(cls, qk_banks: list[tuple[Tensor, list[int]]], vo_bank: Tensor) -> "QKVBankFP8":
-        """From GPT.qk_banks() and the V/O bank: one quantization per Q/K bank with its slots' V matrices
-        (one scale per slot)."""
+        """From GPT.qk_banks() and vo_bank: a quantization per Q/K bank with its slots' V matrices, a scale per slot."""
         d = vo_bank.size(-1)
         values = vo_bank.detach().view(-1, 2, d, d)[:, 0]  # each attention slot's V
         weights, scales = [None] * values.size(0), [None] * values.size(0)
@@ -4425,8 +4383,7 @@ class FP8NormedLinear(torch.autograd.Function):
 
 
 def fp8_normed_linear(x: Tensor, w: Tensor, w8: Tensor, w_scale: Tensor) -> Tensor:
-    """x @ wᵀ (bf16) for an RMS-normalized x (T, d), with the forward in e4m3: w8 ≈ w / w_scale
-    (0-d fp32); the gradients are those of x @ wᵀ in bf16."""
+    """x @ wᵀ (bf16) for an RMS-normalized x (T, d): forward in e4m3 (w8 ≈ w / w_scale, 0-d fp32), bf16 gradients."""
     return FP8NormedLinear.apply(x, w, w8, w_scale)
 
 
@@ -4438,12 +4395,11 @@ def fp8_normed_linear(x: Tensor, w: Tensor, w8: Tensor, w_scale: Tensor) -> Tens
 def qk_norm_rope_reference(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, scale: Tensor,
                            heads: int, qk_head_dim: int, paired: bool,
                            key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """attend's q, k, v from the projection qkv (T, heads·(2·qk_head_dim + hd)): q and k (qk_head_dim wide: hd, or
-    hd/2 on narrow layers, T3.18) RMS-normalized per head and rotated by cos, sin (attention_layout's tables: (T, 1,
-    hd/4), or (T, 2, 1, hd/4) for paired heads; apply_rope says which dimensions turn), the keys' stationary half from
-    the previous position where key_offset, q times the softmax scale (0-d), v plus v_extra (T, heads, hd) where
-    given. Shaped (T, heads, ·), or for paired heads (2T, heads/2, ·): heads h and h + heads/2 of token t at positions
-    2t and 2t + 1 (#58)."""
+    """attend's q, k, v from the projection qkv (T, heads·(2·qk_head_dim + hd)): q and k (qk_head_dim wide: hd, or hd/2
+    on narrow layers, T3.18) RMS-normalized per head, rotated by cos, sin (attention_layout's tables: (T, 1, hd/4), or
+    (T, 2, 1, hd/4) for paired heads; apply_rope says which dimensions turn), the keys' stationary half from the
+    previous position where key_offset, q times the softmax scale (0-d), v plus v_extra (T, heads, hd) where given.
+    Shaped (T, heads, ·), or (2T, heads/2, ·) if paired: heads h and h + heads/2 of token t at 2t and 2t + 1 (#58)."""
     T, H, qk_hd = qkv.size(0), heads, qk_head_dim
     hd = qkv.size(1) // H - 2 * qk_hd
     q, k, v = (t.view(T, H, -1) for t in qkv.split([H * qk_hd, H * qk_hd, H * hd], dim=1))
@@ -4618,13 +4574,13 @@ def qk_norm_rope_forward(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: 
     grid = (triton.cdiv(rows, constants["BLOCK"]),)
     _qk_norm_rope_forward_kernel[grid](qkv, v_extra, cos, sin, scale, q, k, v, rows, KEY_OFFSET=key_offset, **constants)
     seq_heads = heads // 2 if paired else heads
-    return q.view(-1, seq_heads, qk_head_dim), k.view(-1, seq_heads, qk_head_dim), v.view(-1, seq_heads, constants["VD"])
+    return (q.view(-1, seq_heads, qk_head_dim), k.view(-1, seq_heads, qk_head_dim),
+            v.view(-1, seq_heads, constants["VD"]))
 
 
 def qk_norm_rope_backward(qkv: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, cos: Tensor, sin: Tensor,
                           scale: Tensor, heads: int, qk_head_dim: int, paired: bool, key_offset: bool) -> Tensor:
-    """Triton: the gradient of qkv (T, heads·(2·qk_head_dim + hd)) from those of qk_norm_rope_forward's
-    q, k, v (contiguous); v_extra's is grad_v's."""
+    """Triton: qkv's gradient from those of qk_norm_rope_forward's q, k, v (contiguous); v_extra's is grad_v's."""
     rows, constants = _qk_rope_launch(qkv, (qkv, grad_q, grad_k, grad_v, cos, sin), cos, heads, qk_head_dim, paired,
                                       QK_ROPE_BACKWARD_LAUNCH)
     grad_qkv = torch.empty_like(qkv)
@@ -4898,9 +4854,8 @@ def dc_mha_backward(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dw1 = torch.empty_like(w1)
     da, ds = q.new_empty((T_pad, 3 * block), dtype=torch.float32), q.new_empty((H, T_pad, 3 * block))
-    _dc_backward_query_kernel[(n,)](q, k, v, doc_ids, w1, lse, grad_o, dq, dw1, da, ds, T, T_pad, H=H, D=D,
-                                    BLOCK=block, WINDOW=window, UPCAST=TRITON_INTERPRETER,
-                                    **DC_LAUNCH["backward_query"])
+    _dc_backward_query_kernel[(n,)](q, k, v, doc_ids, w1, lse, grad_o, dq, dw1, da, ds, T, T_pad, H=H, D=D, BLOCK=block,
+                                    WINDOW=window, UPCAST=TRITON_INTERPRETER, **DC_LAUNCH["backward_query"])
     _dc_backward_key_kernel[(n,)](q, grad_o, a, ds, dk, dv, T, T_pad, H=H, D=D, BLOCK=block,
                                   UPCAST=TRITON_INTERPRETER, **DC_LAUNCH["backward_key"])
     return dq, dk, dv, dw1
@@ -4948,9 +4903,8 @@ def dc_mha(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, w1: Tensor, w2: Ten
 
 
 # --- FlashAttention-4 (Dao-AILab/flash-attention, flash_attn/cute) as custom ops -----------------
-# FA4's CuTe-DSL kernels are JIT-compiled on first use by an autograd.Function dynamo cannot trace;
-# as two custom ops (forward, and backward through FA4's own backward from the saved output and
-# log-sum-exp) they stay opaque to torch.compile, which keeps one graph.
+# FA4's CuTe-DSL kernels are JIT-compiled on first use by an autograd.Function dynamo cannot trace; as two custom ops
+# (forward; FA4's own backward from the saved output and lse) they stay opaque to torch.compile, keeping one graph.
 def _fa4_window_size(window: int) -> tuple[int | None, int]:
     """FA4's window_size for keys at most `window` back. Unbounded is a left size of None: FA4
     reads a negative one with a right size of 0 as a local window, unlike FA3 and torch."""
