@@ -2571,7 +2571,7 @@ class StepGraphs:
         self.new_graph = new_graph
         self.steps: dict[tuple[int, bool], CapturedStep] = {}
         self.addresses: dict[str, int] = {}
-        self.worst_share = 0.0  # of its tolerance, the largest graph-against-eager difference seen
+        self.worst_share, self.worst_where = 0.0, ""  # of its tolerance, the largest graph-vs-eager difference: where
 
     @staticmethod
     def key(plan: StepPlan) -> tuple[int, bool]:
@@ -2676,7 +2676,9 @@ class StepGraphs:
         rtol[0] = self.rtol
         tolerance = rtol * expected.abs() + 4 * noise + 1e-6
         shares = torch.where(torch.isfinite(got), (got - expected).abs() / tolerance, torch.inf)
-        worst = self.max_over_ranks(shares.max())
+        worst, i = self.max_over_ranks(shares.max()), int(shares.argmax())
+        if worst.item() > self.worst_share:  # named from this rank's entries
+            self.worst_where = f"{labels[i]}, stage {plan.stage + 1}{' Adam' if plan.adam_step else ''}{what}"
         self.worst_share = max(self.worst_share, worst.item())
         if self.worst_share <= 1:
             return
@@ -2684,9 +2686,7 @@ class StepGraphs:
         if shares.max() <= 1:
             raise GraphMismatch(f"{graph} differs from eager execution on another rank (see its log); "
                                 f"run with CUDA_GRAPHS=0 and report it")
-        i = int(shares.argmax())
-        name = labels[i]
-        raise GraphMismatch(f"{graph} gives {name} {got[i].item():.6g} where eager execution gives "
+        raise GraphMismatch(f"{graph} gives {labels[i]} {got[i].item():.6g} where eager execution gives "
                             f"{expected[i].item():.6g}; run with CUDA_GRAPHS=0 and report it")
 
     def check_addresses(self):
@@ -2897,7 +2897,8 @@ class Trainer:
         self._sync()
         self.log(f"CUDA graphs: {len(plans)} captured (one per distinct stage forward and Adam/non-Adam step) in "
                  f"{time.perf_counter() - start:.1f}s, each equal to eager execution on its batch "
-                 f"(the largest difference: {self.step_graphs.worst_share:.2f} of its tolerance); the optimizer "
+                 f"(the largest difference: {self.step_graphs.worst_share:.2f} of its tolerance, "
+                 f"{self.step_graphs.worst_where}); the optimizer "
                  f"step runs eagerly; the gradients kept by non-Adam steps survive every other graph's replay")
 
     def validation_shape(self, step: int, final: bool = False) -> tuple[ForwardShape, tuple[int, ...]]:

@@ -221,6 +221,7 @@ def test_a_graph_unlike_eager_execution_stops_the_warm_up_naming_what_differs(co
     # norm moved 1.3 % on an H100): inside the gradients' 5 %, not the CE's 1 %
     trainer = graphed_trainer(hp.replace(stop_after=1), graph=drifting(1.03, "lm_head"))  # one key
     assert 0.5 < trainer.step_graphs.worst_share < 1
+    assert trainer.step_graphs.worst_where == "lm_head's gradient norm, stage 1"  # named in the log's capture line
 
 
 def test_graphs_whose_replays_overwrite_a_kept_gradient_stop_the_warm_up(corpus):
