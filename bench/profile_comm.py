@@ -114,6 +114,7 @@ def main():
                 dist.broadcast_object_list(shared, 0)
             hp = hp.replace(train_files=shared[0][0], val_files=shared[0][1], val_tokens=4 * hp.data.val_seq_len)
         T.check_hyperparameters(hp)
+        hp = T.rows_for_world(hp, world)  # NGRAM_ROWS_PER_RANK, as main() resolves it
         T.check_ngram_rows(hp, world)  # the table's rows per process fit, as main() checks
         T.allow_graph_per_shape()
         trainer = T.Trainer(hp, rank, world, device, T.RunLog(None))
@@ -173,8 +174,8 @@ def main():
                              f"{kinds or '-'} {model8}")
         if rank == 0 and world > 1:
             lines += ["", f"The n-gram table (NGRAM_ROWS={hp.model.ngram_rows}, T3.19) sends its rows and their "
-                      "gradients to their owners inside the steps above: all_to_all of compact lists, sizes first "
-                      "(SendRecv)."]
+                      "gradients to their owners inside the steps above: all_to_all of equal splits in fixed-size "
+                      "slots, the loads inside the step graphs (SendRecv)."]
         if rank == 0:
             text = "\n".join(lines)
             print(text, flush=True)
