@@ -44,6 +44,7 @@ def check(monkeypatch, capsys, env: dict) -> tuple[int, list[str]]:
     ({"ATTENTION_BACKEND": "varlen"}, "error: ATTENTION_BACKEND=varlen: use one of auto, fa4, flex, sdpa"),
     ({"WORLD_SIZE": "abc"}, "error: WORLD_SIZE='abc' is not a whole number (torchrun sets it; run.sh passes NGPU as "
                             "WORLD_SIZE)"),
+    ({"NGRAM_ROWS_PER_RANK": "3000"}, "error: NGRAM_ROWS=4001 and NGRAM_ROWS_PER_RANK=3000: give one of them"),
     ({"BIGRAM_ROWS": "1001"}, "error: BIGRAM_ROWS was removed: the n-gram table (row-wise RMSprop, orders 2 and 3) "
                               "beat the bigram table and Adam rows (docs/TECHNIQUES.md, Removed); unset it"),
 ])
