@@ -1752,11 +1752,16 @@ class NgramTable(nn.Module):
         cache = self.cache_for(ids.size(0))
         row_ids = ngram_ids(ids, self.rows)
         distinct, places = padded_unique(row_ids.flatten(), self.rows)
-        distinct = distinct[: cache.size(0)]
+        distinct = distinct[: self.load_ids(ids.size(0))]
         self.inverse[: ids.size(0)].copy_(places.view_as(row_ids))
         # at world size 1 the padding reads the scratch row
         cache[: distinct.numel()].copy_(self.weight[distinct] if self.world == 1 else self.fetch(distinct))
         return distinct
+
+    def load_ids(self, tokens: int) -> int:
+        """The row ids a load of `tokens` tokens exchanges (distinct, then padding): one per order and token, at most
+        as many as its cache holds. Every rank's load in a round has this length, also serve's."""
+        return min(tokens * len(NGRAM_ORDERS), self.cache_for(tokens).size(0))
 
     def keep_gradient(self, distinct: Tensor, grad: Tensor | None = None):
         """Keep a backward's per-row gradient sums for the next Adam step: `grad` (a CUDA graph's output), or
@@ -1777,8 +1782,10 @@ class NgramTable(nn.Module):
     def owner_sums(self, pairs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
         """From this rank's (row ids, gradients) pairs, repeats and padding allowed: (local rows, each one's
         gradient summed over every pair of every rank) of the rows this rank owns, scratch-padded."""
-        none = (self.last_step.new_zeros(0, dtype=torch.long), self.weight.new_zeros(0, self.weight.size(1)))
-        distinct, sums = self._summed(*zip(none, *pairs), fill=self.rows)  # an Adam step with no pairs still steps
+        # one padding pair (the scratch row's): an Adam step with no pairs still sums, exchanges and steps
+        padding = (self.last_step.new_full((1,), self.rows, dtype=torch.long),
+                   self.weight.new_zeros(1, self.weight.size(1)))
+        distinct, sums = self._summed(*zip(padding, *pairs), fill=self.rows)
         if self.world == 1:
             return distinct, sums
         local, (received,), _ = self.to_owners(distinct, sums)
@@ -1804,8 +1811,6 @@ class NgramTable(nn.Module):
         owners, in exchange_capacity slots per owner (every rank sends as many ids): (the local rows received, the
         scratch row in empty slots; the payloads received; each id's slot, where the owners' answers come back). An
         owner's ids beyond its slots are counted in `overflow`, which the trainer's periodic check reads."""
-        if rows.numel() == 0:  # an Adam step with no kept pairs still exchanges
-            rows, payloads = rows.new_full((1,), self.rows), [p.new_zeros(1, *p.shape[1:]) for p in payloads]
         world, n, device = self.world, rows.numel(), rows.device
         capacity = exchange_capacity(n, world, self.shard_rows)
         starts = torch.searchsorted(
@@ -1830,8 +1835,7 @@ class NgramTable(nn.Module):
     def serve(self, tokens: int):
         """Take part in the other ranks' loads of `tokens` tokens with none of its own: answer their requests."""
         if self.world > 1:
-            ids = min(tokens * len(NGRAM_ORDERS), self.cache_for(tokens).size(0))
-            self.fetch(torch.full((ids,), self.rows, device=self.weight.device))
+            self.fetch(torch.full((self.load_ids(tokens),), self.rows, device=self.weight.device))
 
     def fetch(self, rows: Tensor) -> Tensor:
         """The current weights of the increasing row ids `rows` (padding: self.rows, last) from their owners."""
@@ -2444,7 +2448,7 @@ def rows_for_world(hp: Hyperparameters, world_size: int) -> Hyperparameters:
     per_rank = hp.model.ngram_rows_per_rank
     if not per_rank:
         return hp
-    if hp.model.ngram_rows not in (ModelConfig.ngram_rows, per_rank * world_size):
+    if hp.model.ngram_rows != ModelConfig.ngram_rows:
         raise SetupError(f"NGRAM_ROWS={hp.model.ngram_rows} and NGRAM_ROWS_PER_RANK={per_rank}: give one of them")
     return hp.replace(ngram_rows=per_rank * world_size)
 
