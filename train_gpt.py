@@ -228,7 +228,8 @@ class ExecutionConfig:
     attention_backend: str = "auto"  # auto | fa4 | flex | sdpa
     fp8_lm_head: bool = True  # CUDA only
     fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
-    fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs; the backward stays bf16)
+    fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs)
+    fp8_mlp_backward: bool = False  # ... and their backward's four products in FP8 (T6.5; with FP8_MLP)
     fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
     qk_rope_kernel: bool = True  # QK-norm + rotary as Triton kernels, forward and backward (CUDA, T6.4)
     compile: bool = True
@@ -512,6 +513,7 @@ class ExecutionPlan:
     mlp_fused: bool  # the ReLU² MLP's custom backward (T6.1); False: the plain expression
     mlp_kernel: bool  # ... with the Triton TMA GEMM (Hopper or newer); False: torch matmuls
     mlp_e4m3: bool  # the fused MLP's forward in e4m3 (T6.2)
+    mlp_backward_fp8: bool  # ... and its backward in FP8 (T6.5)
     qkv_e4m3: bool  # the Q/K/V projection in e4m3 (T6.3)
     lm_head_fp8: bool  # the lm_head and its gradients in FP8 (T4.4)
     ce_candidates: int  # the training cross-entropy's columns (T4.6): a sampled softmax; 0: the full one
@@ -532,6 +534,8 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
     return ExecutionPlan(
         attention=resolve_attention_backend(cfg.attention_backend, device.type), mlp_fused=cfg.fused_mlp,
         mlp_kernel=cfg.fused_mlp and hopper, mlp_e4m3=training and cfg.fp8_mlp and cfg.fused_mlp and hopper,
+        mlp_backward_fp8=training and cfg.fp8_mlp_backward and cfg.fp8_mlp and cfg.fused_mlp and hopper
+        and tokens % 16 == 0,  # the transposed e4m3/e5m2 copies' TMA row strides
         qkv_e4m3=training and cfg.fp8_qkv and hopper, lm_head_fp8=training and cfg.fp8_lm_head and cuda,
         ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
@@ -1005,7 +1009,8 @@ class GPT(nn.Module):
         fc, proj, execution = ctx.mlp_fc[layer.mlp_slot], ctx.mlp_proj[layer.mlp_slot], ctx.execution
         if execution.mlp_e4m3:
             post_scale = getattr(self, f"fp8_post_scale{layer.index}")
-            out, post_amax = fp8_relu_square_mlp(x, fc, proj, ctx.mlp8, layer.mlp_slot, post_scale)
+            out, post_amax = fp8_relu_square_mlp(x, fc, proj, ctx.mlp8, layer.mlp_slot, post_scale,
+                                                 execution.mlp_backward_fp8)
             post_scale.copy_(post_amax.clamp_min(1e-12).view(()) * (FP8_POST_MARGIN / E4M3_MAX))
             return out
         if execution.mlp_fused:
@@ -4047,30 +4052,36 @@ if triton is not None:
         return first_m + (tile % per_group) % rows, (tile % per_group) // rows
 
     @triton.jit
-    def _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, acc, m, n, inv_act_scale, EPILOGUE: tl.constexpr):
-        if EPILOGUE == "relu_square_grad":  # aux holds post
-            acc = acc * (2.0 * tl.sqrt(aux_desc.load([m, n]).to(tl.float32)))
+    def _relu_square_epilogue(c_desc, aux_desc, c8_desc, c8t_desc, amax_ptr, acc, m, n, aux_scale, inv_out_scale,
+                              GRAD: tl.constexpr, STORE_BF16: tl.constexpr, OUT8_MAX: tl.constexpr):
+        if GRAD:  # aux holds post (bf16, or e4m3 at aux_scale)
+            acc = acc * (2.0 * tl.sqrt(aux_desc.load([m, n]).to(tl.float32) * aux_scale))
         else:
             acc = tl.maximum(acc, 0.0)
             acc = acc * acc
-        c_desc.store([m, n], acc.to(tl.bfloat16))
-        if EPILOGUE == "relu_square_fp8":  # also post in e4m3 at the given scale, and its running amax
-            c8_desc.store([m, n], tl.minimum(acc * inv_act_scale, 448.0).to(c8_desc.dtype))
-            tl.atomic_max(amax_ptr, tl.max(tl.max(acc, 1), 0), sem="relaxed")
+        if STORE_BF16:
+            c_desc.store([m, n], acc.to(tl.bfloat16))
+        if OUT8_MAX > 0:  # also in FP8 at the given scale, saturated; transposed too if asked; the running amax
+            q = tl.minimum(tl.maximum(acc * inv_out_scale, -OUT8_MAX), OUT8_MAX).to(c8_desc.dtype)
+            c8_desc.store([m, n], q)
+            if c8t_desc is not None:
+                c8t_desc.store([n, m], tl.trans(q))
+            tl.atomic_max(amax_ptr, tl.max(tl.max(tl.abs(acc), 1), 0), sem="relaxed")
 
     @triton.jit
-    def _relu_square_gemm_kernel(a_desc, b_desc, c_desc, aux_desc, c8_desc, scale_ptr, act_scale_ptr, amax_ptr,
-                                 M, N, K, num_programs,
+    def _relu_square_gemm_kernel(a_desc, b_desc, c_desc, aux_desc, c8_desc, c8t_desc, scale_ptr, aux_scale_ptr,
+                                 out_scale_ptr, amax_ptr, M, N, K, num_programs,
                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                 GROUP_M: tl.constexpr, EPILOGUE: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
-                                 FLATTEN: tl.constexpr, UPCAST: tl.constexpr):
+                                 GROUP_M: tl.constexpr, GRAD: tl.constexpr, STORE_BF16: tl.constexpr,
+                                 OUT8_MAX: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr, FLATTEN: tl.constexpr,
+                                 UPCAST: tl.constexpr):
         tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-        if EPILOGUE == "relu_square_fp8":  # e4m3 operands: the product's scale, and post's inverse scale
+        product_scale, aux_scale, inv_out_scale = 1.0, 1.0, 1.0
+        if OUT8_MAX > 0:  # FP8 operands: the product's scale, aux's scale (GRAD), the FP8 output's inverse scale
             product_scale = tl.load(scale_ptr)
-            inv_act_scale = 1.0 / tl.load(act_scale_ptr)
-        else:
-            product_scale = 1.0
-            inv_act_scale = 1.0
+            inv_out_scale = 1.0 / tl.load(out_scale_ptr)
+            if GRAD:
+                aux_scale = tl.load(aux_scale_ptr)
         # the epilogue keeps its own tile counter, so the pipelined loads do not depend on the stores
         epilogue_tile = tl.program_id(0) - num_programs
         for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, num_programs, flatten=FLATTEN):
@@ -4082,18 +4093,20 @@ if triton is not None:
                 if UPCAST:
                     a, b = a.to(tl.float32), b.to(tl.float32)
                 acc = tl.dot(a, tl.trans(b), acc)
-            if EPILOGUE == "relu_square_fp8":
+            if OUT8_MAX > 0:
                 acc = acc * product_scale
             epilogue_tile += num_programs
             pid_m, pid_n = _grouped_tile(epilogue_tile, tiles_m, tiles_n, GROUP_M)
             m, n = pid_m * BLOCK_M, pid_n * BLOCK_N
             if SPLIT_EPILOGUE:  # two (BLOCK_M, BLOCK_N/2) halves: half the shared memory for C and aux
                 left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-                _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, left, m, n, inv_act_scale, EPILOGUE)
-                _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, right, m, n + BLOCK_N // 2,
-                                      inv_act_scale, EPILOGUE)
+                _relu_square_epilogue(c_desc, aux_desc, c8_desc, c8t_desc, amax_ptr, left, m, n, aux_scale,
+                                      inv_out_scale, GRAD, STORE_BF16, OUT8_MAX)
+                _relu_square_epilogue(c_desc, aux_desc, c8_desc, c8t_desc, amax_ptr, right, m, n + BLOCK_N // 2,
+                                      aux_scale, inv_out_scale, GRAD, STORE_BF16, OUT8_MAX)
             else:
-                _relu_square_epilogue(c_desc, aux_desc, c8_desc, amax_ptr, acc, m, n, inv_act_scale, EPILOGUE)
+                _relu_square_epilogue(c_desc, aux_desc, c8_desc, c8t_desc, amax_ptr, acc, m, n, aux_scale,
+                                      inv_out_scale, GRAD, STORE_BF16, OUT8_MAX)
 
 
 @dataclass(frozen=True)
@@ -4111,7 +4124,13 @@ class GemmConfig:
 
 
 RELU_SQUARE_GEMM_CONFIGS = {"relu_square": GemmConfig(), "relu_square_grad": GemmConfig(),
-                            "relu_square_fp8": GemmConfig(block_k=128)}
+                            "relu_square_fp8": GemmConfig(block_k=128), "relu_square_fp8_t": GemmConfig(block_k=128),
+                            "relu_square_grad_fp8": GemmConfig(block_k=128)}
+# Each epilogue's constants: (GRAD: times 2·√aux, else ReLU²; STORE_BF16: C in bf16; OUT8_MAX: C in FP8 too,
+# saturated there, 0: none)
+RELU_SQUARE_EPILOGUES = {"relu_square": (False, True, 0.0), "relu_square_grad": (True, True, 0.0),
+                         "relu_square_fp8": (False, True, E4M3_MAX), "relu_square_fp8_t": (False, False, E4M3_MAX),
+                         "relu_square_grad_fp8": (True, False, E5M2_MAX)}
 
 
 def _tma_ready(t: Tensor) -> bool:
@@ -4146,49 +4165,79 @@ def relu_square_gemm(a: Tensor, b: Tensor, aux: Tensor | None = None, config: Ge
         out = a.new_empty((M, N))
     elif not _tma_ready(out):
         raise ValueError("out must be contiguous from a 16-byte aligned address")
-    _launch_relu_square_gemm(a, b, out, aux, None, None, None, None, epilogue, config)
+    _launch_relu_square_gemm(a, b, out, aux, None, None, None, None, None, None, epilogue, config)
     return out
 
 
-def relu_square_fp8_gemm(a: Tensor, b: Tensor, product_scale: Tensor, act_scale: Tensor,
-                         config: GemmConfig | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """Triton, e4m3 operands a (M, K) and b (N, K): post = relu(product_scale·a·bᵀ)² in bf16, the
-    same in e4m3 as min(post / act_scale, 448), and post's amax (fp32, shape (1,)). product_scale
-    and act_scale are fp32 one-element tensors. N and K must be multiples of 16 (TMA row strides)."""
-    config = config or RELU_SQUARE_GEMM_CONFIGS["relu_square_fp8"]
+def _check_fp8_gemm(a: Tensor, b: Tensor, a_dtype: torch.dtype, scales: tuple[Tensor, ...], transposed: bool):
     (M, K), N = a.shape, b.size(0)
-    if b.size(1) != K or a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
-        raise ValueError(
-            f"expected e4m3 a (M, K) and b (N, K), got {a.dtype} {tuple(a.shape)}, {b.dtype} {tuple(b.shape)}")
-    if N % 16 or K % 16:
-        raise ValueError(f"N={N} and K={K} must be multiples of 16 (16-byte TMA row strides)")
-    if product_scale.numel() != 1 or act_scale.numel() != 1:
-        raise ValueError("product_scale and act_scale must be one-element tensors")
-    post = a.new_empty((M, N), dtype=torch.bfloat16)
+    if b.size(1) != K or a.dtype != a_dtype or b.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"expected {a_dtype} a (M, K) and e4m3 b (N, K), got {a.dtype} {tuple(a.shape)}, "
+                         f"{b.dtype} {tuple(b.shape)}")
+    if N % 16 or K % 16 or (transposed and M % 16):
+        raise ValueError(f"{'M, ' if transposed else ''}N={N} and K={K} must be multiples of 16 (16-byte TMA row "
+                         f"strides; M={M})")
+    if any(s.numel() != 1 for s in scales):
+        raise ValueError("the scales must be one-element tensors")
+
+
+def relu_square_fp8_gemm(a: Tensor, b: Tensor, product_scale: Tensor, act_scale: Tensor,
+                         config: GemmConfig | None = None,
+                         transposed: bool = False) -> tuple[Tensor | None, Tensor, Tensor | None, Tensor]:
+    """Triton, e4m3 operands a (M, K) and b (N, K): post = relu(product_scale·a·bᵀ)² in bf16, the same in
+    e4m3 as min(post / act_scale, 448), and post's amax (fp32, shape (1,)); transposed (T6.5): the e4m3
+    post also transposed (N, M) and no bf16 post. (post, post8, post8_t, amax), None where not written.
+    product_scale and act_scale are fp32 one-element tensors. N and K (and M if transposed) must be
+    multiples of 16 (TMA row strides)."""
+    epilogue = "relu_square_fp8_t" if transposed else "relu_square_fp8"
+    _check_fp8_gemm(a, b, torch.float8_e4m3fn, (product_scale, act_scale), transposed)
+    (M, _), N = a.shape, b.size(0)
+    post = None if transposed else a.new_empty((M, N), dtype=torch.bfloat16)
     post8 = a.new_empty((M, N), dtype=torch.float8_e4m3fn)
+    post8_t = a.new_empty((N, M), dtype=torch.float8_e4m3fn) if transposed else None
     amax = torch.zeros(1, dtype=torch.float32, device=a.device)
-    _launch_relu_square_gemm(a, b, post, None, post8, product_scale.float(), act_scale.float(), amax,
-                             "relu_square_fp8", config)
-    return post, post8, amax
+    _launch_relu_square_gemm(a, b, post, None, post8, post8_t, product_scale.float(), None, act_scale.float(), amax,
+                             epilogue, config or RELU_SQUARE_GEMM_CONFIGS[epilogue])
+    return post, post8, post8_t, amax
 
 
-def _launch_relu_square_gemm(a, b, out, aux, out8, scale, act_scale, amax, epilogue, config):
+def relu_square_grad_fp8_gemm(grad8: Tensor, w8: Tensor, post8: Tensor, product_scale: Tensor, post_scale: Tensor,
+                              out_scale: Tensor, config: GemmConfig | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Triton (T6.5): dpre = (product_scale·grad8·w8ᵀ)·2·√(post8·post_scale) in e5m2 as dpre / out_scale,
+    saturated at ±57344, (M, N) and transposed (N, M), and dpre's amax; grad8 (M, K) e5m2, w8 (N, K) and
+    post8 (M, N) e4m3, the scales fp32 one-element tensors. M, N and K must be multiples of 16."""
+    _check_fp8_gemm(grad8, w8, torch.float8_e5m2, (product_scale, post_scale, out_scale), True)
+    (M, _), N = grad8.shape, w8.size(0)
+    if post8.shape != (M, N) or post8.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"expected e4m3 post8 {(M, N)}, got {post8.dtype} {tuple(post8.shape)}")
+    dpre8, dpre8_t = grad8.new_empty((M, N)), grad8.new_empty((N, M))
+    amax = torch.zeros(1, dtype=torch.float32, device=grad8.device)
+    _launch_relu_square_gemm(grad8, w8, None, post8, dpre8, dpre8_t, product_scale.float(), post_scale.float(),
+                             out_scale.float(), amax, "relu_square_grad_fp8",
+                             config or RELU_SQUARE_GEMM_CONFIGS["relu_square_grad_fp8"])
+    return dpre8, dpre8_t, amax
+
+
+def _launch_relu_square_gemm(a, b, out, aux, out8, out8_t, scale, aux_scale, out_scale, amax, epilogue, config):
+    """out: the bf16 output (M, N) or None where the epilogue writes only FP8 (out8, and out8_t (N, M))."""
     c_block = [config.block_m, config.block_n // 2 if config.split_epilogue else config.block_n]
     a_desc = TensorDescriptor.from_tensor(_tma_operand(a), [config.block_m, config.block_k])
     b_desc = TensorDescriptor.from_tensor(_tma_operand(b), [config.block_n, config.block_k])
     aux_desc = None if aux is None else TensorDescriptor.from_tensor(_tma_operand(aux), c_block)
-    out8_desc = None if out8 is None else TensorDescriptor.from_tensor(out8, c_block)
-    M, N = out.shape
+    out_desc, out8_desc, out8_t_desc = (None if t is None else TensorDescriptor.from_tensor(t, block)
+                                        for t, block in ((out, c_block), (out8, c_block), (out8_t, c_block[::-1])))
+    M, N = (out if out is not None else out8).shape
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
     # persistent: one program per SM (a few on the CPU interpreter, so each still loops over tiles)
     slots = _sm_count(a.device) if a.is_cuda else 4
     programs = min(tiles, slots) if config.persistent else tiles
+    grad, store_bf16, out8_max = RELU_SQUARE_EPILOGUES[epilogue]
     _relu_square_gemm_kernel[(programs,)](
-        a_desc, b_desc, TensorDescriptor.from_tensor(out, c_block), aux_desc, out8_desc, scale, act_scale, amax,
+        a_desc, b_desc, out_desc, aux_desc, out8_desc, out8_t_desc, scale, aux_scale, out_scale, amax,
         M, N, a.size(1), programs,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-        EPILOGUE=epilogue, SPLIT_EPILOGUE=config.split_epilogue, FLATTEN=config.flatten,
-        UPCAST=TRITON_INTERPRETER, num_warps=config.warps, num_stages=config.stages)
+        GRAD=grad, STORE_BF16=store_bf16, OUT8_MAX=out8_max, SPLIT_EPILOGUE=config.split_epilogue,
+        FLATTEN=config.flatten, UPCAST=TRITON_INTERPRETER, num_warps=config.warps, num_stages=config.stages)
 
 
 def tma_gemm_applies(t: Tensor) -> bool:
@@ -4263,16 +4312,20 @@ def quantize_normed_e4m3(x: Tensor) -> tuple[Tensor, float]:
 
 @dataclass
 class MLPBankFP8:
-    """The MLP bank (L, 2, hidden, d), one entry per MLP slot, in e4m3, each slot's fc and proj with its own scale."""
+    """The MLP bank (L, 2, hidden, d), one entry per MLP slot, in e4m3, each slot's fc and proj with its own scale,
+    once per forward in both layouts the products read (a compiled graph drops the ones it does not use)."""
     fc: Tensor  # (L, hidden, d)
     proj_t: Tensor  # (L, d, hidden): proj transposed, so proj_t[i].t() is the column-major operand cuBLAS takes
     scales: Tensor  # (L, 2, 4) fp32: [i, 0, 0] fc's, [i, 1, 0] proj's; 16 bytes apart, as cuBLASLt wants
+    proj: Tensor  # (L, hidden, d): the FP8 backward's dpre GEMM reads it row-major (a view, T6.5)
+    fc_t: Tensor  # (L, d, hidden): fc transposed, dx's column-major operand in the FP8 backward (T6.5)
 
     @classmethod
     def quantize(cls, bank: Tensor) -> "MLPBankFP8":
         bank = bank.detach()
         q, scale = quantize_e4m3(bank, bank.abs().amax(dim=(2, 3), keepdim=True))
-        return cls(q[:, 0], q[:, 1].transpose(1, 2).contiguous(), F.pad(scale.view(-1, 2, 1), (0, 3)))
+        return cls(q[:, 0], q[:, 1].transpose(1, 2).contiguous(), F.pad(scale.view(-1, 2, 1), (0, 3)), q[:, 1],
+                   q[:, 0].transpose(1, 2).contiguous())
 
 
 def fp8_relu_square_mlp_reference(x: Tensor, fc: Tensor, proj: Tensor, post_scale: Tensor) -> tuple[Tensor, Tensor]:
@@ -4304,7 +4357,7 @@ def fp8_relu_square_mlp_forward(x8: Tensor, fc8: Tensor, product_scale: Tensor, 
                                 proj8_t: Tensor, proj_scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(out, post, amax of post): post = relu(product_scale·x8·fc8ᵀ)² in bf16 (the backward's),
     out = (post in e4m3 at post_scale)·proj in bf16, proj given transposed in e4m3 at proj_scale."""
-    post, post8, amax = relu_square_fp8_gemm(x8, fc8, product_scale, post_scale)
+    post, post8, _, amax = relu_square_fp8_gemm(x8, fc8, product_scale, post_scale)
     return fp8_down_projection(post8, post_scale, proj8_t, proj_scale), post, amax
 
 
@@ -4325,12 +4378,124 @@ class FP8ReluSquareMLP(torch.autograd.Function):
         return *relu_square_mlp_backward(grad, *ctx.saved_tensors, True), None, None, None, None, None
 
 
-def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, slot: int,
-                        post_scale: Tensor) -> tuple[Tensor, Tensor]:
+# --- FP8 MLP backward (record #92, modded-nanogpt PR #360; T6.5) ----------------------------------------
+# FP8_MLP_BACKWARD: all four backward products from FP8 operands (fp32 accumulation, bf16 results): gradients in
+# e5m2, activations and weights in e4m3, each written in the layouts its products read by the kernel that makes it,
+# one tensorwise scale each:
+#   x: the forward's e4m3 x (static √d/448, T6.2), saved transposed (dW_fc's operand) instead of the bf16 x.
+#   post: the forward's own e4m3 post (its delayed scale, T6.2), written row-major and transposed by the up-projection's
+#     epilogue (no bf16 post): dW_proj then multiplies exactly the post the forward multiplied, and dpre's √post is
+#     √(post8·scale) (e4m3's rounding: ≤ 3.1 % per element).
+#   grad (T, d): its amax, one reduction before the first GEMM (grad has no a-priori bound): it cannot clip.
+#   dpre = (grad·projᵀ)·2√post: written in e5m2 by the dpre GEMM's epilogue, row-major (dx's) and transposed
+#     (dW_fc's), so its scale must exist before that GEMM: a bound, which cannot clip. |grad8·proj8ᵀ| ≤ K·amax(grad)
+#     ·amax(proj) (each dequantized value is at most its tensor's amax) and √(post8·scale) ≤ √(448·scale); times
+#     FP8_BACKWARD_MARGIN for the accumulator's rounding. Loose by K and more: a few of e5m2's ~31 binades.
+# The weights come in both layouts from MLPBankFP8. cuBLASLt takes the first operand row-major and the second
+# column-major (both K-contiguous). Unlike the first attempt (commit 86d0ec1), no transposed copy of post and no
+# bf16 post.
+FP8_BACKWARD_MARGIN = 2.0
+
+
+def to_e5m2(t: Tensor, scale: Tensor | float) -> Tensor:
+    """t / scale in e5m2, saturated at ±57344 (scale broadcasts against t)."""
+    return (t.float() / scale).clamp(-E5M2_MAX, E5M2_MAX).to(torch.float8_e5m2)
+
+
+def fp8_mlp_backward_scales(grad_amax: Tensor, post_scale: Tensor, proj_scale: Tensor,
+                            K: int) -> tuple[Tensor, Tensor]:
+    """(grad's, dpre's) fp32 scales of the FP8 backward (see above): grad's amax and dpre's bound map to 57344."""
+    grad_scale = grad_amax.float().clamp_min(1e-30) / E5M2_MAX
+    dpre_bound = (FP8_BACKWARD_MARGIN * 2 * (E4M3_MAX * post_scale.float()).sqrt()
+                  * (K * grad_amax.float() * (E4M3_MAX * proj_scale.float())))
+    return grad_scale, dpre_bound.clamp_min(1e-30) / E5M2_MAX
+
+
+def fp8_relu_square_mlp_backward_reference(grad: Tensor, x: Tensor, fc: Tensor, proj: Tensor,
+                                           post_scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dfc, dproj) in bf16: the FP8 backward's arithmetic in fp32 on the dequantized FP8 values (CPU or GPU),
+    the forward's e4m3 post recomputed; x RMS-normalized, post_scale the forward's."""
+    bank8 = MLPBankFP8.quantize(torch.stack([fc, proj])[None])
+    fc_scale, proj_scale = bank8.scales[0, 0, 0], bank8.scales[0, 1, 0]
+    x8, x_scale = quantize_normed_e4m3(x)
+    x_q, fc_q, proj_q = x8.float() * x_scale, bank8.fc[0].float() * fc_scale, bank8.proj[0].float() * proj_scale
+    post = torch.relu(x_q @ fc_q.t()).square()
+    post_q = (post / post_scale).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).float() * post_scale
+    grad_scale, dpre_scale = fp8_mlp_backward_scales(grad.abs().amax(), post_scale, proj_scale, grad.size(1))
+    grad_q = to_e5m2(grad, grad_scale).float() * grad_scale
+    dpre = (grad_q @ proj_q.t()) * (2 * post_q.sqrt())
+    dpre_q = to_e5m2(dpre, dpre_scale).float() * dpre_scale
+    return (dpre_q @ fc_q).bfloat16(), (dpre_q.t() @ x_q).bfloat16(), (post_q.t() @ grad_q).bfloat16()
+
+
+# dx, dW_fc and dW_proj as one custom op, for the reason fp8_down_projection is one; no fast accumulation
+# (K = T for the weight gradients).
+@torch.library.custom_op("speedrun::fp8_mlp_backward_products", mutates_args=())
+def fp8_mlp_backward_products(dpre8: Tensor, dpre8_t: Tensor, fc8_t: Tensor, x8_t: Tensor, post8_t: Tensor,
+                              grad8_t: Tensor, scales: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dfc, dproj) in bf16 = (dpre8·fc8, dpre8ᵀ·x8, post8ᵀ·grad8) × their scales: dpre8 (T, hidden) and dpre8_t
+    (hidden, T) e5m2, fc8_t (d, hidden), x8_t (d, T), post8_t (hidden, T) e4m3, grad8_t (d, T) e5m2; scales (4, 4)
+    fp32, [i, 0] the three products' scales and 1, 16 bytes apart."""
+    def product(a: Tensor, b_t: Tensor, i: int) -> Tensor:
+        return torch._scaled_mm(a, b_t.t(), scale_a=scales[3, 0], scale_b=scales[i, 0], out_dtype=torch.bfloat16)
+    return product(dpre8, fc8_t, 0), product(dpre8_t, x8_t, 1), product(post8_t, grad8_t, 2)
+
+
+@fp8_mlp_backward_products.register_fake
+def _fp8_mlp_backward_products_fake(dpre8, dpre8_t, fc8_t, x8_t, post8_t, grad8_t, scales):
+    (T, hidden), d = dpre8.shape, fc8_t.size(0)
+    return (dpre8.new_empty((T, d), dtype=torch.bfloat16), dpre8.new_empty((hidden, d), dtype=torch.bfloat16),
+            dpre8.new_empty((hidden, d), dtype=torch.bfloat16))
+
+
+def fp8_relu_square_mlp_backward(grad: Tensor, x8_t: Tensor, post8: Tensor, post8_t: Tensor, post_scale: Tensor,
+                                 proj8: Tensor, fc8_t: Tensor, fc_scale: Tensor,
+                                 proj_scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dfc, dproj): fp8_relu_square_mlp_backward_reference's arithmetic on the GPU, from the forward's e4m3 x
+    (transposed) and post (both layouts) and the layer's e4m3 weights."""
+    grad_amax = grad.abs().amax()
+    grad_scale, dpre_scale = fp8_mlp_backward_scales(grad_amax, post_scale, proj_scale, grad.size(1))
+    grad8 = to_e5m2(grad, grad_scale)
+    dpre8, dpre8_t, _ = relu_square_grad_fp8_gemm(grad8, proj8, post8, grad_scale * proj_scale, post_scale,
+                                                  dpre_scale)
+    x_scale = x8_t.size(0) ** 0.5 / E4M3_MAX
+    scales = torch.stack([dpre_scale * fc_scale, dpre_scale * x_scale, post_scale * grad_scale,
+                          torch.ones_like(dpre_scale)]).view(4, 1)
+    return fp8_mlp_backward_products(dpre8, dpre8_t, fc8_t, x8_t, post8_t, grad8.t().contiguous(),
+                                     F.pad(scales, (0, 3)))
+
+
+class FP8BackwardReluSquareMLP(torch.autograd.Function):
+    """FP8ReluSquareMLP's e4m3 forward with the FP8 backward (T6.5): saves x8 transposed, post8 in both layouts and
+    the e4m3 weights it reads (no bf16 x, post, fc or proj)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, fc: Tensor, proj: Tensor, fc8: Tensor, proj8_t: Tensor, fc_scale: Tensor,
+                proj_scale: Tensor, post_scale: Tensor, proj8: Tensor, fc8_t: Tensor):
+        x8, x_scale = quantize_normed_e4m3(x)
+        _, post8, post8_t, amax = relu_square_fp8_gemm(x8, fc8, x_scale * fc_scale, post_scale, transposed=True)
+        out = fp8_down_projection(post8, post_scale, proj8_t, proj_scale)
+        # post_scale is the layer's buffer, refreshed after this forward: the backward keeps this forward's
+        ctx.save_for_backward(x8.t().contiguous(), post8, post8_t, post_scale.clone(), proj8, fc8_t, fc_scale,
+                              proj_scale)
+        ctx.mark_non_differentiable(amax)
+        return out, amax
+
+    @staticmethod
+    def backward(ctx, grad: Tensor, _amax_grad):
+        return *fp8_relu_square_mlp_backward(grad, *ctx.saved_tensors), *[None] * 7
+
+
+def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, slot: int, post_scale: Tensor,
+                        fp8_backward: bool = False) -> tuple[Tensor, Tensor]:
     """(out, amax of post) of the MLP in bank slot `slot` with the e4m3 forward; x RMS-normalized (norm), fc and proj
-    the bf16 weights the backward reads, post_scale a one-element fp32 tensor of its own (16-byte aligned)."""
-    return FP8ReluSquareMLP.apply(x, fc, proj, bank8.fc[slot], bank8.proj_t[slot], bank8.scales[slot, 0, 0],
-                                  bank8.scales[slot, 1, 0], post_scale)
+    the bf16 weights the gradients reach (the bf16 backward reads them), post_scale a one-element fp32 tensor of its
+    own (16-byte aligned). fp8_backward: the FP8 backward (T6.5); x's token count must be a multiple of 16."""
+    forward = (x, fc, proj, bank8.fc[slot], bank8.proj_t[slot], bank8.scales[slot, 0, 0], bank8.scales[slot, 1, 0],
+               post_scale)
+    if fp8_backward:
+        return FP8BackwardReluSquareMLP.apply(*forward, bank8.proj[slot], bank8.fc_t[slot])
+    return FP8ReluSquareMLP.apply(*forward)
 
 
 # --- FP8 Q/K/V projections (T6.3) ----------------------------------------------------------------------

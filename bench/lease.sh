@@ -11,7 +11,7 @@
 #                                              its status, log tail and each run log's last step line;
 #                                              with DEST, then collect into DEST; exit 0 finished,
 #                                              3 still running, 2 no queue here
-#   bench/lease.sh collect DEST                copy the logs (*.txt, *.md, *.out), queue.log and status
+#   bench/lease.sh collect DEST                copy the logs (*.txt, *.md, *.out, *.csv, *.json), queue.log, status
 #                                              into DEST, flat; more than 7 files: one
 #                                              DEST/lease_logs.tar.xz
 #   bench/lease.sh pack-cache DEST [FIRST]     the compile caches ($CACHE_DIR) as cache.tar.xz.partNN
@@ -419,7 +419,7 @@ cmd_collect() {
     while IFS= read -r f; do
         case "$f" in "$dest"/*) continue ;; esac
         files+=("${f#"$dir"/}")
-    done < <(find "$dir" -type f \( -name '*.txt' -o -name '*.md' -o -name '*.out' \) | sort)
+    done < <(find "$dir" -type f \( -name '*.txt' -o -name '*.md' -o -name '*.out' -o -name '*.csv' -o -name '*.json' \) | sort)
     [ -f "$dir/queue.log" ] && files+=(queue.log)
     [ -f "$dir/status" ] && files+=(status)
     [ "${#files[@]}" -gt 0 ] || die "no logs in $dir"

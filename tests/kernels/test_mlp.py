@@ -4,6 +4,7 @@ torch.compile), gradients into the banked weights, and the compiled kernels on a
 The FP8 forward (T6.2): the bank's e4m3 copies, its e4m3 reference against the bf16 MLP, the kernel's
 e4m3 epilogue in the interpreter and on a GPU, and the model's FP8 training forward on a GPU."""
 
+import math
 import textwrap
 
 import pytest
@@ -114,7 +115,7 @@ FP8_INTERPRETER_CHECK = textwrap.dedent("""
                               ((33, 32, 48), T.GemmConfig(16, 32, 16, stages=2, warps=4, split_epilogue=False))]:
         a, b = torch.randn(M, K).to(torch.float8_e4m3fn), (torch.randn(N, K) * 0.5).to(torch.float8_e4m3fn)
         product_scale, post_scale = torch.tensor(0.01), torch.tensor(0.05)
-        post, post8, amax = T.relu_square_fp8_gemm(a, b, product_scale, post_scale, config=config)
+        post, post8, _, amax = T.relu_square_fp8_gemm(a, b, product_scale, post_scale, config=config)
         ref = torch.relu(a.double() @ b.double().T * 0.01).square()
         # post8's values: the interpreter's fp32 -> e4m3 conversion does not round as the GPU does,
         # so they are compared on the GPU only
@@ -130,6 +131,98 @@ def test_relu_square_fp8_gemm_in_the_triton_interpreter():
     run_in_triton_interpreter(FP8_INTERPRETER_CHECK, timeout=600)
 
 
+FP8_BACKWARD_INTERPRETER_CHECK = textwrap.dedent("""
+    import torch, train_gpt as T
+    from helpers import rel_err as rel
+    torch.manual_seed(0)
+    # the interpreter's fp32 -> FP8 casts do not round as the GPU does (some values land a step or more
+    # low): layouts, amax and scales are checked exactly here, FP8 values loosely (on the GPU: tightly)
+    for M, N, K in [(64, 96, 64), (48, 32, 80)]:
+        config = T.GemmConfig(32, 32, 16, stages=2, warps=4, group_m=2)
+        a, b = torch.randn(M, K).to(torch.float8_e4m3fn), (torch.randn(N, K) * 0.5).to(torch.float8_e4m3fn)
+        product_scale, post_scale = torch.tensor(0.01), torch.tensor(0.05)
+        post, post8, post8_t, amax = T.relu_square_fp8_gemm(a, b, product_scale, post_scale, config, transposed=True)
+        post_ref = torch.relu(a.double() @ b.double().T * 0.01).square()
+        assert post is None and torch.equal(post8_t.view(torch.uint8), post8.t().contiguous().view(torch.uint8))
+        assert abs(amax.item() / post_ref.max().item() - 1) < 1e-6, amax
+        assert rel(post8.float() * 0.05, post_ref) < 0.15, rel(post8.float() * 0.05, post_ref)
+        grad8 = (torch.randn(M, K) * 100).to(torch.float8_e5m2)
+        scales = torch.tensor(0.02), post_scale, torch.tensor(0.004)
+        dpre8, dpre8_t, dpre_amax = T.relu_square_grad_fp8_gemm(grad8, b, post8, *scales, config)
+        dpre_ref = (grad8.double() @ b.double().T * 0.02) * 2 * (post8.double() * 0.05).sqrt()
+        assert dpre8.dtype == dpre8_t.dtype == torch.float8_e5m2
+        assert torch.equal(dpre8_t.view(torch.uint8), dpre8.t().contiguous().view(torch.uint8))
+        assert abs(dpre_amax.item() / dpre_ref.abs().max().item() - 1) < 1e-5, dpre_amax
+        assert rel(dpre8.float() * 0.004, dpre_ref) < 0.25, rel(dpre8.float() * 0.004, dpre_ref)
+    # the MLP with the FP8 backward, forward and backward end to end (cuBLAS's products: torch's CPU _scaled_mm)
+    M, d, H = 64, 64, 96
+    x = T.norm(torch.randn(M, d)).bfloat16()
+    fc = (torch.rand(H, d) * 2 - 1).mul(0.1).bfloat16()
+    proj, grad = (torch.randn(H, d) * 0.02).bfloat16(), (torch.randn(M, d) * 1e-3).bfloat16()
+    post_scale = (torch.relu(x.float() @ fc.float().t()).square().max() * T.FP8_POST_MARGIN / T.E4M3_MAX).reshape(())
+    bank8 = T.MLPBankFP8.quantize(torch.stack([fc, proj])[None])
+    fc_scale, proj_scale = bank8.scales[0, 0, 0], bank8.scales[0, 1, 0]
+    x8, x_scale = T.quantize_normed_e4m3(x)
+    _, post8, post8_t, _ = T.relu_square_fp8_gemm(x8, bank8.fc[0], x_scale * fc_scale, post_scale, transposed=True)
+    # the backward's scales, layouts and products, against its own dpre kernel's output (deterministic here)
+    got = T.fp8_relu_square_mlp_backward(grad, x8.t().contiguous(), post8, post8_t, post_scale, bank8.proj[0],
+                                         bank8.fc_t[0], fc_scale, proj_scale)
+    grad_scale, dpre_scale = T.fp8_mlp_backward_scales(grad.abs().amax(), post_scale, proj_scale, d)
+    grad8 = T.to_e5m2(grad, grad_scale)
+    dpre8 = T.relu_square_grad_fp8_gemm(grad8, bank8.proj[0], post8, grad_scale * proj_scale, post_scale,
+                                        dpre_scale)[0]
+    dpre_q = dpre8.float() * dpre_scale
+    want = (dpre_q @ (bank8.fc[0].float() * fc_scale), dpre_q.t() @ (x8.float() * x_scale),
+            (post8.float() * post_scale).t() @ (grad8.float() * grad_scale))
+    errors = [rel(g, w) for g, w in zip(got, want)]
+    assert all(g.dtype == torch.bfloat16 for g in got) and max(errors) < 1e-2, errors
+    # through autograd: the same gradients; against the reference's arithmetic loosely (the casts)
+    xs, fcs, projs = (t.clone().requires_grad_() for t in (x, fc, proj))
+    out, _ = T.fp8_relu_square_mlp(xs, fcs, projs, bank8, 0, post_scale, fp8_backward=True)
+    through = torch.autograd.grad(out, (xs, fcs, projs), grad)
+    assert all(torch.equal(a, b) for a, b in zip(through, got))
+    reference = T.fp8_relu_square_mlp_backward_reference(grad, x, fc, proj, post_scale)
+    assert max(rel(g, w) for g, w in zip(got, reference)) < 0.3
+""")
+
+
+@pytest.mark.skipif(T.triton is None, reason="Triton not installed")
+def test_fp8_backward_kernels_in_the_triton_interpreter():
+    run_in_triton_interpreter(FP8_BACKWARD_INTERPRETER_CHECK, timeout=600)
+
+
+def test_fp8_backward_dpre_scale_is_a_bound_no_input_exceeds():
+    """The worst case for dpre's bound: every grad element at ±amax with proj's signs, every proj element at ±its
+    amax, post8 at 448: dpre reaches the bound / FP8_BACKWARD_MARGIN, so the e5m2 values stay within ±57344
+    (no clipping), and the reference's dpre is finite."""
+    K, N = 64, 32
+    proj = torch.where(torch.rand(N, K) < 0.5, -0.03, 0.03)
+    grad_amax, proj_scale, post_scale = torch.tensor(2e-3), torch.tensor(0.03 / T.E4M3_MAX), torch.tensor(0.01)
+    grad = grad_amax * torch.sign(proj[:1]).expand(4, K)
+    grad_scale, dpre_scale = T.fp8_mlp_backward_scales(grad.abs().amax(), post_scale, proj_scale, K)
+    assert grad_scale.item() == pytest.approx(grad_amax.item() / T.E5M2_MAX)
+    dpre = (grad @ proj.t()) * 2 * (T.E4M3_MAX * post_scale).sqrt()
+    ratio = dpre.abs().max() / dpre_scale / T.E5M2_MAX
+    assert ratio.item() == pytest.approx(1 / T.FP8_BACKWARD_MARGIN, rel=1e-5)
+
+
+def test_fp8_backward_reference_is_the_fp32_backward_within_fp8_rounding():
+    """The FP8 backward's arithmetic against the fp32 MLP's gradients: e5m2 grad and dpre (2 mantissa bits), e4m3 x,
+    post and weights; and its dpre's amax sits a few binades under the bound, far above e5m2's subnormals."""
+    x, fc, proj, grad = mlp_inputs(256)
+    post_amax = torch.relu(x.float() @ fc.float().t()).square().max()
+    post_scale = (post_amax * T.FP8_POST_MARGIN / T.E4M3_MAX).reshape(())
+    got = T.fp8_relu_square_mlp_backward_reference(grad, x, fc, proj, post_scale)
+    want = float_reference(x, fc, proj, grad)[1:]
+    for name, g, w in zip(("x", "fc", "proj"), got, want):
+        assert g.dtype == torch.bfloat16 and rel_err(g, w) < 0.12, (name, rel_err(g, w))
+    bank8 = T.MLPBankFP8.quantize(torch.stack([fc, proj])[None])
+    _, dpre_scale = T.fp8_mlp_backward_scales(grad.abs().amax(), post_scale, bank8.scales[0, 1, 0], x.size(1))
+    dpre = (grad.float() @ proj.float().t()) * 2 * torch.relu(x.float() @ fc.float().t())
+    headroom = math.log2(T.E5M2_MAX * dpre_scale / dpre.abs().max())
+    assert 1 <= headroom < 14, headroom  # e5m2's normal range spans ~30 binades
+
+
 def test_fp8_bank_copies_round_trip_with_aligned_scales():
     """Each layer's fc and proj in e4m3 at its own amax scale (the largest value maps to 448), proj
     transposed; the scales cuBLASLt reads sit 16 bytes apart."""
@@ -137,6 +230,8 @@ def test_fp8_bank_copies_round_trip_with_aligned_scales():
     bank = (torch.randn(3, 2, 96, 64) * torch.tensor([0.03, 0.3, 3.0])[:, None, None, None]).bfloat16()
     bank8 = T.MLPBankFP8.quantize(bank)
     assert bank8.fc.shape == (3, 96, 64) and bank8.proj_t.shape == (3, 64, 96)
+    assert torch.equal(bank8.proj.float(), bank8.proj_t.transpose(1, 2).float())  # the FP8 backward's layouts
+    assert torch.equal(bank8.fc_t.float(), bank8.fc.transpose(1, 2).float()) and bank8.fc_t[1].is_contiguous()
     assert bank8.fc.dtype == bank8.proj_t.dtype == torch.float8_e4m3fn and bank8.proj_t[1].is_contiguous()
     for i in range(3):
         fc = bank8.fc[i].float() * bank8.scales[i, 0, 0]
@@ -172,8 +267,9 @@ def test_normed_activations_take_a_static_e4m3_scale():
 
 
 def test_fp8_mlp_is_off_without_a_hopper_gpu():
-    hp = T.Hyperparameters.of(device="cpu", fp8_mlp=True)
-    assert not T.resolve_execution(hp.execution, hp.model, torch.device("cpu"), 4096, training=True).mlp_e4m3
+    hp = T.Hyperparameters.of(device="cpu", fp8_mlp=True, fp8_mlp_backward=True)
+    plan = T.resolve_execution(hp.execution, hp.model, torch.device("cpu"), 4096, training=True)
+    assert not plan.mlp_e4m3 and not plan.mlp_backward_fp8
 
 
 def test_relu_square_mlp_reference_path_matches_autograd():
@@ -335,7 +431,7 @@ def test_relu_square_fp8_gemm_on_gpu(M, N, K):
     w8, w_scale = T.quantize_e4m3(w, w.abs().amax())
     post_ref = torch.relu(x8.double() @ w8.double().t() * (x_scale * w_scale).double()).square()
     post_scale = post_ref.max().float() * 0.5 / T.E4M3_MAX  # half the values above 448·scale: clamps too
-    post, post8, amax = T.relu_square_fp8_gemm(x8, w8, x_scale * w_scale, post_scale)
+    post, post8, _, amax = T.relu_square_fp8_gemm(x8, w8, x_scale * w_scale, post_scale)
     # the product: Hopper's e4m3 tensor-core sums keep fewer bits than fp32 (~1e-3 off float64)
     assert rel_err(post, post_ref) < 1e-2 and abs(amax.item() / post_ref.max().item() - 1) < 1e-2
     # the epilogue, against the kernel's own product: amax is the fp32 max of post (bf16-rounded
@@ -353,10 +449,11 @@ def test_relu_square_fp8_gemm_on_gpu(M, N, K):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="needs an sm90+ GPU (TMA, e4m3)")
+@pytest.mark.parametrize("fp8_backward", [False, True])
 @pytest.mark.parametrize("M", [4096, 3008])
-def test_fp8_mlp_matches_its_reference_on_gpu(M):
-    """Forward against the e4m3 reference; gradients (the bf16 backward) against the fp32 MLP; the
-    same under torch.compile."""
+def test_fp8_mlp_matches_its_reference_on_gpu(M, fp8_backward):
+    """Forward against the e4m3 reference; gradients against the fp32 MLP, and with the FP8 backward (T6.5) against
+    its reference's arithmetic; the same under torch.compile."""
     x, fc, proj, grad = mlp_inputs(M, d=768, hidden=3072, device="cuda")
     post_amax = torch.relu(x.float() @ fc.float().t()).square().max()
     post_scale = (post_amax * T.FP8_POST_MARGIN / T.E4M3_MAX).float()
@@ -365,40 +462,83 @@ def test_fp8_mlp_matches_its_reference_on_gpu(M):
 
     def fp8_mlp(x, fc, proj):
         bank8 = T.MLPBankFP8.quantize(torch.stack([fc, proj])[None])
-        return T.fp8_relu_square_mlp(x, fc, proj, bank8, 0, post_scale)
+        return T.fp8_relu_square_mlp(x, fc, proj, bank8, 0, post_scale, fp8_backward)
 
+    fp8_grads = T.fp8_relu_square_mlp_backward_reference(grad, x, fc, proj, post_scale) if fp8_backward else None
     for fn in (fp8_mlp, torch.compile(fp8_mlp, dynamic=False, fullgraph=True)):
         torch._dynamo.reset()
         xs, fcs, projs = (t.clone().requires_grad_() for t in (x, fc, proj))
         out, amax = fn(xs, fcs, projs)
         assert rel_err(out, want_out) < 1e-2 and rel_err(amax, want_amax) < 1e-2
         assert rel_err(out, reference[0]) < 0.06  # e4m3 rounding of x, fc, post and proj
-        for name, got, want in zip(("x", "fc", "proj"), torch.autograd.grad(out, (xs, fcs, projs), grad),
-                                   reference[1:]):
-            # the bf16 backward reads post from the e4m3 forward: x's and fc's rounding (~3 %) is in it
-            assert rel_err(got, want) < 6e-2, name
+        for i, got in enumerate(torch.autograd.grad(out, (xs, fcs, projs), grad)):
+            if fp8_backward:  # e5m2 grad and dpre, e4m3 post8 (~9 % against fp32); a flipped rounding here and there
+                assert rel_err(got, fp8_grads[i]) < 3e-2 and rel_err(got, reference[1 + i]) < 0.12, i
+            else:  # the bf16 backward reads post from the e4m3 forward: x's and fc's rounding (~3 %) is in it
+                assert rel_err(got, reference[1 + i]) < 6e-2, i
 
 
 @cuda
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="needs an sm90+ GPU (TMA, e4m3)")
+@pytest.mark.parametrize("M,N,K", [(4096, 3072, 768), (3008, 3072, 768), (1008, 208, 144)])
+def test_fp8_backward_gemms_on_gpu(M, N, K):
+    """The FP8 backward's kernels (T6.5): the up-projection's e4m3 post in both layouts (no bf16 post), and the dpre
+    GEMM's e5m2 dpre in both layouts: each the saturated rounding of its own fp32 value, the amax exact."""
+    torch.manual_seed(0)
+    x, w = T.norm(torch.randn(M, K, device="cuda")), (torch.rand(N, K, device="cuda") * 2 - 1) * 0.036
+    x8, x_scale = T.quantize_e4m3(x, x.abs().amax())
+    w8, w_scale = T.quantize_e4m3(w, w.abs().amax())
+    post_ref = torch.relu(x8.double() @ w8.double().t() * (x_scale * w_scale).double()).square()
+    post_scale = (post_ref.max() * 1.5 / T.E4M3_MAX).float()
+    post, post8, post8_t, amax = T.relu_square_fp8_gemm(x8, w8, x_scale * w_scale, post_scale, transposed=True)
+    assert post is None and torch.equal(post8_t.view(torch.uint8), post8.t().contiguous().view(torch.uint8))
+    assert abs(amax.item() / post_ref.max().item() - 1) < 1e-2
+
+    def one_step(got8, want, fp8_max, mantissa_bits, tiny):
+        want8 = (want / (want.abs().amax() / fp8_max)).clamp(-fp8_max, fp8_max)
+        step = torch.maximum(want8.abs() / 2 ** mantissa_bits, torch.full_like(want8, tiny))
+        return ((got8.double() - want8).abs() <= step * 1.001).float().mean().item()
+
+    # Hopper's FP8 accumulation keeps fewer bits than fp32: a value rounds differently now and then (T6.5)
+    assert one_step(post8.float() * post_scale / (post_ref.max() / T.E4M3_MAX), post_ref, T.E4M3_MAX, 3, 2.0 ** -9) > 0.995
+    grad = torch.randn(M, K, device="cuda") * 1e-3
+    grad_scale = grad.abs().amax() / T.E5M2_MAX
+    grad8 = T.to_e5m2(grad, grad_scale)
+    dpre_ref = (grad8.double() @ w8.double().t() * (grad_scale * w_scale).double()) * 2 * (
+        post8.double() * post_scale.double()).sqrt()
+    dpre_scale = (dpre_ref.abs().max() * 4 / T.E5M2_MAX).float()
+    dpre8, dpre8_t, dpre_amax = T.relu_square_grad_fp8_gemm(grad8, w8, post8, grad_scale * w_scale, post_scale,
+                                                            dpre_scale)
+    assert torch.equal(dpre8_t.view(torch.uint8), dpre8.t().contiguous().view(torch.uint8))
+    assert abs(dpre_amax.item() / dpre_ref.abs().max().item() - 1) < 1e-2
+    assert rel_err(dpre8.float() * dpre_scale, dpre_ref) < 0.06  # e5m2: 2 mantissa bits
+    assert one_step(dpre8.float() * dpre_scale / (dpre_ref.abs().max() / T.E5M2_MAX), dpre_ref, T.E5M2_MAX, 2,
+                    2.0 ** -16) > 0.995
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="needs an sm90+ GPU (TMA, e4m3)")
+@pytest.mark.parametrize("fp8_backward", [False, True], ids=["bf16_backward", "fp8_backward"])
 @pytest.mark.parametrize("layout", [{}, {"attention_layers": (0, 1, 2, 3, 5, 8, 10), "narrow_qk_layers": (0, 1, 2, 5, 8),
                                          "mlp_layers": (0, 1, 2, 3, 4, 5, 6, 8, 9, 10)}], ids=["all", "no_layer_7"])
-def test_compiled_model_with_the_fp8_mlp_trains_like_the_bf16_mlp(layout):
+def test_compiled_model_with_the_fp8_mlp_trains_like_the_bf16_mlp(layout, fp8_backward):
     """FP8_MLP on and off, the whole model compiled: the loss and gradients agree within e4m3
-    rounding, the per-layer scales of post follow each forward, evaluation stays bf16; with every
-    layer, and with layer 7 dropped whole (MLP slots then differ from layer indices, T3.1)."""
+    rounding (FP8_MLP_BACKWARD, T6.5: e5m2's too), the per-layer scales of post follow each forward, evaluation
+    stays bf16; with every layer, and with layer 7 dropped whole (MLP slots then differ from layer indices, T3.1)."""
     inputs, targets, cu, shape = four_document_batch()
     results = []
     for fp8 in (True, False):
         hp = T.Hyperparameters.of(model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, ngram_rows=1001,
-                               val_seq_len=1024, fp8_mlp=fp8, **layout)
+                               val_seq_len=1024, fp8_mlp=fp8, fp8_mlp_backward=fp8_backward, **layout)
         torch.manual_seed(0)
         model = T.GPT(hp.model, T.longest_forward(hp)).cuda()
         plan, evaluation = (T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), inputs.numel(), training)
                             for training in (True, False))
-        assert plan.mlp_e4m3 == fp8 and not evaluation.mlp_e4m3
+        assert plan.mlp_e4m3 == fp8 and not evaluation.mlp_e4m3 and plan.mlp_backward_fp8 == (fp8 and fp8_backward)
         with torch.no_grad():
             model.mlp_bank[:, 1].normal_(0, 0.05)
         torch._dynamo.reset()
@@ -416,7 +556,7 @@ def test_compiled_model_with_the_fp8_mlp_trains_like_the_bf16_mlp(layout):
         results.append((loss, total, model.mlp_bank.grad, scales))
     (loss, total, grad, scales), (ref_loss, ref_total, ref_grad, ref_scales) = results
     assert len(scales) == len(hp.model.mlp_layers) and all(0 < s < 1 for s in scales) and ref_scales == []
-    assert rel_err(loss, ref_loss) < 2e-2 and rel_err(grad, ref_grad) < 0.1
+    assert rel_err(loss, ref_loss) < 2e-2 and rel_err(grad, ref_grad) < (0.2 if fp8_backward else 0.1)
     assert torch.equal(total, ref_total)  # evaluation runs the bf16 MLP
 
 

@@ -46,6 +46,8 @@ def test_start_poll_collect(tmp_path):
         'note "queue start"; mkdir -p "$L/full"\n'
         'echo "step:0/2 val_loss:10.8 train_time:0ms" > "$L/full/new_s1.txt"\n'
         'echo "| log | steps |" > "$L/equivalence.md"\n'
+        'mkdir -p "$L/prof"; echo "kernel,ms" > "$L/prof/kernels.csv"; echo "{}" > "$L/prof/main.json"\n'
+        'echo "{}" | gzip > "$L/prof/trace.json.gz"\n'
         'for i in $(seq 200); do [ -e "$L/go" ] && break; sleep 0.1; done\n'
         'echo "step:2/2 val_loss:3.63 train_time:20ms" >> "$L/full/new_s1.txt"\n'
         'echo "RANK_SLICE=$RANK_SLICE VAL_TOKENS=$VAL_TOKENS"; note "queue done"\n'
@@ -72,7 +74,8 @@ def test_start_poll_collect(tmp_path):
         collected = lease(tmp_path, "collect", str(tmp_path / "out"))
         assert collected.returncode == 0, collected.stderr
         out = tmp_path / "out"
-        assert sorted(p.name for p in out.iterdir()) == ["equivalence.md", "new_s1.txt", "queue.log", "status.txt"]
+        assert sorted(p.name for p in out.iterdir()) == ["equivalence.md", "kernels.csv", "main.json", "new_s1.txt", "queue.log",
+                                                     "status.txt"]  # no gzipped trace
         assert "RANK_SLICE=1 VAL_TOKENS=3932160" in (out / "queue.log").read_text()
         assert "queue done" in (out / "status.txt").read_text()
     finally:
