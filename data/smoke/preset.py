@@ -118,6 +118,13 @@ def check(script, env, environ):
     return proc.returncode
 
 
+def log_paths(env) -> list[str]:
+    """The logs train_gpt.py writes: LOG_DIR/RUN_ID.txt, or with SEEDS one per seed, LOG_DIR/RUN_ID_s<seed>.txt."""
+    seeds = [seed.strip() for seed in env.get("SEEDS", "").split(",") if seed.strip()]
+    names = [f"{env['RUN_ID']}_s{seed}" for seed in seeds] or [env["RUN_ID"]]
+    return [os.path.join(env["LOG_DIR"], name + ".txt") for name in names]
+
+
 def wait(child):
     """child's exit code (128 + the signal's number if one ended it). Ctrl-C reaches the child too (the
     terminal signals the whole process group) and train_gpt.py stops on its own, logging where: wait."""
@@ -146,14 +153,16 @@ def main(argv=None):
     status = check(script, env, os.environ)
     if status:
         return status
-    log = os.path.join(env["LOG_DIR"], env["RUN_ID"] + ".txt")
-    where = log if os.path.isabs(log) else os.path.join(ROOT, log)
-    size = os.path.getsize(where) if os.path.exists(where) else None  # a RUN_ID used before: appended to
-    print(f"smoke: training a tiny model on {env['DEVICE']}; log: {log}", flush=True)
+    logs = log_paths(env)
+    wheres = [log if os.path.isabs(log) else os.path.join(ROOT, log) for log in logs]
+    sizes = [os.path.getsize(w) if os.path.exists(w) else None for w in wheres]  # a RUN_ID used before: appended to
+    print(f"smoke: training a tiny model on {env['DEVICE']}; log{'s' * (len(logs) > 1)}: {', '.join(logs)}",
+          flush=True)
     status = wait(subprocess.Popen([sys.executable, script], env=env, cwd=ROOT))
     outcome = "done" if status == 0 else "interrupted" if status == 130 else f"failed (exit code {status})"
-    if os.path.exists(where) and os.path.getsize(where) != size:
-        print(f"smoke: {outcome}; the log is {where}")
+    written = [w for w, size in zip(wheres, sizes) if os.path.exists(w) and os.path.getsize(w) != size]
+    if written:
+        print(f"smoke: {outcome}; the log{'s are' if len(written) > 1 else ' is'} {', '.join(written)}")
     else:
         print(f"smoke: {outcome}; training stopped before writing a log")
     return status

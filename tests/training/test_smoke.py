@@ -127,6 +127,24 @@ def test_a_failure_before_the_log_names_no_log(cache, tmp_path, monkeypatch, cap
         assert (err, out) == (error + "\n", "smoke: failed (exit code 1); training stopped before writing a log\n")
 
 
+def test_with_seeds_the_wrapper_names_each_seeds_log(cache, tmp_path, monkeypatch, capfd):
+    """SEEDS=1,2: train_gpt.py logs RUN_ID_s1.txt and RUN_ID_s2.txt, and the wrapper names both (it once looked for
+    RUN_ID.txt and said no log was written)."""
+    in_process(monkeypatch, tmp_path)
+    monkeypatch.setenv("SEEDS", "1,2")
+    monkeypatch.setenv("RUN_ID", "seeded")
+    script = tmp_path / "seeded_train_gpt.py"
+    script.write_text("import os, sys\n"
+                      "if sys.argv[1:] != ['--check']:\n"
+                      "    os.makedirs(os.environ['LOG_DIR'], exist_ok=True)\n"
+                      "    for seed in os.environ['SEEDS'].split(','):\n"
+                      "        open(os.path.join(os.environ['LOG_DIR'], f\"{os.environ['RUN_ID']}_s{seed}.txt\"), 'w').write('x')\n")
+    assert preset.main(["--cache-dir", cache, "--script", str(script)]) == 0
+    logs = [str(tmp_path / "logs" / f"seeded_s{seed}.txt") for seed in (1, 2)]
+    out = capfd.readouterr().out.splitlines()
+    assert out[0].endswith(f"; logs: {logs[0]}, {logs[1]}") and out[1] == f"smoke: done; the logs are {', '.join(logs)}"
+
+
 def test_a_script_that_turns_down_a_preset_setting_is_one_line(cache, tmp_path, monkeypatch, capfd):
     """A record's older train_gpt.py under today's preset: its check's ValueError (a traceback) becomes one line
     naming the setting; so does any script's check that names a setting the preset set (not the user)."""
