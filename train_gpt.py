@@ -4392,8 +4392,7 @@ class FP8ReluSquareMLP(torch.autograd.Function):
 #     ·amax(proj) (each dequantized value is at most its tensor's amax) and √(post8·scale) ≤ √(448·scale); times
 #     FP8_BACKWARD_MARGIN for the accumulator's rounding. Loose by K and more: a few of e5m2's ~31 binades.
 # The weights come in both layouts from MLPBankFP8. cuBLASLt takes the first operand row-major and the second
-# column-major (both K-contiguous). Unlike the first attempt (commit 86d0ec1), no transposed copy of post and no
-# bf16 post.
+# column-major (both K-contiguous).
 FP8_BACKWARD_MARGIN = 2.0
 
 
