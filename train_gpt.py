@@ -4061,12 +4061,13 @@ if triton is not None:
             acc = acc * acc
         if STORE_BF16:
             c_desc.store([m, n], acc.to(tl.bfloat16))
-        if OUT8_MAX > 0:  # also in FP8 at the given scale, saturated; transposed too if asked; the running amax
+        if OUT8_MAX > 0:  # also in FP8 at the given scale, saturated; transposed and the running amax if asked
             q = tl.minimum(tl.maximum(acc * inv_out_scale, -OUT8_MAX), OUT8_MAX).to(c8_desc.dtype)
             c8_desc.store([m, n], q)
             if c8t_desc is not None:
                 c8t_desc.store([n, m], tl.trans(q))
-            tl.atomic_max(amax_ptr, tl.max(tl.max(tl.abs(acc), 1), 0), sem="relaxed")
+            if amax_ptr is not None:
+                tl.atomic_max(amax_ptr, tl.max(tl.max(tl.abs(acc), 1), 0), sem="relaxed")
 
     @triton.jit
     def _relu_square_gemm_kernel(a_desc, b_desc, c_desc, aux_desc, c8_desc, c8t_desc, scale_ptr, aux_scale_ptr,
@@ -4202,20 +4203,22 @@ def relu_square_fp8_gemm(a: Tensor, b: Tensor, product_scale: Tensor, act_scale:
 
 
 def relu_square_grad_fp8_gemm(grad8: Tensor, w8: Tensor, post8: Tensor, product_scale: Tensor, post_scale: Tensor,
-                              out_scale: Tensor, config: GemmConfig | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                              out_scale: Tensor, config: GemmConfig | None = None,
+                              amax: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
     """Triton (T6.5): dpre = (product_scale·grad8·w8ᵀ)·2·√(post8·post_scale) in e5m2 as dpre / out_scale,
-    saturated at ±57344, (M, N) and transposed (N, M), and dpre's amax; grad8 (M, K) e5m2, w8 (N, K) and
-    post8 (M, N) e4m3, the scales fp32 one-element tensors. M, N and K must be multiples of 16."""
+    saturated at ±57344, (M, N) and transposed (N, M), and with amax dpre's amax (the tests' exact check; the
+    backward's scale is a bound); grad8 (M, K) e5m2, w8 (N, K) and post8 (M, N) e4m3, the scales fp32
+    one-element tensors. M, N and K must be multiples of 16."""
     _check_fp8_gemm(grad8, w8, torch.float8_e5m2, (product_scale, post_scale, out_scale), True)
     (M, _), N = grad8.shape, w8.size(0)
     if post8.shape != (M, N) or post8.dtype != torch.float8_e4m3fn:
         raise ValueError(f"expected e4m3 post8 {(M, N)}, got {post8.dtype} {tuple(post8.shape)}")
     dpre8, dpre8_t = grad8.new_empty((M, N)), grad8.new_empty((N, M))
-    amax = torch.zeros(1, dtype=torch.float32, device=grad8.device)
+    dpre_amax = torch.zeros(1, dtype=torch.float32, device=grad8.device) if amax else None
     _launch_relu_square_gemm(grad8, w8, None, post8, dpre8, dpre8_t, product_scale.float(), post_scale.float(),
-                             out_scale.float(), amax, "relu_square_grad_fp8",
+                             out_scale.float(), dpre_amax, "relu_square_grad_fp8",
                              config or RELU_SQUARE_GEMM_CONFIGS["relu_square_grad_fp8"])
-    return dpre8, dpre8_t, amax
+    return dpre8, dpre8_t, dpre_amax
 
 
 def _launch_relu_square_gemm(a, b, out, aux, out8, out8_t, scale, aux_scale, out_scale, amax, epilogue, config):
@@ -4447,17 +4450,16 @@ def _fp8_mlp_backward_products_fake(dpre8, dpre8_t, fc8_t, x8_t, post8_t, grad8_
             dpre8.new_empty((hidden, d), dtype=torch.bfloat16))
 
 
-def fp8_relu_square_mlp_backward(grad: Tensor, x8_t: Tensor, post8: Tensor, post8_t: Tensor, post_scale: Tensor,
-                                 proj8: Tensor, fc8_t: Tensor, fc_scale: Tensor,
+def fp8_relu_square_mlp_backward(grad: Tensor, x8_t: Tensor, x_scale: float, post8: Tensor, post8_t: Tensor,
+                                 post_scale: Tensor, proj8: Tensor, fc8_t: Tensor, fc_scale: Tensor,
                                  proj_scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dfc, dproj): fp8_relu_square_mlp_backward_reference's arithmetic on the GPU, from the forward's e4m3 x
-    (transposed) and post (both layouts) and the layer's e4m3 weights."""
+    (transposed, and its scale) and post (both layouts) and the layer's e4m3 weights."""
     grad_amax = grad.abs().amax()
     grad_scale, dpre_scale = fp8_mlp_backward_scales(grad_amax, post_scale, proj_scale, grad.size(1))
     grad8 = to_e5m2(grad, grad_scale)
     dpre8, dpre8_t, _ = relu_square_grad_fp8_gemm(grad8, proj8, post8, grad_scale * proj_scale, post_scale,
                                                   dpre_scale)
-    x_scale = x8_t.size(0) ** 0.5 / E4M3_MAX
     scales = torch.stack([dpre_scale * fc_scale, dpre_scale * x_scale, post_scale * grad_scale,
                           torch.ones_like(dpre_scale)]).view(4, 1)
     return fp8_mlp_backward_products(dpre8, dpre8_t, fc8_t, x8_t, post8_t, grad8.t().contiguous(),
@@ -4477,12 +4479,14 @@ class FP8BackwardReluSquareMLP(torch.autograd.Function):
         # post_scale is the layer's buffer, refreshed after this forward: the backward keeps this forward's
         ctx.save_for_backward(x8.t().contiguous(), post8, post8_t, post_scale.clone(), proj8, fc8_t, fc_scale,
                               proj_scale)
+        ctx.x_scale = x_scale
         ctx.mark_non_differentiable(amax)
         return out, amax
 
     @staticmethod
     def backward(ctx, grad: Tensor, _amax_grad):
-        return *fp8_relu_square_mlp_backward(grad, *ctx.saved_tensors), *[None] * 7
+        x8_t, *rest = ctx.saved_tensors
+        return *fp8_relu_square_mlp_backward(grad, x8_t, ctx.x_scale, *rest), *[None] * 7
 
 
 def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, slot: int, post_scale: Tensor,
