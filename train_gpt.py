@@ -228,8 +228,7 @@ class ExecutionConfig:
     attention_backend: str = "auto"  # auto | fa4 | flex | sdpa
     fp8_lm_head: bool = True  # CUDA only
     fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
-    fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 (sm90+ GPUs)
-    fp8_mlp_backward: bool = False  # ... and their backward's four products in FP8 (T6.5; with FP8_MLP)
+    fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 and backward in e4m3/e5m2 (sm90+ GPUs)
     fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
     qk_rope_kernel: bool = True  # QK-norm + rotary as Triton kernels, forward and backward (CUDA, T6.4)
     compile: bool = True
@@ -512,8 +511,7 @@ class ExecutionPlan:
     attention: str  # the attention backend: fa4 | flex | sdpa
     mlp_fused: bool  # the ReLU² MLP's custom backward (T6.1); False: the plain expression
     mlp_kernel: bool  # ... with the Triton TMA GEMM (Hopper or newer); False: torch matmuls
-    mlp_e4m3: bool  # the fused MLP's forward in e4m3 (T6.2)
-    mlp_backward_fp8: bool  # ... and its backward in FP8 (T6.5)
+    mlp_e4m3: bool  # the fused MLP's forward in e4m3 (T6.2) and its backward in FP8 (T6.5)
     qkv_e4m3: bool  # the Q/K/V projection in e4m3 (T6.3)
     lm_head_fp8: bool  # the lm_head and its gradients in FP8 (T4.4)
     ce_candidates: int  # the training cross-entropy's columns (T4.6): a sampled softmax; 0: the full one
@@ -533,8 +531,8 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
     qk_width = model.head_dim // 2 if model.narrow_qk_layers else model.head_dim
     return ExecutionPlan(
         attention=resolve_attention_backend(cfg.attention_backend, device.type), mlp_fused=cfg.fused_mlp,
-        mlp_kernel=cfg.fused_mlp and hopper, mlp_e4m3=training and cfg.fp8_mlp and cfg.fused_mlp and hopper,
-        mlp_backward_fp8=training and cfg.fp8_mlp_backward and cfg.fp8_mlp and cfg.fused_mlp and hopper
+        mlp_kernel=cfg.fused_mlp and hopper,
+        mlp_e4m3=training and cfg.fp8_mlp and cfg.fused_mlp and hopper
         and tokens % 16 == 0,  # the transposed e4m3/e5m2 copies' TMA row strides
         qkv_e4m3=training and cfg.fp8_qkv and hopper, lm_head_fp8=training and cfg.fp8_lm_head and cuda,
         ce_candidates=ce_candidates if training else 0,
@@ -1009,8 +1007,7 @@ class GPT(nn.Module):
         fc, proj, execution = ctx.mlp_fc[layer.mlp_slot], ctx.mlp_proj[layer.mlp_slot], ctx.execution
         if execution.mlp_e4m3:
             post_scale = getattr(self, f"fp8_post_scale{layer.index}")
-            out, post_amax = fp8_relu_square_mlp(x, fc, proj, ctx.mlp8, layer.mlp_slot, post_scale,
-                                                 execution.mlp_backward_fp8)
+            out, post_amax = fp8_relu_square_mlp(x, fc, proj, ctx.mlp8, layer.mlp_slot, post_scale)
             post_scale.copy_(post_amax.clamp_min(1e-12).view(()) * (FP8_POST_MARGIN / E4M3_MAX))
             return out
         if execution.mlp_fused:
@@ -4053,27 +4050,26 @@ if triton is not None:
 
     @triton.jit
     def _relu_square_epilogue(c_desc, aux_desc, c8_desc, c8t_desc, amax_ptr, acc, m, n, aux_scale, inv_out_scale,
-                              GRAD: tl.constexpr, STORE_BF16: tl.constexpr, OUT8_MAX: tl.constexpr):
+                              GRAD: tl.constexpr, OUT8_MAX: tl.constexpr):
         if GRAD:  # aux holds post (bf16, or e4m3 at aux_scale)
             acc = acc * (2.0 * tl.sqrt(aux_desc.load([m, n]).to(tl.float32) * aux_scale))
         else:
             acc = tl.maximum(acc, 0.0)
             acc = acc * acc
-        if STORE_BF16:
-            c_desc.store([m, n], acc.to(tl.bfloat16))
-        if OUT8_MAX > 0:  # also in FP8 at the given scale, saturated; transposed and the running amax if asked
+        if OUT8_MAX > 0:  # FP8 at the given scale, saturated, row-major and transposed; the running amax if asked
             q = tl.minimum(tl.maximum(acc * inv_out_scale, -OUT8_MAX), OUT8_MAX).to(c8_desc.dtype)
             c8_desc.store([m, n], q)
-            if c8t_desc is not None:
-                c8t_desc.store([n, m], tl.trans(q))
+            c8t_desc.store([n, m], tl.trans(q))
             if amax_ptr is not None:
                 tl.atomic_max(amax_ptr, tl.max(tl.max(tl.abs(acc), 1), 0), sem="relaxed")
+        else:
+            c_desc.store([m, n], acc.to(tl.bfloat16))
 
     @triton.jit
     def _relu_square_gemm_kernel(a_desc, b_desc, c_desc, aux_desc, c8_desc, c8t_desc, scale_ptr, aux_scale_ptr,
                                  out_scale_ptr, amax_ptr, M, N, K, num_programs,
                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                 GROUP_M: tl.constexpr, GRAD: tl.constexpr, STORE_BF16: tl.constexpr,
+                                 GROUP_M: tl.constexpr, GRAD: tl.constexpr,
                                  OUT8_MAX: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr, FLATTEN: tl.constexpr,
                                  UPCAST: tl.constexpr):
         tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
@@ -4102,12 +4098,12 @@ if triton is not None:
             if SPLIT_EPILOGUE:  # two (BLOCK_M, BLOCK_N/2) halves: half the shared memory for C and aux
                 left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
                 _relu_square_epilogue(c_desc, aux_desc, c8_desc, c8t_desc, amax_ptr, left, m, n, aux_scale,
-                                      inv_out_scale, GRAD, STORE_BF16, OUT8_MAX)
+                                      inv_out_scale, GRAD, OUT8_MAX)
                 _relu_square_epilogue(c_desc, aux_desc, c8_desc, c8t_desc, amax_ptr, right, m, n + BLOCK_N // 2,
-                                      aux_scale, inv_out_scale, GRAD, STORE_BF16, OUT8_MAX)
+                                      aux_scale, inv_out_scale, GRAD, OUT8_MAX)
             else:
                 _relu_square_epilogue(c_desc, aux_desc, c8_desc, c8t_desc, amax_ptr, acc, m, n, aux_scale,
-                                      inv_out_scale, GRAD, STORE_BF16, OUT8_MAX)
+                                      inv_out_scale, GRAD, OUT8_MAX)
 
 
 @dataclass(frozen=True)
@@ -4125,13 +4121,11 @@ class GemmConfig:
 
 
 RELU_SQUARE_GEMM_CONFIGS = {"relu_square": GemmConfig(), "relu_square_grad": GemmConfig(),
-                            "relu_square_fp8": GemmConfig(block_k=128), "relu_square_fp8_t": GemmConfig(block_k=128),
-                            "relu_square_grad_fp8": GemmConfig(block_k=128)}
-# Each epilogue's constants: (GRAD: times 2·√aux, else ReLU²; STORE_BF16: C in bf16; OUT8_MAX: C in FP8 too,
-# saturated there, 0: none)
-RELU_SQUARE_EPILOGUES = {"relu_square": (False, True, 0.0), "relu_square_grad": (True, True, 0.0),
-                         "relu_square_fp8": (False, True, E4M3_MAX), "relu_square_fp8_t": (False, False, E4M3_MAX),
-                         "relu_square_grad_fp8": (True, False, E5M2_MAX)}
+                            "relu_square_fp8": GemmConfig(block_k=128), "relu_square_grad_fp8": GemmConfig(block_k=128)}
+# Each epilogue's constants: (GRAD: times 2·√aux, else ReLU²; OUT8_MAX: C in FP8 saturated there, in both layouts,
+# else 0: C in bf16)
+RELU_SQUARE_EPILOGUES = {"relu_square": (False, 0.0), "relu_square_grad": (True, 0.0),
+                         "relu_square_fp8": (False, E4M3_MAX), "relu_square_grad_fp8": (True, E5M2_MAX)}
 
 
 def _tma_ready(t: Tensor) -> bool:
@@ -4170,36 +4164,31 @@ def relu_square_gemm(a: Tensor, b: Tensor, aux: Tensor | None = None, config: Ge
     return out
 
 
-def _check_fp8_gemm(a: Tensor, b: Tensor, a_dtype: torch.dtype, scales: tuple[Tensor, ...], transposed: bool):
+def _check_fp8_gemm(a: Tensor, b: Tensor, a_dtype: torch.dtype, scales: tuple[Tensor, ...]):
     (M, K), N = a.shape, b.size(0)
     if b.size(1) != K or a.dtype != a_dtype or b.dtype != torch.float8_e4m3fn:
         raise ValueError(f"expected {a_dtype} a (M, K) and e4m3 b (N, K), got {a.dtype} {tuple(a.shape)}, "
                          f"{b.dtype} {tuple(b.shape)}")
-    if N % 16 or K % 16 or (transposed and M % 16):
-        raise ValueError(f"{'M, ' if transposed else ''}N={N} and K={K} must be multiples of 16 (16-byte TMA row "
-                         f"strides; M={M})")
+    if M % 16 or N % 16 or K % 16:
+        raise ValueError(f"M={M}, N={N} and K={K} must be multiples of 16 (16-byte TMA row strides of the output "
+                         "in both layouts)")
     if any(s.numel() != 1 for s in scales):
         raise ValueError("the scales must be one-element tensors")
 
 
 def relu_square_fp8_gemm(a: Tensor, b: Tensor, product_scale: Tensor, act_scale: Tensor,
-                         config: GemmConfig | None = None,
-                         transposed: bool = False) -> tuple[Tensor | None, Tensor, Tensor | None, Tensor]:
-    """Triton, e4m3 operands a (M, K) and b (N, K): post = relu(product_scale·a·bᵀ)² in bf16, the same in
-    e4m3 as min(post / act_scale, 448), and post's amax (fp32, shape (1,)); transposed (T6.5): the e4m3
-    post also transposed (N, M) and no bf16 post. (post, post8, post8_t, amax), None where not written.
-    product_scale and act_scale are fp32 one-element tensors. N and K (and M if transposed) must be
+                         config: GemmConfig | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Triton, e4m3 operands a (M, K) and b (N, K): post = relu(product_scale·a·bᵀ)² in e4m3 as
+    min(post / act_scale, 448), (M, N) and transposed (N, M), and post's amax (fp32, shape (1,)):
+    (post8, post8_t, amax). product_scale and act_scale are fp32 one-element tensors. M, N and K must be
     multiples of 16 (TMA row strides)."""
-    epilogue = "relu_square_fp8_t" if transposed else "relu_square_fp8"
-    _check_fp8_gemm(a, b, torch.float8_e4m3fn, (product_scale, act_scale), transposed)
+    _check_fp8_gemm(a, b, torch.float8_e4m3fn, (product_scale, act_scale))
     (M, _), N = a.shape, b.size(0)
-    post = None if transposed else a.new_empty((M, N), dtype=torch.bfloat16)
-    post8 = a.new_empty((M, N), dtype=torch.float8_e4m3fn)
-    post8_t = a.new_empty((N, M), dtype=torch.float8_e4m3fn) if transposed else None
+    post8, post8_t = a.new_empty((M, N)), a.new_empty((N, M))
     amax = torch.zeros(1, dtype=torch.float32, device=a.device)
-    _launch_relu_square_gemm(a, b, post, None, post8, post8_t, product_scale.float(), None, act_scale.float(), amax,
-                             epilogue, config or RELU_SQUARE_GEMM_CONFIGS[epilogue])
-    return post, post8, post8_t, amax
+    _launch_relu_square_gemm(a, b, None, None, post8, post8_t, product_scale.float(), None, act_scale.float(), amax,
+                             "relu_square_fp8", config or RELU_SQUARE_GEMM_CONFIGS["relu_square_fp8"])
+    return post8, post8_t, amax
 
 
 def relu_square_grad_fp8_gemm(grad8: Tensor, w8: Tensor, post8: Tensor, product_scale: Tensor, post_scale: Tensor,
@@ -4209,7 +4198,7 @@ def relu_square_grad_fp8_gemm(grad8: Tensor, w8: Tensor, post8: Tensor, product_
     saturated at ±57344, (M, N) and transposed (N, M), and with amax dpre's amax (the tests' exact check; the
     backward's scale is a bound); grad8 (M, K) e5m2, w8 (N, K) and post8 (M, N) e4m3, the scales fp32
     one-element tensors. M, N and K must be multiples of 16."""
-    _check_fp8_gemm(grad8, w8, torch.float8_e5m2, (product_scale, post_scale, out_scale), True)
+    _check_fp8_gemm(grad8, w8, torch.float8_e5m2, (product_scale, post_scale, out_scale))
     (M, _), N = grad8.shape, w8.size(0)
     if post8.shape != (M, N) or post8.dtype != torch.float8_e4m3fn:
         raise ValueError(f"expected e4m3 post8 {(M, N)}, got {post8.dtype} {tuple(post8.shape)}")
@@ -4222,7 +4211,7 @@ def relu_square_grad_fp8_gemm(grad8: Tensor, w8: Tensor, post8: Tensor, product_
 
 
 def _launch_relu_square_gemm(a, b, out, aux, out8, out8_t, scale, aux_scale, out_scale, amax, epilogue, config):
-    """out: the bf16 output (M, N) or None where the epilogue writes only FP8 (out8, and out8_t (N, M))."""
+    """out: the bf16 output (M, N), or None where the epilogue writes FP8 (out8 (M, N) and out8_t (N, M))."""
     c_block = [config.block_m, config.block_n // 2 if config.split_epilogue else config.block_n]
     a_desc = TensorDescriptor.from_tensor(_tma_operand(a), [config.block_m, config.block_k])
     b_desc = TensorDescriptor.from_tensor(_tma_operand(b), [config.block_n, config.block_k])
@@ -4234,12 +4223,12 @@ def _launch_relu_square_gemm(a, b, out, aux, out8, out8_t, scale, aux_scale, out
     # persistent: one program per SM (a few on the CPU interpreter, so each still loops over tiles)
     slots = _sm_count(a.device) if a.is_cuda else 4
     programs = min(tiles, slots) if config.persistent else tiles
-    grad, store_bf16, out8_max = RELU_SQUARE_EPILOGUES[epilogue]
+    grad, out8_max = RELU_SQUARE_EPILOGUES[epilogue]
     _relu_square_gemm_kernel[(programs,)](
         a_desc, b_desc, out_desc, aux_desc, out8_desc, out8_t_desc, scale, aux_scale, out_scale, amax,
         M, N, a.size(1), programs,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-        GRAD=grad, STORE_BF16=store_bf16, OUT8_MAX=out8_max, SPLIT_EPILOGUE=config.split_epilogue,
+        GRAD=grad, OUT8_MAX=out8_max, SPLIT_EPILOGUE=config.split_epilogue,
         FLATTEN=config.flatten, UPCAST=TRITON_INTERPRETER, num_warps=config.warps, num_stages=config.stages)
 
 
@@ -4282,7 +4271,7 @@ class ReluSquareMLP(torch.autograd.Function):
 
 def relu_square_mlp_backward(grad: Tensor, x: Tensor, fc: Tensor, proj: Tensor, post: Tensor,
                              use_triton: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(dx, dfc, dproj) of the ReLU² MLP from x and post alone (ReluSquareMLP, FP8ReluSquareMLP)."""
+    """(dx, dfc, dproj) of the ReLU² MLP from x and post alone (ReluSquareMLP's backward)."""
     dpre = relu_square_grad_matmul(grad, proj, post, use_triton)
     return dpre @ fc, dpre.t() @ x, post.t() @ grad
 
@@ -4294,8 +4283,8 @@ def relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, use_triton: bool) -> Te
 
 
 # --- FP8 MLP forward (the reference's #84, #89; T6.2) -------------------------------------------------
-# The training forward's two MLP products in e4m3 with fp32 accumulation; the backward stays bf16 (it reads the bf16
-# x, fc, proj and post). Tensorwise scales: x, RMS-normalized without weights so that no element exceeds √d, at the
+# The training forward's two MLP products in e4m3 with fp32 accumulation (the backward's: T6.5 below). Tensorwise
+# scales: x, RMS-normalized without weights so that no element exceeds √d, at the
 # static scale √d/448 (no amax pass); each layer's fc and proj by their amax per forward (one pass over the bank: the
 # weights change only at optimizer steps); post by a delayed scale, the layer's previous amax of post times
 # FP8_POST_MARGIN (post's amax is known only once the GEMM that writes it is done); values above it clamp to 448.
@@ -4316,12 +4305,12 @@ def quantize_normed_e4m3(x: Tensor) -> tuple[Tensor, float]:
 @dataclass
 class MLPBankFP8:
     """The MLP bank (L, 2, hidden, d), one entry per MLP slot, in e4m3, each slot's fc and proj with its own scale,
-    once per forward in both layouts the products read (a compiled graph drops the ones it does not use)."""
+    once per forward in both layouts the products read."""
     fc: Tensor  # (L, hidden, d)
     proj_t: Tensor  # (L, d, hidden): proj transposed, so proj_t[i].t() is the column-major operand cuBLAS takes
     scales: Tensor  # (L, 2, 4) fp32: [i, 0, 0] fc's, [i, 1, 0] proj's; 16 bytes apart, as cuBLASLt wants
-    proj: Tensor  # (L, hidden, d): the FP8 backward's dpre GEMM reads it row-major (a view, T6.5)
-    fc_t: Tensor  # (L, d, hidden): fc transposed, dx's column-major operand in the FP8 backward (T6.5)
+    proj: Tensor  # (L, hidden, d): the backward's dpre GEMM reads it row-major (a view, T6.5)
+    fc_t: Tensor  # (L, d, hidden): fc transposed, dx's column-major operand in the backward (T6.5)
 
     @classmethod
     def quantize(cls, bank: Tensor) -> "MLPBankFP8":
@@ -4356,33 +4345,8 @@ def _fp8_down_projection_fake(post8, post_scale, proj8_t, proj_scale):
     return post8.new_empty((post8.size(0), proj8_t.size(0)), dtype=torch.bfloat16)
 
 
-def fp8_relu_square_mlp_forward(x8: Tensor, fc8: Tensor, product_scale: Tensor, post_scale: Tensor,
-                                proj8_t: Tensor, proj_scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(out, post, amax of post): post = relu(product_scale·x8·fc8ᵀ)² in bf16 (the backward's),
-    out = (post in e4m3 at post_scale)·proj in bf16, proj given transposed in e4m3 at proj_scale."""
-    post, post8, _, amax = relu_square_fp8_gemm(x8, fc8, product_scale, post_scale)
-    return fp8_down_projection(post8, post_scale, proj8_t, proj_scale), post, amax
-
-
-class FP8ReluSquareMLP(torch.autograd.Function):
-    """relu_square_mlp's function with an e4m3 forward (see above); the backward is ReluSquareMLP's."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, fc: Tensor, proj: Tensor, fc8: Tensor, proj8_t: Tensor, fc_scale: Tensor,
-                proj_scale: Tensor, post_scale: Tensor):
-        x8, x_scale = quantize_normed_e4m3(x)
-        out, post, amax = fp8_relu_square_mlp_forward(x8, fc8, x_scale * fc_scale, post_scale, proj8_t, proj_scale)
-        ctx.save_for_backward(x, fc, proj, post)
-        ctx.mark_non_differentiable(amax)
-        return out, amax
-
-    @staticmethod
-    def backward(ctx, grad: Tensor, _amax_grad):
-        return *relu_square_mlp_backward(grad, *ctx.saved_tensors, True), None, None, None, None, None
-
-
 # --- FP8 MLP backward (record #92, modded-nanogpt PR #360; T6.5) ----------------------------------------
-# FP8_MLP_BACKWARD: all four backward products from FP8 operands (fp32 accumulation, bf16 results): gradients in
+# The MLP's four backward products from FP8 operands (fp32 accumulation, bf16 results): gradients in
 # e5m2, activations and weights in e4m3, each written in the layouts its products read by the kernel that makes it,
 # one tensorwise scale each:
 #   x: the forward's e4m3 x (static √d/448, T6.2), saved transposed (dW_fc's operand) instead of the bf16 x.
@@ -4466,15 +4430,15 @@ def fp8_relu_square_mlp_backward(grad: Tensor, x8_t: Tensor, x_scale: float, pos
                                      F.pad(scales, (0, 3)))
 
 
-class FP8BackwardReluSquareMLP(torch.autograd.Function):
-    """FP8ReluSquareMLP's e4m3 forward with the FP8 backward (T6.5): saves x8 transposed, post8 in both layouts and
-    the e4m3 weights it reads (no bf16 x, post, fc or proj)."""
+class FP8ReluSquareMLP(torch.autograd.Function):
+    """relu_square_mlp's function with the e4m3 forward (T6.2) and the FP8 backward (T6.5): saves x8 transposed,
+    post8 in both layouts and the e4m3 weights it reads (no bf16 x, post, fc or proj)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, fc: Tensor, proj: Tensor, fc8: Tensor, proj8_t: Tensor, fc_scale: Tensor,
                 proj_scale: Tensor, post_scale: Tensor, proj8: Tensor, fc8_t: Tensor):
         x8, x_scale = quantize_normed_e4m3(x)
-        _, post8, post8_t, amax = relu_square_fp8_gemm(x8, fc8, x_scale * fc_scale, post_scale, transposed=True)
+        post8, post8_t, amax = relu_square_fp8_gemm(x8, fc8, x_scale * fc_scale, post_scale)
         out = fp8_down_projection(post8, post_scale, proj8_t, proj_scale)
         # post_scale is the layer's buffer, refreshed after this forward: the backward keeps this forward's
         ctx.save_for_backward(x8.t().contiguous(), post8, post8_t, post_scale.clone(), proj8, fc8_t, fc_scale,
@@ -4489,16 +4453,13 @@ class FP8BackwardReluSquareMLP(torch.autograd.Function):
         return *fp8_relu_square_mlp_backward(grad, x8_t, ctx.x_scale, *rest), *[None] * 7
 
 
-def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, slot: int, post_scale: Tensor,
-                        fp8_backward: bool = False) -> tuple[Tensor, Tensor]:
-    """(out, amax of post) of the MLP in bank slot `slot` with the e4m3 forward; x RMS-normalized (norm), fc and proj
-    the bf16 weights the gradients reach (the bf16 backward reads them), post_scale a one-element fp32 tensor of its
-    own (16-byte aligned). fp8_backward: the FP8 backward (T6.5); x's token count must be a multiple of 16."""
-    forward = (x, fc, proj, bank8.fc[slot], bank8.proj_t[slot], bank8.scales[slot, 0, 0], bank8.scales[slot, 1, 0],
-               post_scale)
-    if fp8_backward:
-        return FP8BackwardReluSquareMLP.apply(*forward, bank8.proj[slot], bank8.fc_t[slot])
-    return FP8ReluSquareMLP.apply(*forward)
+def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, slot: int,
+                        post_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """(out, amax of post) of the MLP in bank slot `slot` in FP8 forward and backward; x RMS-normalized (norm), its
+    token count a multiple of 16; fc and proj the bf16 weights the gradients reach; post_scale a one-element fp32
+    tensor of its own (16-byte aligned)."""
+    return FP8ReluSquareMLP.apply(x, fc, proj, bank8.fc[slot], bank8.proj_t[slot], bank8.scales[slot, 0, 0],
+                                  bank8.scales[slot, 1, 0], post_scale, bank8.proj[slot], bank8.fc_t[slot])
 
 
 # --- FP8 Q/K/V projections (T6.3) ----------------------------------------------------------------------

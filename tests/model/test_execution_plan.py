@@ -39,6 +39,8 @@ def test_every_stage_gets_the_fast_paths_at_its_size(hopper):
             "fa4", True, True, True, True), n
         assert stage.lm_head_fp8 and stage.dc_mha_kernel and stage.qk_rope_kernel, n
         assert plan(hopper, n, cuda_graphs=False) == stage, n
+    ragged = plan(hopper, 1000)  # the FP8 MLP's transposed outputs need 16-byte rows: the bf16 fused MLP
+    assert ragged.mlp_kernel and not ragged.mlp_e4m3 and ragged.qkv_e4m3
     evaluation = plan(hopper, 262144, training=False)
     assert evaluation.attention == "fa4" and evaluation.mlp_fused
     assert not (evaluation.mlp_e4m3 or evaluation.qkv_e4m3 or evaluation.lm_head_fp8)
@@ -94,7 +96,7 @@ def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), lines.append)
     plans = [line for line in lines if line.startswith("execution plan")]
     rest = "dc_mha_kernel=0 qk_rope_kernel=0"
-    fused = "attention=sdpa mlp_fused=1 mlp_kernel=0 mlp_e4m3=0 mlp_backward_fp8=0 qkv_e4m3=0 lm_head_fp8=0"
+    fused = "attention=sdpa mlp_fused=1 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0"
     assert plans == [f"execution plan (stage 1): {fused} ce_candidates=10240 {rest} evaluation_chunk=0",
                      f"execution plan (stage 2): {fused} ce_candidates=14336 {rest} evaluation_chunk=0",
                      f"execution plan (stage 3): {fused} ce_candidates=24576 {rest} evaluation_chunk=0",
