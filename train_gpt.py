@@ -180,6 +180,8 @@ class ModelConfig:
     # >0: the table holds this many rows per process, NGRAM_ROWS = it × the world size (T3.19): 8 GPUs hold record
     # #92's 84.6M rows while rank-slice (world size 1) holds one rank's share; the math then differs by world size
     ngram_rows_per_rank: int = 0
+    copy_pointer: bool = False  # the next-token term mixed with a pointer over the document's recent tokens (T4.8)
+    copy_window: int = 2048  # ... the tokens it looks back over
 
 
 @dataclass(frozen=True)
@@ -758,6 +760,12 @@ class GPT(nn.Module):
         self._init_scalars(cfg)
         self.mudd = MuddBlock(cfg.model_dim, mudd_connection_outputs(), MUDD_SCALE, learned_scale=False)
         self.gates = MuddBlock(cfg.model_dim, mudd_gate_outputs(cfg), MUDD_GATE_SCALE_INIT, learned_scale=True)
+        if cfg.copy_pointer:  # the copy pointer's query and key, its query gain and sink key (T4.8); drawn last
+            bound = math.sqrt(3) * cfg.model_dim ** -0.5
+            self.copy_qk = nn.Parameter(torch.empty(2, COPY_HEAD_DIM, cfg.model_dim,
+                                                    dtype=torch.bfloat16).uniform_(-bound, bound))
+            self.copy_gain = nn.Parameter(torch.ones(()))
+            self.copy_sink = nn.Parameter(torch.randn(COPY_HEAD_DIM) * COPY_HEAD_DIM ** -0.5)
         # prefix token of every token, filled by the trainer when the prefix-token loss runs (#88); -1: none
         self.register_buffer("prefix_ids", torch.full((cfg.vocab_size,), -1, dtype=torch.long), persistent=False)
         # the sampled cross-entropy's (T4.6): the step its negatives are swept for (set by the trainer,
@@ -836,24 +844,41 @@ class GPT(nn.Module):
         step's candidates (T4.6; the mean CE is then the candidates' too)."""
         x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
         targets = self.target_columns(target_ids.long(), shape)
+        pointer = self.copy_pointer(x, input_ids, target_ids, cu_seqlens) if self.config.copy_pointer else None
         if execution.ce_candidates:
             loss, ce, shortfall = sampled_lm_head_softcap_ce(x, self.lm_head, targets, target_weights,
                                                              execution.ce_candidates, self.candidate_step,
-                                                             grad_scale, execution.lm_head_fp8)
+                                                             grad_scale, execution.lm_head_fp8, pointer)
             self.candidate_shortfall.copy_(torch.maximum(self.candidate_shortfall, shortfall))
             return loss, ce
-        return lm_head_softcap_ce(x, self.lm_head, targets, target_weights, grad_scale, execution.lm_head_fp8)
+        copy = None if pointer is None else (torch.full_like(targets[0, :1], COPY_TOKEN), *pointer)
+        return lm_head_softcap_ce(x, self.lm_head, targets, target_weights, grad_scale, execution.lm_head_fp8, copy)
 
     def evaluation_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
                         execution: ExecutionPlan, chunk: int) -> Tensor:
-        """The summed next-token cross-entropy, the lm_head applied `chunk` tokens at a time."""
+        """The summed next-token cross-entropy, the lm_head applied `chunk` tokens at a time (with the copy pointer: the
+        mixture's, T4.8; each chunk's pointer reads the window before it)."""
         x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
         targets = target_ids.long()
         total = x.new_zeros((), dtype=torch.float32)
         for i in range(0, x.size(0), chunk):
             z = softcap(x[i: i + chunk] @ self.lm_head.t())
-            total = total + (torch.logsumexp(z, -1) - z.gather(1, targets[i: i + chunk, None])[:, 0]).sum()
+            lse = torch.logsumexp(z, -1)
+            ce = lse - z.gather(1, targets[i: i + chunk, None])[:, 0]
+            if self.config.copy_pointer:
+                start = max(0, i - self.config.copy_window)
+                p_copy, a_sink = self.copy_pointer(x[start: i + chunk], input_ids[start: i + chunk],
+                                                   targets[start: i + chunk], cu_seqlens - start)
+                ce = copy_mixture(ce, lse - z[:, COPY_TOKEN], p_copy[i - start:], a_sink[i - start:])[0]
+            total = total + ce.sum()
         return total
+
+    def copy_pointer(self, x: Tensor, input_ids: Tensor, next_ids: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:
+        """(p_copy, a_sink) of the copy pointer (T4.8) on the final hidden states x of the packed documents."""
+        doc_ids = torch.searchsorted(cu_seqlens, torch.arange(x.size(0), device=x.device, dtype=cu_seqlens.dtype),
+                                     right=True)
+        return copy_pointer(x, self.copy_qk, self.copy_gain, self.copy_sink, input_ids.long(), next_ids.long(),
+                            doc_ids, self.config.copy_window)
 
     def target_columns(self, targets: Tensor, shape: ForwardShape) -> Tensor:
         """Target matrix (T, N), -1 = none: multi-token prediction (#53, T4.2) scores the same logits
@@ -1078,6 +1103,9 @@ def param_table(cfg: ModelConfig) -> dict[str, ParamSpec]:
         "gates.w2": ParamSpec("adam", "replicated", lr_mul=0.1, wd_mul=1.0, betas=(0.9, 0.99)),
         "gates.b2": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
         "gates.scale": ParamSpec("adam", "replicated", lr_mul=0.1, betas=(0.9, 0.99)),
+        "copy_qk": ParamSpec("adam", "replicated", betas=(0.9, 0.99)),
+        "copy_gain": ParamSpec("adam", "replicated", betas=(0.9, 0.99)),
+        "copy_sink": ParamSpec("adam", "replicated", betas=(0.9, 0.99)),
     }
 
 
@@ -2400,7 +2428,7 @@ def check_hyperparameters(hp: Hyperparameters):
     for name, low in (("val_tokens", 1), ("val_seq_len", 1), ("num_scheduled_iterations", 1),
                       ("num_extension_iterations", 0), ("val_loss_every", 0), ("train_loss_every", 0),
                       ("window_block_size", 1), ("final_long_window", 1), ("ngram_rows", 1),
-                      ("ngram_rows_per_rank", 0)):
+                      ("ngram_rows_per_rank", 0), ("copy_window", 1)):
         if (value := hp.flat()[name]) < low:
             raise SetupError(f"{name.upper()}={value}: give a whole number >= {low}")
     if len(stages) < 2 or stages[-1].fraction is not None or any(s.fraction is None for s in stages[:-1]):
@@ -2431,6 +2459,9 @@ def check_hyperparameters(hp: Hyperparameters):
             raise SetupError(f"STAGE_ATTENTION_CAP entry {stage.attention_cap}: give the longest attention span in "
                              f"tokens, or 0 for no cap")
     check_layer_layout(hp.model)
+    if hp.model.copy_pointer and hp.model.vocab_size <= COPY_TOKEN:
+        raise SetupError(f"COPY_POINTER=1 needs VOCAB_SIZE > {COPY_TOKEN} (its <copy> column is row {COPY_TOKEN}, "
+                         f"the first padding row of GPT-2's vocabulary), got {hp.model.vocab_size}")
 
 
 def check_taper(cfg: ScheduleConfig):
@@ -3668,26 +3699,55 @@ def softcap(logits: Tensor) -> Tensor:
     return SOFTCAP_SCALE * torch.sigmoid((u + SOFTCAP_SHIFT) / SOFTCAP_TEMPERATURE)
 
 
+def copy_mixture(ce0: Tensor, ce_copy: Tensor, p_copy: Tensor, a_sink: Tensor) -> tuple[Tensor, ...]:
+    """The copy pointer's mixture (T4.8) for one row (elementwise over rows): from ce0 = lse − z[y], ce_copy = lse −
+    z[<copy>], the pointer's mass p_copy on earlier copies of y and its sink's mass a_sink, (nll, g_t, g_c, g_lse,
+    d_p, d_s): nll = −log p(y), p(y) = P·(1 + A·a_sink/(1 − A)) + A·p_copy with P = e^−ce0 and A = e^−ce_copy, and its
+    derivatives: ∂nll/∂z_v = g_lse·softmax_v + g_t·[v = y] + g_c·[v = <copy>], d_p = ∂nll/∂p_copy, d_s = ∂nll/∂a_sink."""
+    P, A = torch.exp(-ce0), torch.exp(-ce_copy)
+    rest = (1 - A).clamp_min(1e-6)
+    r_t = 1 + A * a_sink / rest  # ∂p/∂P
+    r_c = P * a_sink / (rest * rest) + p_copy  # ∂p/∂A
+    p = (P * r_t + A * p_copy).clamp_min(1e-30)
+    return -torch.log(p), -r_t * P / p, -r_c * A / p, (r_t * P + r_c * A) / p, -A / p, -P * A / (rest * p)
+
+
 def softcap_ce_reference(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float,
-                         grad_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+                         grad_dtype: torch.dtype, copy: tuple[Tensor, Tensor, Tensor] | None = None,
+                         ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Plain-torch form of the fused kernel. logits u (T, V); targets (T, N) int, −1 = none;
     weights (N,). Returns per row loss_t = Σ_k w_k·[y_tk ≥ 0]·(lse − z[y_tk]), ce0_t = lse − z[y_t0]
-    (0 where y_t0 = −1) and grad_mul·∂(Σ_t loss_t)/∂u in grad_dtype (e5m2: saturated)."""
+    (0 where y_t0 = −1) and grad_mul·∂(Σ_t loss_t)/∂u in grad_dtype (e5m2: saturated). copy (T4.8): (the
+    <copy> column (1,), p_copy (T,), a_sink (T,)): the first target's term is copy_mixture's nll instead, and a
+    fourth result holds ∂(Σ_t loss_t)/∂(p_copy, a_sink) (T, 2) (without grad_mul)."""
     z = softcap(logits)
     lse = torch.logsumexp(z, -1, keepdim=True)
     valid = targets >= 0
     safe_targets = targets.clamp_min(0)
     ce = lse - z.gather(1, safe_targets)
     w_valid = weights.to(z.dtype) * valid
+    column_coefs, softmax_coef, copy_grad = w_valid, w_valid.sum(-1, keepdim=True), None
+    if copy is not None:
+        column, p_copy, a_sink = copy
+        column = column.view(1, 1).expand(z.size(0), 1)
+        nll, g_t, g_c, g_lse, d_p, d_s = copy_mixture(ce[:, :1], lse - z.gather(1, column), p_copy[:, None].to(z.dtype),
+                                                      a_sink[:, None].to(z.dtype))
+        w0 = w_valid[:, :1]
+        ce = torch.cat([nll, ce[:, 1:]], 1)
+        column_coefs = torch.cat([-w0 * g_t, w_valid[:, 1:]], 1)
+        softmax_coef = softmax_coef + w0 * (g_lse - 1)
+        copy_grad = torch.cat([w0 * d_p, w0 * d_s], 1)
     loss_rows = (ce * w_valid).sum(-1)
     ce0_rows = torch.where(valid[:, 0], ce[:, 0], 0.0)
-    dz = torch.exp(z - lse) * w_valid.sum(-1, keepdim=True)
-    dz = dz.scatter_add(1, safe_targets, -w_valid)  # duplicate targets add up
+    dz = torch.exp(z - lse) * softmax_coef
+    dz = dz.scatter_add(1, safe_targets, -column_coefs)  # duplicate targets add up
+    if copy is not None:
+        dz = dz.scatter_add(1, column, w0 * g_c)
     sigma = z / SOFTCAP_SCALE
     grad = (grad_mul * SOFTCAP_SCALE / SOFTCAP_TEMPERATURE) * sigma * (1 - sigma) * dz
     if grad_dtype == torch.float8_e5m2:
         grad = grad.clamp(-E5M2_MAX, E5M2_MAX)
-    return loss_rows, ce0_rows, grad.to(grad_dtype)
+    return loss_rows, ce0_rows, grad.to(grad_dtype), copy_grad
 
 
 # Fused soft-capped multi-target cross-entropy, forward and backward in one kernel (#60, #67, #79; T4.1). Persistent
@@ -3743,11 +3803,23 @@ if triton is not None:
             tl.store(g_row + offs, g.to(g_row.dtype.element_ty))
 
     @triton.jit
-    def _softcap_ce_kernel(logits_ptr, targets_ptr, weights_ptr, loss_ptr, ce0_ptr, grad_ptr,
+    def _copy_mixture(ce0, ce_copy, p_copy, a_sink):
+        """copy_mixture (T4.8) for one row's scalars."""
+        P, A = tl.exp(-ce0), tl.exp(-ce_copy)
+        rest = tl.maximum(1 - A, 1e-6)
+        r_t = 1 + A * a_sink / rest
+        r_c = P * a_sink / (rest * rest) + p_copy
+        p = tl.maximum(P * r_t + A * p_copy, 1e-30)
+        return -tl.log(p), -r_t * P / p, -r_c * A / p, (r_t * P + r_c * A) / p, -A / p, -P * A / (rest * p)
+
+    @triton.jit
+    def _softcap_ce_kernel(logits_ptr, targets_ptr, weights_ptr, loss_ptr, ce0_ptr, grad_ptr, copy_column_ptr,
+                           p_copy_ptr, a_sink_ptr, copy_grad_ptr,
                            n_rows, V, stride_logits, stride_targets, stride_grad, grad_mul,
                            CAP: tl.constexpr, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr,
                            N_TARGETS: tl.constexpr, N_PAD: tl.constexpr, PART_A: tl.constexpr, PART_B: tl.constexpr,
-                           PART_C: tl.constexpr, SATURATE_AT: tl.constexpr, FAST_TANH: tl.constexpr):
+                           PART_C: tl.constexpr, SATURATE_AT: tl.constexpr, FAST_TANH: tl.constexpr,
+                           COPY: tl.constexpr):
         LOG2E: tl.constexpr = 1.4426950408889634
         HALF: tl.constexpr = CAP * 0.5
         k = tl.arange(0, N_PAD)
@@ -3780,22 +3852,38 @@ if triton is not None:
             u_y = tl.load(u_row + tl.maximum(ys, 0)).to(tl.float32)
             ce = lse - CAP * tl.sigmoid((u_y + SHIFT) / TEMPERATURE)
             w_valid = tl.where(valid, weights, 0.0)
+            # the logit gradient: softmax_coef·softmax − Σ_k column_coef_k·[column y_k]
+            column_coef, softmax_coef = w_valid, tl.sum(w_valid, axis=0)
+            if COPY:  # the first target's term is the copy pointer's mixture (T4.8); <copy> joins as column N
+                column = tl.load(copy_column_ptr)
+                u_copy = tl.load(u_row + column).to(tl.float32)
+                w0 = tl.sum(tl.where(k == 0, w_valid, 0.0), axis=0)
+                nll, g_t, g_c, g_lse, d_p, d_s = _copy_mixture(
+                    tl.sum(tl.where(k == 0, ce, 0.0), axis=0), lse - CAP * tl.sigmoid((u_copy + SHIFT) / TEMPERATURE),
+                    tl.load(p_copy_ptr + row).to(tl.float32), tl.load(a_sink_ptr + row).to(tl.float32))
+                ce = tl.where(k == 0, nll, ce)
+                column_coef = tl.where(k == 0, -w0 * g_t, tl.where(k == N_TARGETS, -w0 * g_c, column_coef))
+                softmax_coef += w0 * (g_lse - 1)
+                ys = tl.where(k == N_TARGETS, column, ys)
+                u_y = tl.where(k == N_TARGETS, u_copy, u_y)
+                valid = valid | (k == N_TARGETS)
+                tl.store(copy_grad_ptr + 2 * row, w0 * d_p)
+                tl.store(copy_grad_ptr + 2 * row + 1, w0 * d_s)
             tl.store(loss_ptr + row, tl.sum(w_valid * ce, axis=0))
             tl.store(ce0_ptr + row, tl.sum(tl.where((k == 0) & valid, ce, 0.0), axis=0))
-            weight_sum = tl.sum(w_valid, axis=0)
             bias = (HALF - lse) * LOG2E  # z − lse = h·t + h − lse
-            _softcap_grad_store(u_a, g_row, offs_a, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+            _softcap_grad_store(u_a, g_row, offs_a, V, coef * softmax_coef, bias, SHIFT, TEMPERATURE, HALF,
                                 SATURATE_AT, False, FAST_TANH)
             if PART_B > 0:
-                _softcap_grad_store(u_b, g_row, offs_b, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+                _softcap_grad_store(u_b, g_row, offs_b, V, coef * softmax_coef, bias, SHIFT, TEMPERATURE, HALF,
                                     SATURATE_AT, False, FAST_TANH)
             if PART_C > 0:
-                _softcap_grad_store(u_c, g_row, offs_c, V, coef * weight_sum, bias, SHIFT, TEMPERATURE, HALF,
+                _softcap_grad_store(u_c, g_row, offs_c, V, coef * softmax_coef, bias, SHIFT, TEMPERATURE, HALF,
                                     SATURATE_AT, True, FAST_TANH)
             tl.debug_barrier()  # the sweep's stores to the target columns land before their rewrite
             t_y = _softcap_tanh(u_y, SHIFT, TEMPERATURE, FAST_TANH)
-            same_target = tl.sum(tl.where(ys[:, None] == ys[None, :], w_valid[None, :], 0.0), axis=1)
-            g_y = coef * (1 - t_y * t_y) * (weight_sum * tl.exp2(t_y * (HALF * LOG2E) + bias) - same_target)
+            same_target = tl.sum(tl.where(ys[:, None] == ys[None, :], column_coef[None, :], 0.0), axis=1)
+            g_y = coef * (1 - t_y * t_y) * (softmax_coef * tl.exp2(t_y * (HALF * LOG2E) + bias) - same_target)
             if SATURATE_AT > 0:
                 g_y = tl.minimum(tl.maximum(g_y, -SATURATE_AT), SATURATE_AT)
             tl.store(g_row + ys, g_y.to(grad_ptr.dtype.element_ty), mask=valid)
@@ -3822,12 +3910,13 @@ def vocab_parts(V: int) -> tuple[int, int, int]:
 
 def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float, grad_dtype: torch.dtype,
                use_triton: bool | None = None, num_warps: int = 16, programs: int | None = None,
-               fast_tanh: bool | None = None) -> tuple[Tensor, Tensor, Tensor]:
+               fast_tanh: bool | None = None, copy: tuple[Tensor, Tensor, Tensor] | None = None,
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """softcap_ce_reference's function; the fused Triton kernel where use_triton (default: CUDA). programs: persistent
     programs (default one per SM: a 50,304-logit row fills an SM's registers at 16 warps, 128 per thread; larger
     vocabularies spill; T4.4). fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter)."""
     if not (triton_applies(logits) if use_triton is None else use_triton):
-        return softcap_ce_reference(logits, targets, weights, grad_mul, grad_dtype)
+        return softcap_ce_reference(logits, targets, weights, grad_mul, grad_dtype, copy)
     T, V = logits.shape
     N = targets.size(1)
     if not 1 <= N <= MAX_TARGETS or weights.numel() != N or logits.stride(1) != 1 or targets.stride(1) != 1:
@@ -3837,18 +3926,21 @@ def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float
     loss_rows = torch.empty(T, dtype=torch.float32, device=logits.device)
     ce0_rows = torch.empty(T, dtype=torch.float32, device=logits.device)
     grad = torch.empty((T, V), dtype=grad_dtype, device=logits.device)
+    copy_column, p_copy, a_sink = copy if copy is not None else (None, None, None)
+    copy_grad = torch.empty((T, 2), dtype=torch.float32, device=logits.device) if copy is not None else None
     if programs is None:
         programs = T if interpreting else _sm_count(logits.device)
     if fast_tanh is None:
         fast_tanh = not interpreting
     part_a, part_b, part_c = vocab_parts(V)
     _softcap_ce_kernel[(max(1, min(T, programs)),)](
-        logits, targets, weights.contiguous(), loss_rows, ce0_rows, grad, T, V, logits.stride(0),
-        targets.stride(0), grad.stride(0), float(grad_mul), CAP=SOFTCAP_SCALE, SHIFT=SOFTCAP_SHIFT,
-        TEMPERATURE=SOFTCAP_TEMPERATURE, N_TARGETS=N, N_PAD=max(2, triton.next_power_of_2(N)), PART_A=part_a,
-        PART_B=part_b, PART_C=part_c, SATURATE_AT=E5M2_MAX if grad_dtype == torch.float8_e5m2 else 0.0,
-        FAST_TANH=fast_tanh, num_warps=num_warps)
-    return loss_rows, ce0_rows, grad
+        logits, targets, weights.contiguous(), loss_rows, ce0_rows, grad, copy_column, p_copy, a_sink, copy_grad, T, V,
+        logits.stride(0), targets.stride(0), grad.stride(0), float(grad_mul), CAP=SOFTCAP_SCALE, SHIFT=SOFTCAP_SHIFT,
+        TEMPERATURE=SOFTCAP_TEMPERATURE, N_TARGETS=N, N_PAD=max(2, triton.next_power_of_2(N + (copy is not None))),
+        PART_A=part_a, PART_B=part_b, PART_C=part_c,
+        SATURATE_AT=E5M2_MAX if grad_dtype == torch.float8_e5m2 else 0.0, FAST_TANH=fast_tanh,
+        COPY=copy is not None, num_warps=num_warps)
+    return loss_rows, ce0_rows, grad, copy_grad
 
 
 def transpose_copy(src: Tensor, use_triton: bool | None = None, block_m: int = 64, block_n: int = 128,
@@ -3876,9 +3968,11 @@ def _scale_tensor(value: float, device: torch.device) -> Tensor:
 # cross-entropy, which writes the logit gradient at once (the logits are freed), and the backward only multiplies the
 # upstream scalar in and does the two products. FP8 (#19, #67; T4.4): e4m3 x and W inputs select it; logits = x8·W8ᵀ
 # (fast accumulation), gradient e5m2, dx = g8·W8 and dW = g8ᵀ·x8 in FP8 with transposed copies for the K-major operands.
+# With the copy pointer (T4.8) the forward also returns the loss's derivatives in p_copy and a_sink ((0, 2) without).
 @torch.library.custom_op("speedrun::lm_head_softcap_ce", mutates_args=())
-def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: Tensor,
-                                grad_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, grad_scale: float,
+                                copy_column: Tensor | None = None, p_copy: Tensor | None = None,
+                                a_sink: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     if x.dtype == torch.float8_e4m3fn:
         logits = torch._scaled_mm(x, w.t(), scale_a=_scale_tensor(FP8_X_SCALE, x.device),
                                   scale_b=_scale_tensor(FP8_W_SCALE, x.device), out_dtype=torch.bfloat16,
@@ -3887,17 +3981,21 @@ def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: 
     else:
         logits = x @ w.t()
         grad_dtype, grad_mul = logits.dtype, grad_scale
-    loss_rows, ce0_rows, grad = softcap_ce(logits, targets, weights, grad_mul, grad_dtype)
-    return loss_rows.sum() * grad_scale, ce0_rows.mean(), grad
+    copy = None if copy_column is None else (copy_column, p_copy, a_sink)
+    loss_rows, ce0_rows, grad, copy_grad = softcap_ce(logits, targets, weights, grad_mul, grad_dtype, copy=copy)
+    if copy_grad is None:
+        copy_grad = loss_rows.new_zeros((0, 2))
+    return loss_rows.sum() * grad_scale, ce0_rows.mean(), grad, copy_grad
 
 
 @_lm_head_softcap_ce_forward.register_fake
-def _(x, w, targets, weights, grad_scale):
+def _(x, w, targets, weights, grad_scale, copy_column=None, p_copy=None, a_sink=None):
     fp8 = x.dtype == torch.float8_e4m3fn
     logits_dtype = torch.bfloat16 if fp8 else x.dtype
     loss_dtype = torch.promote_types(logits_dtype, torch.float32)
     grad = x.new_empty((x.size(0), w.size(0)), dtype=torch.float8_e5m2 if fp8 else logits_dtype)
-    return x.new_empty((), dtype=loss_dtype), x.new_empty((), dtype=loss_dtype), grad
+    copy_grad = x.new_empty((0 if copy_column is None else x.size(0), 2), dtype=loss_dtype)
+    return x.new_empty((), dtype=loss_dtype), x.new_empty((), dtype=loss_dtype), grad, copy_grad
 
 
 @torch.library.custom_op("speedrun::lm_head_softcap_ce_backward", mutates_args=())
@@ -3927,31 +4025,37 @@ def to_e4m3(t: Tensor, scale: Tensor | float) -> Tensor:
 
 class _LMHeadSoftcapCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, grad_scale: float, fp8: bool):
+    def forward(ctx, x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, grad_scale: float, fp8: bool,
+                copy_column: Tensor | None, p_copy: Tensor | None, a_sink: Tensor | None):
         if fp8:  # quantized in the compiled graph, where inductor fuses the scale and cast
             x, w = to_e4m3(x, FP8_X_SCALE), to_e4m3(w, FP8_W_SCALE)
-        loss, ce0_mean, grad_logits = _lm_head_softcap_ce_forward(x, w, targets, weights, grad_scale)
-        ctx.save_for_backward(x, w, grad_logits)
+        loss, ce0_mean, grad_logits, copy_grad = _lm_head_softcap_ce_forward(x, w, targets, weights, grad_scale,
+                                                                             copy_column, p_copy, a_sink)
+        ctx.save_for_backward(x, w, grad_logits, copy_grad)
         ctx.grad_scale = grad_scale
         ctx.mark_non_differentiable(ce0_mean)
         return loss, ce0_mean
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_ce0: Tensor):
-        x, w, grad_logits = ctx.saved_tensors
+        x, w, grad_logits, copy_grad = ctx.saved_tensors
         grad_x, grad_w = _lm_head_softcap_ce_backward(grad_loss, grad_logits, x, w, ctx.grad_scale)
-        return grad_x, grad_w, None, None, None, None
+        grad_copy = [None, None]
+        if copy_grad.numel():
+            grad_copy = (copy_grad * (grad_loss * ctx.grad_scale)).unbind(1)
+        return grad_x, grad_w, None, None, None, None, None, *grad_copy
 
 
 def lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, grad_scale: float = 1.0,
-                       fp8: bool = False) -> tuple[Tensor, Tensor]:
+                       fp8: bool = False, copy: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """Training loss of the lm_head (V, d) on hidden states x (T, d): (Σ_t loss_t · grad_scale as a
     0-d fp32 tensor, mean ce0_t), with loss_t, ce0_t of softcap_ce_reference for targets (T, N ≤ 4)
-    (−1: none) and weights (N,). fp8 applies on CUDA (needs T % 16 == 0); elsewhere the plain path."""
+    (−1: none) and weights (N,). fp8 applies on CUDA (needs T % 16 == 0); elsewhere the plain path. copy: the copy
+    pointer's (<copy> column (1,), p_copy (T,), a_sink (T,)) (T4.8); the gradient reaches p_copy and a_sink."""
     fp8 = fp8 and x.is_cuda
     if fp8 and x.size(0) % 16:
         raise ValueError(f"the FP8 lm_head needs a multiple of 16 tokens, got {x.size(0)}")
-    return _LMHeadSoftcapCE.apply(x.contiguous(), lm_head, targets, weights, grad_scale, fp8)
+    return _LMHeadSoftcapCE.apply(x.contiguous(), lm_head, targets, weights, grad_scale, fp8, *(copy or (None,) * 3))
 
 
 # --- Sampled (shared-negative) soft-capped cross-entropy for training (#92, T4.6) ----------------------
@@ -4015,16 +4119,83 @@ def sampled_softcap_ce_reference(x: Tensor, lm_head: Tensor, targets: Tensor, we
 
 
 def sampled_lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, budget: int,
-                               step: Tensor, grad_scale: float = 1.0,
-                               fp8: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                               step: Tensor, grad_scale: float = 1.0, fp8: bool = False,
+                               pointer: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """lm_head_softcap_ce against `budget` candidate columns (candidate_set's for `step`): the candidates' rows of the
     lm_head gathered (with fp8, the e4m3 weight's rows: the fixed-scale quantization commutes with the gather, so only
     the gathered rows are quantized), the fused kernel on the (T, budget) logits (its exponent sums already take the
     soft-cap's bound, 23, in place of a running maximum) with the targets remapped; the gradient reaches W's candidate
-    rows only (autograd's scatter of the gather). (loss, mean ce0 over the candidates, shortfall)."""
+    rows only (autograd's scatter of the gather). (loss, mean ce0 over the candidates, shortfall). pointer: the copy
+    pointer's (p_copy, a_sink) (T4.8); <copy> then joins the candidates as a target of its own (an extra column, row 0),
+    the first one left out should the targets overflow the budget (the trainer stops at its shortfall)."""
+    copy = None
+    if pointer is not None:
+        forced = torch.cat([targets.new_full((1,), COPY_TOKEN), targets.new_full((targets.size(0) - 1,), -1)])
+        targets = torch.cat([targets, forced[:, None]], 1)
     candidates, candidate_targets, shortfall = candidate_set(targets, lm_head.size(0), budget, step)
-    loss, ce0 = lm_head_softcap_ce(x, lm_head[candidates], candidate_targets, weights, grad_scale, fp8)
+    if pointer is not None:
+        copy = (candidate_targets[0, -1:].clamp_min(0), *pointer)
+        candidate_targets = candidate_targets[:, :-1]
+    loss, ce0 = lm_head_softcap_ce(x, lm_head[candidates], candidate_targets, weights, grad_scale, fp8, copy)
     return loss, ce0, shortfall
+
+
+# --- Copy pointer (PR #379 "CPLM", on record #92; T4.8) ----------------------------------------------------
+# COPY_POINTER=1 mixes the next-token distribution with a pointer over the same document's last COPY_WINDOW tokens:
+# p(y) = p_lm(y)·(1 − α·(1 − a_sink))/(1 − α) + α·p_copy(y), with α the softmax mass of the <copy> column (the
+# vocabulary's first padding row: no new output parameters), p_copy(y) the pointer's attention mass on earlier positions
+# holding token y, and a_sink its learned sink's mass (returned to the vocabulary). One head, COPY_HEAD_DIM wide, reads
+# the final normed hidden state, as the lm_head does; its query (times a learned gain) and key are RMS-normed. Only the
+# next-token term is the mixture; the multi-token and prefix terms stay plain cross-entropies over the same softmax.
+COPY_TOKEN = 50257
+COPY_HEAD_DIM = 128
+
+
+def copy_pointer_reference(x: Tensor, copy_qk: Tensor, gain: Tensor, sink: Tensor, input_ids: Tensor,
+                           next_ids: Tensor, doc_ids: Tensor, window: int) -> tuple[Tensor, Tensor]:
+    """(p_copy, a_sink) (T,) fp32 by the definition, over the full (T, T) scores: position i attends to the j with
+    i − window ≤ j < i in its document and to the sink; p_copy is the mass on the j with input_ids[j] = next_ids[i]."""
+    q, k = copy_pointer_qk(x, copy_qk, gain)
+    wide = torch.promote_types(x.dtype, torch.float32)
+    scores = (q @ k.t()).to(wide) * COPY_HEAD_DIM ** -0.5
+    i, j = torch.arange(x.size(0), device=x.device)[:, None], torch.arange(x.size(0), device=x.device)[None, :]
+    valid = (j < i) & (i - j <= window) & (doc_ids[:, None] == doc_ids[None, :])
+    sink_scores = (q.to(wide) @ sink.to(wide)) * COPY_HEAD_DIM ** -0.5
+    lse = torch.logsumexp(torch.cat([scores.masked_fill(~valid, float("-inf")), sink_scores[:, None]], 1), 1)
+    match = valid & (input_ids[None, :] == next_ids[:, None])
+    return (torch.exp(scores - lse[:, None]) * match).sum(1), torch.exp(sink_scores - lse)
+
+
+def copy_pointer_qk(x: Tensor, copy_qk: Tensor, gain: Tensor) -> tuple[Tensor, Tensor]:
+    """The pointer's query and key (T, COPY_HEAD_DIM) in x's dtype: copy_qk (2, COPY_HEAD_DIM, d) holds W_q, W_k."""
+    return norm(x @ copy_qk[0].t()) * gain.to(x.dtype), norm(x @ copy_qk[1].t())
+
+
+def copy_pointer(x: Tensor, copy_qk: Tensor, gain: Tensor, sink: Tensor, input_ids: Tensor, next_ids: Tensor,
+                 doc_ids: Tensor, window: int) -> tuple[Tensor, Tensor]:
+    """copy_pointer_reference's (p_copy, a_sink) in blocks of `window` queries, each against its own and the previous
+    block's keys ((T/window)·window·2·window scores instead of T²): static shapes, one batched product."""
+    T, B, device = x.size(0), window, x.device
+    blocks, pad = -(-T // B), -T % B
+    q, k = copy_pointer_qk(x, copy_qk, gain)
+
+    def keys(t: Tensor, fill) -> Tensor:  # (blocks, 2B, ...): block b's keys, positions (b − 1)·B ... (b + 1)·B − 1
+        t = F.pad(t, (0, 0) * (t.dim() - 1) + (B, pad), value=fill).view(blocks + 1, B, *t.shape[1:])
+        return torch.cat([t[:-1], t[1:]], 1)
+
+    wide = torch.promote_types(x.dtype, torch.float32)
+    scores = (F.pad(q, (0, 0, 0, pad)).view(blocks, B, -1) @ keys(k, 0.0).transpose(1, 2)).to(wide)
+    scores = scores * COPY_HEAD_DIM ** -0.5
+    q_pos = torch.arange(blocks * B, device=device).view(blocks, B, 1)
+    k_pos = ((torch.arange(blocks, device=device)[:, None] - 1) * B + torch.arange(2 * B, device=device))[:, None, :]
+    q_doc, k_doc = F.pad(doc_ids, (0, pad), value=-2).view(blocks, B, 1), keys(doc_ids, -1)[:, None, :]
+    valid = (k_pos < q_pos) & (q_pos - k_pos <= B) & (q_doc == k_doc)
+    sink_scores = (q.to(wide) @ sink.to(wide)) * COPY_HEAD_DIM ** -0.5
+    sink_scores = F.pad(sink_scores, (0, pad)).view(blocks, B, 1)
+    lse = torch.logsumexp(torch.cat([scores.masked_fill(~valid, float("-inf")), sink_scores], 2), 2, keepdim=True)
+    match = valid & (F.pad(next_ids, (0, pad), value=-2).view(blocks, B, 1) == keys(input_ids, -1)[:, None, :])
+    p_copy = (torch.exp(scores - lse) * match).sum(2)
+    return p_copy.view(-1)[:T], torch.exp(sink_scores - lse).view(-1)[:T]
 
 
 # --- MLP: ReLU² with the activation in the GEMM (T6.1) ------------------------------------------------

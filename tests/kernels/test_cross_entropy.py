@@ -26,6 +26,7 @@ POISON = textwrap.dedent("""
 # in e5m2) and truncates to bf16; the GPU rounds to nearest even, as torch does. The check routes
 # float narrowing through torch so that it tests the kernel, not the interpreter's conversion.
 INTERPRETER_CHECK = POISON + textwrap.dedent("""
+    import itertools
     import numpy as np
     import triton.runtime.interpreter as interpreter
     import train_gpt as T
@@ -58,14 +59,25 @@ INTERPRETER_CHECK = POISON + textwrap.dedent("""
         if N > 2:
             targets[1, 1] = -1
         weights = torch.rand(N) + 0.1
-        for grad_dtype, tol in ((torch.bfloat16, 2e-3), (torch.float8_e5m2, 8e-2)):
-            ref = T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, use_triton=False)
-            out = T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, use_triton=True, programs=programs)
-            case = (T_rows, V, N, programs, grad_mul, str(grad_dtype))
+        # the copy pointer's mixture (T4.8): <copy> a column of the row, a row without a next-token target
+        copy_targets = targets.clone()
+        copy_targets[1, 0] = -1
+        copy = (torch.tensor([V - 2]), torch.rand(T_rows) * 0.5, torch.rand(T_rows) * 0.3)
+        for (grad_dtype, tol), mixture in itertools.product(((torch.bfloat16, 2e-3), (torch.float8_e5m2, 8e-2)),
+                                                           (False, True)):
+            args = (logits, copy_targets if mixture else targets, weights, grad_mul, grad_dtype)
+            pointer = copy if mixture else None
+            ref = T.softcap_ce(*args, use_triton=False, copy=pointer)
+            out = T.softcap_ce(*args, use_triton=True, programs=programs, copy=pointer)
+            case = (T_rows, V, N, programs, grad_mul, str(grad_dtype), mixture)
             assert out[2].dtype == grad_dtype and torch.isfinite(out[2].float()).all(), case
             results.append(("loss_rows", case, rel(out[0], ref[0]), 1e-5))
             results.append(("ce0_rows", case, rel(out[1], ref[1]), 1e-5))
             results.append(("grad", case, rel(out[2].float(), ref[2].float()), tol))
+            if mixture:
+                results.append(("copy_grad", case, rel(out[3], ref[3]), 1e-5))
+            else:
+                assert out[3] is None and ref[3] is None
     for dtype in (torch.uint8, torch.float8_e5m2, torch.bfloat16):
         for shape, blocks in (((37, 70), (16, 32)), ((64, 128), (64, 128)), ((33, 129), (16, 64))):
             src = (torch.randn(shape) * 100).to(dtype) if dtype != torch.uint8 else torch.randint(0, 255, shape, dtype=dtype)
@@ -83,7 +95,8 @@ INTERPRETER_CHECK = POISON + textwrap.dedent("""
 @pytest.mark.skipif(T.triton is None, reason="Triton not installed")
 def test_kernels_in_the_triton_interpreter():
     """Loss rows, ce0 rows and bf16/e5m2 gradients of the fused kernel (N = 1..4, −1 and duplicate
-    targets, each layout of a row's parts, persistent programs, saturation) and the transpose copy."""
+    targets, each layout of a row's parts, persistent programs, saturation; with and without the copy
+    pointer's mixture, T4.8) and the transpose copy."""
     run_in_triton_interpreter(INTERPRETER_CHECK, timeout=900)
 
 
@@ -175,7 +188,7 @@ def test_fp8_op_math_on_cpu():
     _scaled_mm (the model never takes this path off CUDA), against the plain bf16 formulation."""
     x, w, targets, weights = random_problem(256, 1000, 64, 3, torch.bfloat16)
     results = []
-    for fn in (lambda x, w: T._LMHeadSoftcapCE.apply(x, w, targets, weights, 0.5, True),
+    for fn in (lambda x, w: T._LMHeadSoftcapCE.apply(x, w, targets, weights, 0.5, True, None, None, None),
                lambda x, w: plain_loss(x.float(), w.float(), targets, weights, 0.5)):
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
         loss, ce0 = fn(xg, wg)
@@ -188,6 +201,8 @@ def test_fp8_op_math_on_cpu():
     for dtype in (torch.float32, torch.bfloat16):
         x, w, targets, weights = random_problem(32, 101, 16, 2, dtype)
         torch.library.opcheck(torch.ops.speedrun.lm_head_softcap_ce.default, (x, w, targets, weights, 0.5))
+        copy = (torch.tensor([7]), torch.rand(32, dtype=dtype), torch.rand(32, dtype=dtype) * 0.3)  # T4.8
+        torch.library.opcheck(torch.ops.speedrun.lm_head_softcap_ce.default, (x, w, targets, weights, 0.5, *copy))
         grad = torch.ops.speedrun.lm_head_softcap_ce(x, w, targets, weights, 0.5)[2]
         torch.library.opcheck(torch.ops.speedrun.lm_head_softcap_ce_backward.default,
                               (torch.tensor(1.3), grad, x, w, 0.5))
@@ -199,7 +214,7 @@ def test_op_traces_under_torch_compile(fp8):
     x, w, targets, weights = random_problem(32, 101, 16, 2, torch.bfloat16)
 
     def step(x, w, targets, weights):
-        loss, ce0 = T._LMHeadSoftcapCE.apply(x, w, targets, weights, 0.5, fp8)
+        loss, ce0 = T._LMHeadSoftcapCE.apply(x, w, targets, weights, 0.5, fp8, None, None, None)
         return loss * 3.0, ce0
 
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
@@ -221,7 +236,7 @@ def test_kernel_launcher_names_what_it_cannot_take():
     logits = torch.randn(4, 50).bfloat16()
     with pytest.raises(ValueError, match="N <= 4"):
         T.softcap_ce(logits, torch.zeros(4, 5, dtype=torch.long), torch.ones(5), 1.0, torch.bfloat16, use_triton=True)
-    loss_rows, ce0_rows, grad = T.softcap_ce(logits, torch.zeros(4, 5, dtype=torch.long), torch.ones(5), 1.0,
+    loss_rows, ce0_rows, grad, _ = T.softcap_ce(logits, torch.zeros(4, 5, dtype=torch.long), torch.ones(5), 1.0,
                                              torch.bfloat16)
     assert loss_rows.shape == (4,) and grad.shape == (4, 50) and torch.allclose(loss_rows, 5 * ce0_rows)
 

@@ -181,7 +181,7 @@ def test_multi_target_cross_entropy_reference_matches_a_loop():
     targets[[0, 3], 3] = -1
     targets[2, 2] = targets[2, 0]  # the same token twice in one row
     weights = torch.tensor([1.0, 0.5, 0.25, 0.3])
-    loss_rows, ce0_rows, _ = T.softcap_ce_reference(logits, targets, weights, 1.0, torch.float32)
+    loss_rows, ce0_rows, _, _ = T.softcap_ce_reference(logits, targets, weights, 1.0, torch.float32)
     loss, ce0 = loss_rows.sum(), ce0_rows.mean()
     z = 23 * torch.sigmoid((logits.double() + 5) / 7.5)
     lse = torch.logsumexp(z, -1)

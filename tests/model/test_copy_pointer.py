@@ -1,0 +1,225 @@
+"""The copy pointer (COPY_POINTER=1, docs/TECHNIQUES.md T4.8): the blocked pointer against its definition, the
+mixture's loss and gradients through the lm_head op against autograd through the plain formulation, the sampled
+path's <copy> candidate, the model's training and evaluation losses, the settings; on a GPU, the fused kernel and
+the compiled model."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import train_gpt as T
+from helpers import TINY, cpu_execution, model_of, random_batch, rel_err
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def pointer_inputs(T_tokens, d=64, doc_rate=0.01, vocab=20, dtype=torch.float64, device="cpu", seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = T.norm(torch.randn(T_tokens, d, device=device, generator=gen)).to(dtype)
+    qk = (torch.randn(2, T.COPY_HEAD_DIM, d, device=device, generator=gen) * 0.3).to(dtype)
+    gain = torch.tensor(1.3, dtype=torch.float32 if dtype != torch.float64 else dtype, device=device)
+    sink = torch.randn(T.COPY_HEAD_DIM, device=device, generator=gen).to(gain.dtype) * 0.3
+    ids = torch.randint(0, vocab, (T_tokens + 1,), device=device, generator=gen)  # a small vocabulary: many copies
+    docs = torch.cumsum((torch.rand(T_tokens, device=device, generator=gen) < doc_rate).long(), 0)
+    return x, qk, gain, sink, ids[:-1], ids[1:], docs
+
+
+@pytest.mark.parametrize("T_tokens, window", [(300, 64), (256, 64), (50, 64), (129, 32), (200, 1)])
+def test_blocked_pointer_is_its_definition(T_tokens, window):
+    """Blocks of `window` queries against their own and the previous block's keys: every position attends to the
+    window before it in its document and to the sink, ragged ends and single-token windows included; the same
+    values and the same gradients as the dense (T, T) definition."""
+    x, qk, gain, sink, ids, next_ids, docs = pointer_inputs(T_tokens)
+    params = [t.clone().requires_grad_() for t in (x, qk, gain, sink)]
+    ref_params = [t.clone().requires_grad_() for t in (x, qk, gain, sink)]
+    got = T.copy_pointer(*params, ids, next_ids, docs, window)
+    want = T.copy_pointer_reference(*ref_params, ids, next_ids, docs, window)
+    upstream = torch.rand(2, T_tokens, dtype=torch.float64)
+    torch.autograd.backward(got, tuple(upstream))
+    torch.autograd.backward(want, tuple(upstream))
+    for a, b in zip(got, want):
+        assert a.shape == (T_tokens,) and torch.allclose(a, b, rtol=1e-12, atol=1e-14)
+    for a, b in zip(params, ref_params):
+        assert rel_err(a.grad, b.grad) < 1e-12
+    p_copy, a_sink = want
+    assert ((p_copy >= 0) & (a_sink > 0) & (p_copy + a_sink <= 1 + 1e-12)).all()
+    assert p_copy.max() > 0.05  # copies found: a small vocabulary repeats tokens within the window
+
+
+def test_pointer_looks_back_only_within_its_window_and_document():
+    """The mass on a copy comes only from earlier positions at most `window` back in the same document: a copy
+    further back, in another document or ahead counts for nothing, one inside it for its attention weight."""
+    x, qk, gain, sink, _, _, _ = pointer_inputs(12)
+    ids = torch.arange(100, 112)
+    docs = torch.tensor([0] * 6 + [1] * 6)
+    next_ids = torch.full((12,), -1)
+    next_ids[9] = ids[7].item()  # two back, same document: found
+    next_ids[10] = ids[2].item()  # another document
+    next_ids[11] = ids[6].item()  # five back with a window of 4
+    next_ids[8] = ids[11].item()  # ahead
+    p_copy, a_sink = T.copy_pointer(x, qk, gain, sink, ids, next_ids, docs, 4)
+    assert p_copy[9] > 0 and p_copy[10] == 0 and p_copy[11] == 0 and p_copy[8] == 0
+    assert a_sink[0] == 1 and a_sink[6] == 1  # a document's first position attends to the sink alone
+
+
+def mixture_loss(x, w, targets, weights, grad_scale, column, p_copy, a_sink):
+    """The mixture by its definition (T4.8), for autograd: p(y) = p_lm(y)/(1 − α)·(1 − α(1 − a_sink)) + α·p_copy."""
+    logp = torch.log_softmax(T.softcap(x @ w.t()), -1)
+    valid = targets >= 0
+    ce = -logp.gather(1, targets.clamp_min(0))
+    lm, alpha = ce[:, :1].neg().exp(), logp[:, column:column + 1].exp()
+    p = lm / (1 - alpha) * (1 - alpha * (1 - a_sink[:, None])) + alpha * p_copy[:, None]
+    ce = torch.cat([-torch.log(p), ce[:, 1:]], 1)
+    return (ce * weights * valid).sum() * grad_scale, torch.where(valid[:, 0], ce[:, 0], 0).mean()
+
+
+@pytest.mark.parametrize("N", [1, 3])
+def test_mixture_op_gradients_match_autograd_in_float64(N):
+    """Loss, mean next-token loss and the gradients of x, the lm_head, p_copy and a_sink through the op (the kernel's
+    reference arithmetic: copy_mixture's closed-form derivatives) against autograd through the definition; rows
+    without a next-token target contribute nothing."""
+    gen = torch.Generator().manual_seed(0)
+    Tn, V, d = 23, 97, 16
+    x = T.norm(torch.randn(Tn, d, generator=gen)).double()
+    w = (torch.randn(V, d, generator=gen) * 0.3).double()
+    targets = torch.randint(0, 90, (Tn, N), generator=gen)
+    targets[-2:, 1:] = -1
+    targets[3, 0] = -1
+    weights = torch.tensor([1.0, 0.5, 0.25][:N], dtype=torch.float64)
+    p_copy, a_sink = torch.rand(Tn, generator=gen).double() * 0.5, torch.rand(Tn, generator=gen).double() * 0.3
+    ins = [t.clone().requires_grad_() for t in (x, w, p_copy, a_sink)]
+    loss, ce0 = T.lm_head_softcap_ce(ins[0], ins[1], targets, weights, 0.25, copy=(torch.tensor([93]), *ins[2:]))
+    (loss * 1.7).backward()
+    ref_ins = [t.clone().requires_grad_() for t in (x, w, p_copy, a_sink)]
+    ref_loss, ref_ce0 = mixture_loss(ref_ins[0], ref_ins[1], targets, weights, 0.25, 93, *ref_ins[2:])
+    (ref_loss * 1.7).backward()
+    assert abs(loss.item() - ref_loss.item()) < 1e-12 * abs(ref_loss.item())
+    assert abs(ce0.item() - ref_ce0.item()) < 1e-12 * abs(ref_ce0.item())
+    for name, a, b in zip(("x", "lm_head", "p_copy", "a_sink"), ins, ref_ins):
+        assert rel_err(a.grad, b.grad) < 1e-10, name
+    assert ins[2].grad[3] == 0 and ins[3].grad[3] == 0
+
+
+def test_sampled_mixture_takes_copy_as_a_candidate():
+    """In the sampled softmax (T4.6) <copy> is always a candidate, and the loss is the mixture over the candidates'
+    softmax with <copy>'s column where the candidate set put it."""
+    gen = torch.Generator().manual_seed(1)
+    Tn, V, d, budget = 64, T.COPY_TOKEN + 47, 16, 256
+    x = T.norm(torch.randn(Tn, d, generator=gen)).double()
+    w = (torch.randn(V, d, generator=gen) * 0.3).double()
+    targets = torch.randint(0, 5000, (Tn, 2), generator=gen)
+    weights = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    p_copy, a_sink = torch.rand(Tn, generator=gen).double() * 0.5, torch.rand(Tn, generator=gen).double() * 0.3
+    step = torch.tensor(3)
+    loss, ce0, shortfall = T.sampled_lm_head_softcap_ce(x, w, targets, weights, budget, step, 0.5,
+                                                        pointer=(p_copy, a_sink))
+    forced = torch.cat([targets, torch.full((Tn, 1), -1)], 1)
+    forced[0, 2] = T.COPY_TOKEN
+    candidates, candidate_targets, _ = T.candidate_set(forced, V, budget, step)
+    column = (candidates == T.COPY_TOKEN).nonzero()[:, 0]
+    assert shortfall == 0 and column.numel() == 1 and candidate_targets[0, 2] == column
+    want, want_ce0 = mixture_loss(x, w[candidates], candidate_targets[:, :2], weights, 0.5, column.item(),
+                                  p_copy, a_sink)
+    assert abs(loss.item() - want.item()) < 1e-12 * want.item() and abs(ce0.item() - want_ce0.item()) < 1e-12
+
+
+def copy_model(seed=0, **settings):
+    torch.manual_seed(seed)
+    hp = T.Hyperparameters.of(**TINY, copy_pointer=True, copy_window=64, **settings)
+    model = model_of(hp)
+    with torch.no_grad():  # a pointer with opinions and a <copy> column with some mass
+        model.copy_qk.mul_(8)
+        model.lm_head[T.COPY_TOKEN].normal_(0, 0.5)
+    return hp, model
+
+
+def test_model_trains_and_evaluates_the_mixture():
+    """Every copy parameter gets a gradient in training, full softmax and sampled; the optimizer's table covers them;
+    evaluation scores the mixture (its chunks read the window before them: any chunk gives the same sum), and at the
+    full softmax equals training's mean next-token loss; without COPY_POINTER the model has no copy parameters and
+    the same initial weights."""
+    hp, model = copy_model()
+    assert {"copy_qk", "copy_gain", "copy_sink"} <= set(T.param_specs(model))
+    inputs, targets, cu = random_batch(vocab=64)  # repeated tokens: copies in every window
+    shape = T.ForwardShape(32, 96, 128, n_predict=3)
+    weights = torch.tensor([1.0, 0.5, 0.125])
+    plan = cpu_execution(hp, tokens=inputs.numel())
+    for budget in (0, 512):
+        model.zero_grad()
+        loss, ce = model.training_loss(inputs, targets, cu, shape, dataclasses.replace(plan, ce_candidates=budget),
+                                       weights)
+        loss.backward()
+        for name in ("copy_qk", "copy_gain", "copy_sink"):
+            grad = model.get_parameter(name).grad
+            assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0, (budget, name)
+        if budget == 0:
+            full_ce = ce
+    evaluation = cpu_execution(hp, tokens=inputs.numel(), training=False)
+    with torch.no_grad():
+        sums = [model.evaluation_loss(inputs, targets, cu, shape, evaluation, chunk) for chunk in (100, 256)]
+        x = model.hidden_states(inputs, cu, shape, evaluation)
+        z = T.softcap(x @ model.lm_head.t())
+        plain = (torch.logsumexp(z, -1) - z.gather(1, targets.long()[:, None])[:, 0]).sum()
+    assert rel_err(sums[0], sums[1]) < 1e-5 and rel_err(sums[0] / inputs.numel(), full_ce) < 1e-4
+    assert abs(sums[0] - plain) > 1e-3 * plain  # the pointer changes the loss
+    torch.manual_seed(0)
+    plain_model = model_of(T.Hyperparameters.of(**TINY))
+    assert not any(name.startswith("copy") for name, _ in plain_model.named_parameters())
+    with torch.no_grad():
+        model.copy_qk.div_(8)
+        model.lm_head[T.COPY_TOKEN] = plain_model.lm_head[T.COPY_TOKEN]
+    for name, p in plain_model.named_parameters():
+        assert torch.equal(p, model.get_parameter(name)), name
+
+
+@pytest.mark.parametrize("settings, message", [({"copy_window": 0}, "COPY_WINDOW=0"),
+                                               ({"vocab_size": 50257}, "VOCAB_SIZE > 50257")])
+def test_copy_settings_are_checked(settings, message):
+    hp = T.Hyperparameters.of(copy_pointer=True, **settings)
+    with pytest.raises(T.SetupError, match=message):
+        T.check_hyperparameters(hp)
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [1, 3])
+def test_fused_mixture_kernel_matches_its_reference_at_full_vocab(N):
+    """The fused kernel with the mixture (bf16 and e5m2 gradients) against softcap_ce_reference, GPT-2's 50,304
+    columns, <copy> at row 50257."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    logits = (torch.randn(4096, 50304, device="cuda", generator=gen) * 3).bfloat16()
+    targets = torch.randint(0, T.COPY_TOKEN, (4096, N), device="cuda", generator=gen)
+    targets[::97, 0] = -1
+    weights = torch.tensor([1.0, 0.5, 0.25][:N], device="cuda")
+    copy = (torch.tensor([T.COPY_TOKEN], device="cuda"), torch.rand(4096, device="cuda", generator=gen) * 0.5,
+            torch.rand(4096, device="cuda", generator=gen) * 0.3)
+    for grad_dtype, grad_mul, tol in ((torch.bfloat16, 0.5, 1e-2), (torch.float8_e5m2, 1 / T.FP8_GRAD_SCALE, 8e-2)):
+        ref = T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, use_triton=False, copy=copy)
+        out = T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, copy=copy)
+        assert rel_err(out[0], ref[0]) < 1e-3 and rel_err(out[1], ref[1]) < 1e-3 and rel_err(out[3], ref[3]) < 1e-3
+        assert torch.isfinite(out[2].float()).all() and rel_err(out[2].float(), ref[2].float()) < tol
+
+
+@cuda
+@pytest.mark.gpu
+def test_compiled_model_with_the_copy_pointer_matches_eager_on_gpu():
+    """The whole model compiled with the pointer, full and sampled softmax, FP8 lm_head: loss and the copy
+    parameters' gradients as eager's."""
+    hp, model = copy_model(device="cuda")
+    model = model.cuda()
+    inputs, targets, cu = (t.cuda() for t in random_batch(vocab=64))
+    shape = T.ForwardShape(32, 96, 256, n_predict=3)
+    weights = torch.tensor([1.0, 0.5, 0.25], device="cuda")
+    plan = T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), 256, training=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(model.training_loss, dynamic=False, fullgraph=True)
+    for budget in (0, 1024):
+        results = []
+        for fn in (model.training_loss, compiled):
+            model.zero_grad()
+            loss, ce = fn(inputs, targets, cu, shape, dataclasses.replace(plan, ce_candidates=budget), weights, 0.5)
+            loss.backward()
+            results.append((loss.detach(), ce, model.copy_qk.grad.clone(), model.copy_sink.grad.clone()))
+        for a, b in zip(*results):
+            assert torch.isfinite(a).all() and rel_err(a, b) < 2e-2, budget
