@@ -4192,7 +4192,8 @@ def copy_pointer(x: Tensor, copy_qk: Tensor, gain: Tensor, sink: Tensor, input_i
     valid = (k_pos < q_pos) & (q_pos - k_pos <= B) & (q_doc == k_doc)
     sink_scores = (q.to(wide) @ sink.to(wide)) * COPY_HEAD_DIM ** -0.5
     sink_scores = F.pad(sink_scores, (0, pad)).view(blocks, B, 1)
-    lse = torch.logsumexp(torch.cat([scores.masked_fill(~valid, float("-inf")), sink_scores], 2), 2, keepdim=True)
+    # a finite fill (no NaN gradient where only the sink is valid), far below any score of normed q and k
+    lse = torch.logaddexp(torch.logsumexp(scores.masked_fill(~valid, -1e9), 2, keepdim=True), sink_scores)
     match = valid & (F.pad(next_ids, (0, pad), value=-2).view(blocks, B, 1) == keys(input_ids, -1)[:, None, :])
     p_copy = (torch.exp(scores - lse) * match).sum(2)
     return p_copy.view(-1)[:T], torch.exp(sink_scores - lse).view(-1)[:T]

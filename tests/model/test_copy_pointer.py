@@ -4,12 +4,16 @@ path's <copy> candidate, the model's training and evaluation losses, the setting
 the compiled model."""
 
 import dataclasses
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import train_gpt as T
-from helpers import TINY, cpu_execution, model_of, random_batch, rel_err
+from helpers import ROOT, TINY, cpu_execution, model_of, random_batch, rel_err, tiny_env
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -223,3 +227,17 @@ def test_compiled_model_with_the_copy_pointer_matches_eager_on_gpu():
             results.append((loss.detach(), ce, model.copy_qk.grad.clone(), model.copy_sink.grad.clone()))
         for a, b in zip(*results):
             assert torch.isfinite(a).all() and rel_err(a, b) < 2e-2, budget
+
+
+def test_main_trains_with_the_copy_pointer(tmp_path, corpus):
+    """main() on the tiny corpus with COPY_POINTER=1: the sampled stages (<copy> among the candidates), the taper's
+    full softmax, the optimizer's rows of the copy parameters and the mixture's validation, end to end; it learns."""
+    env = tiny_env(tmp_path, corpus, rank_slice=True, num_scheduled_iterations=12, num_extension_iterations=1,
+                   val_loss_every=0, run_id="copy", copy_pointer=True, copy_window=64)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train_gpt.py")], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (tmp_path / "logs" / "copy.txt").read_text()
+    assert '"copy_pointer": true' in log and "COPY_POINTER=1" in log
+    vals = [float(v) for v in re.findall(r"^step:\d+/13 val_loss:(\d+\.\d{4}) ", log, re.M)]
+    assert len(vals) == 2 and vals[0] > 10 and vals[-1] < vals[0] - 1, vals
