@@ -13,3 +13,4 @@ arm 0 cplm1200 GPU_MEMORY_GIB=77 COPY_POINTER=1 NUM_SCHEDULED_ITERATIONS=1185
 arm 0 base GPU_MEMORY_GIB=77
 python records/tool.py stages "$L"/cplm_s*.txt "$L"/cplm1200_s*.txt "$L"/base_s*.txt > "$L/stages.md" 2>&1
 note "stages rc=$?"
+pack_cache  # for `bench/lease.sh pack-cache "$OUT"` if device time is left: the next lease then skips most of the cold compile
