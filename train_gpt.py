@@ -544,6 +544,11 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         evaluation_chunk=0 if training else min(32768 if cuda else 64, tokens))
 
 
+def document_ids(cu_seqlens: Tensor, T: int) -> Tensor:
+    """The document of each of T packed positions, from the documents' start offsets cu_seqlens."""
+    return torch.searchsorted(cu_seqlens, torch.arange(T, device=cu_seqlens.device, dtype=cu_seqlens.dtype), right=True)
+
+
 def norm(x: Tensor) -> Tensor:
     """RMSNorm without weights (eps: F.rms_norm's default, fp32's machine epsilon for bf16 and fp32) (T3.2)."""
     return F.rms_norm(x, (x.size(-1),))
@@ -844,7 +849,7 @@ class GPT(nn.Module):
         step's candidates (T4.6; the mean CE is then the candidates' too)."""
         x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
         targets = self.target_columns(target_ids.long(), shape)
-        pointer = self.copy_pointer(x, input_ids, target_ids, cu_seqlens) if self.config.copy_pointer else None
+        pointer = self.pointer_masses(x, input_ids, target_ids, cu_seqlens) if self.config.copy_pointer else None
         if execution.ce_candidates:
             loss, ce, shortfall = sampled_lm_head_softcap_ce(x, self.lm_head, targets, target_weights,
                                                              execution.ce_candidates, self.candidate_step,
@@ -867,18 +872,17 @@ class GPT(nn.Module):
             ce = lse - z.gather(1, targets[i: i + chunk, None])[:, 0]
             if self.config.copy_pointer:
                 start = max(0, i - self.config.copy_window)
-                p_copy, a_sink = self.copy_pointer(x[start: i + chunk], input_ids[start: i + chunk],
-                                                   targets[start: i + chunk], cu_seqlens - start)
+                p_copy, a_sink = self.pointer_masses(x[start: i + chunk], input_ids[start: i + chunk],
+                                                     targets[start: i + chunk], cu_seqlens - start)
                 ce = copy_mixture(ce, lse - z[:, COPY_TOKEN], p_copy[i - start:], a_sink[i - start:])[0]
             total = total + ce.sum()
         return total
 
-    def copy_pointer(self, x: Tensor, input_ids: Tensor, next_ids: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:
+    def pointer_masses(self, x: Tensor, input_ids: Tensor, next_ids: Tensor,
+                       cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:
         """(p_copy, a_sink) of the copy pointer (T4.8) on the final hidden states x of the packed documents."""
-        doc_ids = torch.searchsorted(cu_seqlens, torch.arange(x.size(0), device=x.device, dtype=cu_seqlens.dtype),
-                                     right=True)
         return copy_pointer(x, self.copy_qk, self.copy_gain, self.copy_sink, input_ids.long(), next_ids.long(),
-                            doc_ids, self.config.copy_window)
+                            document_ids(cu_seqlens, x.size(0)), self.config.copy_window)
 
     def target_columns(self, targets: Tensor, shape: ForwardShape) -> Tensor:
         """Target matrix (T, N), -1 = none: multi-token prediction (#53, T4.2) scores the same logits
@@ -971,8 +975,7 @@ class GPT(nn.Module):
 
     def attention_layout(self, T: int, cu_seqlens: Tensor, shape: ForwardShape, execution: ExecutionPlan) -> tuple:
         """(AttnArgs, rotary tables) of the plain sequence, then of the doubled one (paired heads, T3.10)."""
-        positions = torch.arange(T, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
-        doc_ids = torch.searchsorted(cu_seqlens, positions, right=True)
+        doc_ids = document_ids(cu_seqlens, T)
         attn = AttnArgs(cu_seqlens, doc_ids, shape.max_seq_len, execution.attention, {})
         rope = (self.rope_cos[:T, None], self.rope_sin[:T, None])
         quarter = self.config.head_dim // 4  # the doubled sequence's tables, as (token, half of the heads)
@@ -3702,8 +3705,9 @@ def softcap(logits: Tensor) -> Tensor:
 def copy_mixture(ce0: Tensor, ce_copy: Tensor, p_copy: Tensor, a_sink: Tensor) -> tuple[Tensor, ...]:
     """The copy pointer's mixture (T4.8) for one row (elementwise over rows): from ce0 = lse − z[y], ce_copy = lse −
     z[<copy>], the pointer's mass p_copy on earlier copies of y and its sink's mass a_sink, (nll, g_t, g_c, g_lse,
-    d_p, d_s): nll = −log p(y), p(y) = P·(1 + A·a_sink/(1 − A)) + A·p_copy with P = e^−ce0 and A = e^−ce_copy, and its
-    derivatives: ∂nll/∂z_v = g_lse·softmax_v + g_t·[v = y] + g_c·[v = <copy>], d_p = ∂nll/∂p_copy, d_s = ∂nll/∂a_sink."""
+    d_p, d_s): nll = −log p(y), p(y) = P·(1 + A·a_sink/(1 − A)) + A·p_copy with P = e^−ce0 and A = e^−ce_copy, and
+    its derivatives: ∂nll/∂z_v = g_lse·softmax_v + g_t·[v = y] + g_c·[v = <copy>], d_p = ∂nll/∂p_copy,
+    d_s = ∂nll/∂a_sink."""
     P, A = torch.exp(-ce0), torch.exp(-ce_copy)
     rest = (1 - A).clamp_min(1e-6)
     r_t = 1 + A * a_sink / rest  # ∂p/∂P
@@ -3832,6 +3836,8 @@ if triton is not None:
         if PART_C > 0:
             offs_c = PART_A + PART_B + tl.arange(0, PART_C)
         first_row, programs = tl.program_id(0).to(tl.int64), tl.num_programs(0)
+        if COPY:
+            column = tl.load(copy_column_ptr)
         for i in range(0, tl.cdiv(n_rows - first_row, programs)):
             row = first_row + i * programs
             u_row = logits_ptr + row * stride_logits
@@ -3855,7 +3861,6 @@ if triton is not None:
             # the logit gradient: softmax_coef·softmax − Σ_k column_coef_k·[column y_k]
             column_coef, softmax_coef = w_valid, tl.sum(w_valid, axis=0)
             if COPY:  # the first target's term is the copy pointer's mixture (T4.8); <copy> joins as column N
-                column = tl.load(copy_column_ptr)
                 u_copy = tl.load(u_row + column).to(tl.float32)
                 w0 = tl.sum(tl.where(k == 0, w_valid, 0.0), axis=0)
                 nll, g_t, g_c, g_lse, d_p, d_s = _copy_mixture(
