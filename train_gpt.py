@@ -2283,10 +2283,13 @@ class Schedule:
         return 1.0 if step == start else 2 / (self.tail_ema_steps + 1)
 
     def warmup_steps(self) -> list[int]:
-        """Steps whose graphs the warm-up compiles: the first two and both sides of every stage start."""
+        """Steps whose graphs the warm-up compiles: the first two and both sides of every stage start, in
+        (non-Adam, Adam) pairs as the run takes them, so that each Adam step sees the gradients of the two steps
+        it sees in the run: the old stage's two, the start's pair, the new stage's two (an odd start splits a pair)."""
         steps = {0, 1}
         for start in self.stage_starts[1:]:
-            steps.update(s for s in range(start - 2, start + 2) if 0 <= s < self.total_steps)
+            first, last = (start - 2) & ~1, (start + 1) | 1  # the pair before the start's, to the one after it
+            steps.update(s for s in range(first, last + 1) if 0 <= s < self.total_steps)
         return sorted(steps)
 
 
