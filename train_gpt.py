@@ -519,6 +519,7 @@ class ExecutionPlan:
     ce_candidates: int  # the training cross-entropy's columns (T4.6): a sampled softmax; 0: the full one
     dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
     qk_rope_kernel: bool  # QK-norm, rotary, key offset and q's scale as Triton kernels (T6.4); False: torch
+    copy_kernel: bool  # the copy pointer's Triton kernels (T4.8); False: its blocked torch form
     evaluation_chunk: int  # evaluation: tokens per lm_head product and soft-capped cross-entropy; 0 in training
 
 
@@ -540,6 +541,7 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
         qk_rope_kernel=kernels and cfg.qk_rope_kernel and qk_rope_kernel_supports(qk_width),
+        copy_kernel=kernels and model.copy_pointer,
         # the logits of 64 tokens (13 MB in fp32) stay in a CPU's cache; a GPU takes 32768 at a time
         evaluation_chunk=0 if training else min(32768 if cuda else 64, tokens))
 
@@ -849,7 +851,8 @@ class GPT(nn.Module):
         step's candidates (T4.6; the mean CE is then the candidates' too)."""
         x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
         targets = self.target_columns(target_ids.long(), shape)
-        pointer = self.pointer_masses(x, input_ids, target_ids, cu_seqlens) if self.config.copy_pointer else None
+        pointer = (self.pointer_masses(x, input_ids, target_ids, cu_seqlens, execution)
+                   if self.config.copy_pointer else None)
         if execution.ce_candidates:
             loss, ce, shortfall = sampled_lm_head_softcap_ce(x, self.lm_head, targets, target_weights,
                                                              execution.ce_candidates, self.candidate_step,
@@ -873,16 +876,16 @@ class GPT(nn.Module):
             if self.config.copy_pointer:
                 start = max(0, i - self.config.copy_window)
                 p_copy, a_sink = self.pointer_masses(x[start: i + chunk], input_ids[start: i + chunk],
-                                                     targets[start: i + chunk], cu_seqlens - start)
+                                                     targets[start: i + chunk], cu_seqlens - start, execution)
                 ce = copy_mixture(ce, lse - z[:, COPY_TOKEN], p_copy[i - start:], a_sink[i - start:])[0]
             total = total + ce.sum()
         return total
 
-    def pointer_masses(self, x: Tensor, input_ids: Tensor, next_ids: Tensor,
-                       cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:
+    def pointer_masses(self, x: Tensor, input_ids: Tensor, next_ids: Tensor, cu_seqlens: Tensor,
+                       execution: ExecutionPlan) -> tuple[Tensor, Tensor]:
         """(p_copy, a_sink) of the copy pointer (T4.8) on the final hidden states x of the packed documents."""
         return copy_pointer(x, self.copy_qk, self.copy_gain, self.copy_sink, input_ids.long(), next_ids.long(),
-                            document_ids(cu_seqlens, x.size(0)), self.config.copy_window)
+                            document_ids(cu_seqlens, x.size(0)), self.config.copy_window, execution.copy_kernel)
 
     def target_columns(self, targets: Tensor, shape: ForwardShape) -> Tensor:
         """Target matrix (T, N), -1 = none: multi-token prediction (#53, T4.2) scores the same logits
@@ -4159,14 +4162,14 @@ COPY_TOKEN = 50257
 COPY_HEAD_DIM = 128
 
 
-def copy_pointer_reference(x: Tensor, copy_qk: Tensor, gain: Tensor, sink: Tensor, input_ids: Tensor,
-                           next_ids: Tensor, doc_ids: Tensor, window: int) -> tuple[Tensor, Tensor]:
-    """(p_copy, a_sink) (T,) fp32 by the definition, over the full (T, T) scores: position i attends to the j with
-    i − window ≤ j < i in its document and to the sink; p_copy is the mass on the j with input_ids[j] = next_ids[i]."""
-    q, k = copy_pointer_qk(x, copy_qk, gain)
-    wide = torch.promote_types(x.dtype, torch.float32)
+def copy_pointer_reference(q: Tensor, k: Tensor, sink: Tensor, input_ids: Tensor, next_ids: Tensor, doc_ids: Tensor,
+                           window: int) -> tuple[Tensor, Tensor]:
+    """(p_copy, a_sink) (T,) by the definition, over the full (T, T) scores of the pointer's query and key (T,
+    COPY_HEAD_DIM): position i attends to the j with i − window ≤ j < i in its document and to the sink; p_copy is the
+    mass on the j with input_ids[j] = next_ids[i]."""
+    wide = torch.promote_types(q.dtype, torch.float32)
     scores = (q @ k.t()).to(wide) * COPY_HEAD_DIM ** -0.5
-    i, j = torch.arange(x.size(0), device=x.device)[:, None], torch.arange(x.size(0), device=x.device)[None, :]
+    i, j = torch.arange(q.size(0), device=q.device)[:, None], torch.arange(q.size(0), device=q.device)[None, :]
     valid = (j < i) & (i - j <= window) & (doc_ids[:, None] == doc_ids[None, :])
     sink_scores = (q.to(wide) @ sink.to(wide)) * COPY_HEAD_DIM ** -0.5
     lse = torch.logsumexp(torch.cat([scores.masked_fill(~valid, float("-inf")), sink_scores[:, None]], 1), 1)
@@ -4180,18 +4183,27 @@ def copy_pointer_qk(x: Tensor, copy_qk: Tensor, gain: Tensor) -> tuple[Tensor, T
 
 
 def copy_pointer(x: Tensor, copy_qk: Tensor, gain: Tensor, sink: Tensor, input_ids: Tensor, next_ids: Tensor,
-                 doc_ids: Tensor, window: int) -> tuple[Tensor, Tensor]:
-    """copy_pointer_reference's (p_copy, a_sink) in blocks of `window` queries, each against its own and the previous
-    block's keys ((T/window)·window·2·window scores instead of T²): static shapes, one batched product."""
-    T, B, device = x.size(0), window, x.device
-    blocks, pad = -(-T // B), -T % B
+                 doc_ids: Tensor, window: int, use_triton: bool = False) -> tuple[Tensor, Tensor]:
+    """The pointer's (p_copy, a_sink) (T,) fp32 on the final hidden states x: the Triton kernels where use_triton
+    (CopyPointerKernel), else copy_pointer_blocked."""
     q, k = copy_pointer_qk(x, copy_qk, gain)
+    if use_triton:
+        return CopyPointerKernel.apply(q, k, sink, input_ids, next_ids, doc_ids, window)
+    return copy_pointer_blocked(q, k, sink, input_ids, next_ids, doc_ids, window)
+
+
+def copy_pointer_blocked(q: Tensor, k: Tensor, sink: Tensor, input_ids: Tensor, next_ids: Tensor, doc_ids: Tensor,
+                         window: int) -> tuple[Tensor, Tensor]:
+    """copy_pointer_reference in torch, in blocks of `window` queries, each against its own and the previous block's
+    keys ((T/window)·window·2·window scores instead of T²): static shapes, one batched product."""
+    T, B, device = q.size(0), window, q.device
+    blocks, pad = -(-T // B), -T % B
 
     def keys(t: Tensor, fill) -> Tensor:  # (blocks, 2B, ...): block b's keys, positions (b − 1)·B ... (b + 1)·B − 1
         t = F.pad(t, (0, 0) * (t.dim() - 1) + (B, pad), value=fill).view(blocks + 1, B, *t.shape[1:])
         return torch.cat([t[:-1], t[1:]], 1)
 
-    wide = torch.promote_types(x.dtype, torch.float32)
+    wide = torch.promote_types(q.dtype, torch.float32)
     scores = (F.pad(q, (0, 0, 0, pad)).view(blocks, B, -1) @ keys(k, 0.0).transpose(1, 2)).to(wide)
     scores = scores * COPY_HEAD_DIM ** -0.5
     q_pos = torch.arange(blocks * B, device=device).view(blocks, B, 1)
@@ -4205,6 +4217,184 @@ def copy_pointer(x: Tensor, copy_qk: Tensor, gain: Tensor, sink: Tensor, input_i
     match = valid & (F.pad(next_ids, (0, pad), value=-2).view(blocks, B, 1) == keys(input_ids, -1)[:, None, :])
     p_copy = (torch.exp(scores - lse) * match).sum(2)
     return p_copy.view(-1)[:T], torch.exp(sink_scores - lse).view(-1)[:T]
+
+
+# The pointer as flash-style Triton kernels (T4.8; PR #379 fuses it the same way): a block of queries streams the key
+# tiles of its window with an online softmax (the sink its first term), so no score matrix reaches memory. Backward:
+# ∂loss/∂s_ij = P_ij·(dp_i·[input_j = next_i] − dmix_i), dmix_i = dp_i·p_copy_i + da_i·a_sink_i, recomputed per tile:
+# dq by query blocks, dk by key blocks (no atomics); the sink's share (T × COPY_HEAD_DIM) in torch.
+if triton is not None:
+    @triton.jit
+    def _copy_load_rows(ptr, rows, T, D: tl.constexpr, UPCAST: tl.constexpr):
+        # rows of a contiguous (T, D) tensor, zeros past T (fp32 in the interpreter)
+        t = tl.load(ptr + rows[:, None] * D + tl.arange(0, D)[None, :], mask=(rows < T)[:, None], other=0.0)
+        return t.to(tl.float32) if UPCAST else t
+
+    @triton.jit
+    def _copy_scores(q, k, rows, keys, doc_q, doc_k, window, scale):
+        # a (query, key) tile's fp32 scores, −inf where the key is not among the query's last `window` positions of its
+        # document (rows past T carry document −1, keys past T −2)
+        distance = rows[:, None] - keys[None, :]
+        valid = (distance > 0) & (distance <= window) & (doc_q[:, None] == doc_k[None, :])
+        return tl.where(valid, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+
+    @triton.jit
+    def _copy_score_grad(s, match, lse, dp, dmix, dtype: tl.constexpr, UPCAST: tl.constexpr):
+        # ∂loss/∂s of a tile, rounded to the operands' dtype for the next product (fp32 again in the interpreter)
+        ds = tl.exp(s - lse[:, None]) * (tl.where(match, dp[:, None], 0.0) - dmix[:, None])
+        ds = _to_dtype(ds, dtype, UPCAST)
+        return ds.to(tl.float32) if UPCAST else ds
+
+    @triton.jit
+    def _copy_forward_kernel(q_ptr, k_ptr, sink_ptr, ids_ptr, next_ptr, docs_ptr, p_ptr, a_ptr, lse_ptr, T, window,
+                             scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             UPCAST: tl.constexpr):
+        first = tl.program_id(0) * BLOCK_M
+        rows = first + tl.arange(0, BLOCK_M)
+        row_ok = rows < T
+        doc_q = tl.load(docs_ptr + rows, mask=row_ok, other=-1)
+        next_q = tl.load(next_ptr + rows, mask=row_ok, other=-3)
+        q = _copy_load_rows(q_ptr, rows, T, D, UPCAST)
+        sink_score = tl.sum(q.to(tl.float32) * tl.load(sink_ptr + tl.arange(0, D))[None, :], 1) * scale
+        m, total = sink_score, tl.full((BLOCK_M,), 1.0, tl.float32)  # the sink, the softmax's first term
+        copied = tl.zeros((BLOCK_M,), tl.float32)
+        for start in range(tl.maximum(first - window, 0) // BLOCK_N * BLOCK_N, tl.minimum(first + BLOCK_M - 1, T),
+                           BLOCK_N):
+            keys = start + tl.arange(0, BLOCK_N)
+            key_ok = keys < T
+            s = _copy_scores(q, _copy_load_rows(k_ptr, keys, T, D, UPCAST), rows, keys, doc_q,
+                             tl.load(docs_ptr + keys, mask=key_ok, other=-2), window, scale)
+            match = tl.load(ids_ptr + keys, mask=key_ok, other=-4)[None, :] == next_q[:, None]
+            m_new = tl.maximum(m, tl.max(s, 1))
+            rescale = tl.exp(m - m_new)
+            e = tl.exp(s - m_new[:, None])
+            total = total * rescale + tl.sum(e, 1)
+            copied = copied * rescale + tl.sum(tl.where(match, e, 0.0), 1)
+            m = m_new
+        lse = m + tl.log(total)
+        tl.store(p_ptr + rows, copied / total, mask=row_ok)
+        tl.store(a_ptr + rows, tl.exp(sink_score - lse), mask=row_ok)
+        tl.store(lse_ptr + rows, lse, mask=row_ok)
+
+    @triton.jit
+    def _copy_backward_query_kernel(q_ptr, k_ptr, ids_ptr, next_ptr, docs_ptr, lse_ptr, dp_ptr, dmix_ptr, dq_ptr, T,
+                                    window, scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                    UPCAST: tl.constexpr):
+        first = tl.program_id(0) * BLOCK_M
+        rows = first + tl.arange(0, BLOCK_M)
+        row_ok = rows < T
+        doc_q = tl.load(docs_ptr + rows, mask=row_ok, other=-1)
+        next_q = tl.load(next_ptr + rows, mask=row_ok, other=-3)
+        lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
+        dp = tl.load(dp_ptr + rows, mask=row_ok, other=0.0)
+        dmix = tl.load(dmix_ptr + rows, mask=row_ok, other=0.0)
+        q = _copy_load_rows(q_ptr, rows, T, D, UPCAST)
+        dq = tl.zeros((BLOCK_M, D), tl.float32)
+        for start in range(tl.maximum(first - window, 0) // BLOCK_N * BLOCK_N, tl.minimum(first + BLOCK_M - 1, T),
+                           BLOCK_N):
+            keys = start + tl.arange(0, BLOCK_N)
+            key_ok = keys < T
+            k = _copy_load_rows(k_ptr, keys, T, D, UPCAST)
+            s = _copy_scores(q, k, rows, keys, doc_q, tl.load(docs_ptr + keys, mask=key_ok, other=-2), window, scale)
+            match = tl.load(ids_ptr + keys, mask=key_ok, other=-4)[None, :] == next_q[:, None]
+            dq = tl.dot(_copy_score_grad(s, match, lse, dp, dmix, k_ptr.dtype.element_ty, UPCAST), k, dq)
+        tl.store(dq_ptr + rows[:, None] * D + tl.arange(0, D)[None, :], dq * scale, mask=row_ok[:, None])
+
+    @triton.jit
+    def _copy_backward_key_kernel(q_ptr, k_ptr, ids_ptr, next_ptr, docs_ptr, lse_ptr, dp_ptr, dmix_ptr, dk_ptr, T,
+                                  window, scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  UPCAST: tl.constexpr):
+        first = tl.program_id(0) * BLOCK_N
+        keys = first + tl.arange(0, BLOCK_N)
+        key_ok = keys < T
+        doc_k = tl.load(docs_ptr + keys, mask=key_ok, other=-2)
+        token_k = tl.load(ids_ptr + keys, mask=key_ok, other=-4)
+        k = _copy_load_rows(k_ptr, keys, T, D, UPCAST)
+        dk = tl.zeros((BLOCK_N, D), tl.float32)
+        # the queries that see these keys: first < i ≤ first + BLOCK_N − 1 + window
+        for start in range(first // BLOCK_M * BLOCK_M, tl.minimum(first + BLOCK_N + window, T), BLOCK_M):
+            rows = start + tl.arange(0, BLOCK_M)
+            row_ok = rows < T
+            q = _copy_load_rows(q_ptr, rows, T, D, UPCAST)
+            s = _copy_scores(q, k, rows, keys, tl.load(docs_ptr + rows, mask=row_ok, other=-1), doc_k, window, scale)
+            match = token_k[None, :] == tl.load(next_ptr + rows, mask=row_ok, other=-3)[:, None]
+            ds = _copy_score_grad(s, match, tl.load(lse_ptr + rows, mask=row_ok, other=0.0),
+                                  tl.load(dp_ptr + rows, mask=row_ok, other=0.0),
+                                  tl.load(dmix_ptr + rows, mask=row_ok, other=0.0), q_ptr.dtype.element_ty, UPCAST)
+            dk = tl.dot(tl.trans(ds), q, dk)
+        tl.store(dk_ptr + keys[:, None] * D + tl.arange(0, D)[None, :], dk * scale, mask=key_ok[:, None])
+
+
+COPY_LAUNCH = {"forward": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+               "backward_query": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+               "backward_key": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)}
+
+
+def _copy_launch(q: Tensor, kernel: str) -> tuple[int, dict]:
+    if q.numel() >= 2**31:
+        raise ValueError(f"the copy pointer's kernels index with int32: {q.size(0)} tokens are too many")
+    config = dict(COPY_LAUNCH[kernel])
+    block = config["BLOCK_N"] if kernel == "backward_key" else config["BLOCK_M"]
+    return triton.cdiv(q.size(0), block), config
+
+
+@torch.library.custom_op("speedrun::copy_pointer_forward", mutates_args=())
+def copy_pointer_forward(q: Tensor, k: Tensor, sink: Tensor, input_ids: Tensor, next_ids: Tensor, doc_ids: Tensor,
+                         window: int) -> tuple[Tensor, Tensor, Tensor]:
+    """p_copy, a_sink and the normalizer lse (T,) fp32 of the pointer; q, k contiguous (T, COPY_HEAD_DIM), sink fp32."""
+    programs, config = _copy_launch(q, "forward")
+    p_copy, a_sink, lse = (q.new_empty(q.size(0), dtype=torch.float32) for _ in range(3))
+    _copy_forward_kernel[(programs,)](q, k, sink, input_ids, next_ids, doc_ids, p_copy, a_sink, lse, q.size(0),
+                                      window, COPY_HEAD_DIM ** -0.5, D=q.size(1), UPCAST=TRITON_INTERPRETER, **config)
+    return p_copy, a_sink, lse
+
+
+@copy_pointer_forward.register_fake
+def _copy_pointer_forward_fake(q, k, sink, input_ids, next_ids, doc_ids, window):
+    return tuple(q.new_empty(q.size(0), dtype=torch.float32) for _ in range(3))
+
+
+@torch.library.custom_op("speedrun::copy_pointer_backward", mutates_args=())
+def copy_pointer_backward(q: Tensor, k: Tensor, input_ids: Tensor, next_ids: Tensor, doc_ids: Tensor, lse: Tensor,
+                          grad_p: Tensor, dmix: Tensor, window: int) -> tuple[Tensor, Tensor]:
+    """dq, dk (T, COPY_HEAD_DIM) fp32 through the pointer's scores, without the sink's share."""
+    dq, dk = torch.empty_like(q, dtype=torch.float32), torch.empty_like(k, dtype=torch.float32)
+    args = (q, k, input_ids, next_ids, doc_ids, lse, grad_p, dmix)
+    for kernel, fn, out in (("backward_query", _copy_backward_query_kernel, dq),
+                            ("backward_key", _copy_backward_key_kernel, dk)):
+        programs, config = _copy_launch(q, kernel)
+        fn[(programs,)](*args, out, q.size(0), window, COPY_HEAD_DIM ** -0.5, D=q.size(1), UPCAST=TRITON_INTERPRETER,
+                        **config)
+    return dq, dk
+
+
+@copy_pointer_backward.register_fake
+def _copy_pointer_backward_fake(q, k, input_ids, next_ids, doc_ids, lse, grad_p, dmix, window):
+    return torch.empty_like(q, dtype=torch.float32), torch.empty_like(k, dtype=torch.float32)
+
+
+class CopyPointerKernel(torch.autograd.Function):
+    """copy_pointer_reference's (p_copy, a_sink) with the Triton kernels."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, sink: Tensor, input_ids: Tensor, next_ids: Tensor, doc_ids: Tensor,
+                window: int):
+        q, k, sink32 = q.contiguous(), k.contiguous(), sink.float().contiguous()
+        p_copy, a_sink, lse = copy_pointer_forward(q, k, sink32, input_ids, next_ids, doc_ids, window)
+        ctx.save_for_backward(q, k, sink32, input_ids, next_ids, doc_ids, p_copy, a_sink, lse)
+        ctx.window, ctx.sink_dtype = window, sink.dtype
+        return p_copy, a_sink
+
+    @staticmethod
+    def backward(ctx, grad_p: Tensor, grad_a: Tensor):
+        q, k, sink32, input_ids, next_ids, doc_ids, p_copy, a_sink, lse = ctx.saved_tensors
+        grad_p, grad_a = grad_p.float().contiguous(), grad_a.float()
+        dmix = grad_p * p_copy + grad_a * a_sink
+        dq, dk = copy_pointer_backward(q, k, input_ids, next_ids, doc_ids, lse, grad_p, dmix, ctx.window)
+        grad_sink_score = a_sink * (grad_a - dmix) * COPY_HEAD_DIM ** -0.5  # the sink's score: a_sink·(da − dmix)
+        dq = dq + grad_sink_score[:, None] * sink32
+        dsink = grad_sink_score @ q.float()
+        return dq.to(q.dtype), dk.to(k.dtype), dsink.to(ctx.sink_dtype), None, None, None, None
 
 
 # --- MLP: ReLU² with the activation in the GEMM (T6.1) ------------------------------------------------

@@ -8,13 +8,14 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import train_gpt as T
-from helpers import ROOT, TINY, cpu_execution, model_of, random_batch, rel_err, tiny_env
+from helpers import ROOT, TINY, cpu_execution, model_of, random_batch, rel_err, run_in_triton_interpreter, tiny_env
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -39,7 +40,8 @@ def test_blocked_pointer_is_its_definition(T_tokens, window):
     params = [t.clone().requires_grad_() for t in (x, qk, gain, sink)]
     ref_params = [t.clone().requires_grad_() for t in (x, qk, gain, sink)]
     got = T.copy_pointer(*params, ids, next_ids, docs, window)
-    want = T.copy_pointer_reference(*ref_params, ids, next_ids, docs, window)
+    x_ref, qk_ref, gain_ref, sink_ref = ref_params
+    want = T.copy_pointer_reference(*T.copy_pointer_qk(x_ref, qk_ref, gain_ref), sink_ref, ids, next_ids, docs, window)
     upstream = torch.rand(2, T_tokens, dtype=torch.float64)
     torch.autograd.backward(got, tuple(upstream))
     torch.autograd.backward(want, tuple(upstream))
@@ -66,6 +68,116 @@ def test_pointer_looks_back_only_within_its_window_and_document():
     p_copy, a_sink = T.copy_pointer(x, qk, gain, sink, ids, next_ids, docs, 4)
     assert p_copy[9] > 0 and p_copy[10] == 0 and p_copy[11] == 0 and p_copy[8] == 0
     assert a_sink[0] == 1 and a_sink[6] == 1  # a document's first position attends to the sink alone
+
+
+# The pointer's Triton kernels (CopyPointerKernel) in the CPU interpreter against the float64 definition at the same
+# bf16 query and key: the values in fp32 arithmetic (1e-5), the gradients with ∂loss/∂scores rounded to bf16 before
+# their products (1e-2, METHOD.md's bf16 band); ragged ends, windows shorter, equal to and longer than a block, window
+# 1, one-token documents, a position with only the sink. Then fullgraph under aot_eager: the two custom ops, eager's
+# numbers exactly; and the dispatch (copy_pointer with use_triton) equal to the kernel.
+COPY_INTERPRETER_CHECK = textwrap.dedent("""
+    import torch, train_gpt as T
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from helpers import rel_err
+
+    def inputs(tokens, seed):
+        gen = torch.Generator().manual_seed(seed)
+        q = (T.norm(torch.randn(tokens, T.COPY_HEAD_DIM, generator=gen)) * 1.7).bfloat16()
+        k = T.norm(torch.randn(tokens, T.COPY_HEAD_DIM, generator=gen)).bfloat16()
+        sink = torch.randn(T.COPY_HEAD_DIM, generator=gen) * 0.5
+        ids = torch.randint(0, 12, (tokens + 1,), generator=gen)
+        starts = torch.tensor([0, 5, 6, tokens // 3, tokens // 3 + 1])
+        docs = torch.bucketize(torch.arange(tokens), starts, right=True).int()
+        return q, k, sink, ids[:-1], ids[1:], docs
+
+    def values_and_grads(fn, q, k, sink, ids, next_ids, docs, window, upstream):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, sink)]
+        out = fn(*leaves, ids, next_ids, docs, window)
+        grads = torch.autograd.grad(out, leaves, [u.to(o.dtype) for u, o in zip(upstream, out)])
+        return (*out, *grads)
+
+    def reference(q, k, sink, *rest):
+        return T.copy_pointer_reference(q.double(), k.double(), sink.double(), *rest)
+
+    for tokens, window, seed in [(300, 64, 0), (300, 100, 1), (200, 17, 2), (50, 128, 3), (130, 1, 4), (257, 200, 5)]:
+        args = inputs(tokens, seed)
+        upstream = (torch.randn(tokens, dtype=torch.float64), torch.randn(tokens, dtype=torch.float64))
+        got = values_and_grads(T.CopyPointerKernel.apply, *args, window, upstream)
+        want = values_and_grads(reference, *args, window, upstream)
+        errors = [rel_err(a, b) for a, b in zip(got, want)]
+        print(tokens, window, ["%.1e" % e for e in errors])
+        assert all(torch.isfinite(a).all() for a in got), got
+        assert got[0].dtype == torch.float32 and got[2].dtype == torch.bfloat16 and got[4].dtype == torch.float32
+        assert max(errors[:2]) < 1e-5 and max(errors[2:4]) < 1e-2 and errors[4] < 1e-4, errors
+        assert got[1][0] == 1 and got[1][5] == 1 and want[0].max() > 0.05  # only the sink; copies found
+
+    graphs = []
+    def record(gm, example_inputs):
+        graphs.append(gm.code)
+        return make_boxed_func(gm.forward)
+    args = inputs(130, 6)
+    upstream = (torch.randn(130), torch.randn(130))
+    fn = lambda q, k, sink, ids, next_ids, docs, window: T.CopyPointerKernel.apply(q, k, sink, ids, next_ids, docs, window)
+    eager = values_and_grads(fn, *args, 40, upstream)
+    compiled = values_and_grads(torch.compile(fn, backend=aot_autograd(fw_compiler=record, bw_compiler=record),
+                                              fullgraph=True), *args, 40, upstream)
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    forward, backward = graphs
+    assert "speedrun.copy_pointer_forward" in forward and "speedrun.copy_pointer_backward" in backward, graphs
+
+    gen = torch.Generator().manual_seed(7)
+    x = T.norm(torch.randn(90, 64, generator=gen)).bfloat16()
+    qk, gain = (torch.randn(2, T.COPY_HEAD_DIM, 64, generator=gen) * 0.3).bfloat16(), torch.tensor(1.2)
+    _, _, sink, ids, next_ids, docs = inputs(90, 8)
+    dispatched = T.copy_pointer(x, qk, gain, sink, ids, next_ids, docs, 30, use_triton=True)
+    direct = T.CopyPointerKernel.apply(*T.copy_pointer_qk(x, qk, gain), sink, ids, next_ids, docs, 30)
+    assert all(torch.equal(a, b) for a, b in zip(dispatched, direct))
+""")
+
+
+@pytest.mark.skipif(T.triton is None, reason="Triton not installed")
+def test_pointer_kernels_match_the_definition_in_the_triton_interpreter():
+    run_in_triton_interpreter(COPY_INTERPRETER_CHECK, timeout=600)
+
+
+@pytest.mark.skipif(T.triton is None or T.TRITON_INTERPRETER, reason="needs Triton's compiler")
+def test_pointer_kernels_fit_hopper_shared_memory():
+    """The three pointer kernels, compiled ahead of time for sm_90 (no GPU needed) as the wrappers launch them (bf16
+    query and key, int64 token ids, int32 or int64 document ids): each fits an H100/H200 block's 227 KB."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    bf16, fp32, i64 = "*bf16", "*fp32", "*i64"
+    for docs in ("*i32", "*i64"):
+        rows = dict(ids_ptr=i64, next_ptr=i64, docs_ptr=docs, T="i32", window="i32", scale="fp32")
+        backward = dict(q_ptr=bf16, k_ptr=bf16, **rows, lse_ptr=fp32, dp_ptr=fp32, dmix_ptr=fp32)
+        kernels = [("forward", T._copy_forward_kernel,
+                    dict(q_ptr=bf16, k_ptr=bf16, sink_ptr=fp32, **rows, p_ptr=fp32, a_ptr=fp32, lse_ptr=fp32)),
+                   ("backward_query", T._copy_backward_query_kernel, dict(backward, dq_ptr=fp32)),
+                   ("backward_key", T._copy_backward_key_kernel, dict(backward, dk_ptr=fp32))]
+        for launch, kernel, args in kernels:
+            config = dict(T.COPY_LAUNCH[launch])
+            constants = dict(D=T.COPY_HEAD_DIM, BLOCK_M=config.pop("BLOCK_M"), BLOCK_N=config.pop("BLOCK_N"),
+                             UPCAST=False)
+            index = kernel.arg_names.index
+            signature = {name: args[name] if name in args else "constexpr" for name in kernel.arg_names}
+            aligned = {(index(name),): [["tt.divisibility", 16]] for name in args if args[name].startswith("*")}
+            source = ASTSource(kernel, signature=signature,
+                               constexprs={(index(name),): value for name, value in constants.items()}, attrs=aligned)
+            compiled = T.triton.compile(source, target=GPUTarget("cuda", 90, 32), options=config)
+            assert compiled.metadata.shared <= 232_448, (kernel.__name__, docs, compiled.metadata.shared)
+
+
+def test_pointer_dispatch():
+    """The blocked torch pointer off CUDA (the execution plan decides once); the kernel's launch refuses what int32
+    indexing cannot reach."""
+    hp = T.Hyperparameters.of(**dict(TINY, copy_pointer=True, copy_window=64, vocab_size=50304))
+    assert not T.resolve_execution(hp.execution, hp.model, torch.device("cpu"), 256, training=True).copy_kernel
+    if T.triton is not None:
+        with pytest.raises(ValueError, match="int32"):
+            T._copy_launch(torch.empty(2**24, T.COPY_HEAD_DIM, device="meta"), "forward")
 
 
 def mixture_loss(x, w, targets, weights, grad_scale, column, p_copy, a_sink):
@@ -204,6 +316,36 @@ def test_fused_mixture_kernel_matches_its_reference_at_full_vocab(N):
         out = T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, copy=copy)
         assert rel_err(out[0], ref[0]) < 1e-3 and rel_err(out[1], ref[1]) < 1e-3 and rel_err(out[3], ref[3]) < 1e-3
         assert torch.isfinite(out[2].float()).all() and rel_err(out[2].float(), ref[2].float()) < tol
+
+
+@cuda
+@pytest.mark.gpu
+def test_pointer_kernels_on_gpu():
+    """The compiled pointer kernels at a stage-3 batch (49,152 + 17 tokens, COPY_WINDOW 2048, documents of 700, 1,
+    3000 and 130 tokens), against the float64 definition on the last document (8,209 tokens; the upstream gradient
+    only there): its values, the query's and key's gradients there and nothing elsewhere, the sink's gradient."""
+    tokens, last, window = 49152 + 17, 40960, 2048
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = (T.norm(torch.randn(tokens, T.COPY_HEAD_DIM, device="cuda", generator=gen)) * 1.7).bfloat16()
+    k = T.norm(torch.randn(tokens, T.COPY_HEAD_DIM, device="cuda", generator=gen)).bfloat16()
+    sink = torch.randn(T.COPY_HEAD_DIM, device="cuda", generator=gen) * 0.5
+    ids = torch.randint(0, 50, (tokens + 1,), device="cuda", generator=gen)
+    starts = torch.cumsum(torch.tensor([0] + [700, 1, 3000, 130] * 9, device="cuda"), 0)
+    starts = torch.cat([starts[starts < last], starts.new_tensor([last])])
+    docs = torch.bucketize(torch.arange(tokens, device="cuda"), starts, right=True).int()
+    upstream = torch.randn(2, tokens, device="cuda", generator=gen, dtype=torch.float64)
+    upstream[:, :last] = 0
+    leaves = [t.clone().requires_grad_() for t in (q, k, sink)]
+    got = T.CopyPointerKernel.apply(*leaves, ids[:-1], ids[1:], docs, window)
+    torch.autograd.backward(got, tuple(upstream.float()))
+    ref_leaves = [t[last:].double().requires_grad_() for t in (q, k)] + [sink.double().requires_grad_()]
+    want = T.copy_pointer_reference(*ref_leaves, ids[last:-1], ids[last + 1:], docs[last:], window)
+    torch.autograd.backward(want, tuple(upstream[:, last:]))
+    assert rel_err(got[0][last:], want[0]) < 1e-5 and rel_err(got[1][last:], want[1]) < 1e-5
+    assert want[0].max() > 0.05 and (got[0][:last] >= 0).all() and (got[1][:last] > 0).all()
+    for leaf, ref in zip(leaves[:2], ref_leaves[:2]):
+        assert rel_err(leaf.grad[last:], ref.grad) < 1e-2 and not leaf.grad[:last].any()
+    assert rel_err(leaves[2].grad, ref_leaves[2].grad) < 1e-4
 
 
 @cuda

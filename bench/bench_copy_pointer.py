@@ -1,0 +1,87 @@
+"""Microbenchmark: the copy pointer (docs/TECHNIQUES.md T4.8, COPY_POINTER=1) on the final hidden states of one
+step's batch, each path compiled as the model compiles it (fullgraph): the blocked torch pointer (the plan off CUDA)
+and the Triton kernels (the plan on CUDA). First the values: each path's p_copy, a_sink and the gradients of x and
+the pointer's parameters against the other (the blocked path rounds its scores to bf16, the kernels keep them fp32).
+Then forward and forward+backward medians (triton do_bench) per batch, and the kernels' launches at --launch.
+
+    python bench/bench_copy_pointer.py                          # 16,384 / 32,768 / 49,152 tokens (stages 1-3)
+    python bench/bench_copy_pointer.py --tokens 49152 --launch 64x64x4,128x64x8
+"""
+import argparse
+import os
+import sys
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import train_gpt as T  # noqa: E402
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def problem(tokens, window, seed=0):
+    """x (bf16, unit RMS as after the final norm), the pointer's parameters as the model draws them, token ids of a
+    small vocabulary (copies within the window) and documents of 700, 1, 3000 and 130 tokens, repeated."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    d = T.ModelConfig().model_dim
+    x = T.norm(torch.randn(tokens, d, device="cuda", generator=g)).bfloat16()
+    qk = (torch.rand(2, T.COPY_HEAD_DIM, d, device="cuda", generator=g) * 2 - 1).mul(3 ** 0.5 / d ** 0.5).bfloat16()
+    gain = torch.tensor(1.0, device="cuda")
+    sink = torch.randn(T.COPY_HEAD_DIM, device="cuda", generator=g) * T.COPY_HEAD_DIM ** -0.5
+    ids = torch.randint(0, 2000, (tokens + 1,), device="cuda", generator=g)
+    starts = torch.cumsum(torch.tensor([0] + [700, 1, 3000, 130] * (tokens // 3831 + 1), device="cuda"), 0)
+    docs = torch.bucketize(torch.arange(tokens, device="cuda"), starts[starts < tokens], right=True).int()
+    params = [t.requires_grad_() for t in (x, qk, gain, sink)]
+    upstream = torch.randn(2, tokens, device="cuda", generator=g)
+    return params, (ids[:-1], ids[1:], docs, window), upstream
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[16384, 32768, 49152])
+    ap.add_argument("--window", type=int, default=T.ModelConfig().copy_window)
+    ap.add_argument("--launch", default="", help="BLOCK_MxBLOCK_NxWARPS for all three kernels, comma-separated")
+    args = ap.parse_args()
+    launches = [tuple(int(v) for v in launch.split("x")) for launch in args.launch.split(",") if launch]
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {T.triton.__version__}, "
+          f"window {args.window}")
+    default_launch = {name: dict(config) for name, config in T.COPY_LAUNCH.items()}
+    for tokens in args.tokens:
+        params, rest, upstream = problem(tokens, args.window)
+        paths = {"blocked torch": False, "triton kernels": True}
+        compiled = {name: torch.compile(lambda *p, use=use: T.copy_pointer(*p, *rest, use_triton=use),
+                                        dynamic=False, fullgraph=True) for name, use in paths.items()}
+        results = {}
+        for name, fn in compiled.items():
+            out = fn(*params)
+            grads = torch.autograd.grad(out, params, tuple(upstream))
+            results[name] = (*out, *grads)
+        labels = ("p_copy", "a_sink", "dx", "dW_qk", "dgain", "dsink")
+        diffs = ", ".join(f"{label} {rel(a, b):.1e}" for label, a, b in zip(labels, *results.values()))
+        print(f"\n{tokens} tokens: kernels vs blocked: {diffs}")
+
+        def timings(fn):
+            forward = do_bench(lambda: fn(*params), warmup=10, rep=100)
+            both = do_bench(lambda: torch.autograd.grad(fn(*params), params, tuple(upstream)), warmup=10, rep=100)
+            return forward, both
+
+        for name, fn in compiled.items():
+            forward, both = timings(fn)
+            print(f"  {name:16s} forward {forward:.3f} ms   forward+backward {both:.3f} ms")
+        for block_m, block_n, warps in launches:
+            for config in T.COPY_LAUNCH.values():
+                config.update(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+            torch._dynamo.reset()
+            fn = torch.compile(lambda *p: T.copy_pointer(*p, *rest, use_triton=True), dynamic=False, fullgraph=True)
+            forward, both = timings(fn)
+            launch = f"{block_m}x{block_n}x{warps}"
+            print(f"  kernels {launch:8s} forward {forward:.3f} ms   forward+backward {both:.3f} ms")
+        for name, config in default_launch.items():
+            T.COPY_LAUNCH[name] = dict(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Lease 3: the pointer as Triton kernels (T4.8). The pointer's microbenchmark alone first (blocked torch against the
+# kernels, 16k / 32k / 49k tokens, two other launches), then COPY_POINTER=1 at 1100 and 1150 steps (main: 1365), main's
+# defaults as the lease's time baseline, then 1200 steps if time is left. The pointer's GPU tests run beside the first
+# arm's cold compile (untimed; they end under their timeout before its timed steps start). Each arm alone on the GPU,
+# 3 seeds, rank-slice, proxy train shards 1-5 (setup: SHARDS='proxy_train_00000[1-5].bin.xz proxy_val_000000.bin.xz'),
+# GPU_MEMORY_GIB=77. Carry .bench/cache (lease 2's compile caches) into $STAGE before setup.
+need_shards 1 2 3 4 5
+watch_gpus 60
+check 0 bench_pointer 240 python bench/bench_copy_pointer.py --launch 128x64x8,64x32x4
+check 0 gpu_tests 300 python -m pytest -q -m gpu tests/model/test_copy_pointer.py -p no:cacheprovider &
+tests=$!
+arm 0 cplm1100 GPU_MEMORY_GIB=77 COPY_POINTER=1 NUM_SCHEDULED_ITERATIONS=1085
+wait "$tests"
+arm 0 cplm1150 GPU_MEMORY_GIB=77 COPY_POINTER=1 NUM_SCHEDULED_ITERATIONS=1135
+arm 0 base GPU_MEMORY_GIB=77
+python records/tool.py stages "$L"/cplm1100_s*.txt "$L"/cplm1150_s*.txt "$L"/base_s*.txt > "$L/stages.md" 2>&1
+note "stages rc=$?"
+arm 0 cplm1200 GPU_MEMORY_GIB=77 COPY_POINTER=1 NUM_SCHEDULED_ITERATIONS=1185
+pack_cache
