@@ -10,7 +10,9 @@ LONG for the long-window ones); a trailing `y` also moves the rotary tables and 
 YaRN update from the last stage's long window to LONG (train_gpt.py's final validation does not:
 FINAL_LONG_WINDOW keeps the extension's tables, #48); a trailing `xF` multiplies the softmax scale
 by F (YaRN's temperature without its rotary change: the final validation attends further than any
-training step, over documents that training truncated). The schedule's own final setting is
+training step, over documents that training truncated); a trailing `cW` (with COPY_POINTER=1) gives the copy
+pointer a window of W tokens at validation (T4.8; PR #379 validates with 8192, trains with 2048). The schedule's own
+final setting is
 `<last stage short>:<FINAL_LONG_WINDOW>` (6:32 by default): listing it checks that the sweep
 reproduces the run's number.
 
@@ -41,13 +43,15 @@ class WindowSetting:
     long_blocks: int
     yarn_update: bool
     scale_factor: float = 1.0  # on the softmax scale the rotary tables come with
+    copy_window: int = 0  # the copy pointer's window at validation; 0: COPY_WINDOW
 
     def label(self) -> str:
         scale = f" scale:{self.scale_factor:g}" if self.scale_factor != 1.0 else ""
-        return f"short:{self.short_blocks} long:{self.long_blocks} yarn:{int(self.yarn_update)}{scale}"
+        copy = f" copy:{self.copy_window}" if self.copy_window else ""
+        return f"short:{self.short_blocks} long:{self.long_blocks} yarn:{int(self.yarn_update)}{scale}{copy}"
 
 
-SETTING = re.compile(r"(\d+):(\d+)(y?)(?:x(\d+(?:\.\d*)?|\.\d+))?")
+SETTING = re.compile(r"(\d+):(\d+)(y?)(?:x(\d+(?:\.\d*)?|\.\d+))?(?:c(\d+))?")
 
 
 def parse_settings(text: str) -> list[WindowSetting]:
@@ -56,14 +60,17 @@ def parse_settings(text: str) -> list[WindowSetting]:
         item = item.strip()
         match = SETTING.fullmatch(item)
         if match is None:
-            raise SystemExit(f"error: window setting {item!r} is not SHORT:LONG[y][xF] in blocks, e.g. 6:20, "
-                             "6:32y or 6:32x1.05")
+            raise SystemExit(f"error: window setting {item!r} is not SHORT:LONG[y][xF][cW] in blocks, e.g. 6:20, "
+                             "6:32y, 6:32x1.05 or 6:32c8192")
         short, long, yarn_update, factor = int(match[1]), int(match[2]), match[3] == "y", float(match[4] or 1)
+        copy_window = int(match[5] or 0)
         if short < 1 or long < 1:
             raise SystemExit(f"error: window setting {item!r}: windows are at least one block")
         if factor <= 0:
             raise SystemExit(f"error: window setting {item!r}: the softmax scale factor must be positive")
-        settings.append(WindowSetting(short, long, yarn_update, factor))
+        if match[5] is not None and copy_window < 1:
+            raise SystemExit(f"error: window setting {item!r}: the copy pointer's window is at least one token")
+        settings.append(WindowSetting(short, long, yarn_update, factor, copy_window))
     return settings
 
 
@@ -88,10 +95,14 @@ def evaluate_settings(trainer: "train_gpt.Trainer", settings: list[WindowSetting
         schedule_scales = [scale.item() for scale in scales]
         for scale, value in zip(scales, schedule_scales):
             scale.fill_(value * setting.scale_factor)
+        config = trainer.model.config  # the pointer's window: a model setting the validation graph reads
+        if setting.copy_window:
+            trainer.model.config = dataclasses.replace(config, copy_window=setting.copy_window)
         try:
             with torch.compiler.set_stance(skip_guard_eval_unsafe=False):  # a new shape compiles (see above)
                 losses[label] = trainer.validation_loss(shape, long_windows)
         finally:
+            trainer.model.config = config
             for scale, value in zip(scales, schedule_scales):
                 scale.fill_(value)
         trainer.log(train_gpt.final_windows_line(label, losses[label]))
@@ -101,13 +112,15 @@ def evaluate_settings(trainer: "train_gpt.Trainer", settings: list[WindowSetting
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--windows", default="6:32,6:20,6:24,6:48,5:32,8:32,6:32y",
-                        help="comma-separated SHORT:LONG[y][xF] settings in blocks, F a softmax scale factor "
-                             "(default: %(default)s)")
+                        help="comma-separated SHORT:LONG[y][xF][cW] settings in blocks, F a softmax scale factor, W "
+                             "the copy pointer's window in tokens (default: %(default)s)")
     parser.add_argument("--out", default="", help="JSON of every run's losses per setting (rank 0)")
     args = parser.parse_args()
     settings = parse_settings(args.windows)
     hp = train_gpt.Hyperparameters.from_env()
     train_gpt.check_hyperparameters(hp)
+    if any(setting.copy_window for setting in settings) and not hp.model.copy_pointer:
+        raise SystemExit("error: a setting's cW (the copy pointer's window) needs COPY_POINTER=1")
     rank, world_size, device = train_gpt.init_process(hp)
     train_gpt.allow_graph_per_shape()
     runs = train_gpt.planned_runs(hp, world_size)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lease 3: the pointer as Triton kernels (T4.8). The pointer's microbenchmark alone first (blocked torch against the
 # kernels, 16k / 32k / 49k tokens, two other launches), then COPY_POINTER=1 at 1100 and 1150 steps (main: 1365), main's
-# defaults as the lease's time baseline, then 1200 steps if time is left. The pointer's GPU tests run beside the first
+# defaults as the lease's time baseline, then 1200 steps if time is left (with validation windows of 4096 and 8192). The pointer's GPU tests run beside the first
 # arm's cold compile (untimed; they end under their timeout before its timed steps start). Each arm alone on the GPU,
 # 3 seeds, rank-slice, proxy train shards 1-5 (setup: SHARDS='proxy_train_00000[1-5].bin.xz proxy_val_000000.bin.xz'),
 # GPU_MEMORY_GIB=77. Carry .bench/cache (lease 2's compile caches) into $STAGE before setup.
@@ -16,5 +16,10 @@ arm 0 cplm1150 GPU_MEMORY_GIB=77 COPY_POINTER=1 NUM_SCHEDULED_ITERATIONS=1135
 arm 0 base GPU_MEMORY_GIB=77
 python records/tool.py stages "$L"/cplm1100_s*.txt "$L"/cplm1150_s*.txt "$L"/base_s*.txt > "$L/stages.md" 2>&1
 note "stages rc=$?"
-arm 0 cplm1200 GPU_MEMORY_GIB=77 COPY_POINTER=1 NUM_SCHEDULED_ITERATIONS=1185
+# the last arm through bench/eval_windows.py (the same training, then each model scored with the pointer looking 4096
+# and 8192 tokens back at validation, as PR #379 validates)
+env CUDA_VISIBLE_DEVICES=0 RUN_ID=cplm1200 SEEDS=1,2,3 LOG_DIR="$L" GPU_MEMORY_GIB=77 COPY_POINTER=1 \
+    NUM_SCHEDULED_ITERATIONS=1185 python bench/eval_windows.py --windows 6:32,6:32c4096,6:32c8192 \
+    --out "$L/cplm1200_windows.json" > "$L/cplm1200.out" 2>&1
+note "cplm1200 (eval_windows) rc=$?"
 pack_cache
