@@ -66,7 +66,16 @@ def test_cpu_takes_the_torch_paths(hopper):
     """On the CPU device: SDPA and the torch paths, even with FA4, Triton and a Hopper GPU present."""
     cpu = plan(torch.device("cpu"), 49152)
     assert cpu.attention == "sdpa" and cpu.mlp_fused  # the fused MLP's custom backward runs in torch
-    assert not (cpu.mlp_kernel or cpu.mlp_e4m3 or cpu.qkv_e4m3 or cpu.lm_head_fp8 or cpu.dc_mha_kernel)
+    assert not (cpu.mlp_kernel or cpu.mlp_e4m3 or cpu.qkv_e4m3 or cpu.lm_head_fp8 or cpu.dc_mha_kernel or cpu.copy_kernel)
+
+
+def test_the_copy_pointer_kernels_are_on_where_cuda_and_the_pointer_are(hopper):
+    """The copy pointer's Triton kernels (T4.8) on CUDA at every size, training and evaluation, with COPY_POINTER=1;
+    without the pointer the plan says so (its graphs do not differ by an unused switch); never on the CPU."""
+    for n in (1024, 16384, 49152):
+        assert plan(hopper, n, copy_pointer=True).copy_kernel and not plan(hopper, n).copy_kernel
+    assert plan(hopper, 262144, training=False, copy_pointer=True).copy_kernel
+    assert not plan(torch.device("cpu"), 49152, copy_pointer=True).copy_kernel
 
 
 def test_the_qk_rope_kernels_are_on_where_cuda_and_the_head_size_take_them(hopper):
@@ -95,7 +104,7 @@ def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
                                                              max_seq_len=(128, 256, 256, 256, 256)))
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), lines.append)
     plans = [line for line in lines if line.startswith("execution plan")]
-    rest = "dc_mha_kernel=0 qk_rope_kernel=0"
+    rest = "dc_mha_kernel=0 qk_rope_kernel=0 copy_kernel=0"
     fused = "attention=sdpa mlp_fused=1 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0"
     assert plans == [f"execution plan (stage 1): {fused} ce_candidates=10240 {rest} evaluation_chunk=0",
                      f"execution plan (stage 2): {fused} ce_candidates=14336 {rest} evaluation_chunk=0",
