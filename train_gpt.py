@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import typing
+import unicodedata
 import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -180,6 +181,7 @@ class ModelConfig:
     # >0: the table holds this many rows per process, NGRAM_ROWS = it × the world size (T3.19): 8 GPUs hold record
     # #92's 84.6M rows while rank-slice (world size 1) holds one rank's share; the math then differs by world size
     ngram_rows_per_rank: int = 0
+    ngram_token_classes: bool = False  # the n-gram hashes read each token's normalization class (T3.22, PR #375)
     copy_pointer: bool = False  # the next-token term mixed with a pointer over the document's recent tokens (T4.8)
     copy_window: int = 2048  # ... the tokens it looks back over
 
@@ -1619,6 +1621,40 @@ class NorMuonAdam:
 # The n-gram table
 # =============================================================================================
 
+# Token classes for the n-gram hashes (NGRAM_TOKEN_CLASSES=1; modded-nanogpt PR #375; T3.22): tokens whose text
+# normalizes alike share the smallest id of their class, so " The", "THE" and " the" hash to the same rows. The
+# normalization is #375's: NFKC, then NFD without the nonspacing marks (accents), lowercase, runs of space, tab, CR
+# and LF as one space, then the outer Unicode whitespace stripped unless the text is that one space. Tokens that are
+# not whole UTF-8, or that normalize to nothing, keep their own id; so do the special token and the padding ids.
+TOKEN_CLASS_WHITESPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B)))
+                          + "\u2028\u2029\u202f\u205f\u3000")  # Unicode's White_Space, as Rust's char::is_whitespace
+
+
+def token_class_text(token: bytes) -> str:
+    """A token's normalized text for its class (see above); "" where the token keeps its own id."""
+    try:
+        text = token.decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
+    text = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text))
+    text = "".join(c for c in text if unicodedata.category(c) != "Mn").lower()
+    text = re.sub(r"[ \t\r\n]+", " ", text)
+    return text if text == " " else text.strip(TOKEN_CLASS_WHITESPACE)
+
+
+def token_classes(token_bytes: dict[int, bytes], vocab_size: int) -> Tensor:
+    """Each id's class (vocab_size,) long: the smallest id whose token normalizes to the same text (PR #375)."""
+    first: dict[str, int] = {}
+    classes = list(range(vocab_size))
+    for i in sorted(token_bytes):
+        if i >= vocab_size:
+            raise SetupError(f"token id {i} does not fit the vocabulary of {vocab_size} (VOCAB_SIZE)")
+        text = token_class_text(token_bytes[i])
+        if text:
+            classes[i] = first.setdefault(text, i)
+    return torch.tensor(classes, dtype=torch.long)
+
+
 # Hashed n-gram table (record #92 "ANVIL2", PR #360; T3.19): per order n, a polynomial hash of the tokens
 # x[t-n+1..t] (each + 1) modulo the Mersenne prime 2^31 - 1, started at n so the orders hash apart, scattered
 # by a multiplication modulo the prime, then taken modulo the table's hashed rows. Integer arithmetic on the
@@ -1738,6 +1774,10 @@ class NgramTable(nn.Module):
             self.register_buffer("eval_cache", torch.zeros(max_tokens * orders, d, dtype=torch.bfloat16),
                                  persistent=False)
         self.register_buffer("inverse", torch.zeros(max_tokens, orders, dtype=torch.long), persistent=False)
+        if cfg.ngram_token_classes:  # each id's normalization class (token_classes; identity until the trainer sets it)
+            self.register_buffer("token_class", torch.arange(cfg.vocab_size), persistent=False)
+        else:
+            self.token_class = None
         self.weight = None  # this rank's rows: shard()
 
     def _apply(self, fn, recurse=True):
@@ -1786,7 +1826,7 @@ class NgramTable(nn.Module):
         current weights in the cache. Returns the distinct row ids (then `rows` as padding), as many as the cache
         holds (the forward's distinct rows always fit), which keep_gradient takes with the cache's gradient."""
         cache = self.cache_for(ids.size(0))
-        row_ids = ngram_ids(ids, self.rows)
+        row_ids = ngram_ids(ids if self.token_class is None else self.token_class[ids.long()], self.rows)
         distinct, places = padded_unique(row_ids.flatten(), self.rows)
         distinct = distinct[: self.load_ids(ids.size(0))]
         self.inverse[: ids.size(0)].copy_(places.view_as(row_ids))
@@ -2800,10 +2840,16 @@ class Trainer:
         self.model = GPT(hp.model, longest_forward(hp), longest_training_forward(hp)).to(device)
         self._share_initialization()
         self.ngram = self.model.ngram.shard(hp.optim, rank, world_size, compile=hp.execution.compile)
+        if self.ngram.token_class is not None:  # from the tokenizer alone, off the clock (PR #375 builds it on import)
+            self.ngram.token_class.copy_(token_classes(self.token_bytes, hp.model.vocab_size))
         gib = self.ngram.shard_rows * ngram_bytes_per_row(hp.model.model_dim) / 2**30
         per_rank = f" (NGRAM_ROWS_PER_RANK={hp.model.ngram_rows_per_rank})" if hp.model.ngram_rows_per_rank else ""
+        classes = ""
+        if self.ngram.token_class is not None:
+            merged = self.ngram.token_class != torch.arange(hp.model.vocab_size, device=self.ngram.token_class.device)
+            classes = f", {int(merged.sum())} ids hashed as their token class's first (T3.22)"
         log(f"n-gram table (T3.19): {hp.model.ngram_rows} rows{per_rank}, orders {','.join(map(str, NGRAM_ORDERS))}; "
-            f"{self.ngram.shard_rows} rows per process, {gib:.2f} GiB with their row-wise RMSprop state")
+            f"{self.ngram.shard_rows} rows per process, {gib:.2f} GiB with their row-wise RMSprop state{classes}")
         specs = param_specs(self.model)
         self.optimizer = NorMuonAdam(dict(self.model.named_parameters()), specs, hp.optim, rank, world_size,
                                      tied=("embed", "lm_head"), compile=hp.execution.compile,
