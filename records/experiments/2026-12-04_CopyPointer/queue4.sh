@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Lease 3: the pointer as Triton kernels (T4.8). The pointer's microbenchmark alone first (blocked torch against the
-# kernels, 16k / 32k / 49k tokens, two other launches), then COPY_POINTER=1 at 1100 and 1150 steps (main: 1365), main's
-# defaults as the lease's time baseline, then 1200 steps if time is left (with validation windows of 4096 and 8192). The pointer's GPU tests run beside the first
-# arm's cold compile (untimed; they end under their timeout before its timed steps start). Each arm alone on the GPU,
-# 3 seeds, rank-slice, proxy train shards 1-5 (setup: SHARDS='proxy_train_00000[1-5].bin.xz proxy_val_000000.bin.xz'),
-# GPU_MEMORY_GIB=77. Carry .bench/cache (lease 2's compile caches) into $STAGE before setup.
+# kernels at stage 3's 49,152 tokens, two other launches), then COPY_POINTER=1 at 1100 and 1150 steps (main: 1365),
+# main's defaults as the lease's time baseline, then 1200 steps if time is left (also validated with the pointer looking
+# 4096 and 8192 tokens back). The pointer's GPU tests run beside the first arm's cold compile (untimed; they end under
+# their timeout before its timed steps start). Each arm alone on the GPU, 3 seeds, rank-slice, proxy train shards 1-5
+# (setup: SHARDS='proxy_train_00000[1-5].bin.xz proxy_val_000000.bin.xz'), GPU_MEMORY_GIB=77. Carry .bench/cache
+# (lease 2's compile caches) into $STAGE before setup. About 24 minutes held before the 1200-step arm.
 need_shards 1 2 3 4 5
 watch_gpus 60
-check 0 bench_pointer 240 python bench/bench_copy_pointer.py --launch 128x64x8,64x32x4
+check 0 bench_pointer 240 python bench/bench_copy_pointer.py --tokens 49152 --launch 128x64x8,64x32x4
 check 0 gpu_tests 300 python -m pytest -q -m gpu tests/model/test_copy_pointer.py -p no:cacheprovider &
 tests=$!
 arm 0 cplm1100 GPU_MEMORY_GIB=77 COPY_POINTER=1 NUM_SCHEDULED_ITERATIONS=1085
