@@ -2840,14 +2840,14 @@ class Trainer:
         self.model = GPT(hp.model, longest_forward(hp), longest_training_forward(hp)).to(device)
         self._share_initialization()
         self.ngram = self.model.ngram.shard(hp.optim, rank, world_size, compile=hp.execution.compile)
+        classes = ""
         if self.ngram.token_class is not None:  # from the tokenizer alone, off the clock (PR #375 builds it on import)
-            self.ngram.token_class.copy_(token_classes(self.token_bytes, hp.model.vocab_size))
+            class_of = token_classes(self.token_bytes, hp.model.vocab_size)
+            self.ngram.token_class.copy_(class_of)
+            merged = int((class_of != torch.arange(class_of.numel())).sum())
+            classes = f", {merged} ids hashed as their class's first (T3.22)"
         gib = self.ngram.shard_rows * ngram_bytes_per_row(hp.model.model_dim) / 2**30
         per_rank = f" (NGRAM_ROWS_PER_RANK={hp.model.ngram_rows_per_rank})" if hp.model.ngram_rows_per_rank else ""
-        classes = ""
-        if self.ngram.token_class is not None:
-            merged = self.ngram.token_class != torch.arange(hp.model.vocab_size, device=self.ngram.token_class.device)
-            classes = f", {int(merged.sum())} ids hashed as their token class's first (T3.22)"
         log(f"n-gram table (T3.19): {hp.model.ngram_rows} rows{per_rank}, orders {','.join(map(str, NGRAM_ORDERS))}; "
             f"{self.ngram.shard_rows} rows per process, {gib:.2f} GiB with their row-wise RMSprop state{classes}")
         specs = param_specs(self.model)
@@ -4285,6 +4285,16 @@ if triton is not None:
         return tl.where(valid, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
 
     @triton.jit
+    def _copy_key_tile(q, k_ptr, ids_ptr, docs_ptr, rows, doc_q, next_q, start, T, window, scale, D: tl.constexpr,
+                       BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+        # a query block's scores against the key tile at `start`, whether each key's token is the query's next, the keys
+        keys = start + tl.arange(0, BLOCK_N)
+        key_ok = keys < T
+        k = _copy_load_rows(k_ptr, keys, T, D, UPCAST)
+        s = _copy_scores(q, k, rows, keys, doc_q, tl.load(docs_ptr + keys, mask=key_ok, other=-2), window, scale)
+        return s, tl.load(ids_ptr + keys, mask=key_ok, other=-4)[None, :] == next_q[:, None], k
+
+    @triton.jit
     def _copy_score_grad(s, match, lse, dp, dmix, dtype: tl.constexpr, UPCAST: tl.constexpr):
         # ∂loss/∂s of a tile, rounded to the operands' dtype for the next product (fp32 again in the interpreter)
         ds = tl.exp(s - lse[:, None]) * (tl.where(match, dp[:, None], 0.0) - dmix[:, None])
@@ -4306,11 +4316,8 @@ if triton is not None:
         copied = tl.zeros((BLOCK_M,), tl.float32)
         for start in range(tl.maximum(first - window, 0) // BLOCK_N * BLOCK_N, tl.minimum(first + BLOCK_M - 1, T),
                            BLOCK_N):
-            keys = start + tl.arange(0, BLOCK_N)
-            key_ok = keys < T
-            s = _copy_scores(q, _copy_load_rows(k_ptr, keys, T, D, UPCAST), rows, keys, doc_q,
-                             tl.load(docs_ptr + keys, mask=key_ok, other=-2), window, scale)
-            match = tl.load(ids_ptr + keys, mask=key_ok, other=-4)[None, :] == next_q[:, None]
+            s, match, _ = _copy_key_tile(q, k_ptr, ids_ptr, docs_ptr, rows, doc_q, next_q, start, T, window, scale, D,
+                                         BLOCK_N, UPCAST)
             m_new = tl.maximum(m, tl.max(s, 1))
             rescale = tl.exp(m - m_new)
             e = tl.exp(s - m_new[:, None])
@@ -4338,11 +4345,8 @@ if triton is not None:
         dq = tl.zeros((BLOCK_M, D), tl.float32)
         for start in range(tl.maximum(first - window, 0) // BLOCK_N * BLOCK_N, tl.minimum(first + BLOCK_M - 1, T),
                            BLOCK_N):
-            keys = start + tl.arange(0, BLOCK_N)
-            key_ok = keys < T
-            k = _copy_load_rows(k_ptr, keys, T, D, UPCAST)
-            s = _copy_scores(q, k, rows, keys, doc_q, tl.load(docs_ptr + keys, mask=key_ok, other=-2), window, scale)
-            match = tl.load(ids_ptr + keys, mask=key_ok, other=-4)[None, :] == next_q[:, None]
+            s, match, k = _copy_key_tile(q, k_ptr, ids_ptr, docs_ptr, rows, doc_q, next_q, start, T, window, scale, D,
+                                         BLOCK_N, UPCAST)
             dq = tl.dot(_copy_score_grad(s, match, lse, dp, dmix, k_ptr.dtype.element_ty, UPCAST), k, dq)
         tl.store(dq_ptr + rows[:, None] * D + tl.arange(0, D)[None, :], dq * scale, mask=row_ok[:, None])
 

@@ -85,6 +85,6 @@ def test_the_trainer_builds_the_map_from_the_tokenizer(corpus, tmp_path):
     want = torch.arange(trainer.hp.model.vocab_size)
     want[1000:1010] = torch.arange(10)
     assert torch.equal(trainer.ngram.token_class, want)
-    assert any("10 ids hashed as their token class's first (T3.22)" in line for line in lines), lines
+    assert any("10 ids hashed as their class's first (T3.22)" in line for line in lines), lines
     plain = T.Trainer(T.Hyperparameters.of(**common), 0, 1, torch.device("cpu"), lambda _: None)
     assert plain.ngram.token_class is None
