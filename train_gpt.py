@@ -182,8 +182,9 @@ class ModelConfig:
     # #92's 84.6M rows while rank-slice (world size 1) holds one rank's share; the math then differs by world size
     ngram_rows_per_rank: int = 0
     ngram_token_classes: bool = False  # the n-gram hashes read each token's normalization class (T3.22, PR #375)
-    copy_pointer: bool = False  # the next-token term mixed with a pointer over the document's recent tokens (T4.8)
-    copy_window: int = 2048  # ... the tokens it looks back over
+    copy_pointer: bool = True  # the next-token term mixed with a pointer over the document's recent tokens (T4.8)
+    copy_window: int = 2048  # ... the tokens it looks back over in training and the validations on the way
+    final_copy_window: int = 8192  # ... and at the final validation (PR #379's)
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ class OptimConfig:
 @dataclass(frozen=True)
 class ScheduleConfig:
     """The stage table and what changes along the run (T5, T2.8, T2.9, T4)."""
-    num_scheduled_iterations: int = 1350  # the reference: 1270 in all (T5.1)
+    num_scheduled_iterations: int = 1085  # the reference: 1270 in all (T5.1)
     num_extension_iterations: int = 15
     stages: tuple[Stage, ...] = STAGES  # environment: STAGE_BATCH_TOKENS=131072,262144,393216,393216,393216 etc.
     taper_fraction: float = TAPER  # the taper row's share of the scheduled steps, set before the STAGE_<COLUMN>
@@ -449,6 +450,7 @@ class ForwardShape:
     max_seq_len: int  # longest document (attention kernels' max_seqlen)
     n_predict: int = 1  # multi-token prediction targets t+1 .. t+n_predict
     prefix_target: bool = False  # one more target column: the prefix token of the next token (#88)
+    copy_window: int = 0  # the copy pointer's look-back in tokens (T4.8); 0: COPY_WINDOW, training's
 
 
 @dataclass(frozen=True)
@@ -853,7 +855,7 @@ class GPT(nn.Module):
         step's candidates (T4.6; the mean CE is then the candidates' too)."""
         x = self.hidden_states(input_ids, cu_seqlens, shape, execution)
         targets = self.target_columns(target_ids.long(), shape)
-        pointer = (self.pointer_masses(x, input_ids, target_ids, cu_seqlens, execution)
+        pointer = (self.pointer_masses(x, input_ids, target_ids, cu_seqlens, shape, execution)
                    if self.config.copy_pointer else None)
         if execution.ce_candidates:
             loss, ce, shortfall = sampled_lm_head_softcap_ce(x, self.lm_head, targets, target_weights,
@@ -876,18 +878,19 @@ class GPT(nn.Module):
             lse = torch.logsumexp(z, -1)
             ce = lse - z.gather(1, targets[i: i + chunk, None])[:, 0]
             if self.config.copy_pointer:
-                start = max(0, i - self.config.copy_window)
+                start = max(0, i - (shape.copy_window or self.config.copy_window))
                 p_copy, a_sink = self.pointer_masses(x[start: i + chunk], input_ids[start: i + chunk],
-                                                     targets[start: i + chunk], cu_seqlens - start, execution)
+                                                     targets[start: i + chunk], cu_seqlens - start, shape, execution)
                 ce = copy_mixture(ce, lse - z[:, COPY_TOKEN], p_copy[i - start:], a_sink[i - start:])[0]
             total = total + ce.sum()
         return total
 
-    def pointer_masses(self, x: Tensor, input_ids: Tensor, next_ids: Tensor, cu_seqlens: Tensor,
+    def pointer_masses(self, x: Tensor, input_ids: Tensor, next_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
                        execution: ExecutionPlan) -> tuple[Tensor, Tensor]:
         """(p_copy, a_sink) of the copy pointer (T4.8) on the final hidden states x of the packed documents."""
         return copy_pointer(x, self.copy_qk, self.copy_gain, self.copy_sink, input_ids.long(), next_ids.long(),
-                            document_ids(cu_seqlens, x.size(0)), self.config.copy_window, execution.copy_kernel)
+                            document_ids(cu_seqlens, x.size(0)), shape.copy_window or self.config.copy_window,
+                            execution.copy_kernel)
 
     def target_columns(self, targets: Tensor, shape: ForwardShape) -> Tensor:
         """Target matrix (T, N), -1 = none: multi-token prediction (#53, T4.2) scores the same logits
@@ -2477,7 +2480,7 @@ def check_hyperparameters(hp: Hyperparameters):
     for name, low in (("val_tokens", 1), ("val_seq_len", 1), ("num_scheduled_iterations", 1),
                       ("num_extension_iterations", 0), ("val_loss_every", 0), ("train_loss_every", 0),
                       ("window_block_size", 1), ("final_long_window", 1), ("ngram_rows", 1),
-                      ("ngram_rows_per_rank", 0), ("copy_window", 1)):
+                      ("ngram_rows_per_rank", 0), ("copy_window", 1), ("final_copy_window", 1)):
         if (value := hp.flat()[name]) < low:
             raise SetupError(f"{name.upper()}={value}: give a whole number >= {low}")
     if len(stages) < 2 or stages[-1].fraction is not None or any(s.fraction is None for s in stages[:-1]):
@@ -2994,9 +2997,11 @@ class Trainer:
                  f"step runs eagerly; the gradients kept by non-Adam steps survive every other graph's replay")
 
     def validation_shape(self, step: int, final: bool = False) -> tuple[ForwardShape, tuple[int, ...]]:
-        """(forward shape, long windows) of the validation before `step`."""
-        plan = self.schedule.plan(step, final)
-        shape = dataclasses.replace(plan.shape, max_seq_len=self.hp.data.val_seq_len, n_predict=1, prefix_target=False)
+        """(forward shape, long windows) of the validation before `step`; the final one's pointer looks back
+        FINAL_COPY_WINDOW tokens."""
+        plan, model = self.schedule.plan(step, final), self.hp.model
+        shape = dataclasses.replace(plan.shape, max_seq_len=self.hp.data.val_seq_len, n_predict=1, prefix_target=False,
+                                    copy_window=model.final_copy_window if final and model.copy_pointer else 0)
         return shape, plan.long_windows
 
     def evaluate(self, step: int, final: bool = False, max_batches: int | None = None) -> float:

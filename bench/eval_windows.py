@@ -43,7 +43,7 @@ class WindowSetting:
     long_blocks: int
     yarn_update: bool
     scale_factor: float = 1.0  # on the softmax scale the rotary tables come with
-    copy_window: int = 0  # the copy pointer's window at validation; 0: COPY_WINDOW
+    copy_window: int = 0  # the copy pointer's window at validation; 0: FINAL_COPY_WINDOW
 
     def label(self) -> str:
         scale = f" scale:{self.scale_factor:g}" if self.scale_factor != 1.0 else ""
@@ -80,6 +80,8 @@ def setting_shape(trainer: "train_gpt.Trainer", setting: WindowSetting):
     shape, long_windows = trainer.validation_shape(trainer.schedule.total_steps, final=True)
     shape = dataclasses.replace(shape, short_window=setting.short_blocks * block,
                                 long_window=setting.long_blocks * block)
+    if setting.copy_window:
+        shape = dataclasses.replace(shape, copy_window=setting.copy_window)
     if setting.yarn_update:
         long_windows = long_windows + (setting.long_blocks * block,)
     return shape, long_windows
@@ -95,14 +97,10 @@ def evaluate_settings(trainer: "train_gpt.Trainer", settings: list[WindowSetting
         schedule_scales = [scale.item() for scale in scales]
         for scale, value in zip(scales, schedule_scales):
             scale.fill_(value * setting.scale_factor)
-        config = trainer.model.config  # the pointer's window: a model setting the validation graph reads
-        if setting.copy_window:
-            trainer.model.config = dataclasses.replace(config, copy_window=setting.copy_window)
         try:
             with torch.compiler.set_stance(skip_guard_eval_unsafe=False):  # a new shape compiles (see above)
                 losses[label] = trainer.validation_loss(shape, long_windows)
         finally:
-            trainer.model.config = config
             for scale, value in zip(scales, schedule_scales):
                 scale.fill_(value)
         trainer.log(train_gpt.final_windows_line(label, losses[label]))
