@@ -4245,9 +4245,10 @@ def copy_pointer(x: Tensor, copy_qk: Tensor, gain: Tensor, sink: Tensor, input_i
 
 def copy_pointer_blocked(q: Tensor, k: Tensor, sink: Tensor, input_ids: Tensor, next_ids: Tensor, doc_ids: Tensor,
                          window: int) -> tuple[Tensor, Tensor]:
-    """copy_pointer_reference in torch, in blocks of `window` queries, each against its own and the previous block's
-    keys ((T/window)·window·2·window scores instead of T²): static shapes, one batched product."""
-    T, B, device = q.size(0), window, q.device
+    """copy_pointer_reference in torch, in blocks of `window` queries (T where the window reaches further back), each
+    against its own and the previous block's keys ((T/window)·window·2·window scores instead of T²): static shapes,
+    one batched product."""
+    T, B, device = q.size(0), min(window, q.size(0)), q.device
     blocks, pad = -(-T // B), -T % B
 
     def keys(t: Tensor, fill) -> Tensor:  # (blocks, 2B, ...): block b's keys, positions (b − 1)·B ... (b + 1)·B − 1
@@ -4260,7 +4261,7 @@ def copy_pointer_blocked(q: Tensor, k: Tensor, sink: Tensor, input_ids: Tensor, 
     q_pos = torch.arange(blocks * B, device=device).view(blocks, B, 1)
     k_pos = ((torch.arange(blocks, device=device)[:, None] - 1) * B + torch.arange(2 * B, device=device))[:, None, :]
     q_doc, k_doc = F.pad(doc_ids, (0, pad), value=-2).view(blocks, B, 1), keys(doc_ids, -1)[:, None, :]
-    valid = (k_pos < q_pos) & (q_pos - k_pos <= B) & (q_doc == k_doc)
+    valid = (k_pos < q_pos) & (q_pos - k_pos <= window) & (q_doc == k_doc)
     sink_scores = (q.to(wide) @ sink.to(wide)) * COPY_HEAD_DIM ** -0.5
     sink_scores = F.pad(sink_scores, (0, pad)).view(blocks, B, 1)
     # a finite fill (no NaN gradient where only the sink is valid), far below any score of normed q and k

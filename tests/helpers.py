@@ -27,11 +27,14 @@ CPU_MALLOC = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"
 
 # The tiny CPU configuration of the training tests (and of the tools run on it). Validation takes one
 # sequence of 1024 tokens: every validation pays the full 50,304-column softmax, the CPU suite's largest
-# cost after the training steps' own.
+# cost after the training steps' own. The copy pointer (T4.8, on by default) is off here: it changes the loss
+# every other reference formulation checks, and needs GPT-2's vocabulary (tests/model/test_copy_pointer.py and
+# tests/training/test_reference_losses.py run it).
 TINY_STAGES = dict(batch_tokens=(2048, 4096, 4096, 4096, 4096), max_seq_len=(128, 256, 256, 256, 256))
 TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256,
             ngram_rows=4001, stages=T.replace_stage_columns(T.STAGES, **TINY_STAGES), window_block_size=16,
-            val_tokens=1024, val_seq_len=1024, muon_momentum_warmup_steps=5, muon_momentum_cooldown_steps=2)
+            val_tokens=1024, val_seq_len=1024, muon_momentum_warmup_steps=5, muon_momentum_cooldown_steps=2,
+            copy_pointer=False)
 
 # The layout before the 2026-11-28 defaults: attention on every layer but 6, five value-embedding planes,
 # narrow Q/K on all attention layers but 3 and 10 (tests that pin what each layer carries use it)

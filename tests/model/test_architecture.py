@@ -15,9 +15,10 @@ import torch
 import train_gpt as T
 from helpers import FULL_LAYOUT, cpu_execution, dc_mha_dense, rel_err
 
-# A tiny model with a small vocabulary (the CPU is slow with 50304-row tables).
+# A tiny model with a small vocabulary (the CPU is slow with 50304-row tables), so without the copy pointer (its
+# <copy> column is GPT-2's first padding row; tests/model/test_copy_pointer.py).
 SMALL = dict(device="cpu", compile=False, model_dim=128, num_heads=2, head_dim=64, mlp_hidden=256, vocab_size=1024,
-             ngram_rows=1001, window_block_size=16, val_tokens=2048, val_seq_len=1024,
+             copy_pointer=False, ngram_rows=1001, window_block_size=16, val_tokens=2048, val_seq_len=1024,
              stages=T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096, 4096),
                                             max_seq_len=(128, 256, 256, 256, 256),
                                             ce_candidates=(0,) * 5))  # the vocabulary: below the budgets

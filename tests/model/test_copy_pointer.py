@@ -31,11 +31,12 @@ def pointer_inputs(T_tokens, d=64, doc_rate=0.01, vocab=20, dtype=torch.float64,
     return x, qk, gain, sink, ids[:-1], ids[1:], docs
 
 
-@pytest.mark.parametrize("T_tokens, window", [(300, 64), (256, 64), (50, 64), (129, 32), (200, 1)])
+@pytest.mark.parametrize("T_tokens, window", [(300, 64), (256, 64), (50, 64), (129, 32), (200, 1), (300, 8192)])
 def test_blocked_pointer_is_its_definition(T_tokens, window):
     """Blocks of `window` queries against their own and the previous block's keys: every position attends to the
-    window before it in its document and to the sink, ragged ends and single-token windows included; the same
-    values and the same gradients as the dense (T, T) definition."""
+    window before it in its document and to the sink, ragged ends, single-token windows and windows longer than the
+    sequence (one block of T, as FINAL_COPY_WINDOW on a short validation) included; the same values and the same
+    gradients as the dense (T, T) definition."""
     x, qk, gain, sink, ids, next_ids, docs = pointer_inputs(T_tokens)
     params = [t.clone().requires_grad_() for t in (x, qk, gain, sink)]
     ref_params = [t.clone().requires_grad_() for t in (x, qk, gain, sink)]
@@ -291,6 +292,7 @@ def test_model_trains_and_evaluates_the_mixture():
 
 
 @pytest.mark.parametrize("settings, message", [({"copy_window": 0}, "COPY_WINDOW=0"),
+                                               ({"final_copy_window": 0}, "FINAL_COPY_WINDOW=0"),
                                                ({"vocab_size": 50257}, "VOCAB_SIZE > 50257")])
 def test_copy_settings_are_checked(settings, message):
     hp = T.Hyperparameters.of(copy_pointer=True, **settings)

@@ -70,10 +70,11 @@ def test_cpu_takes_the_torch_paths(hopper):
 
 
 def test_the_copy_pointer_kernels_are_on_where_cuda_and_the_pointer_are(hopper):
-    """The copy pointer's Triton kernels (T4.8) on CUDA at every size, training and evaluation, with COPY_POINTER=1;
+    """The copy pointer's Triton kernels (T4.8) on CUDA at every size, training and evaluation, with COPY_POINTER=1
+    (the default);
     without the pointer the plan says so (its graphs do not differ by an unused switch); never on the CPU."""
     for n in (1024, 16384, 49152):
-        assert plan(hopper, n, copy_pointer=True).copy_kernel and not plan(hopper, n).copy_kernel
+        assert plan(hopper, n).copy_kernel and not plan(hopper, n, copy_pointer=False).copy_kernel
     assert plan(hopper, 262144, training=False, copy_pointer=True).copy_kernel
     assert not plan(torch.device("cpu"), 49152, copy_pointer=True).copy_kernel
 

@@ -56,20 +56,21 @@ def test_sweep_after_each_seed(tmp_path, corpus):
 
 def test_copy_pointer_windows(tmp_path, corpus):
     """With COPY_POINTER=1 a setting's cW scores the run's model with the pointer looking W tokens back at validation:
-    COPY_WINDOW's own reproduces the run's number, others differ, and the run's window comes back for what follows;
-    without COPY_POINTER the tool refuses cW before training."""
+    FINAL_COPY_WINDOW's own (and no cW) reproduces the run's number, after another W too; other windows differ
+    (training's COPY_WINDOW among them); without COPY_POINTER the tool refuses cW before training."""
     env = tiny_env(tmp_path, corpus, rank_slice=True, seeds="1", run_id="copy", final_long_window=20,
-                   num_scheduled_iterations=3, val_loss_every=0, copy_pointer=True, copy_window=64)
+                   num_scheduled_iterations=3, val_loss_every=0, copy_pointer=True, copy_window=64,
+                   final_copy_window=256)
     out = tmp_path / "windows.json"
     command = [sys.executable, os.path.join(ROOT, "bench", "eval_windows.py"), "--out", str(out)]
-    proc = subprocess.run(command + ["--windows", "6:20c4,6:20,6:20c64,6:20c1024"], env=env, cwd=ROOT,
+    proc = subprocess.run(command + ["--windows", "6:20c4,6:20,6:20c256,6:20c64"], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())["copy_s1"]
     losses, run = result["settings"], result["run_val_loss"]
-    assert losses["short:6 long:20 yarn:0"] == losses["short:6 long:20 yarn:0 copy:64"] == run
-    assert losses["short:6 long:20 yarn:0 copy:4"] != run and losses["short:6 long:20 yarn:0 copy:1024"] != run
-    env.pop("COPY_POINTER")
+    assert losses["short:6 long:20 yarn:0"] == losses["short:6 long:20 yarn:0 copy:256"] == run
+    assert losses["short:6 long:20 yarn:0 copy:4"] != run and losses["short:6 long:20 yarn:0 copy:64"] != run
+    env["COPY_POINTER"] = "0"
     proc = subprocess.run(command + ["--windows", "6:20c64"], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode != 0 and "needs COPY_POINTER=1" in proc.stderr and "step:" not in proc.stdout

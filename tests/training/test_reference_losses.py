@@ -29,6 +29,7 @@ TINY = dict(device="cpu", compile=False, warmup=False, model_dim=128, num_heads=
                                                              max_seq_len=(128, 256, 256, 256, 256)),
             window_block_size=16, val_tokens=2048, val_seq_len=1024, muon_momentum_warmup_steps=5,
             muon_momentum_cooldown_steps=2, num_scheduled_iterations=12, num_extension_iterations=2)
+# Every other setting is the default (the copy pointer included, T4.8).
 # rank_slice: all 14 steps (three stages, the extension, untie at step 9, Adam on odd steps);
 # accumulation: full-batch mode on one process, 8 micro-batches per step, the first two steps.
 RUNS = {"rank_slice": dict(rank_slice=True, val_loss_every=7),
