@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Lease 5 (next session): issue #79's bar in one lease. This tree's defaults (COPY_POINTER=1, 1085 scheduled + 15
 # extension steps, FINAL_COPY_WINDOW=8192) as `record`, then 7ec2b2e's train_gpt.py with its defaults (the bar's
-# baseline, staged as /tmp/stage/base_7ec2b2e.py), then `classes` (NGRAM_TOKEN_CLASSES=1 on this tree's defaults, T3.22,
-# PR #375; `record` is its baseline). Each arm alone on the GPU, 3 seeds, rank-slice, proxy train shards 1-5 (setup:
+# baseline, staged as /tmp/stage/base_7ec2b2e.py), then `r1078` (7 steps fewer: lease 4's 3.6254 is 0.0031 under the
+# target, about 12 steps at 0.00026 val a step), then `classes` (NGRAM_TOKEN_CLASSES=1 on this tree's defaults, T3.22,
+# PR #375; `record` is its baseline) through bench/eval_windows.py, which also scores its models with the pointer
+# looking 16384 tokens back and with the attention's final long window at 40 blocks. Each arm alone on the GPU, 3 seeds, rank-slice, proxy train shards 1-5 (setup:
 # SHARDS='proxy_train_00000[1-5].bin.xz proxy_val_000000.bin.xz'), GPU_MEMORY_GIB=77, the defaults' validation
 # (VAL_LOSS_EVERY=250, off the clock). Carry the 6 parts of .bench/cache (lease 4's compile caches, 2 parts a call:
 # a call carries at most 64 MiB with the tree) and .bench/base_7ec2b2e.py into $STAGE before setup. Poll back to back:
@@ -17,5 +19,8 @@ env CUDA_VISIBLE_DEVICES=0 RUN_ID=base SEEDS=1,2,3 LOG_DIR="$L" GPU_MEMORY_GIB=7
 note "base rc=$?"
 python records/tool.py stages "$L"/record_s*.txt "$L"/base_s*.txt > "$L/stages.md" 2>&1
 note "stages rc=$?"
-arm 0 classes GPU_MEMORY_GIB=77 NGRAM_TOKEN_CLASSES=1
+arm 0 r1078 GPU_MEMORY_GIB=77 NUM_SCHEDULED_ITERATIONS=1078
+env CUDA_VISIBLE_DEVICES=0 RUN_ID=classes SEEDS=1,2,3 LOG_DIR="$L" GPU_MEMORY_GIB=77 NGRAM_TOKEN_CLASSES=1 \
+    python bench/eval_windows.py --windows 6:32,6:32c16384,6:40 --out "$L/classes_windows.json" > "$L/classes.out" 2>&1
+note "classes (eval_windows) rc=$?"
 pack_cache
