@@ -4272,7 +4272,8 @@ def copy_pointer_blocked(q: Tensor, k: Tensor, sink: Tensor, input_ids: Tensor, 
 
 
 # The pointer as flash-style Triton kernels (T4.8; PR #379 fuses it the same way): a block of queries streams the key
-# tiles of its window with an online softmax (the sink its first term), so no score matrix reaches memory. Backward:
+# tiles of its window from its first row's document start on (tiles wholly in earlier documents are skipped) with an
+# online softmax (the sink its first term), so no score matrix reaches memory. Backward:
 # ∂loss/∂s_ij = P_ij·(dp_i·[input_j = next_i] − dmix_i), dmix_i = dp_i·p_copy_i + da_i·a_sink_i, recomputed per tile:
 # dq by query blocks, dk by key blocks (no atomics); the sink's share (T × COPY_HEAD_DIM) in torch.
 if triton is not None:
@@ -4301,6 +4302,11 @@ if triton is not None:
         return s, tl.load(ids_ptr + keys, mask=key_ok, other=-4)[None, :] == next_q[:, None], k
 
     @triton.jit
+    def _copy_first_key(doc_start_ptr, first, window, BLOCK_N: tl.constexpr):
+        # the first key tile a query block from row `first` reads: its first row's window or document start, the later
+        return tl.maximum(first - window, tl.load(doc_start_ptr + first)) // BLOCK_N * BLOCK_N
+
+    @triton.jit
     def _copy_score_grad(s, match, lse, dp, dmix, dtype: tl.constexpr, UPCAST: tl.constexpr):
         # ∂loss/∂s of a tile, rounded to the operands' dtype for the next product (fp32 again in the interpreter)
         ds = tl.exp(s - lse[:, None]) * (tl.where(match, dp[:, None], 0.0) - dmix[:, None])
@@ -4308,8 +4314,8 @@ if triton is not None:
         return ds.to(tl.float32) if UPCAST else ds
 
     @triton.jit
-    def _copy_forward_kernel(q_ptr, k_ptr, sink_ptr, ids_ptr, next_ptr, docs_ptr, p_ptr, a_ptr, lse_ptr, T, window,
-                             scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    def _copy_forward_kernel(q_ptr, k_ptr, sink_ptr, ids_ptr, next_ptr, docs_ptr, doc_start_ptr, p_ptr, a_ptr, lse_ptr,
+                             T, window, scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              UPCAST: tl.constexpr):
         first = tl.program_id(0) * BLOCK_M
         rows = first + tl.arange(0, BLOCK_M)
@@ -4320,7 +4326,7 @@ if triton is not None:
         sink_score = tl.sum(q.to(tl.float32) * tl.load(sink_ptr + tl.arange(0, D))[None, :], 1) * scale
         m, total = sink_score, tl.full((BLOCK_M,), 1.0, tl.float32)  # the sink, the softmax's first term
         copied = tl.zeros((BLOCK_M,), tl.float32)
-        for start in range(tl.maximum(first - window, 0) // BLOCK_N * BLOCK_N, tl.minimum(first + BLOCK_M - 1, T),
+        for start in range(_copy_first_key(doc_start_ptr, first, window, BLOCK_N), tl.minimum(first + BLOCK_M - 1, T),
                            BLOCK_N):
             s, match, _ = _copy_key_tile(q, k_ptr, ids_ptr, docs_ptr, rows, doc_q, next_q, start, T, window, scale, D,
                                          BLOCK_N, UPCAST)
@@ -4336,9 +4342,9 @@ if triton is not None:
         tl.store(lse_ptr + rows, lse, mask=row_ok)
 
     @triton.jit
-    def _copy_backward_query_kernel(q_ptr, k_ptr, ids_ptr, next_ptr, docs_ptr, lse_ptr, dp_ptr, dmix_ptr, dq_ptr, T,
-                                    window, scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                    UPCAST: tl.constexpr):
+    def _copy_backward_query_kernel(q_ptr, k_ptr, ids_ptr, next_ptr, docs_ptr, doc_start_ptr, lse_ptr, dp_ptr, dmix_ptr,
+                                    dq_ptr, T, window, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                                    BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
         first = tl.program_id(0) * BLOCK_M
         rows = first + tl.arange(0, BLOCK_M)
         row_ok = rows < T
@@ -4349,7 +4355,7 @@ if triton is not None:
         dmix = tl.load(dmix_ptr + rows, mask=row_ok, other=0.0)
         q = _copy_load_rows(q_ptr, rows, T, D, UPCAST)
         dq = tl.zeros((BLOCK_M, D), tl.float32)
-        for start in range(tl.maximum(first - window, 0) // BLOCK_N * BLOCK_N, tl.minimum(first + BLOCK_M - 1, T),
+        for start in range(_copy_first_key(doc_start_ptr, first, window, BLOCK_N), tl.minimum(first + BLOCK_M - 1, T),
                            BLOCK_N):
             s, match, k = _copy_key_tile(q, k_ptr, ids_ptr, docs_ptr, rows, doc_q, next_q, start, T, window, scale, D,
                                          BLOCK_N, UPCAST)
@@ -4357,9 +4363,9 @@ if triton is not None:
         tl.store(dq_ptr + rows[:, None] * D + tl.arange(0, D)[None, :], dq * scale, mask=row_ok[:, None])
 
     @triton.jit
-    def _copy_backward_key_kernel(q_ptr, k_ptr, ids_ptr, next_ptr, docs_ptr, lse_ptr, dp_ptr, dmix_ptr, dk_ptr, T,
-                                  window, scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                  UPCAST: tl.constexpr):
+    def _copy_backward_key_kernel(q_ptr, k_ptr, ids_ptr, next_ptr, docs_ptr, doc_end_ptr, lse_ptr, dp_ptr, dmix_ptr,
+                                  dk_ptr, T, window, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                                  BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
         first = tl.program_id(0) * BLOCK_N
         keys = first + tl.arange(0, BLOCK_N)
         key_ok = keys < T
@@ -4367,8 +4373,9 @@ if triton is not None:
         token_k = tl.load(ids_ptr + keys, mask=key_ok, other=-4)
         k = _copy_load_rows(k_ptr, keys, T, D, UPCAST)
         dk = tl.zeros((BLOCK_N, D), tl.float32)
-        # the queries that see these keys: first < i ≤ first + BLOCK_N − 1 + window
-        for start in range(first // BLOCK_M * BLOCK_M, tl.minimum(first + BLOCK_N + window, T), BLOCK_M):
+        # the queries that see these keys: first < i ≤ first + BLOCK_N − 1 + window, before the last key's document ends
+        last_doc_end = tl.load(doc_end_ptr + tl.minimum(first + BLOCK_N, T) - 1)
+        for start in range(first // BLOCK_M * BLOCK_M, tl.minimum(first + BLOCK_N + window, last_doc_end), BLOCK_M):
             rows = start + tl.arange(0, BLOCK_M)
             row_ok = rows < T
             q = _copy_load_rows(q_ptr, rows, T, D, UPCAST)
@@ -4394,38 +4401,46 @@ def _copy_launch(q: Tensor, kernel: str) -> tuple[int, dict]:
     return triton.cdiv(q.size(0), block), config
 
 
+def document_bounds(doc_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """(start, end) (T,) of each position's document: its first position and the one after its last (document ids
+    never decrease along a packed batch)."""
+    return torch.searchsorted(doc_ids, doc_ids), torch.searchsorted(doc_ids, doc_ids, right=True)
+
+
 @torch.library.custom_op("speedrun::copy_pointer_forward", mutates_args=())
 def copy_pointer_forward(q: Tensor, k: Tensor, sink: Tensor, input_ids: Tensor, next_ids: Tensor, doc_ids: Tensor,
-                         window: int) -> tuple[Tensor, Tensor, Tensor]:
-    """p_copy, a_sink and the normalizer lse (T,) fp32 of the pointer; q, k contiguous (T, COPY_HEAD_DIM), sink fp32."""
+                         doc_start: Tensor, window: int) -> tuple[Tensor, Tensor, Tensor]:
+    """p_copy, a_sink and the normalizer lse (T,) fp32 of the pointer; q, k contiguous (T, COPY_HEAD_DIM), sink fp32,
+    doc_start document_bounds'."""
     programs, config = _copy_launch(q, "forward")
     p_copy, a_sink, lse = (q.new_empty(q.size(0), dtype=torch.float32) for _ in range(3))
-    _copy_forward_kernel[(programs,)](q, k, sink, input_ids, next_ids, doc_ids, p_copy, a_sink, lse, q.size(0),
-                                      window, COPY_HEAD_DIM ** -0.5, D=q.size(1), UPCAST=TRITON_INTERPRETER, **config)
+    _copy_forward_kernel[(programs,)](q, k, sink, input_ids, next_ids, doc_ids, doc_start, p_copy, a_sink, lse,
+                                      q.size(0), window, COPY_HEAD_DIM ** -0.5, D=q.size(1), UPCAST=TRITON_INTERPRETER,
+                                      **config)
     return p_copy, a_sink, lse
 
 
 @copy_pointer_forward.register_fake
-def _copy_pointer_forward_fake(q, k, sink, input_ids, next_ids, doc_ids, window):
+def _copy_pointer_forward_fake(q, k, sink, input_ids, next_ids, doc_ids, doc_start, window):
     return tuple(q.new_empty(q.size(0), dtype=torch.float32) for _ in range(3))
 
 
 @torch.library.custom_op("speedrun::copy_pointer_backward", mutates_args=())
-def copy_pointer_backward(q: Tensor, k: Tensor, input_ids: Tensor, next_ids: Tensor, doc_ids: Tensor, lse: Tensor,
-                          grad_p: Tensor, dmix: Tensor, window: int) -> tuple[Tensor, Tensor]:
+def copy_pointer_backward(q: Tensor, k: Tensor, input_ids: Tensor, next_ids: Tensor, doc_ids: Tensor, doc_start: Tensor,
+                          doc_end: Tensor, lse: Tensor, grad_p: Tensor, dmix: Tensor,
+                          window: int) -> tuple[Tensor, Tensor]:
     """dq, dk (T, COPY_HEAD_DIM) fp32 through the pointer's scores, without the sink's share."""
     dq, dk = torch.empty_like(q, dtype=torch.float32), torch.empty_like(k, dtype=torch.float32)
-    args = (q, k, input_ids, next_ids, doc_ids, lse, grad_p, dmix)
-    for kernel, fn, out in (("backward_query", _copy_backward_query_kernel, dq),
-                            ("backward_key", _copy_backward_key_kernel, dk)):
+    for kernel, fn, bound, out in (("backward_query", _copy_backward_query_kernel, doc_start, dq),
+                                   ("backward_key", _copy_backward_key_kernel, doc_end, dk)):
         programs, config = _copy_launch(q, kernel)
-        fn[(programs,)](*args, out, q.size(0), window, COPY_HEAD_DIM ** -0.5, D=q.size(1), UPCAST=TRITON_INTERPRETER,
-                        **config)
+        fn[(programs,)](q, k, input_ids, next_ids, doc_ids, bound, lse, grad_p, dmix, out, q.size(0), window,
+                        COPY_HEAD_DIM ** -0.5, D=q.size(1), UPCAST=TRITON_INTERPRETER, **config)
     return dq, dk
 
 
 @copy_pointer_backward.register_fake
-def _copy_pointer_backward_fake(q, k, input_ids, next_ids, doc_ids, lse, grad_p, dmix, window):
+def _copy_pointer_backward_fake(q, k, input_ids, next_ids, doc_ids, doc_start, doc_end, lse, grad_p, dmix, window):
     return torch.empty_like(q, dtype=torch.float32), torch.empty_like(k, dtype=torch.float32)
 
 
@@ -4436,17 +4451,19 @@ class CopyPointerKernel(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, sink: Tensor, input_ids: Tensor, next_ids: Tensor, doc_ids: Tensor,
                 window: int):
         q, k, sink32 = q.contiguous(), k.contiguous(), sink.float().contiguous()
-        p_copy, a_sink, lse = copy_pointer_forward(q, k, sink32, input_ids, next_ids, doc_ids, window)
-        ctx.save_for_backward(q, k, sink32, input_ids, next_ids, doc_ids, p_copy, a_sink, lse)
+        doc_start, doc_end = document_bounds(doc_ids)
+        p_copy, a_sink, lse = copy_pointer_forward(q, k, sink32, input_ids, next_ids, doc_ids, doc_start, window)
+        ctx.save_for_backward(q, k, sink32, input_ids, next_ids, doc_ids, doc_start, doc_end, p_copy, a_sink, lse)
         ctx.window, ctx.sink_dtype = window, sink.dtype
         return p_copy, a_sink
 
     @staticmethod
     def backward(ctx, grad_p: Tensor, grad_a: Tensor):
-        q, k, sink32, input_ids, next_ids, doc_ids, p_copy, a_sink, lse = ctx.saved_tensors
+        q, k, sink32, input_ids, next_ids, doc_ids, doc_start, doc_end, p_copy, a_sink, lse = ctx.saved_tensors
         grad_p, grad_a = grad_p.float().contiguous(), grad_a.float()
         dmix = grad_p * p_copy + grad_a * a_sink
-        dq, dk = copy_pointer_backward(q, k, input_ids, next_ids, doc_ids, lse, grad_p, dmix, ctx.window)
+        dq, dk = copy_pointer_backward(q, k, input_ids, next_ids, doc_ids, doc_start, doc_end, lse, grad_p, dmix,
+                                       ctx.window)
         grad_sink_score = a_sink * (grad_a - dmix) * COPY_HEAD_DIM ** -0.5  # the sink's score: a_sink·(da − dmix)
         dq = dq + grad_sink_score[:, None] * sink32
         dsink = grad_sink_score @ q.float()

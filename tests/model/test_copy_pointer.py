@@ -74,7 +74,8 @@ def test_pointer_looks_back_only_within_its_window_and_document():
 # The pointer's Triton kernels (CopyPointerKernel) in the CPU interpreter against the float64 definition at the same
 # bf16 query and key: the values in fp32 arithmetic (1e-5), the gradients with ∂loss/∂scores rounded to bf16 before
 # their products (1e-2, METHOD.md's bf16 band); ragged ends, windows shorter, equal to and longer than a block, window
-# 1, one-token documents, a position with only the sink. Then fullgraph under aot_eager: the two custom ops, eager's
+# 1, one-token documents, a position with only the sink, documents starting inside a block (the kernels skip the key
+# tiles before a block's first document and the query tiles after a key block's last). Then fullgraph under aot_eager: the two custom ops, eager's
 # numbers exactly; and the dispatch (copy_pointer with use_triton) equal to the kernel.
 COPY_INTERPRETER_CHECK = textwrap.dedent("""
     import torch, train_gpt as T
@@ -88,7 +89,7 @@ COPY_INTERPRETER_CHECK = textwrap.dedent("""
         k = T.norm(torch.randn(tokens, T.COPY_HEAD_DIM, generator=gen)).bfloat16()
         sink = torch.randn(T.COPY_HEAD_DIM, generator=gen) * 0.5
         ids = torch.randint(0, 12, (tokens + 1,), generator=gen)
-        starts = torch.tensor([0, 5, 6, tokens // 3, tokens // 3 + 1])
+        starts = torch.tensor([0, 5, 6, tokens // 3, tokens // 3 + 1, tokens // 2 + 3, 2 * tokens // 3 + 7])
         docs = torch.bucketize(torch.arange(tokens), starts, right=True).int()
         return q, k, sink, ids[:-1], ids[1:], docs
 
@@ -154,10 +155,10 @@ def test_pointer_kernels_fit_hopper_shared_memory():
     for docs in ("*i32", "*i64"):
         rows = dict(ids_ptr=i64, next_ptr=i64, docs_ptr=docs, T="i32", window="i32", scale="fp32")
         backward = dict(q_ptr=bf16, k_ptr=bf16, **rows, lse_ptr=fp32, dp_ptr=fp32, dmix_ptr=fp32)
-        kernels = [("forward", T._copy_forward_kernel,
-                    dict(q_ptr=bf16, k_ptr=bf16, sink_ptr=fp32, **rows, p_ptr=fp32, a_ptr=fp32, lse_ptr=fp32)),
-                   ("backward_query", T._copy_backward_query_kernel, dict(backward, dq_ptr=fp32)),
-                   ("backward_key", T._copy_backward_key_kernel, dict(backward, dk_ptr=fp32))]
+        kernels = [("forward", T._copy_forward_kernel, dict(q_ptr=bf16, k_ptr=bf16, sink_ptr=fp32, **rows,
+                                                             doc_start_ptr=docs, p_ptr=fp32, a_ptr=fp32, lse_ptr=fp32)),
+                   ("backward_query", T._copy_backward_query_kernel, dict(backward, doc_start_ptr=docs, dq_ptr=fp32)),
+                   ("backward_key", T._copy_backward_key_kernel, dict(backward, doc_end_ptr=docs, dk_ptr=fp32))]
         for launch, kernel, args in kernels:
             config = dict(T.COPY_LAUNCH[launch])
             constants = dict(D=T.COPY_HEAD_DIM, BLOCK_M=config.pop("BLOCK_M"), BLOCK_N=config.pop("BLOCK_N"),

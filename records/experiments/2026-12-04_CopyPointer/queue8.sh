@@ -9,10 +9,16 @@
 # (VAL_LOSS_EVERY=250, off the clock). Carry the 6 parts of .bench/cache (lease 4's compile caches, 2 parts a call:
 # a call carries at most 64 MiB with the tree) and .bench/base_7ec2b2e.py into $STAGE before setup. Poll back to back:
 # the machine goes back 30 s after a call ends (lease 3 lost its 7ec2b2e arm so).
+# The pointer's kernels skip the key tiles before a query block's document since lease 4 (T4.8): their GPU tests and
+# microbenchmark run beside `record`'s compile (untimed; the launches may be slowed by the compile's CPU load).
 need_shards 1 2 3 4 5
 watch_gpus 60
 [ -f /tmp/stage/base_7ec2b2e.py ] || { note "no /tmp/stage/base_7ec2b2e.py"; exit 1; }
+( check 0 gpu_tests 240 python -m pytest -q -m gpu tests/model/test_copy_pointer.py -p no:cacheprovider
+  check 0 bench_pointer 150 python bench/bench_copy_pointer.py --launch 64x32x4,128x64x8 ) &
+side=$!
 arm 0 record GPU_MEMORY_GIB=77
+wait "$side"
 note "A: 7ec2b2e"
 env CUDA_VISIBLE_DEVICES=0 RUN_ID=base SEEDS=1,2,3 LOG_DIR="$L" GPU_MEMORY_GIB=77 python /tmp/stage/base_7ec2b2e.py \
     > "$L/base.out" 2>&1
