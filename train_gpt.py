@@ -4272,8 +4272,9 @@ def copy_pointer_blocked(q: Tensor, k: Tensor, sink: Tensor, input_ids: Tensor, 
 
 
 # The pointer as flash-style Triton kernels (T4.8; PR #379 fuses it the same way): a block of queries streams the key
-# tiles of its window from its first row's document start on (tiles wholly in earlier documents are skipped) with an
-# online softmax (the sink its first term), so no score matrix reaches memory. Backward:
+# tiles of its window from its first row's document start on (tiles wholly in earlier documents are skipped; a key is in
+# its query's document when it is at or after the query's document start) with an online softmax (the sink its first
+# term), so no score matrix reaches memory. Backward:
 # ∂loss/∂s_ij = P_ij·(dp_i·[input_j = next_i] − dmix_i), dmix_i = dp_i·p_copy_i + da_i·a_sink_i, recomputed per tile:
 # dq by query blocks, dk by key blocks (no atomics); the sink's share (T × COPY_HEAD_DIM) in torch.
 if triton is not None:
@@ -4284,27 +4285,34 @@ if triton is not None:
         return t.to(tl.float32) if UPCAST else t
 
     @triton.jit
-    def _copy_scores(q, k, rows, keys, doc_q, doc_k, window, scale):
+    def _copy_scores(q, k, rows, keys, same_doc, window, scale):
         # a (query, key) tile's fp32 scores, −inf where the key is not among the query's last `window` positions of its
-        # document (rows past T carry document −1, keys past T −2)
+        # document (same_doc: whether the key is in the query's document, where it precedes the query)
         distance = rows[:, None] - keys[None, :]
-        valid = (distance > 0) & (distance <= window) & (doc_q[:, None] == doc_k[None, :])
+        valid = (distance > 0) & (distance <= window) & same_doc
         return tl.where(valid, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
 
     @triton.jit
-    def _copy_key_tile(q, k_ptr, ids_ptr, docs_ptr, rows, doc_q, next_q, start, T, window, scale, D: tl.constexpr,
+    def _copy_query_block(q_ptr, next_ptr, doc_start_ptr, T, window, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+        # this program's query rows: the rows, their queries, next tokens and document starts, and the first key tile
+        # they read (the first row's window or document start, the later; tiles wholly in earlier documents skipped)
+        first = tl.program_id(0) * BLOCK_M
+        rows = first + tl.arange(0, BLOCK_M)
+        row_ok = rows < T
+        start_q = tl.load(doc_start_ptr + rows, mask=row_ok, other=T)
+        first_key = tl.maximum(first - window, tl.min(start_q, 0)) // BLOCK_N * BLOCK_N
+        return (rows, row_ok, _copy_load_rows(q_ptr, rows, T, D, UPCAST), tl.load(next_ptr + rows, mask=row_ok, other=-3),
+                start_q, first_key, tl.minimum(first + BLOCK_M - 1, T))
+
+    @triton.jit
+    def _copy_key_tile(q, k_ptr, ids_ptr, rows, start_q, next_q, start, T, window, scale, D: tl.constexpr,
                        BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
         # a query block's scores against the key tile at `start`, whether each key's token is the query's next, the keys
         keys = start + tl.arange(0, BLOCK_N)
-        key_ok = keys < T
         k = _copy_load_rows(k_ptr, keys, T, D, UPCAST)
-        s = _copy_scores(q, k, rows, keys, doc_q, tl.load(docs_ptr + keys, mask=key_ok, other=-2), window, scale)
-        return s, tl.load(ids_ptr + keys, mask=key_ok, other=-4)[None, :] == next_q[:, None], k
-
-    @triton.jit
-    def _copy_first_key(doc_start_ptr, first, window, BLOCK_N: tl.constexpr):
-        # the first key tile a query block from row `first` reads: its first row's window or document start, the later
-        return tl.maximum(first - window, tl.load(doc_start_ptr + first)) // BLOCK_N * BLOCK_N
+        s = _copy_scores(q, k, rows, keys, keys[None, :] >= start_q[:, None], window, scale)
+        return s, tl.load(ids_ptr + keys, mask=keys < T, other=-4)[None, :] == next_q[:, None], k
 
     @triton.jit
     def _copy_score_grad(s, match, lse, dp, dmix, dtype: tl.constexpr, UPCAST: tl.constexpr):
@@ -4314,22 +4322,17 @@ if triton is not None:
         return ds.to(tl.float32) if UPCAST else ds
 
     @triton.jit
-    def _copy_forward_kernel(q_ptr, k_ptr, sink_ptr, ids_ptr, next_ptr, docs_ptr, doc_start_ptr, p_ptr, a_ptr, lse_ptr,
-                             T, window, scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    def _copy_forward_kernel(q_ptr, k_ptr, sink_ptr, ids_ptr, next_ptr, doc_start_ptr, p_ptr, a_ptr, lse_ptr, T, window,
+                             scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              UPCAST: tl.constexpr):
-        first = tl.program_id(0) * BLOCK_M
-        rows = first + tl.arange(0, BLOCK_M)
-        row_ok = rows < T
-        doc_q = tl.load(docs_ptr + rows, mask=row_ok, other=-1)
-        next_q = tl.load(next_ptr + rows, mask=row_ok, other=-3)
-        q = _copy_load_rows(q_ptr, rows, T, D, UPCAST)
+        rows, row_ok, q, next_q, start_q, first_key, last_key = _copy_query_block(
+            q_ptr, next_ptr, doc_start_ptr, T, window, D, BLOCK_M, BLOCK_N, UPCAST)
         sink_score = tl.sum(q.to(tl.float32) * tl.load(sink_ptr + tl.arange(0, D))[None, :], 1) * scale
         m, total = sink_score, tl.full((BLOCK_M,), 1.0, tl.float32)  # the sink, the softmax's first term
         copied = tl.zeros((BLOCK_M,), tl.float32)
-        for start in range(_copy_first_key(doc_start_ptr, first, window, BLOCK_N), tl.minimum(first + BLOCK_M - 1, T),
-                           BLOCK_N):
-            s, match, _ = _copy_key_tile(q, k_ptr, ids_ptr, docs_ptr, rows, doc_q, next_q, start, T, window, scale, D,
-                                         BLOCK_N, UPCAST)
+        for start in range(first_key, last_key, BLOCK_N):
+            s, match, _ = _copy_key_tile(q, k_ptr, ids_ptr, rows, start_q, next_q, start, T, window, scale, D, BLOCK_N,
+                                         UPCAST)
             m_new = tl.maximum(m, tl.max(s, 1))
             rescale = tl.exp(m - m_new)
             e = tl.exp(s - m_new[:, None])
@@ -4342,44 +4345,38 @@ if triton is not None:
         tl.store(lse_ptr + rows, lse, mask=row_ok)
 
     @triton.jit
-    def _copy_backward_query_kernel(q_ptr, k_ptr, ids_ptr, next_ptr, docs_ptr, doc_start_ptr, lse_ptr, dp_ptr, dmix_ptr,
-                                    dq_ptr, T, window, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                                    BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
-        first = tl.program_id(0) * BLOCK_M
-        rows = first + tl.arange(0, BLOCK_M)
-        row_ok = rows < T
-        doc_q = tl.load(docs_ptr + rows, mask=row_ok, other=-1)
-        next_q = tl.load(next_ptr + rows, mask=row_ok, other=-3)
+    def _copy_backward_query_kernel(q_ptr, k_ptr, ids_ptr, next_ptr, doc_start_ptr, lse_ptr, dp_ptr, dmix_ptr, dq_ptr, T,
+                                    window, scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                    UPCAST: tl.constexpr):
+        rows, row_ok, q, next_q, start_q, first_key, last_key = _copy_query_block(
+            q_ptr, next_ptr, doc_start_ptr, T, window, D, BLOCK_M, BLOCK_N, UPCAST)
         lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
         dp = tl.load(dp_ptr + rows, mask=row_ok, other=0.0)
         dmix = tl.load(dmix_ptr + rows, mask=row_ok, other=0.0)
-        q = _copy_load_rows(q_ptr, rows, T, D, UPCAST)
         dq = tl.zeros((BLOCK_M, D), tl.float32)
-        for start in range(_copy_first_key(doc_start_ptr, first, window, BLOCK_N), tl.minimum(first + BLOCK_M - 1, T),
-                           BLOCK_N):
-            s, match, k = _copy_key_tile(q, k_ptr, ids_ptr, docs_ptr, rows, doc_q, next_q, start, T, window, scale, D,
-                                         BLOCK_N, UPCAST)
+        for start in range(first_key, last_key, BLOCK_N):
+            s, match, k = _copy_key_tile(q, k_ptr, ids_ptr, rows, start_q, next_q, start, T, window, scale, D, BLOCK_N,
+                                         UPCAST)
             dq = tl.dot(_copy_score_grad(s, match, lse, dp, dmix, k_ptr.dtype.element_ty, UPCAST), k, dq)
         tl.store(dq_ptr + rows[:, None] * D + tl.arange(0, D)[None, :], dq * scale, mask=row_ok[:, None])
 
     @triton.jit
-    def _copy_backward_key_kernel(q_ptr, k_ptr, ids_ptr, next_ptr, docs_ptr, doc_end_ptr, lse_ptr, dp_ptr, dmix_ptr,
-                                  dk_ptr, T, window, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                                  BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+    def _copy_backward_key_kernel(q_ptr, k_ptr, ids_ptr, next_ptr, doc_end_ptr, lse_ptr, dp_ptr, dmix_ptr, dk_ptr, T,
+                                  window, scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  UPCAST: tl.constexpr):
         first = tl.program_id(0) * BLOCK_N
         keys = first + tl.arange(0, BLOCK_N)
         key_ok = keys < T
-        doc_k = tl.load(docs_ptr + keys, mask=key_ok, other=-2)
+        end_k = tl.load(doc_end_ptr + keys, mask=key_ok, other=0)
         token_k = tl.load(ids_ptr + keys, mask=key_ok, other=-4)
         k = _copy_load_rows(k_ptr, keys, T, D, UPCAST)
         dk = tl.zeros((BLOCK_N, D), tl.float32)
         # the queries that see these keys: first < i ≤ first + BLOCK_N − 1 + window, before the last key's document ends
-        last_doc_end = tl.load(doc_end_ptr + tl.minimum(first + BLOCK_N, T) - 1)
-        for start in range(first // BLOCK_M * BLOCK_M, tl.minimum(first + BLOCK_N + window, last_doc_end), BLOCK_M):
+        for start in range(first // BLOCK_M * BLOCK_M, tl.minimum(first + BLOCK_N + window, tl.max(end_k, 0)), BLOCK_M):
             rows = start + tl.arange(0, BLOCK_M)
             row_ok = rows < T
             q = _copy_load_rows(q_ptr, rows, T, D, UPCAST)
-            s = _copy_scores(q, k, rows, keys, tl.load(docs_ptr + rows, mask=row_ok, other=-1), doc_k, window, scale)
+            s = _copy_scores(q, k, rows, keys, rows[:, None] < end_k[None, :], window, scale)
             match = token_k[None, :] == tl.load(next_ptr + rows, mask=row_ok, other=-3)[:, None]
             ds = _copy_score_grad(s, match, tl.load(lse_ptr + rows, mask=row_ok, other=0.0),
                                   tl.load(dp_ptr + rows, mask=row_ok, other=0.0),
@@ -4408,39 +4405,37 @@ def document_bounds(doc_ids: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @torch.library.custom_op("speedrun::copy_pointer_forward", mutates_args=())
-def copy_pointer_forward(q: Tensor, k: Tensor, sink: Tensor, input_ids: Tensor, next_ids: Tensor, doc_ids: Tensor,
-                         doc_start: Tensor, window: int) -> tuple[Tensor, Tensor, Tensor]:
+def copy_pointer_forward(q: Tensor, k: Tensor, sink: Tensor, input_ids: Tensor, next_ids: Tensor, doc_start: Tensor,
+                         window: int) -> tuple[Tensor, Tensor, Tensor]:
     """p_copy, a_sink and the normalizer lse (T,) fp32 of the pointer; q, k contiguous (T, COPY_HEAD_DIM), sink fp32,
     doc_start document_bounds'."""
     programs, config = _copy_launch(q, "forward")
     p_copy, a_sink, lse = (q.new_empty(q.size(0), dtype=torch.float32) for _ in range(3))
-    _copy_forward_kernel[(programs,)](q, k, sink, input_ids, next_ids, doc_ids, doc_start, p_copy, a_sink, lse,
-                                      q.size(0), window, COPY_HEAD_DIM ** -0.5, D=q.size(1), UPCAST=TRITON_INTERPRETER,
-                                      **config)
+    _copy_forward_kernel[(programs,)](q, k, sink, input_ids, next_ids, doc_start, p_copy, a_sink, lse, q.size(0),
+                                      window, COPY_HEAD_DIM ** -0.5, D=q.size(1), UPCAST=TRITON_INTERPRETER, **config)
     return p_copy, a_sink, lse
 
 
 @copy_pointer_forward.register_fake
-def _copy_pointer_forward_fake(q, k, sink, input_ids, next_ids, doc_ids, doc_start, window):
+def _copy_pointer_forward_fake(q, k, sink, input_ids, next_ids, doc_start, window):
     return tuple(q.new_empty(q.size(0), dtype=torch.float32) for _ in range(3))
 
 
 @torch.library.custom_op("speedrun::copy_pointer_backward", mutates_args=())
-def copy_pointer_backward(q: Tensor, k: Tensor, input_ids: Tensor, next_ids: Tensor, doc_ids: Tensor, doc_start: Tensor,
-                          doc_end: Tensor, lse: Tensor, grad_p: Tensor, dmix: Tensor,
-                          window: int) -> tuple[Tensor, Tensor]:
+def copy_pointer_backward(q: Tensor, k: Tensor, input_ids: Tensor, next_ids: Tensor, doc_start: Tensor, doc_end: Tensor,
+                          lse: Tensor, grad_p: Tensor, dmix: Tensor, window: int) -> tuple[Tensor, Tensor]:
     """dq, dk (T, COPY_HEAD_DIM) fp32 through the pointer's scores, without the sink's share."""
     dq, dk = torch.empty_like(q, dtype=torch.float32), torch.empty_like(k, dtype=torch.float32)
     for kernel, fn, bound, out in (("backward_query", _copy_backward_query_kernel, doc_start, dq),
                                    ("backward_key", _copy_backward_key_kernel, doc_end, dk)):
         programs, config = _copy_launch(q, kernel)
-        fn[(programs,)](q, k, input_ids, next_ids, doc_ids, bound, lse, grad_p, dmix, out, q.size(0), window,
+        fn[(programs,)](q, k, input_ids, next_ids, bound, lse, grad_p, dmix, out, q.size(0), window,
                         COPY_HEAD_DIM ** -0.5, D=q.size(1), UPCAST=TRITON_INTERPRETER, **config)
     return dq, dk
 
 
 @copy_pointer_backward.register_fake
-def _copy_pointer_backward_fake(q, k, input_ids, next_ids, doc_ids, doc_start, doc_end, lse, grad_p, dmix, window):
+def _copy_pointer_backward_fake(q, k, input_ids, next_ids, doc_start, doc_end, lse, grad_p, dmix, window):
     return torch.empty_like(q, dtype=torch.float32), torch.empty_like(k, dtype=torch.float32)
 
 
@@ -4452,18 +4447,17 @@ class CopyPointerKernel(torch.autograd.Function):
                 window: int):
         q, k, sink32 = q.contiguous(), k.contiguous(), sink.float().contiguous()
         doc_start, doc_end = document_bounds(doc_ids)
-        p_copy, a_sink, lse = copy_pointer_forward(q, k, sink32, input_ids, next_ids, doc_ids, doc_start, window)
-        ctx.save_for_backward(q, k, sink32, input_ids, next_ids, doc_ids, doc_start, doc_end, p_copy, a_sink, lse)
+        p_copy, a_sink, lse = copy_pointer_forward(q, k, sink32, input_ids, next_ids, doc_start, window)
+        ctx.save_for_backward(q, k, sink32, input_ids, next_ids, doc_start, doc_end, p_copy, a_sink, lse)
         ctx.window, ctx.sink_dtype = window, sink.dtype
         return p_copy, a_sink
 
     @staticmethod
     def backward(ctx, grad_p: Tensor, grad_a: Tensor):
-        q, k, sink32, input_ids, next_ids, doc_ids, doc_start, doc_end, p_copy, a_sink, lse = ctx.saved_tensors
+        q, k, sink32, input_ids, next_ids, doc_start, doc_end, p_copy, a_sink, lse = ctx.saved_tensors
         grad_p, grad_a = grad_p.float().contiguous(), grad_a.float()
         dmix = grad_p * p_copy + grad_a * a_sink
-        dq, dk = copy_pointer_backward(q, k, input_ids, next_ids, doc_ids, doc_start, doc_end, lse, grad_p, dmix,
-                                       ctx.window)
+        dq, dk = copy_pointer_backward(q, k, input_ids, next_ids, doc_start, doc_end, lse, grad_p, dmix, ctx.window)
         grad_sink_score = a_sink * (grad_a - dmix) * COPY_HEAD_DIM ** -0.5  # the sink's score: a_sink·(da − dmix)
         dq = dq + grad_sink_score[:, None] * sink32
         dsink = grad_sink_score @ q.float()

@@ -147,13 +147,13 @@ def test_pointer_kernels_match_the_definition_in_the_triton_interpreter():
 @pytest.mark.skipif(T.triton is None or T.TRITON_INTERPRETER, reason="needs Triton's compiler")
 def test_pointer_kernels_fit_hopper_shared_memory():
     """The three pointer kernels, compiled ahead of time for sm_90 (no GPU needed) as the wrappers launch them (bf16
-    query and key, int64 token ids, int32 or int64 document ids): each fits an H100/H200 block's 227 KB."""
+    query and key, int64 token ids, int32 or int64 document bounds): each fits an H100/H200 block's 227 KB."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     bf16, fp32, i64 = "*bf16", "*fp32", "*i64"
     for docs in ("*i32", "*i64"):
-        rows = dict(ids_ptr=i64, next_ptr=i64, docs_ptr=docs, T="i32", window="i32", scale="fp32")
+        rows = dict(ids_ptr=i64, next_ptr=i64, T="i32", window="i32", scale="fp32")
         backward = dict(q_ptr=bf16, k_ptr=bf16, **rows, lse_ptr=fp32, dp_ptr=fp32, dmix_ptr=fp32)
         kernels = [("forward", T._copy_forward_kernel, dict(q_ptr=bf16, k_ptr=bf16, sink_ptr=fp32, **rows,
                                                              doc_start_ptr=docs, p_ptr=fp32, a_ptr=fp32, lse_ptr=fp32)),
