@@ -4302,8 +4302,9 @@ if triton is not None:
         row_ok = rows < T
         start_q = tl.load(doc_start_ptr + rows, mask=row_ok, other=T)
         first_key = tl.maximum(first - window, tl.min(start_q, 0)) // BLOCK_N * BLOCK_N
-        return (rows, row_ok, _copy_load_rows(q_ptr, rows, T, D, UPCAST), tl.load(next_ptr + rows, mask=row_ok, other=-3),
-                start_q, first_key, tl.minimum(first + BLOCK_M - 1, T))
+        next_q = tl.load(next_ptr + rows, mask=row_ok, other=-3)
+        return (rows, row_ok, _copy_load_rows(q_ptr, rows, T, D, UPCAST), next_q, start_q, first_key,
+                tl.minimum(first + BLOCK_M - 1, T))
 
     @triton.jit
     def _copy_key_tile(q, k_ptr, ids_ptr, rows, start_q, next_q, start, T, window, scale, D: tl.constexpr,
@@ -4345,8 +4346,8 @@ if triton is not None:
         tl.store(lse_ptr + rows, lse, mask=row_ok)
 
     @triton.jit
-    def _copy_backward_query_kernel(q_ptr, k_ptr, ids_ptr, next_ptr, doc_start_ptr, lse_ptr, dp_ptr, dmix_ptr, dq_ptr, T,
-                                    window, scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    def _copy_backward_query_kernel(q_ptr, k_ptr, ids_ptr, next_ptr, doc_start_ptr, lse_ptr, dp_ptr, dmix_ptr, dq_ptr,
+                                    T, window, scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                     UPCAST: tl.constexpr):
         rows, row_ok, q, next_q, start_q, first_key, last_key = _copy_query_block(
             q_ptr, next_ptr, doc_start_ptr, T, window, D, BLOCK_M, BLOCK_N, UPCAST)
@@ -4399,9 +4400,11 @@ def _copy_launch(q: Tensor, kernel: str) -> tuple[int, dict]:
 
 
 def document_bounds(doc_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """(start, end) (T,) of each position's document: its first position and the one after its last (document ids
-    never decrease along a packed batch)."""
-    return torch.searchsorted(doc_ids, doc_ids), torch.searchsorted(doc_ids, doc_ids, right=True)
+    """(start, end) (T,) int32 of each position's document: its first position and the one after its last (document
+    ids never decrease along a packed batch). int32, not searchsorted's int64: the kernels' key indices, loop bounds
+    and masks derive from them and would all run in 64-bit arithmetic (T4.8)."""
+    return (torch.searchsorted(doc_ids, doc_ids, out_int32=True),
+            torch.searchsorted(doc_ids, doc_ids, right=True, out_int32=True))
 
 
 @torch.library.custom_op("speedrun::copy_pointer_forward", mutates_args=())

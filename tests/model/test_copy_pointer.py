@@ -75,8 +75,9 @@ def test_pointer_looks_back_only_within_its_window_and_document():
 # bf16 query and key: the values in fp32 arithmetic (1e-5), the gradients with ∂loss/∂scores rounded to bf16 before
 # their products (1e-2, METHOD.md's bf16 band); ragged ends, windows shorter, equal to and longer than a block, window
 # 1, one-token documents, a position with only the sink, documents starting inside a block (the kernels skip the key
-# tiles before a block's first document and the query tiles after a key block's last). Then fullgraph under aot_eager: the two custom ops, eager's
-# numbers exactly; and the dispatch (copy_pointer with use_triton) equal to the kernel.
+# tiles before a block's first document and the query tiles after a key block's last). Then fullgraph under
+# aot_eager: the two custom ops, eager's numbers exactly; and the dispatch (copy_pointer with use_triton) equal to the
+# kernel.
 COPY_INTERPRETER_CHECK = textwrap.dedent("""
     import torch, train_gpt as T
     from torch._dynamo.backends.common import aot_autograd
@@ -120,7 +121,8 @@ COPY_INTERPRETER_CHECK = textwrap.dedent("""
         return make_boxed_func(gm.forward)
     args = inputs(130, 6)
     upstream = (torch.randn(130), torch.randn(130))
-    fn = lambda q, k, sink, ids, next_ids, docs, window: T.CopyPointerKernel.apply(q, k, sink, ids, next_ids, docs, window)
+    def fn(q, k, sink, ids, next_ids, docs, window):
+        return T.CopyPointerKernel.apply(q, k, sink, ids, next_ids, docs, window)
     eager = values_and_grads(fn, *args, 40, upstream)
     compiled = values_and_grads(torch.compile(fn, backend=aot_autograd(fw_compiler=record, bw_compiler=record),
                                               fullgraph=True), *args, 40, upstream)
@@ -139,6 +141,17 @@ COPY_INTERPRETER_CHECK = textwrap.dedent("""
 """)
 
 
+def test_document_bounds_are_each_documents_first_and_past_last_position_in_int32():
+    """document_bounds against a loop over the documents, and int32: int64 bounds put the kernels' key arithmetic in
+    64-bit and cost them a third of their time at stage 3 (T4.8)."""
+    docs = torch.tensor([0, 0, 0, 3, 3, 4, 7, 7, 7, 7, 9])
+    start, end = T.document_bounds(docs)
+    assert start.dtype == end.dtype == torch.int32
+    for i, doc in enumerate(docs.tolist()):
+        positions = (docs == doc).nonzero().flatten().tolist()
+        assert (start[i].item(), end[i].item()) == (positions[0], positions[-1] + 1)
+
+
 @pytest.mark.skipif(T.triton is None, reason="Triton not installed")
 def test_pointer_kernels_match_the_definition_in_the_triton_interpreter():
     run_in_triton_interpreter(COPY_INTERPRETER_CHECK, timeout=600)
@@ -147,29 +160,29 @@ def test_pointer_kernels_match_the_definition_in_the_triton_interpreter():
 @pytest.mark.skipif(T.triton is None or T.TRITON_INTERPRETER, reason="needs Triton's compiler")
 def test_pointer_kernels_fit_hopper_shared_memory():
     """The three pointer kernels, compiled ahead of time for sm_90 (no GPU needed) as the wrappers launch them (bf16
-    query and key, int64 token ids, int32 or int64 document bounds): each fits an H100/H200 block's 227 KB."""
+    query and key, int64 token ids, int32 document bounds): each fits an H100/H200 block's 227 KB."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     bf16, fp32, i64 = "*bf16", "*fp32", "*i64"
-    for docs in ("*i32", "*i64"):
-        rows = dict(ids_ptr=i64, next_ptr=i64, T="i32", window="i32", scale="fp32")
-        backward = dict(q_ptr=bf16, k_ptr=bf16, **rows, lse_ptr=fp32, dp_ptr=fp32, dmix_ptr=fp32)
-        kernels = [("forward", T._copy_forward_kernel, dict(q_ptr=bf16, k_ptr=bf16, sink_ptr=fp32, **rows,
-                                                             doc_start_ptr=docs, p_ptr=fp32, a_ptr=fp32, lse_ptr=fp32)),
-                   ("backward_query", T._copy_backward_query_kernel, dict(backward, doc_start_ptr=docs, dq_ptr=fp32)),
-                   ("backward_key", T._copy_backward_key_kernel, dict(backward, doc_end_ptr=docs, dk_ptr=fp32))]
-        for launch, kernel, args in kernels:
-            config = dict(T.COPY_LAUNCH[launch])
-            constants = dict(D=T.COPY_HEAD_DIM, BLOCK_M=config.pop("BLOCK_M"), BLOCK_N=config.pop("BLOCK_N"),
-                             UPCAST=False)
-            index = kernel.arg_names.index
-            signature = {name: args[name] if name in args else "constexpr" for name in kernel.arg_names}
-            aligned = {(index(name),): [["tt.divisibility", 16]] for name in args if args[name].startswith("*")}
-            source = ASTSource(kernel, signature=signature,
-                               constexprs={(index(name),): value for name, value in constants.items()}, attrs=aligned)
-            compiled = T.triton.compile(source, target=GPUTarget("cuda", 90, 32), options=config)
-            assert compiled.metadata.shared <= 232_448, (kernel.__name__, docs, compiled.metadata.shared)
+    docs = "*i32"
+    rows = dict(ids_ptr=i64, next_ptr=i64, T="i32", window="i32", scale="fp32")
+    backward = dict(q_ptr=bf16, k_ptr=bf16, **rows, lse_ptr=fp32, dp_ptr=fp32, dmix_ptr=fp32)
+    kernels = [("forward", T._copy_forward_kernel, dict(q_ptr=bf16, k_ptr=bf16, sink_ptr=fp32, **rows,
+                                                         doc_start_ptr=docs, p_ptr=fp32, a_ptr=fp32, lse_ptr=fp32)),
+               ("backward_query", T._copy_backward_query_kernel, dict(backward, doc_start_ptr=docs, dq_ptr=fp32)),
+               ("backward_key", T._copy_backward_key_kernel, dict(backward, doc_end_ptr=docs, dk_ptr=fp32))]
+    for launch, kernel, args in kernels:
+        config = dict(T.COPY_LAUNCH[launch])
+        constants = dict(D=T.COPY_HEAD_DIM, BLOCK_M=config.pop("BLOCK_M"), BLOCK_N=config.pop("BLOCK_N"),
+                         UPCAST=False)
+        index = kernel.arg_names.index
+        signature = {name: args[name] if name in args else "constexpr" for name in kernel.arg_names}
+        aligned = {(index(name),): [["tt.divisibility", 16]] for name in args if args[name].startswith("*")}
+        source = ASTSource(kernel, signature=signature,
+                           constexprs={(index(name),): value for name, value in constants.items()}, attrs=aligned)
+        compiled = T.triton.compile(source, target=GPUTarget("cuda", 90, 32), options=config)
+        assert compiled.metadata.shared <= 232_448, (kernel.__name__, compiled.metadata.shared)
 
 
 def test_pointer_dispatch():
