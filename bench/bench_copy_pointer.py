@@ -2,20 +2,47 @@
 step's batch, each path compiled as the model compiles it (fullgraph): the blocked torch pointer (the plan off CUDA)
 and the Triton kernels (the plan on CUDA). First the values: each path's p_copy, a_sink and the gradients of x and
 the pointer's parameters against the other (the blocked path rounds its scores to bf16, the kernels keep them fp32).
-Then forward and forward+backward medians (triton do_bench) per batch, and the kernels' launches at --launch.
+Then each path's GPU time per call, forward and forward+backward: the kernels' device time under the torch profiler
+over 20 calls, not wall time, since training replays its steps from CUDA graphs (no launch cost); the pointer's own
+three kernels apart. --train-gpt loads another version of train_gpt.py (an A/B in one process's lease call).
 
     python bench/bench_copy_pointer.py                          # 16,384 / 32,768 / 49,152 tokens (stages 1-3)
-    python bench/bench_copy_pointer.py --tokens 49152 --launch 64x64x4,128x64x8
+    python bench/bench_copy_pointer.py --tokens 49152 --launch 64x32x4,128x64x8
+    git show HEAD~1:train_gpt.py > /tmp/before.py && python bench/bench_copy_pointer.py --train-gpt /tmp/before.py
 """
 import argparse
+import importlib.util
 import os
 import sys
 
 import torch
-from triton.testing import do_bench
+from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import train_gpt as T  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+T = None  # the train_gpt module under test (main loads it)
+
+
+def load_train_gpt(path):
+    spec = importlib.util.spec_from_file_location("train_gpt", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["train_gpt"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def gpu_time(fn, calls=20):
+    """(all kernels, the pointer's kernels) device ms per call of fn, after 3 warm-up calls."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.device_time for e in kernels)
+    own = sum(e.device_time for e in kernels if e.name.startswith("_copy_"))
+    return total / calls / 1000, own / calls / 1000
 
 
 def rel(a, b):
@@ -44,15 +71,20 @@ def problem(tokens, window, seed=0):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, nargs="+", default=[16384, 32768, 49152])
-    ap.add_argument("--window", type=int, default=T.ModelConfig().copy_window)
+    ap.add_argument("--window", type=int, default=0, help="COPY_WINDOW (default: the file's)")
     ap.add_argument("--launch", default="", help="BLOCK_MxBLOCK_NxWARPS for all three kernels, comma-separated")
+    ap.add_argument("--train-gpt", default=os.path.join(ROOT, "train_gpt.py"),
+                    help="the train_gpt.py whose pointer to time (default: this checkout's)")
     args = ap.parse_args()
+    global T
+    T = load_train_gpt(args.train_gpt)
     launches = [tuple(int(v) for v in launch.split("x")) for launch in args.launch.split(",") if launch]
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {T.triton.__version__}, "
-          f"window {args.window}")
+    window = args.window or T.ModelConfig().copy_window
+    print(f"{args.train_gpt}: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"Triton {T.triton.__version__}, window {window}; GPU ms per call (the pointer's own kernels)")
     default_launch = {name: dict(config) for name, config in T.COPY_LAUNCH.items()}
     for tokens in args.tokens:
-        params, rest, upstream = problem(tokens, args.window)
+        params, rest, upstream = problem(tokens, window)
         paths = {"blocked torch": False, "triton kernels": True}
         compiled = {name: torch.compile(lambda *p, use=use: T.copy_pointer(*p, *rest, use_triton=use),
                                         dynamic=False, fullgraph=True) for name, use in paths.items()}
@@ -66,21 +98,19 @@ def main():
         print(f"\n{tokens} tokens: kernels vs blocked: {diffs}")
 
         def timings(fn):
-            forward = do_bench(lambda: fn(*params), warmup=10, rep=100)
-            both = do_bench(lambda: torch.autograd.grad(fn(*params), params, tuple(upstream)), warmup=10, rep=100)
-            return forward, both
+            forward = gpu_time(lambda: fn(*params))
+            both = gpu_time(lambda: torch.autograd.grad(fn(*params), params, tuple(upstream)))
+            return (f"forward {forward[0]:.3f} ms ({forward[1]:.3f})   "
+                    f"forward+backward {both[0]:.3f} ms ({both[1]:.3f})")
 
         for name, fn in compiled.items():
-            forward, both = timings(fn)
-            print(f"  {name:16s} forward {forward:.3f} ms   forward+backward {both:.3f} ms")
+            print(f"  {name:16s} {timings(fn)}")
         for block_m, block_n, warps in launches:
             for config in T.COPY_LAUNCH.values():
                 config.update(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
             torch._dynamo.reset()
             fn = torch.compile(lambda *p: T.copy_pointer(*p, *rest, use_triton=True), dynamic=False, fullgraph=True)
-            forward, both = timings(fn)
-            launch = f"{block_m}x{block_n}x{warps}"
-            print(f"  kernels {launch:8s} forward {forward:.3f} ms   forward+backward {both:.3f} ms")
+            print(f"  kernels {block_m}x{block_n}x{warps:<3d} {timings(fn)}")
         for name, config in default_launch.items():
             T.COPY_LAUNCH[name] = dict(config)
 

@@ -1,0 +1,44 @@
+"""bench/bench_copy_pointer.py: it times the train_gpt.py it is given (--train-gpt, the A/B against another version),
+and on a GPU its time is the pointer's kernels' device time, its own three kernels within the total."""
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+
+from helpers import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import bench_copy_pointer as B  # noqa: E402
+
+
+@pytest.fixture
+def restore_train_gpt():
+    saved = sys.modules.get("train_gpt")
+    yield
+    if saved is None:
+        sys.modules.pop("train_gpt", None)
+    else:
+        sys.modules["train_gpt"] = saved
+
+
+def test_the_bench_loads_the_train_gpt_it_is_given(tmp_path, restore_train_gpt):
+    other = tmp_path / "before.py"
+    shutil.copy(os.path.join(ROOT, "train_gpt.py"), other)
+    with open(other, "a") as f:
+        f.write("\nBENCH_MARKER = 'before'\n")
+    module = B.load_train_gpt(str(other))
+    assert module.BENCH_MARKER == "before" and sys.modules["train_gpt"] is module
+    assert module.__file__ == str(other)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_time_counts_the_pointer_kernels_within_the_total(restore_train_gpt):
+    B.T = B.load_train_gpt(os.path.join(ROOT, "train_gpt.py"))
+    params, rest, upstream = B.problem(4096, 512)
+    total, own = B.gpu_time(lambda: B.T.copy_pointer(*params, *rest, use_triton=True), calls=3)
+    assert 0 < own < total
+    none_total, none_own = B.gpu_time(lambda: B.T.copy_pointer(*params, *rest, use_triton=False), calls=3)
+    assert none_own == 0 and none_total > 0
