@@ -878,7 +878,7 @@ class GPT(nn.Module):
             lse = torch.logsumexp(z, -1)
             ce = lse - z.gather(1, targets[i: i + chunk, None])[:, 0]
             if self.config.copy_pointer:
-                start = max(0, i - (shape.copy_window or self.config.copy_window))
+                start = max(0, i - self.copy_window(shape))
                 p_copy, a_sink = self.pointer_masses(x[start: i + chunk], input_ids[start: i + chunk],
                                                      targets[start: i + chunk], cu_seqlens - start, shape, execution)
                 ce = copy_mixture(ce, lse - z[:, COPY_TOKEN], p_copy[i - start:], a_sink[i - start:])[0]
@@ -889,8 +889,12 @@ class GPT(nn.Module):
                        execution: ExecutionPlan) -> tuple[Tensor, Tensor]:
         """(p_copy, a_sink) of the copy pointer (T4.8) on the final hidden states x of the packed documents."""
         return copy_pointer(x, self.copy_qk, self.copy_gain, self.copy_sink, input_ids.long(), next_ids.long(),
-                            document_ids(cu_seqlens, x.size(0)), shape.copy_window or self.config.copy_window,
-                            execution.copy_kernel)
+                            document_ids(cu_seqlens, x.size(0)), self.copy_window(shape), execution.copy_kernel)
+
+    def copy_window(self, shape: ForwardShape) -> int:
+        """How far back the copy pointer looks in this forward: the shape's window (the final validation's), else
+        COPY_WINDOW."""
+        return shape.copy_window or self.config.copy_window
 
     def target_columns(self, targets: Tensor, shape: ForwardShape) -> Tensor:
         """Target matrix (T, N), -1 = none: multi-token prediction (#53, T4.2) scores the same logits
