@@ -11,23 +11,14 @@ three kernels apart. --train-gpt loads another version of train_gpt.py (an A/B i
     git show HEAD~1:train_gpt.py > /tmp/before.py && python bench/bench_copy_pointer.py --train-gpt /tmp/before.py
 """
 import argparse
-import importlib.util
 import os
-import sys
 
 import torch
+from profile_stages import load_source
 from torch.profiler import ProfilerActivity, profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = None  # the train_gpt module under test (main loads it)
-
-
-def load_train_gpt(path):
-    spec = importlib.util.spec_from_file_location("train_gpt", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_gpt"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def gpu_time(fn, calls=20):
@@ -77,7 +68,7 @@ def main():
                     help="the train_gpt.py whose pointer to time (default: this checkout's)")
     args = ap.parse_args()
     global T
-    T = load_train_gpt(args.train_gpt)
+    T = load_source(args.train_gpt)
     launches = [tuple(int(v) for v in launch.split("x")) for launch in args.launch.split(",") if launch]
     window = args.window or T.ModelConfig().copy_window
     print(f"{args.train_gpt}: {torch.cuda.get_device_name()}, torch {torch.__version__}, "

@@ -39,14 +39,18 @@
 # RANK_SLICE=1; a full-batch torchrun queue sets RANK_SLICE=0), PYTHONPATH with $SITE and the CuTe
 # DSL's dsl_packages (its .pth files are not read from a --target folder), PYTHONUNBUFFERED=1,
 # FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1, the three cache folders under $CACHE_DIR, NVLink multicast off (NCCL_NVLS_ENABLE=0,
-# TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), L=LEASE_DIR=the log folder and six
+# TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), L=LEASE_DIR=the log folder and eight
 # functions: `note TEXT` appends "HH:MM:SS TEXT" to $L/status; `arm GPU NAME [VAR=VALUE ...]` runs
 # train_gpt.py alone on GPU with RUN_ID=NAME, SEEDS=1,2,3 (unless given) and LOG_DIR=$L, its output in
 # $L/NAME.out, and notes its rc; `check GPU NAME SECONDS COMMAND...` runs COMMAND on GPU under a timeout,
 # its output in $L/NAME.out, and notes its rc; `need_shards N...` ends the queue unless $DATA_DIR holds those
 # proxy train shards; `watch_gpus SECONDS` writes $L/gpus.txt and samples the clocks into $L/clocks.txt
-# every SECONDS until the queue ends; `pack_cache`, the queue's last line, packs the compile caches for
-# `pack-cache` and notes how many parts there are. Stop a queue and everything it
+# every SECONDS until the queue ends; `compile_beside NAME GIB FILE ARM` starts FILE (another train_gpt.py) in
+# the background on GPU 0, one seed, its allocator capped at GIB, its output in $L/NAME.out, so that it compiles
+# (filling the caches for its own timed arm later) while ARM (started next, `arm 0 ARM ...`) compiles, and kills it
+# with its process group the moment either warm-up ends, before any timed step; `stop_beside NAME` kills it where
+# still alive; `pack_cache`, the queue's last line, packs the compile caches for `pack-cache` and notes how many
+# parts there are. Stop a queue and everything it
 # started: kill -- -$(cat $LEASE_DIR/queue.pid).
 #
 # Variables (environment, default in brackets):
@@ -343,6 +347,24 @@ cmd_start() {
               --format=csv,noheader >> "$L/clocks.txt" 2>&1; done ) &
         echo "$!" > "$L/watch.pid"
     }
+    # compile_beside NAME GIB FILE ARM: FILE's untimed compile beside ARM's (see the header); returns at once
+    compile_beside() {
+        local name=$1 gib=$2 file=$3 watched=$4 pid logs
+        logs=$(mktemp -d)  # its run log stays out of $L (its console output, $L/NAME.out, comes back)
+        CUDA_VISIBLE_DEVICES=0 RUN_ID="$name" SEEDS=1 LOG_DIR="$logs" GPU_MEMORY_GIB="$gib" \
+            setsid python "$file" > "$L/$name.out" 2>&1 &
+        pid=$!
+        echo "$pid" > "$L/$name.pid"
+        note "$name: $file compiling beside $watched (pid $pid)"
+        ( while kill -0 "$pid" 2>/dev/null; do
+              if grep -qs "Compile and warm-up took" "$L/$watched.out" "$L/$name.out"; then
+                  kill -KILL -- -"$pid" 2>/dev/null; note "$name stopped: a warm-up ended"; break
+              fi
+              sleep 0.3
+          done ) &
+    }
+    # stop_beside NAME: compile_beside's process group killed, where still alive
+    stop_beside() { [ -s "$L/$1.pid" ] && kill -KILL -- -"$(cat "$L/$1.pid")" 2>/dev/null; true; }
     # pack_cache: the compile caches into parts now, after the queue's timed runs (their CPU time would slow a
     # run), so that the pack-cache calls after the queue only copy them
     pack_cache() {
@@ -352,7 +374,7 @@ cmd_start() {
             "$CACHE_DIR" | cut -f1) of caches): bench/lease.sh pack-cache DEST FIRST brings 8 a call"
     }
     export DATA_DIR CACHE_DIR
-    export -f note arm check need_shards watch_gpus pack_cache pack_cache_parts
+    export -f note arm check need_shards watch_gpus compile_beside stop_beside pack_cache pack_cache_parts
     local runner='echo $$ > "$1/queue.pid"; cd "$2" || exit 1
 note "lease: queue start ($2)"; bash "$1/queue.sh"; rc=$?
 [ -s "$1/watch.pid" ] && kill "$(cat "$1/watch.pid")" 2>/dev/null

@@ -17,7 +17,8 @@ from helpers import cpu_execution, rel_err
 import train_gpt as T
 
 SMALL = {"device": "cpu", "compile": False, "model_dim": 128, "num_heads": 2, "head_dim": 64, "mlp_hidden": 256,
-         "vocab_size": 1024, "copy_pointer": False, "ngram_rows": 1001, "window_block_size": 16, "val_tokens": 2048, "val_seq_len": 1024,
+         "vocab_size": 1024, "copy_pointer": False, "ngram_rows": 1001, "window_block_size": 16, "val_tokens": 2048,
+         "val_seq_len": 1024,
          "stages": T.replace_stage_columns(T.STAGES, batch_tokens=(2048, 4096, 4096, 4096, 4096),
                                            max_seq_len=(128, 256, 256, 256, 256),
                                            ce_candidates=(0,) * 5)}  # the vocabulary: below the budgets

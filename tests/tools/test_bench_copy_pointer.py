@@ -1,5 +1,6 @@
-"""bench/bench_copy_pointer.py: it times the train_gpt.py it is given (--train-gpt, the A/B against another version),
-and on a GPU its time is the pointer's kernels' device time, its own three kernels within the total."""
+"""bench/bench_copy_pointer.py: it times the train_gpt.py it is given (--train-gpt, the A/B against another version,
+through profile_stages.load_source), and on a GPU its time is the pointer's kernels' device time, its own three
+kernels within the total."""
 import os
 import shutil
 import sys
@@ -12,33 +13,25 @@ from helpers import ROOT
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import bench_copy_pointer as B  # noqa: E402
 
-
-@pytest.fixture
-def restore_train_gpt():
-    saved = sys.modules.get("train_gpt")
-    yield
-    if saved is None:
-        sys.modules.pop("train_gpt", None)
-    else:
-        sys.modules["train_gpt"] = saved
+import train_gpt  # noqa: E402
 
 
-def test_the_bench_loads_the_train_gpt_it_is_given(tmp_path, restore_train_gpt):
+def test_the_bench_loads_the_train_gpt_it_is_given(tmp_path):
     other = tmp_path / "before.py"
     shutil.copy(os.path.join(ROOT, "train_gpt.py"), other)
     with open(other, "a") as f:
         f.write("\nBENCH_MARKER = 'before'\n")
-    module = B.load_train_gpt(str(other))
-    assert module.BENCH_MARKER == "before" and sys.modules["train_gpt"] is module
-    assert module.__file__ == str(other)
+    module = B.load_source(str(other))
+    assert module.BENCH_MARKER == "before" and module.__file__ == str(other)
+    assert sys.modules["train_gpt"] is train_gpt  # the suite's own module untouched
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_time_counts_the_pointer_kernels_within_the_total(restore_train_gpt):
-    B.T = B.load_train_gpt(os.path.join(ROOT, "train_gpt.py"))
+def test_gpu_time_counts_the_pointer_kernels_within_the_total(monkeypatch):
+    monkeypatch.setattr(B, "T", train_gpt)
     params, rest, upstream = B.problem(4096, 512)
-    total, own = B.gpu_time(lambda: B.T.copy_pointer(*params, *rest, use_triton=True), calls=3)
+    total, own = B.gpu_time(lambda: train_gpt.copy_pointer(*params, *rest, use_triton=True), calls=3)
     assert 0 < own < total
-    none_total, none_own = B.gpu_time(lambda: B.T.copy_pointer(*params, *rest, use_triton=False), calls=3)
+    none_total, none_own = B.gpu_time(lambda: train_gpt.copy_pointer(*params, *rest, use_triton=False), calls=3)
     assert none_own == 0 and none_total > 0

@@ -269,3 +269,54 @@ def test_carry_splits_shards_and_wheels_into_parts_that_setup_reassembles(tmp_pa
     assert sorted(p.name for p in (stage / "whl").iterdir()) == ["cu13.tar.xz.part00", "small-1.0-py3-none-any.whl"]
     with tarfile.open(stage / "whl" / "cu13.tar.xz.part00") as tar:
         assert tar.extractfile("./nvidia_cutlass_dsl/lib/libcute.so").read() == library
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid")
+@pytest.mark.parametrize("first", ["arm", "beside"])
+def test_compile_beside_is_killed_with_its_children_when_a_warm_up_ends(tmp_path, first):
+    """`compile_beside` runs another train_gpt.py on GPU 0 (one seed, its allocator capped) beside an arm and kills
+    its process group, children included, as soon as the arm's warm-up or its own ends; `stop_beside` after."""
+    beside = tmp_path / "base.py"
+    beside.write_text(  # a child that would outlive a kill of the parent alone, then its own warm-up end on cue
+        "import os, subprocess, sys, time\n"
+        "print(*(os.environ.get(k) for k in ('CUDA_VISIBLE_DEVICES', 'RUN_ID', 'SEEDS', 'GPU_MEMORY_GIB')),"
+        " flush=True)\n"
+        "child = subprocess.Popen(['sleep', '60'])\n"
+        "open(os.path.join(os.environ['L'], 'child.pid'), 'w').write(str(child.pid))\n"
+        "for _ in range(200):\n"
+        "    if os.path.exists(os.path.join(os.environ['L'], 'go_beside')):\n"
+        "        print('Compile and warm-up took 1s. Resetting model', flush=True)\n"
+        "    time.sleep(0.1)\n")
+    (tmp_path / "train_gpt.py").write_text(  # the arm: its warm-up ends on cue, then it outlives the watch
+        "import os, time\n"
+        "for _ in range(200):\n"
+        "    if os.path.exists(os.path.join(os.environ['L'], 'go_arm')):\n"
+        "        print('Compile and warm-up took 1s. Resetting model', flush=True)\n"
+        "        break\n"
+        "    if os.path.exists(os.path.join(os.environ['L'], 'go_beside')):\n"
+        "        break\n"
+        "    time.sleep(0.1)\n"
+        "time.sleep(1)\n")
+    queue = tmp_path / "queue.sh"
+    queue.write_text(f'compile_beside base_compile 52 {beside} record\n'
+                     f'for i in $(seq 50); do [ -s "$L/child.pid" ] && break; sleep 0.1; done\n'
+                     f'touch "$L/go_{first}"\n'
+                     'arm 0 record SEEDS=1\n'
+                     'for f in base_compile.pid child.pid; do  # each one\'s state once the arm is done\n'
+                     '    s=$(cut -d" " -f3 "/proc/$(cat "$L/$f")/stat" 2>/dev/null)\n'
+                     '    note "$f after the arm: ${s:-gone}"\n'
+                     'done\n'
+                     'stop_beside base_compile\n')
+    try:
+        assert lease(tmp_path, "start", str(queue)).returncode == 0
+        done = lease(tmp_path, "poll", "25")
+        assert done.returncode == 0, done.stdout + done.stderr
+        q = tmp_path / "q"
+        assert (q / "base_compile.out").read_text().split()[:4] == ["0", "base_compile", "1", "52"]
+        status = (q / "status").read_text()
+        assert "base_compile stopped: a warm-up ended" in status and "record (GPU0) rc=0" in status
+        assert status.index("base_compile stopped") < status.index("record (GPU0) rc=0")
+        states = dict(re.findall(r"(\w+)\.pid after the arm: (\w+)", status))
+        assert set(states) == {"base_compile", "child"} and all(s in ("gone", "Z") for s in states.values()), states
+    finally:
+        stop_queue(tmp_path)

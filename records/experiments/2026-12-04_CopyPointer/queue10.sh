@@ -6,30 +6,20 @@
 # here; GPU_MEMORY_GIB=66 each so both fit): `r1078` (7 scheduled steps fewer) and `classes` (NGRAM_TOKEN_CLASSES=1,
 # T3.22, PR #375, through bench/eval_windows.py, also pointer window 16384 and long window 40 at validation);
 # `record` is their baseline. Then the caches are packed.
-# No compile caches are assumed: 7ec2b2e compiles beside `record` (`base_compile`, capped at 52 GiB so both fit; in
-# lease 5 it ran out of memory only at the final validation's shapes, and `base` then warmed up in ~2 minutes),
-# killed with its process group the moment either warm-up ends. The pointer's GPU tests and bench run beside too.
+# No compile caches are assumed: 7ec2b2e compiles beside `record` (lease.sh's compile_beside, capped at 52 GiB so
+# both fit; in lease 5 it ran out of memory only at the final validation's shapes, and `base` then warmed up in ~2
+# minutes), killed the moment either warm-up ends. The pointer's GPU tests and bench run beside too.
 need_shards 1 2 3 4 5
 watch_gpus 60
 [ -f /tmp/stage/base_7ec2b2e.py ] || { note "no /tmp/stage/base_7ec2b2e.py"; exit 1; }
-mkdir -p /tmp/precompile
-CUDA_VISIBLE_DEVICES=0 RUN_ID=base_compile SEEDS=1 LOG_DIR=/tmp/precompile GPU_MEMORY_GIB=52 \
-    setsid python /tmp/stage/base_7ec2b2e.py > "$L/base_compile.out" 2>&1 &
-pre=$!
-note "base_compile pid $pre"
-( while kill -0 "$pre" 2>/dev/null; do
-      if grep -qs "Compile and warm-up took" "$L/record.out" "$L/base_compile.out"; then
-          kill -KILL -- -"$pre" 2>/dev/null; note "base_compile stopped: a warm-up ended"; break
-      fi
-      sleep 0.3
-  done ) &
+compile_beside base_compile 52 /tmp/stage/base_7ec2b2e.py record
 ( check 0 gpu_tests 300 python -m pytest -q -m gpu tests/model/test_copy_pointer.py tests/tools/test_bench_copy_pointer.py \
       -p no:cacheprovider
   check 0 bench_pointer 200 python bench/bench_copy_pointer.py ) &
 side=$!
 arm 0 record GPU_MEMORY_GIB=77
 wait "$side"
-kill -KILL -- -"$pre" 2>/dev/null
+stop_beside base_compile
 note "A: 7ec2b2e"
 env CUDA_VISIBLE_DEVICES=0 RUN_ID=base SEEDS=1,2,3 LOG_DIR="$L" GPU_MEMORY_GIB=77 python /tmp/stage/base_7ec2b2e.py \
     > "$L/base.out" 2>&1
