@@ -4,6 +4,7 @@ import ctypes.util
 import importlib.util
 import os
 import pathlib
+import sys
 
 import pytest
 
@@ -18,6 +19,8 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0))
                                                       // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+
+from torch._library.custom_ops import CustomOpDef  # noqa: E402  (after the thread count: torch reads it)
 
 
 def pytest_configure(config):
@@ -54,6 +57,30 @@ def keep_freed_memory():
         _LIBC.mallopt(M_MMAP_MAX, 65536)
         _LIBC.mallopt(M_TRIM_THRESHOLD, 128 * 1024)
         _LIBC.malloc_trim(0)
+
+
+def replaced_custom_ops() -> list[str]:
+    """The custom ops of the imported train_gpt that the dispatcher no longer holds as this module's: a
+    second execution of a train_gpt.py in the process (a copy loaded by path) registers the same names
+    again and torch drops the first registrations, so the first module's ops call a freed operator (a
+    segfault or a nonsense error in some later test). Empty while train_gpt is not imported."""
+    module = sys.modules.get("train_gpt")
+    if module is None:
+        return []
+    return [op._qualname for op in vars(module).values() if isinstance(op, CustomOpDef)
+            and getattr(getattr(module.torch.ops, op._namespace), op._name).default is not op._opoverload]
+
+
+@pytest.fixture(autouse=True)
+def train_gpt_keeps_its_custom_ops():
+    """Fail the test that replaced train_gpt's custom ops (replaced_custom_ops), not the later ones that
+    would crash on them: load other train_gpt.py files in a subprocess."""
+    before = replaced_custom_ops()
+    yield
+    replaced = replaced_custom_ops()
+    who = "an earlier test in this process" if before else "this test"
+    assert not replaced, (f"{who} registered train_gpt's custom ops again ({', '.join(replaced)}): "
+                          "load another train_gpt.py in a subprocess")
 
 
 @pytest.fixture(scope="session")
