@@ -538,13 +538,14 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
     hopper = kernels and torch.cuda.get_device_capability(device)[0] >= 9  # TMA, e4m3 GEMMs
     # the narrow width is a power of two where the wide one is
     qk_width = model.head_dim // 2 if model.narrow_qk_layers else model.head_dim
+    lm_head_fp8 = training and cfg.fp8_lm_head and cuda
     return ExecutionPlan(
         attention=resolve_attention_backend(cfg.attention_backend, device.type), mlp_fused=cfg.fused_mlp,
         mlp_kernel=cfg.fused_mlp and hopper,
         mlp_e4m3=training and cfg.fp8_mlp and cfg.fused_mlp and hopper
         and tokens % 16 == 0,  # the transposed e4m3/e5m2 copies' TMA row strides
-        qkv_e4m3=training and cfg.fp8_qkv and hopper, lm_head_fp8=training and cfg.fp8_lm_head and cuda,
-        logits_e4m3=training and cfg.fp8_lm_head and cfg.e4m3_logits and cuda,
+        qkv_e4m3=training and cfg.fp8_qkv and hopper,
+        lm_head_fp8=lm_head_fp8, logits_e4m3=lm_head_fp8 and cfg.e4m3_logits,
         ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
         qk_rope_kernel=kernels and cfg.qk_rope_kernel and qk_rope_kernel_supports(qk_width),
@@ -3763,8 +3764,8 @@ MAX_TARGETS = 4  # target columns per row of the fused cross-entropy
 
 
 def softcap(logits: Tensor) -> Tensor:
-    """Asymmetric logit soft-cap into (0, 23) (#54), computed in fp32 (or the logits' wider dtype; e4m3: fp32)."""
-    u = logits.float() if logits.element_size() == 1 else logits.to(torch.promote_types(logits.dtype, torch.float32))
+    """Asymmetric logit soft-cap into (0, 23) (#54), computed in fp32 (fp64 for fp64 logits)."""
+    u = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
     return SOFTCAP_SCALE * torch.sigmoid((u + SOFTCAP_SHIFT) / SOFTCAP_TEMPERATURE)
 
 
