@@ -232,7 +232,6 @@ class ExecutionConfig:
     per stage into an ExecutionPlan (see resolve_execution)."""
     attention_backend: str = "auto"  # auto | fa4 | flex | sdpa
     fp8_lm_head: bool = True  # CUDA only
-    e4m3_logits: bool = False  # the FP8 lm_head's product writes its logits in e4m3 for the fused CE (#92, T4.4)
     fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
     fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 and backward in e4m3/e5m2 (sm90+ GPUs)
     fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
@@ -521,7 +520,6 @@ class ExecutionPlan:
     mlp_e4m3: bool  # the fused MLP's forward in e4m3 (T6.2) and its backward in FP8 (T6.5)
     qkv_e4m3: bool  # the Q/K/V projection in e4m3 (T6.3)
     lm_head_fp8: bool  # the lm_head and its gradients in FP8 (T4.4)
-    logits_e4m3: bool  # ... its logits written in e4m3, one byte each, for the fused cross-entropy (T4.4)
     ce_candidates: int  # the training cross-entropy's columns (T4.6): a sampled softmax; 0: the full one
     dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
     qk_rope_kernel: bool  # QK-norm, rotary, key offset and q's scale as Triton kernels (T6.4); False: torch
@@ -538,14 +536,12 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
     hopper = kernels and torch.cuda.get_device_capability(device)[0] >= 9  # TMA, e4m3 GEMMs
     # the narrow width is a power of two where the wide one is
     qk_width = model.head_dim // 2 if model.narrow_qk_layers else model.head_dim
-    lm_head_fp8 = training and cfg.fp8_lm_head and cuda
     return ExecutionPlan(
         attention=resolve_attention_backend(cfg.attention_backend, device.type), mlp_fused=cfg.fused_mlp,
         mlp_kernel=cfg.fused_mlp and hopper,
         mlp_e4m3=training and cfg.fp8_mlp and cfg.fused_mlp and hopper
         and tokens % 16 == 0,  # the transposed e4m3/e5m2 copies' TMA row strides
-        qkv_e4m3=training and cfg.fp8_qkv and hopper,
-        lm_head_fp8=lm_head_fp8, logits_e4m3=lm_head_fp8 and cfg.e4m3_logits,
+        qkv_e4m3=training and cfg.fp8_qkv and hopper, lm_head_fp8=training and cfg.fp8_lm_head and cuda,
         ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
         qk_rope_kernel=kernels and cfg.qk_rope_kernel and qk_rope_kernel_supports(qk_width),
@@ -864,13 +860,11 @@ class GPT(nn.Module):
         if execution.ce_candidates:
             loss, ce, shortfall = sampled_lm_head_softcap_ce(x, self.lm_head, targets, target_weights,
                                                              execution.ce_candidates, self.candidate_step,
-                                                             grad_scale, execution.lm_head_fp8, pointer,
-                                                             execution.logits_e4m3)
+                                                             grad_scale, execution.lm_head_fp8, pointer)
             self.candidate_shortfall.copy_(torch.maximum(self.candidate_shortfall, shortfall))
             return loss, ce
         copy = None if pointer is None else (torch.full_like(targets[0, :1], COPY_TOKEN), *pointer)
-        return lm_head_softcap_ce(x, self.lm_head, targets, target_weights, grad_scale, execution.lm_head_fp8, copy,
-                                  execution.logits_e4m3)
+        return lm_head_softcap_ce(x, self.lm_head, targets, target_weights, grad_scale, execution.lm_head_fp8, copy)
 
     def evaluation_loss(self, input_ids: Tensor, target_ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape,
                         execution: ExecutionPlan, chunk: int) -> Tensor:
@@ -3764,8 +3758,8 @@ MAX_TARGETS = 4  # target columns per row of the fused cross-entropy
 
 
 def softcap(logits: Tensor) -> Tensor:
-    """Asymmetric logit soft-cap into (0, 23) (#54), computed in fp32 (fp64 for fp64 logits)."""
-    u = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+    """Asymmetric logit soft-cap into (0, 23) (#54), computed in fp32 (or the logits' wider dtype)."""
+    u = logits.to(torch.promote_types(logits.dtype, torch.float32))
     return SOFTCAP_SCALE * torch.sigmoid((u + SOFTCAP_SHIFT) / SOFTCAP_TEMPERATURE)
 
 
@@ -4041,17 +4035,14 @@ def _scale_tensor(value: float, device: torch.device) -> Tensor:
 # upstream scalar in and does the two products. FP8 (#19, #67; T4.4): e4m3 x and W inputs select it; logits = x8·W8ᵀ
 # (fast accumulation), gradient e5m2, dx = g8·W8 and dW = g8ᵀ·x8 in FP8 with transposed copies for the K-major operands.
 # With the copy pointer (T4.8) the forward also returns the loss's derivatives in p_copy and a_sink ((0, 2) without).
-# e4m3_logits (FP8 only; #92): the product writes each logit as one e4m3 byte (round to nearest even, no scale: the
-# logits stay far inside ±448) and the fused kernel reads those, half the bytes of bf16 logits.
 @torch.library.custom_op("speedrun::lm_head_softcap_ce", mutates_args=())
 def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, grad_scale: float,
                                 copy_column: Tensor | None = None, p_copy: Tensor | None = None,
-                                a_sink: Tensor | None = None, e4m3_logits: bool = False
-                                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                                a_sink: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     if x.dtype == torch.float8_e4m3fn:
         logits = torch._scaled_mm(x, w.t(), scale_a=_scale_tensor(FP8_X_SCALE, x.device),
-                                  scale_b=_scale_tensor(FP8_W_SCALE, x.device),
-                                  out_dtype=torch.float8_e4m3fn if e4m3_logits else torch.bfloat16, use_fast_accum=True)
+                                  scale_b=_scale_tensor(FP8_W_SCALE, x.device), out_dtype=torch.bfloat16,
+                                  use_fast_accum=True)
         grad_dtype, grad_mul = torch.float8_e5m2, 1 / FP8_GRAD_SCALE  # stores du/grad_s
     else:
         logits = x @ w.t()
@@ -4064,7 +4055,7 @@ def _lm_head_softcap_ce_forward(x: Tensor, w: Tensor, targets: Tensor, weights: 
 
 
 @_lm_head_softcap_ce_forward.register_fake
-def _(x, w, targets, weights, grad_scale, copy_column=None, p_copy=None, a_sink=None, e4m3_logits=False):
+def _(x, w, targets, weights, grad_scale, copy_column=None, p_copy=None, a_sink=None):
     fp8 = x.dtype == torch.float8_e4m3fn
     logits_dtype = torch.bfloat16 if fp8 else x.dtype
     loss_dtype = torch.promote_types(logits_dtype, torch.float32)
@@ -4101,11 +4092,11 @@ def to_e4m3(t: Tensor, scale: Tensor | float) -> Tensor:
 class _LMHeadSoftcapCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, grad_scale: float, fp8: bool,
-                e4m3_logits: bool, copy_column: Tensor | None, p_copy: Tensor | None, a_sink: Tensor | None):
+                copy_column: Tensor | None, p_copy: Tensor | None, a_sink: Tensor | None):
         if fp8:  # quantized in the compiled graph, where inductor fuses the scale and cast
             x, w = to_e4m3(x, FP8_X_SCALE), to_e4m3(w, FP8_W_SCALE)
         loss, ce0_mean, grad_logits, copy_grad = _lm_head_softcap_ce_forward(x, w, targets, weights, grad_scale,
-                                                                             copy_column, p_copy, a_sink, e4m3_logits)
+                                                                             copy_column, p_copy, a_sink)
         ctx.save_for_backward(x, w, grad_logits, copy_grad)
         ctx.grad_scale = grad_scale
         ctx.mark_non_differentiable(ce0_mean)
@@ -4118,22 +4109,19 @@ class _LMHeadSoftcapCE(torch.autograd.Function):
         grad_copy = [None, None]
         if copy_grad.numel():
             grad_copy = (copy_grad * (grad_loss * ctx.grad_scale)).unbind(1)
-        return grad_x, grad_w, None, None, None, None, None, None, *grad_copy
+        return grad_x, grad_w, None, None, None, None, None, *grad_copy
 
 
 def lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, grad_scale: float = 1.0,
-                       fp8: bool = False, copy: tuple[Tensor, Tensor, Tensor] | None = None,
-                       e4m3_logits: bool = False) -> tuple[Tensor, Tensor]:
+                       fp8: bool = False, copy: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """Training loss of the lm_head (V, d) on hidden states x (T, d): (Σ_t loss_t · grad_scale as a
     0-d fp32 tensor, mean ce0_t), with loss_t, ce0_t of softcap_ce_reference for targets (T, N ≤ 4)
     (−1: none) and weights (N,). fp8 applies on CUDA (needs T % 16 == 0); elsewhere the plain path. copy: the copy
-    pointer's (<copy> column (1,), p_copy (T,), a_sink (T,)) (T4.8); the gradient reaches p_copy and a_sink.
-    e4m3_logits (with fp8): the kernel reads the logits rounded to e4m3 (#92)."""
+    pointer's (<copy> column (1,), p_copy (T,), a_sink (T,)) (T4.8); the gradient reaches p_copy and a_sink."""
     fp8 = fp8 and x.is_cuda
     if fp8 and x.size(0) % 16:
         raise ValueError(f"the FP8 lm_head needs a multiple of 16 tokens, got {x.size(0)}")
-    return _LMHeadSoftcapCE.apply(x.contiguous(), lm_head, targets, weights, grad_scale, fp8, fp8 and e4m3_logits,
-                                  *(copy or (None,) * 3))
+    return _LMHeadSoftcapCE.apply(x.contiguous(), lm_head, targets, weights, grad_scale, fp8, *(copy or (None,) * 3))
 
 
 # --- Sampled (shared-negative) soft-capped cross-entropy for training (#92, T4.6) ----------------------
@@ -4198,16 +4186,14 @@ def sampled_softcap_ce_reference(x: Tensor, lm_head: Tensor, targets: Tensor, we
 
 def sampled_lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weights: Tensor, budget: int,
                                step: Tensor, grad_scale: float = 1.0, fp8: bool = False,
-                               pointer: tuple[Tensor, Tensor] | None = None,
-                               e4m3_logits: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                               pointer: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """lm_head_softcap_ce against `budget` candidate columns (candidate_set's for `step`): the candidates' rows of the
     lm_head gathered (with fp8, the e4m3 weight's rows: the fixed-scale quantization commutes with the gather, so only
     the gathered rows are quantized), the fused kernel on the (T, budget) logits (its exponent sums already take the
     soft-cap's bound, 23, in place of a running maximum) with the targets remapped; the gradient reaches W's candidate
     rows only (autograd's scatter of the gather). (loss, mean ce0 over the candidates, shortfall). pointer: the copy
     pointer's (p_copy, a_sink) (T4.8); <copy> then joins the candidates as a target of its own (an extra column, row 0),
-    the first one left out should the targets overflow the budget (the trainer stops at its shortfall). e4m3_logits:
-    lm_head_softcap_ce's."""
+    the first one left out should the targets overflow the budget (the trainer stops at its shortfall)."""
     copy = None
     if pointer is not None:
         forced = torch.cat([targets.new_full((1,), COPY_TOKEN), targets.new_full((targets.size(0) - 1,), -1)])
@@ -4216,8 +4202,7 @@ def sampled_lm_head_softcap_ce(x: Tensor, lm_head: Tensor, targets: Tensor, weig
     if pointer is not None:
         copy = (candidate_targets[0, -1:].clamp_min(0), *pointer)
         candidate_targets = candidate_targets[:, :-1]
-    loss, ce0 = lm_head_softcap_ce(x, lm_head[candidates], candidate_targets, weights, grad_scale, fp8, copy,
-                                   e4m3_logits)
+    loss, ce0 = lm_head_softcap_ce(x, lm_head[candidates], candidate_targets, weights, grad_scale, fp8, copy)
     return loss, ce0, shortfall
 
 

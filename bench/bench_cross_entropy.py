@@ -2,11 +2,10 @@
 
 (a) the fused kernel (e5m2 and bf16 gradient) against torch.compile'd references of the same
     forward+backward: the closed-form reference and autograd through the previous formulation;
-(b) the whole lm_head + loss forward+backward (compiled as in training), FP8 (bf16 logits, and e4m3 logits:
-    E4M3_LOGITS) against bf16, with a breakdown of the FP8 path's pieces;
+(b) the whole lm_head + loss forward+backward (compiled as in training), FP8 against bf16, with a
+    breakdown of the FP8 path's pieces;
 (c) the transpose copy of the e5m2 gradient;
-(d) the sampled lm_head + loss (T4.6) at candidate budgets against the full softmax, FP8 as in training, with bf16
-    and e4m3 logits.
+(d) the sampled lm_head + loss (T4.6) at candidate budgets against the full softmax, FP8 as in training.
 Each problem is checked against a float64 reference first. Floors: bytes / 3.0 TB/s (one read of the
 logits, one write of the gradient).
 
@@ -121,8 +120,8 @@ def lm_head_rows(tokens):
     x = T.norm(torch.randn(tokens, D, device="cuda")).bfloat16().requires_grad_()
     w = (torch.randn(V, D, device="cuda") * 0.05).bfloat16().requires_grad_()
     results = {}
-    for path, (fp8, e4m3) in {"bf16": (False, False), "fp8": (True, False), "fp8e4": (True, True)}.items():
-        step = torch.compile(lambda x, w, t, wt: T.lm_head_softcap_ce(x, w, t, wt, 0.5, fp8=fp8, e4m3_logits=e4m3),
+    for fp8 in (False, True):
+        step = torch.compile(lambda x, w, t, wt: T.lm_head_softcap_ce(x, w, t, wt, 0.5, fp8=fp8),
                              dynamic=False, fullgraph=True)
 
         def run():
@@ -131,25 +130,21 @@ def lm_head_rows(tokens):
             loss.backward()
             return loss, ce0
         loss, ce0 = run()
-        results[path] = (loss.detach(), ce0, x.grad.clone(), w.grad.clone())
+        results[fp8] = (loss.detach(), ce0, x.grad.clone(), w.grad.clone())
         ms = bench(run)
-        # bytes per logit: bf16 logits written and read (4; e4m3: 2), then the gradient: bf16 written, read by dx
+        # bytes per logit: bf16 logits written and read (4), then the gradient: bf16 written, read by dx
         # and dW (6); e5m2 written, read by dx, transposed (read + write), read by dW (5)
-        traffic = tokens * V * ((2 if e4m3 else 4) + (5 if fp8 else 6))
+        traffic = tokens * V * (4 + (5 if fp8 else 6))
         gemm_tflop = 3 * 2 * tokens * V * D / 1e12
-        rows.append((tokens, path, ms, traffic / HBM_BYTES_PER_MS, gemm_tflop / ms * 1e3))
-    for path in ("fp8", "fp8e4"):
-        errors = [rel(a, b) for a, b in zip(results[path], results["bf16"])]
-        rows.append((tokens, f"{path} vs bf16 rel. error: loss {{:.1e}} ce0 {{:.1e}} dx {{:.1e}} dW {{:.1e}}".format(
-            *errors)))
+        rows.append((tokens, "fp8" if fp8 else "bf16", ms, traffic / HBM_BYTES_PER_MS, gemm_tflop / ms * 1e3))
+    errors = [rel(a, b) for a, b in zip(results[True], results[False])]
+    rows.append((tokens, "fp8 vs bf16 rel. error: loss {:.1e} ce0 {:.1e} dx {:.1e} dW {:.1e}".format(*errors)))
     # FP8 pieces, each alone
     with torch.no_grad():
         quantize = torch.compile(lambda x, w: (T.to_e4m3(x, T.FP8_X_SCALE), T.to_e4m3(w, T.FP8_W_SCALE)))
         x8, w8 = quantize(x, w)
         sx, sw, sg = (T._scale_tensor(v, x.device) for v in (T.FP8_X_SCALE, T.FP8_W_SCALE, T.FP8_GRAD_SCALE * 0.5))
         logits = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16, use_fast_accum=True)
-        logits8 = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.float8_e4m3fn,
-                                   use_fast_accum=True)
         g8 = T.softcap_ce(logits, targets, weights, 1 / T.FP8_GRAD_SCALE, torch.float8_e5m2)[2]
         w8t, g8t, x8t = T.transpose_copy(w8), T.transpose_copy(g8), T.transpose_copy(x8)
         pieces = [
@@ -158,10 +153,6 @@ def lm_head_rows(tokens):
                                                         out_dtype=torch.bfloat16, use_fast_accum=True)),
             ("fused CE (e5m2 grad)", lambda: T.softcap_ce(logits, targets, weights, 1 / T.FP8_GRAD_SCALE,
                                                            torch.float8_e5m2)),
-            ("logits = x8·W8ᵀ in e4m3", lambda: torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw,
-                                                                out_dtype=torch.float8_e4m3fn, use_fast_accum=True)),
-            ("fused CE on e4m3 logits", lambda: T.softcap_ce(logits8, targets, weights, 1 / T.FP8_GRAD_SCALE,
-                                                              torch.float8_e5m2)),
             ("transpose g8", lambda: T.transpose_copy(g8)),
             ("transpose x8, W8", lambda: (T.transpose_copy(x8), T.transpose_copy(w8))),
             ("dx = g8·W8", lambda: torch._scaled_mm(g8, w8t.t(), scale_a=sg, scale_b=sw, out_dtype=torch.bfloat16)),
@@ -179,7 +170,7 @@ def section_lm_head(args):
         rows += more_rows
         parts += more_parts
         torch.cuda.empty_cache()
-    print("\n(b) lm_head + loss forward+backward (compiled), median ms; fp8e4: FP8 with e4m3 logits")
+    print("\n(b) lm_head + loss forward+backward (compiled), median ms")
     print(f"{'T':>6} {'path':>5} | {'ms':>7} | {'bytes floor':>11} | 3 GEMMs' FLOP / time (TFLOP/s)")
     for r in rows:
         if len(r) == 2:
@@ -236,21 +227,21 @@ def sampled_rows(tokens, candidates):
     x = T.norm(torch.randn(tokens, D, device="cuda")).bfloat16().requires_grad_()
     w = (torch.randn(V, D, device="cuda") * 0.05).bfloat16().requires_grad_()
     step = torch.zeros((), dtype=torch.long, device="cuda")
-    for budget, e4m3 in itertools.product([0, *candidates], (False, True)):
+    for budget in [0, *candidates]:
         if budget:
-            loss_fn = torch.compile(lambda x, w, t, wt, budget=budget, e4m3=e4m3: T.sampled_lm_head_softcap_ce(
-                x, w, t, wt, budget, step, 0.5, fp8=True, e4m3_logits=e4m3)[:2], dynamic=False, fullgraph=True)
+            loss_fn = torch.compile(lambda x, w, t, wt, budget=budget: T.sampled_lm_head_softcap_ce(
+                x, w, t, wt, budget, step, 0.5, fp8=True)[:2], dynamic=False, fullgraph=True)
         else:
-            loss_fn = torch.compile(lambda x, w, t, wt, e4m3=e4m3: T.lm_head_softcap_ce(
-                x, w, t, wt, 0.5, fp8=True, e4m3_logits=e4m3), dynamic=False, fullgraph=True)
+            loss_fn = torch.compile(lambda x, w, t, wt: T.lm_head_softcap_ce(x, w, t, wt, 0.5, fp8=True),
+                                    dynamic=False, fullgraph=True)
 
         def run():
             x.grad = w.grad = None
             step.add_(1)  # a new sweep each call, as each training step
             loss_fn(x, w, targets, weights)[0].backward()
         run()
-        rows.append((tokens, distinct, f"{budget or 'full'}{', e4m3 logits' if e4m3 else ''}", bench(run)))
-        if budget and not e4m3:
+        rows.append((tokens, distinct, budget or "full", bench(run)))
+        if budget:
             candidate_set = torch.compile(T.candidate_set, dynamic=False, fullgraph=True)
             rows.append((tokens, distinct, f"{budget}: candidate_set alone",
                          bench(lambda: candidate_set(targets, V, budget, step))))

@@ -3,7 +3,6 @@ against their torch references (Triton's CPU interpreter here, compiled in the g
 the op's gradients against autograd through the plain formulation, the whole model against the
 previous formulation, tracing under torch.compile, and the FP8 path on a GPU."""
 
-import dataclasses
 import textwrap
 
 import pytest
@@ -64,15 +63,13 @@ INTERPRETER_CHECK = POISON + textwrap.dedent("""
         copy_targets = targets.clone()
         copy_targets[1, 0] = -1
         copy = (torch.tensor([V - 2]), torch.rand(T_rows) * 0.5, torch.rand(T_rows) * 0.3)
-        # bf16 logits with either gradient; e4m3 logits (E4M3_LOGITS) with the FP8 path's e5m2 gradient
-        paths = [(logits, torch.bfloat16, 2e-3), (logits, torch.float8_e5m2, 8e-2),
-                 (logits.float().to(torch.float8_e4m3fn), torch.float8_e5m2, 8e-2)]
-        for (u, grad_dtype, tol), mixture in itertools.product(paths, (False, True)):
-            args = (u, copy_targets if mixture else targets, weights, grad_mul, grad_dtype)
+        for (grad_dtype, tol), mixture in itertools.product(((torch.bfloat16, 2e-3), (torch.float8_e5m2, 8e-2)),
+                                                           (False, True)):
+            args = (logits, copy_targets if mixture else targets, weights, grad_mul, grad_dtype)
             pointer = copy if mixture else None
             ref = T.softcap_ce(*args, use_triton=False, copy=pointer)
             out = T.softcap_ce(*args, use_triton=True, programs=programs, copy=pointer)
-            case = (T_rows, V, N, programs, grad_mul, str(u.dtype), str(grad_dtype), mixture)
+            case = (T_rows, V, N, programs, grad_mul, str(grad_dtype), mixture)
             assert out[2].dtype == grad_dtype and torch.isfinite(out[2].float()).all(), case
             results.append(("loss_rows", case, rel(out[0], ref[0]), 1e-5))
             results.append(("ce0_rows", case, rel(out[1], ref[1]), 1e-5))
@@ -97,8 +94,8 @@ INTERPRETER_CHECK = POISON + textwrap.dedent("""
 
 @pytest.mark.skipif(T.triton is None, reason="Triton not installed")
 def test_kernels_in_the_triton_interpreter():
-    """Loss rows, ce0 rows and bf16/e5m2 gradients of the fused kernel on bf16 and e4m3 logits (N = 1..4, −1 and
-    duplicate targets, each layout of a row's parts, persistent programs, saturation; with and without the copy
+    """Loss rows, ce0 rows and bf16/e5m2 gradients of the fused kernel (N = 1..4, −1 and duplicate
+    targets, each layout of a row's parts, persistent programs, saturation; with and without the copy
     pointer's mixture, T4.8) and the transpose copy."""
     run_in_triton_interpreter(INTERPRETER_CHECK, timeout=900)
 
@@ -188,30 +185,19 @@ def test_model_loss_and_gradients_match_the_previous_formulation():
 
 def test_fp8_op_math_on_cpu():
     """The FP8 path's scales, operand layouts and upstream-scalar folding, through torch's CPU
-    _scaled_mm (the model never takes this path off CUDA), against the plain bf16 formulation; with
-    E4M3_LOGITS (T4.4) also against softcap_ce_reference on the product's own e4m3 logits."""
-    x, w, targets, weights = random_problem(256, 1000, 64, 3, torch.bfloat16, seed=int(torch.randint(1 << 30, ())))
+    _scaled_mm (the model never takes this path off CUDA), against the plain bf16 formulation."""
+    x, w, targets, weights = random_problem(256, 1000, 64, 3, torch.bfloat16)
     results = []
-    for fn in (lambda x, w: T._LMHeadSoftcapCE.apply(x, w, targets, weights, 0.5, True, False, None, None, None),
-               lambda x, w: T._LMHeadSoftcapCE.apply(x, w, targets, weights, 0.5, True, True, None, None, None),
+    for fn in (lambda x, w: T._LMHeadSoftcapCE.apply(x, w, targets, weights, 0.5, True, None, None, None),
                lambda x, w: plain_loss(x.float(), w.float(), targets, weights, 0.5)):
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
         loss, ce0 = fn(xg, wg)
         (loss * 0.3).backward()
         results.append((loss, ce0, xg.grad, wg.grad))
-    (loss8, ce8, dx8, dw8), (loss_e4, ce_e4, dx_e4, dw_e4), (loss, ce0, dx, dw) = results
-    assert dx8.dtype == dw8.dtype == dx_e4.dtype == dw_e4.dtype == torch.bfloat16
-    for l8, c8, dx8, dw8 in results[:2]:
-        assert rel_err(l8, loss) < 1e-2 and rel_err(c8, ce0) < 1e-2  # e4m3 operands (and logits)
-        assert rel_err(dx8, dx) < 8e-2 and rel_err(dw8, dw) < 8e-2  # e5m2 gradient: 2 mantissa bits
-    x8, w8 = T.to_e4m3(x, T.FP8_X_SCALE), T.to_e4m3(w, T.FP8_W_SCALE)
-    logits = torch._scaled_mm(x8, w8.t(), scale_a=T._scale_tensor(T.FP8_X_SCALE, x.device),
-                              scale_b=T._scale_tensor(T.FP8_W_SCALE, x.device), out_dtype=torch.float8_e4m3fn)
-    loss_rows, ce0_rows, grad, _ = T.softcap_ce_reference(logits, targets, weights, 0.5 * 0.3, torch.float32)
-    assert rel_err(loss_e4, loss_rows.sum() * 0.5) < 1e-5 and rel_err(ce_e4, ce0_rows.mean()) < 1e-5
-    assert rel_err(dx_e4, grad @ w8.float() * T.FP8_W_SCALE) < 8e-2
-    assert rel_err(dw_e4, grad.t() @ x8.float() * T.FP8_X_SCALE) < 8e-2
-    assert rel_err(loss_e4, loss8) > 1e-5  # the logits were rounded: not the bf16-logit path
+    (loss8, ce8, dx8, dw8), (loss, ce0, dx, dw) = results
+    assert dx8.dtype == dw8.dtype == torch.bfloat16
+    assert rel_err(loss8, loss) < 1e-2 and rel_err(ce8, ce0) < 1e-2  # e4m3 logits
+    assert rel_err(dx8, dx) < 8e-2 and rel_err(dw8, dw) < 8e-2  # e5m2 gradient: 2 mantissa bits
     for dtype in (torch.float32, torch.bfloat16):
         x, w, targets, weights = random_problem(32, 101, 16, 2, dtype)
         torch.library.opcheck(torch.ops.speedrun.lm_head_softcap_ce.default, (x, w, targets, weights, 0.5))
@@ -228,7 +214,7 @@ def test_op_traces_under_torch_compile(fp8):
     x, w, targets, weights = random_problem(32, 101, 16, 2, torch.bfloat16)
 
     def step(x, w, targets, weights):
-        loss, ce0 = T._LMHeadSoftcapCE.apply(x, w, targets, weights, 0.5, fp8, False, None, None, None)
+        loss, ce0 = T._LMHeadSoftcapCE.apply(x, w, targets, weights, 0.5, fp8, None, None, None)
         return loss * 3.0, ce0
 
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
@@ -313,35 +299,12 @@ def test_lm_head_op_bf16_and_fp8_match_the_plain_formulation(N, poisoned):
 
 @cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("N", [1, 3])
-def test_e4m3_logits_give_the_loss_of_their_rounded_logits(N, poisoned):
-    """E4M3_LOGITS (T4.4, #92): the op's loss and ce0 are softcap_ce_reference's on the product's own e4m3 logits,
-    and its gradients the FP8 backward products of that reference's e5m2 gradient; against the plain formulation in
-    float32, the rounding of the logits to 3 mantissa bits stays under 1 % in the loss (dx, dW: the e5m2 bound)."""
-    seed = int(torch.randint(1 << 30, ()))
-    x, w, targets, weights = random_problem(4096, 50304, 768, N, torch.bfloat16, "cuda", seed=seed)
-    op = lm_head_grads(lambda *a: T.lm_head_softcap_ce(*a, fp8=True, e4m3_logits=True), x, w, targets, weights,
-                       0.5, 0.3)
-    x8, w8 = T.to_e4m3(x, T.FP8_X_SCALE), T.to_e4m3(w, T.FP8_W_SCALE)
-    sx, sw = T._scale_tensor(T.FP8_X_SCALE, x.device), T._scale_tensor(T.FP8_W_SCALE, x.device)
-    logits = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.float8_e4m3fn, use_fast_accum=True)
-    loss_rows, ce0_rows, grad, _ = T.softcap_ce_reference(logits, targets, weights, 0.5 * 0.3, torch.float32)
-    assert rel_err(op[0], loss_rows.sum() * 0.5) < 1e-4 and rel_err(op[1], ce0_rows.mean()) < 1e-4
-    assert rel_err(op[2], grad @ w8.float() * T.FP8_W_SCALE) < 8e-2
-    assert rel_err(op[3], grad.t() @ x8.float() * T.FP8_X_SCALE) < 8e-2
-    ref = lm_head_grads(lambda *a: plain_loss(a[0].float(), a[1].float(), *a[2:]), x, w, targets, weights, 0.5, 0.3)
-    assert rel_err(op[0], ref[0]) < 1e-2 and rel_err(op[1], ref[1]) < 1e-2
-    assert rel_err(op[2], ref[2]) < 8e-2 and rel_err(op[3], ref[3]) < 8e-2
-
-
-@cuda
-@pytest.mark.gpu
-@pytest.mark.parametrize("fp8, e4m3_logits", [(False, False), (True, False), (True, True)])
-def test_lm_head_op_under_inductor(fp8, e4m3_logits):
+@pytest.mark.parametrize("fp8", [False, True])
+def test_lm_head_op_under_inductor(fp8):
     x, w, targets, weights = random_problem(2048, 50304, 768, 2, torch.bfloat16, "cuda")
 
     def step(x, w, targets, weights, grad_scale):
-        return T.lm_head_softcap_ce(x, w, targets, weights, grad_scale, fp8=fp8, e4m3_logits=e4m3_logits)
+        return T.lm_head_softcap_ce(x, w, targets, weights, grad_scale, fp8=fp8)
 
     compiled = torch.compile(step, dynamic=False, fullgraph=True)
     eager = lm_head_grads(step, x, w, targets, weights, 0.5, 1.0)
@@ -370,23 +333,3 @@ def test_compiled_tiny_model_trains_on_gpu():
         losses.append((loss.item(), ce.item(), model.lm_head.grad.clone()))
     assert 9 < losses[1][1] < 12 and abs(losses[0][0] - losses[1][0]) < 1e-2 * losses[0][0]
     assert rel_err(losses[1][2], losses[0][2]) < 5e-2
-
-
-@cuda
-@pytest.mark.gpu
-def test_the_plans_e4m3_logits_reach_the_models_loss():
-    """GPT.training_loss hands the plan's logits_e4m3 (E4M3_LOGITS) to the op, with and without the sampled softmax
-    and the copy pointer: the loss moves by the logits' rounding, and no more."""
-    torch.manual_seed(0)
-    hp = T.Hyperparameters.of(**dict(TINY, device="cuda", copy_pointer=True, e4m3_logits=True))
-    model = model_of(hp).cuda()
-    inputs, targets, cu = (t.cuda() for t in random_batch())
-    shape = T.ForwardShape(32, 96, 256, n_predict=3)
-    mtp = torch.tensor([1.0, 0.5, 0.25], device="cuda")
-    for candidates in (0, 512):
-        plan = T.resolve_execution(hp.execution, hp.model, torch.device("cuda"), 256, True, ce_candidates=candidates)
-        assert plan.lm_head_fp8 and plan.logits_e4m3
-        with torch.no_grad():
-            losses = [model.training_loss(inputs, targets, cu, shape, dataclasses.replace(plan, logits_e4m3=e4m3),
-                                          mtp, 0.5)[0].item() for e4m3 in (False, True)]
-        assert losses[0] != losses[1] and abs(losses[0] - losses[1]) < 1e-2 * losses[0], (candidates, losses)

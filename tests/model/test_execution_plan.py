@@ -53,17 +53,6 @@ def test_a_switched_off_setting_turns_its_path_off_at_every_size(hopper, setting
     assert not getattr(plan(hopper, 49152, **{setting: False}), field)
 
 
-def test_e4m3_logits_go_with_the_fp8_lm_head_in_training_only(hopper):
-    """E4M3_LOGITS (T4.4, #92): off by default; on, the FP8 lm_head's training forwards write e4m3 logits at every
-    size, never without the FP8 lm_head, in evaluation or on the CPU."""
-    assert not any(plan(hopper, n).logits_e4m3 for n in (16384, 49152))
-    assert all(plan(hopper, n, e4m3_logits=True).logits_e4m3 for n in (1024, 16384, 32768, 49152))
-    assert not plan(hopper, 49152, e4m3_logits=True, fp8_lm_head=False).logits_e4m3
-    assert not plan(hopper, 262144, training=False, e4m3_logits=True).logits_e4m3
-    assert not plan(torch.device("cpu"), 49152, e4m3_logits=True).logits_e4m3
-    assert T.Hyperparameters.from_env({"E4M3_LOGITS": "1"}).execution.e4m3_logits is True
-
-
 def test_the_candidate_budget_applies_to_training_only(hopper):
     """The sampled cross-entropy's budget (T4.6) is the stage's in training; evaluation's softmax is full."""
     hp = T.Hyperparameters()
@@ -117,7 +106,7 @@ def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), lines.append)
     plans = [line for line in lines if line.startswith("execution plan")]
     rest = "dc_mha_kernel=0 qk_rope_kernel=0 copy_kernel=0"
-    fused = "attention=sdpa mlp_fused=1 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0 logits_e4m3=0"
+    fused = "attention=sdpa mlp_fused=1 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0"
     assert plans == [f"execution plan (stage 1): {fused} ce_candidates=10240 {rest} evaluation_chunk=0",
                      f"execution plan (stage 2): {fused} ce_candidates=14336 {rest} evaluation_chunk=0",
                      f"execution plan (stage 3): {fused} ce_candidates=24576 {rest} evaluation_chunk=0",
