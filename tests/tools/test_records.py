@@ -549,7 +549,8 @@ def test_committed_records_reproduce_blocks_check_before_torchrun():
         script = (readme.parent / "train_gpt.py").read_text()
         if '["--check"]' in script:
             assert checks[0] == f"{settings} WORLD_SIZE=1 python train_gpt.py --check &&", readme
-        if "check_gpus(hp, world_size)" not in script:  # no GPU check in its --check (V5-V7) or no --check (V1-V4)
+        # a GPU check in its --check (V8-V9 check_gpus, since V10 check_device); none in V5-V7's, no --check in V1-V4
+        if "check_gpus(hp, world_size)" not in script and "check_device(hp, world_size)" not in script:
             assert checks[-1].startswith('python -c "import sys, torch; torch.cuda.is_available() or sys.exit('), readme
 
 
