@@ -369,6 +369,7 @@ REMOVED_SETTINGS = {
     "EMBED_GRAD_FP32": "fp32-summed embedding gradients measured no gain",
     "PAIRED_ROPE_BY_HEAD": "the reference's paired-head rotary positions measured no gain",
     "VALUE_EMBED_SPARSE": "the value embeddings as a row table measured slower than the dense path (T3.20)",
+    "E4M3_LOGITS": "e4m3 logits into the cross-entropy cost more loss than time (T4.4)",
     **dict.fromkeys(("TABLE_ADAM_PERIOD", "TABLE_ADAM_PERIOD_FROM"),
                     "the embedding tables' Adam every 4th step cost more loss than time (T2.10)")}
 

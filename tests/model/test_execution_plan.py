@@ -186,6 +186,8 @@ def test_a_removed_setting_says_so():
         T.Hyperparameters.from_env({"VALUE_EMBED_SPARSE": "1"})
     with pytest.raises(T.SetupError, match=r"TABLE_ADAM_PERIOD was removed.*\(T2.10\)"):
         T.Hyperparameters.from_env({"TABLE_ADAM_PERIOD": "4"})
+    with pytest.raises(T.SetupError, match=r"E4M3_LOGITS was removed: .*more loss than time \(T4.4\)"):
+        T.Hyperparameters.from_env({"E4M3_LOGITS": "1"})
     # the deletion pass (#77): a technique switch, a size threshold, a removed layout
     for name, why in (("DC_MHA", "the technique is always on"), ("FA4_MIN_TOKENS", "size thresholds"),
                       ("NARROW_VO_LAYERS", "narrow V/O heads")):
