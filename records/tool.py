@@ -1129,12 +1129,17 @@ def cmd_new(args) -> int:
     check_consistent(runs)
     if mixed := mixed_overrides(runs):
         print(f"warning: {mixed}", file=sys.stderr)
+    lease_logs = [Path(x) for x in args.baseline or []]
+    if lease_logs:
+        check_lease_baseline(lease_logs, runs, logs, args.root)
     import matplotlib  # noqa: F401  (tool extras: fail before creating anything)
     import scipy  # noqa: F401
     sequence = next_sequence(records_dir, date)
     prev = predecessor(records_dir, (date, sequence, args.name))
     baseline = None
-    if prev is not None:
+    if lease_logs:
+        baseline = folder / LEASE_BASELINE
+    elif prev is not None:
         try:
             prev_runs = load_runs(prev, args.root)
             if (prev_runs[0].hardware, prev_runs[0].mode, prev_runs[0].data) == (runs[0].hardware, runs[0].mode, runs[0].data):
@@ -1145,6 +1150,10 @@ def cmd_new(args) -> int:
     try:
         for p in logs:  # a record keeps full logs: a slim one is written back in full
             (folder / p.name).write_bytes(full_bytes(p.read_bytes(), str(p), args.root))
+        if lease_logs:
+            (folder / LEASE_BASELINE).mkdir()
+            for p in lease_logs:
+                (folder / LEASE_BASELINE / p.name).write_bytes(full_bytes(p.read_bytes(), str(p), args.root))
         (folder / "train_gpt.py").write_bytes(runs[0].source)
         (folder / RECORD_JSON).write_text(json.dumps({"sequence": sequence}) + "\n", encoding="utf-8")
         runs = load_runs(folder, args.root)
@@ -1158,6 +1167,29 @@ def cmd_new(args) -> int:
     print("\n".join(summary_lines(s)))
     print(f"next: edit {folder / 'README.md'} (describe the change), then `python records/tool.py table --write`")
     return 0
+
+
+LEASE_BASELINE = "baseline"  # new --baseline: the baseline's logs from the record's own lease, in this subfolder
+
+
+def check_lease_baseline(lease_logs: list[Path], runs: list[Run], logs: list[Path], root: Path) -> None:
+    """new --baseline's logs: *.txt, names of their own, one source, the record's hardware, mode and data."""
+    for p in lease_logs:
+        if p.suffix != ".txt":
+            raise RecordsError(f"--baseline {p}: log files must be named *.txt")
+    if len({p.name for p in lease_logs}) != len(lease_logs):
+        raise RecordsError("--baseline: two logs have the same file name")
+    base_runs = [parse_log(p, repo=root) for p in lease_logs]
+    if any(r.source != base_runs[0].source for r in base_runs):
+        raise RecordsError("--baseline: the logs come from different train_gpt.py sources (one baseline arm)")
+    check_consistent(base_runs)
+    if {r.run_id for r in base_runs} & {r.run_id for r in runs}:
+        raise RecordsError("--baseline: a baseline log has the run id of one of the record's logs (given twice?)")
+    key = (runs[0].hardware, runs[0].mode, runs[0].data)
+    if (base_runs[0].hardware, base_runs[0].mode, base_runs[0].data) != key:
+        raise RecordsError(f"--baseline: {lease_logs[0]} ran on other hardware, mode or data than {logs[0]} "
+                           f"({base_runs[0].hardware}, {base_runs[0].mode}; the record: {key[0]}, {key[1]}): "
+                           "a baseline for the record's times runs beside it, in its lease")
 
 
 def new_readme(folder: Path, runs: list[Run], s: dict, prev: Path | None, baseline: Path | None) -> str:
@@ -1186,8 +1218,12 @@ def new_readme(folder: Path, runs: list[Run], s: dict, prev: Path | None, baseli
     if any(x.host_cpu for x in runs):
         md.append(f"- host CPU: {joined(runs, 'host_cpu')}")
     md += ["", "## Results", "", runs_table(runs, s["target"]), "", *summary_lines(s)]
-    if baseline is not None and s.get("baseline"):
+    if baseline is not None and baseline.parent == folder and s.get("baseline"):
+        md += baseline_lines(s, f"in the same lease ([{baseline.name}/]({baseline.name}/))")
+    elif baseline is not None and s.get("baseline"):
         md += baseline_lines(s, f"[{baseline.name}](../{baseline.name}/)")
+        md += ["", f"{baseline.name} ran in another lease: its times compare with these only as far as the "
+               "lease-to-lease spread allows (`new --baseline LOGS` takes a baseline run beside the record)."]
     elif prev is not None and baseline is None:
         md += ["", f"Not compared with {prev.name}: it ran on different hardware, mode or data (or has no usable logs)."]
     md += ["", "Details: [statistics.md](statistics.md).", "", *reproduce_lines(folder, runs), "",
@@ -1567,6 +1603,10 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--date", help="YYYY-MM-DD (default: today)")
     n.add_argument("--records-dir", help="records folder (default: <root>/records)")
     n.add_argument("--target", type=float, default=DEFAULT_TARGET, help=f"val loss target (default {DEFAULT_TARGET})")
+    n.add_argument("--baseline", nargs="+", metavar="LOG",
+                   help=f"the baseline's logs from the record's own lease (e.g. the previous record's train_gpt.py run "
+                        f"beside it), kept in {LEASE_BASELINE}/ and compared in statistics.md and the README "
+                        "(default: the previous record's folder, where it shares hardware, mode and data)")
     n.set_defaults(func=cmd_new)
     d = sub.add_parser("diff", parents=[common], help="unified diff of a record's train_gpt.py against the previous record")
     d.add_argument("dir", nargs="?", help="record folder or its name (default: the latest record)")

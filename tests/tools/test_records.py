@@ -459,10 +459,48 @@ def test_new_creates_record(tmp_path, capsys):
     assert "TODO" in readme and "+4 −0 lines" in readme
     assert "torchrun --standalone --nproc_per_node=8 train_gpt.py" in readme
     assert "![val loss](val_loss.png)" in readme and "Triton: 3.6.0" in readme
-    assert "Welch" in readme  # compared against the previous record (same hardware/mode/data)
+    assert "Welch" in readme  # compared against the previous record (same hardware/mode/data), from another lease
+    assert "2025-01-01_Baseline ran in another lease: its times compare with these only as far as" in readme
     # refuses an existing folder
     assert run_tool("--root", tmp_path, "new", "FasterThing", *logs, "--date", "2025-02-03") == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_new_with_a_same_lease_baseline(tmp_path, capsys):
+    """new --baseline LOGS: the baseline arm's logs (another source, run beside the record) kept whole in baseline/,
+    compared in statistics.md (reproducibly: stats names the folder) and the README, instead of the previous record."""
+    logs = make_logs(tmp_path / "logs", LOSSES, TIMES, source=SOURCE_V2)
+    make_record(tmp_path, "2025-01-01_Baseline", BASE_LOSSES, BASE_TIMES, source=SOURCE)
+    base = [make_log(tmp_path / "lease" / f"base_s{i}.txt", loss, t * 1000)
+            for i, (loss, t) in enumerate(zip(BASE_LOSSES, [200.1, 201.3, 199.8, 200.6]))]
+    assert run_tool("--root", tmp_path, "new", "Beside", *logs, "--baseline", *base, "--date", "2025-02-03") == 0
+    d = tmp_path / "records" / "2025-02-03_Beside"
+    assert sorted(p.name for p in (d / "baseline").iterdir()) == [p.name for p in base]
+    assert all((d / "baseline" / p.name).read_bytes() == p.read_bytes() for p in base)
+    stats, readme = (d / "statistics.md").read_text(), (d / "README.md").read_text()
+    assert "--baseline records/2025-02-03_Beside/baseline" in stats and "| 200.450 |" in stats
+    assert "## Against baseline in the same lease ([baseline/](baseline/))" in readme and "| 200.450 |" in readme
+    assert "another lease" not in readme and "Previous record: [2025-01-01_Baseline]" in readme
+    assert "\n".join(tool.summary_lines(tool.summarize(tool.load_runs(d), 3.28))) in readme
+    assert run_tool("--root", tmp_path, "stats", d, "--no-plot") == 0  # the folder's stats run again, baseline kept
+    assert "--baseline records/2025-02-03_Beside/baseline" in (d / "statistics.md").read_text()
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("problem, message", [
+    ("hardware", "ran on other hardware, mode or data than"), ("sources", "come from different train_gpt.py sources"),
+    ("run_id", "has the run id of one of the record's logs"), ("suffix", "log files must be named *.txt")])
+def test_new_refuses_a_baseline_that_cannot_stand_beside_the_record(tmp_path, capsys, problem, message):
+    logs = make_logs(tmp_path / "logs", LOSSES[:3], TIMES[:3])
+    base = [make_log(tmp_path / "lease" / f"base{i}.txt", 3.28, 190_000,
+                     hardware="1x NVIDIA H200" if problem == "hardware" else "8x NVIDIA H100 80GB HBM3",
+                     source=SOURCE_V2 if problem == "sources" and i else SOURCE,
+                     run_id="run0" if problem == "run_id" and i else None) for i in range(2)]
+    if problem == "suffix":
+        base[1] = base[1].rename(base[1].with_suffix(".log"))
+    assert run_tool("--root", tmp_path, "new", "Beside", *logs, "--baseline", *base, "--date", "2025-02-03") == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "records" / "2025-02-03_Beside").exists()
 
 
 def test_new_readme_reproduces_proxy_runs_at_the_repository_paths(tmp_path):
