@@ -10,7 +10,8 @@
 # ours); `ext16k`, #92's extension batch (16,384 tokens a rank, ours stage 3's 49,152).
 # No compile caches are assumed: ce14k's own stage-3 graphs compile beside `base`'s warm-up (lease.sh's
 # compile_beside, capped at 52 GiB so both fit; killed the moment either warm-up ends); shares92 has base's shapes.
-# taper40k has one row's graphs of its own; shares92 and ext16k come last and may not fit in the 30 minutes.
+# taper40k has one row's graphs of its own; shares92, the stage profile and ext16k come last and may not fit in the
+# 30 minutes.
 need_shards 1 2 3 4 5
 watch_gpus 60
 STAGE_CE_CANDIDATES=10240,14336,14336,0,0 compile_beside ce14k_compile 52 train_gpt.py base
@@ -21,6 +22,11 @@ python records/tool.py stages "$L"/ce14k_s*.txt "$L"/base_s*.txt > "$L/stages_ce
 note "stages_ce14k rc=$?"
 arm 0 taper40k GPU_MEMORY_GIB=77 STAGE_BATCH_TOKENS=131072,262144,393216,327680,393216
 arm 0 shares92 GPU_MEMORY_GIB=77 STAGE_FRACTION=0.285,0.32,0.315,0.08
+# the defaults' kernel groups per stage (issue #78's table beside #92's; the last one is at 654c9e4, before the FP8
+# MLP backward and the copy pointer), from the warm caches
+mkdir -p "$L/prof"
+check 0 profile 600 python bench/profile_stages.py --stages 1,2,3 --steps 6 --verbose --out "$L/prof"
+cp "$L/prof/table.md" "$L/profile_table.md" 2>/dev/null
 arm 0 ext16k GPU_MEMORY_GIB=77 STAGE_BATCH_TOKENS=131072,262144,393216,393216,131072
 python records/tool.py stages "$L"/taper40k_s*.txt "$L"/shares92_s*.txt "$L"/ext16k_s*.txt "$L"/base_s*.txt \
     > "$L/stages.md" 2>&1
