@@ -1116,17 +1116,7 @@ def cmd_new(args) -> int:
     if folder.exists():
         raise RecordsError(f"{folder}: already exists")
     logs = [Path(x) for x in args.logs]
-    for p in logs:
-        if p.suffix != ".txt":
-            raise RecordsError(f"{p}: log files must be named *.txt")
-    if len({p.name for p in logs}) != len(logs):
-        raise RecordsError("two logs have the same file name")
-    runs = [parse_log(p, repo=args.root) for p in logs]
-    for r in runs[1:]:
-        if r.source != runs[0].source:
-            raise RecordsError(f"logs come from different sources: the train_gpt.py embedded in {runs[0].path} "
-                               f"differs from the one in {r.path}")
-    check_consistent(runs)
+    runs = parse_arm(logs, args.root)
     if mixed := mixed_overrides(runs):
         print(f"warning: {mixed}", file=sys.stderr)
     lease_logs = [Path(x) for x in args.baseline or []]
@@ -1172,17 +1162,26 @@ def cmd_new(args) -> int:
 LEASE_BASELINE = "baseline"  # new --baseline: the baseline's logs from the record's own lease, in this subfolder
 
 
-def check_lease_baseline(lease_logs: list[Path], runs: list[Run], logs: list[Path], root: Path) -> None:
-    """new --baseline's logs: *.txt, names of their own, one source, the record's hardware, mode and data."""
-    for p in lease_logs:
+def parse_arm(logs: list[Path], root: Path, what: str = "") -> list[Run]:
+    """The runs of one arm's logs for `new` (the record's, or `what` = "--baseline: " the baseline's): *.txt, names
+    of their own, one train_gpt.py source, one hardware, mode and data."""
+    for p in logs:
         if p.suffix != ".txt":
-            raise RecordsError(f"--baseline {p}: log files must be named *.txt")
-    if len({p.name for p in lease_logs}) != len(lease_logs):
-        raise RecordsError("--baseline: two logs have the same file name")
-    base_runs = [parse_log(p, repo=root) for p in lease_logs]
-    if any(r.source != base_runs[0].source for r in base_runs):
-        raise RecordsError("--baseline: the logs come from different train_gpt.py sources (one baseline arm)")
-    check_consistent(base_runs)
+            raise RecordsError(f"{what}{p}: log files must be named *.txt")
+    if len({p.name for p in logs}) != len(logs):
+        raise RecordsError(f"{what}two logs have the same file name")
+    runs = [parse_log(p, repo=root) for p in logs]
+    for r in runs[1:]:
+        if r.source != runs[0].source:
+            raise RecordsError(f"{what}logs come from different sources: the train_gpt.py embedded in {runs[0].path} "
+                               f"differs from the one in {r.path}")
+    check_consistent(runs)
+    return runs
+
+
+def check_lease_baseline(lease_logs: list[Path], runs: list[Run], logs: list[Path], root: Path) -> None:
+    """new --baseline's logs: parse_arm's checks, no run id of the record's, the record's hardware, mode and data."""
+    base_runs = parse_arm(lease_logs, root, "--baseline: ")
     if {r.run_id for r in base_runs} & {r.run_id for r in runs}:
         raise RecordsError("--baseline: a baseline log has the run id of one of the record's logs (given twice?)")
     key = (runs[0].hardware, runs[0].mode, runs[0].data)

@@ -488,7 +488,7 @@ def test_new_with_a_same_lease_baseline(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("problem, message", [
-    ("hardware", "ran on other hardware, mode or data than"), ("sources", "come from different train_gpt.py sources"),
+    ("hardware", "ran on other hardware, mode or data than"), ("sources", "--baseline: logs come from different sources"),
     ("run_id", "has the run id of one of the record's logs"), ("suffix", "log files must be named *.txt")])
 def test_new_refuses_a_baseline_that_cannot_stand_beside_the_record(tmp_path, capsys, problem, message):
     logs = make_logs(tmp_path / "logs", LOSSES[:3], TIMES[:3])
