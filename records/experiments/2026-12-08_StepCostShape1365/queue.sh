@@ -23,14 +23,16 @@ env CUDA_VISIBLE_DEVICES=0 RUN_ID=b7ec SEEDS=1,2,3 LOG_DIR="$L" GPU_MEMORY_GIB=7
 note "b7ec rc=$?"
 python records/tool.py stages "$L"/v78_s*.txt "$L"/b7ec_s*.txt > "$L/stages.md" 2>&1
 note "stages rc=$?"
+# v78's kernel groups per stage (issue #78 item 1's table, last taken at 654c9e4), warm caches; before `classes`,
+# which the lease's end may cut short
+mkdir -p "$L/prof"
+# shellcheck disable=SC2086
+env $SHAPE timeout 420 python bench/profile_stages.py --stages 1,2,3 --steps 6 --verbose --out "$L/prof" \
+    > "$L/profile.out" 2>&1
+note "profile rc=$?"
+cp "$L/prof/table.md" "$L/profile_table.md" 2>/dev/null
+cp "$L/prof/kernels.csv" "$L/profile_kernels.csv" 2>/dev/null
 # shellcheck disable=SC2086
 arm 0 classes GPU_MEMORY_GIB=77 NGRAM_TOKEN_CLASSES=1 $SHAPE
 python records/tool.py stages "$L"/classes_s*.txt "$L"/v78_s*.txt > "$L/stages_classes.md" 2>&1
 note "stages_classes rc=$?"
-# if time is left: v78's kernel groups per stage (issue #78 item 1's table, last taken at 654c9e4), warm caches
-mkdir -p "$L/prof"
-# shellcheck disable=SC2086
-env $SHAPE timeout 600 python bench/profile_stages.py --stages 1,2,3 --steps 6 --verbose --out "$L/prof" \
-    > "$L/profile.out" 2>&1
-note "profile rc=$?"
-cp "$L/prof/table.md" "$L/profile_table.md" 2>/dev/null
