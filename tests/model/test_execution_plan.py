@@ -106,7 +106,7 @@ def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), lines.append)
     plans = [line for line in lines if line.startswith("execution plan")]
     rest = "dc_mha_kernel=0 qk_rope_kernel=0 copy_kernel=0"
-    fused = "attention=sdpa mlp_fused=1 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0"
+    fused = "attention=sdpa mlp_fused=1 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 qkv_fp8_backward=0 lm_head_fp8=0"
     assert plans == [f"execution plan (stage 1): {fused} ce_candidates=10240 {rest} evaluation_chunk=0",
                      f"execution plan (stage 2): {fused} ce_candidates=14336 {rest} evaluation_chunk=0",
                      f"execution plan (stage 3): {fused} ce_candidates=24576 {rest} evaluation_chunk=0",
