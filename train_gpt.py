@@ -539,18 +539,19 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
     hopper = kernels and torch.cuda.get_device_capability(device)[0] >= 9  # TMA, e4m3 GEMMs
     # the narrow width is a power of two where the wide one is
     qk_width = model.head_dim // 2 if model.narrow_qk_layers else model.head_dim
+    qkv_e4m3 = training and cfg.fp8_qkv and hopper
+    qk_rope_kernel = kernels and cfg.qk_rope_kernel and qk_rope_kernel_supports(qk_width)
     return ExecutionPlan(
         attention=resolve_attention_backend(cfg.attention_backend, device.type), mlp_fused=cfg.fused_mlp,
         mlp_kernel=cfg.fused_mlp and hopper,
         mlp_e4m3=training and cfg.fp8_mlp and cfg.fused_mlp and hopper
         and tokens % 16 == 0,  # the transposed e4m3/e5m2 copies' TMA row strides
-        qkv_e4m3=training and cfg.fp8_qkv and hopper,
-        qkv_fp8_backward=training and cfg.fp8_qkv and cfg.fp8_qkv_backward and hopper and cfg.qk_rope_kernel
-        and qk_rope_kernel_supports(qk_width) and tokens % 16 == 0,  # dW's K = T; the norm + rotary kernel writes dqkv
+        qkv_e4m3=qkv_e4m3,  # the FP8 backward: the norm + rotary kernel writes dqkv, and dW's K is the token count
+        qkv_fp8_backward=qkv_e4m3 and cfg.fp8_qkv_backward and qk_rope_kernel and tokens % 16 == 0,
         lm_head_fp8=training and cfg.fp8_lm_head and cuda,
         ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
-        qk_rope_kernel=kernels and cfg.qk_rope_kernel and qk_rope_kernel_supports(qk_width),
+        qk_rope_kernel=qk_rope_kernel,
         copy_kernel=kernels and model.copy_pointer,
         # the logits of 64 tokens (13 MB in fp32) stay in a CPU's cache; a GPU takes 32768 at a time
         evaluation_chunk=0 if training else min(32768 if cuda else 64, tokens))

@@ -10,39 +10,26 @@ triton's do_bench. First the values: each path's dx and dW against the float64 p
     python bench/bench_qkv.py --tokens 49152 --launch 32x4,64x4,64x8,128x8
 """
 import argparse
-import itertools
 import os
 import sys
 
 import torch
-from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_gpt as T  # noqa: E402
+from bench_mlp import graph_timed as graph_timed_inputs  # noqa: E402
 
 HEADS, HEAD_DIM, DIM = 6, 128, 768
 
 
+def graph_timed(fn):
+    """Median ms of fn() replayed from CUDA graphs (bench_mlp.graph_timed on two captures of it)."""
+    return graph_timed_inputs(lambda _: fn(), [None, None])
+
+
 def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def graph_timed(fn, warmup=50, rep=200):
-    """Median ms of fn() replayed from two CUDA graphs, alternated (as bench_mlp.graph_timed)."""
-    graphs = []
-    for _ in range(2):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        graphs.append(graph)
-    step = itertools.count()
-    return do_bench(lambda: graphs[next(step) % 2].replay(), warmup=warmup, rep=rep, return_mode="median")
 
 
 def problem(tokens, qk_hd, seed=0):
