@@ -5171,12 +5171,19 @@ if triton is not None:
     @triton.jit
     def _store_e5m2(grad8_ptr, grad8_t_ptr, amax_ptr, grad, at, at_t, live, inverse_scale):
         # grad's largest magnitude into amax, then grad / scale in e5m2 (saturated at ±57344) at `at` in the
-        # row-major gradient and at `at_t` in the transposed one
+        # row-major gradient and at `at_t` in the transposed one. The transposed store goes as the even and the
+        # odd columns: Triton 3.6 on sm_90 loses columns 4i + 1 when it stores the rotation's joined tile
+        # transposed whole (tests/kernels/test_fp8_qkv_backward.py catches it on the GPU).
         grad = tl.where(live, grad, 0.0)
         tl.atomic_max(amax_ptr, tl.max(tl.max(tl.abs(grad), 1), 0))
         grad8 = tl.clamp(grad * inverse_scale, -57344.0, 57344.0).to(grad8_ptr.dtype.element_ty)
         tl.store(grad8_ptr + at, grad8, mask=live)
-        tl.store(grad8_t_ptr + at_t, grad8, mask=live)
+        rows: tl.constexpr = grad8.shape[0]
+        cols: tl.constexpr = grad8.shape[1]
+        even, odd = tl.split(tl.reshape(grad8, (rows, cols // 2, 2)))
+        at_even, at_odd = tl.split(tl.reshape(tl.broadcast_to(at_t, (rows, cols)), (rows, cols // 2, 2)))
+        tl.store(grad8_t_ptr + at_even, even, mask=live)
+        tl.store(grad8_t_ptr + at_odd, odd, mask=live)
 
     @triton.jit
     def _qk_norm_rope_backward_fp8_kernel(qkv_ptr, grad_q_ptr, grad_k_ptr, grad_v_ptr, cos_ptr, sin_ptr, scale_ptr,
