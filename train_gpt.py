@@ -235,7 +235,6 @@ class ExecutionConfig:
     fused_mlp: bool = True  # fused MLP GEMM + ReLU² (Triton kernels on CUDA)
     fp8_mlp: bool = True  # fused MLP layers' training forward in e4m3 and backward in e4m3/e5m2 (sm90+ GPUs)
     fp8_qkv: bool = True  # attention layers' Q/K/V projection, training forward in e4m3 (sm90+; backward bf16)
-    fp8_qkv_backward: bool = False  # ... and its backward in e5m2/e4m3 (sm90+, QK_ROPE_KERNEL; T6.3, awaiting its A/B)
     qk_rope_kernel: bool = True  # QK-norm + rotary as Triton kernels, forward and backward (CUDA, T6.4)
     compile: bool = True
     cuda_graphs: bool = True  # each training step's forward and backward replayed from a CUDA graph (CUDA; WARMUP)
@@ -371,6 +370,7 @@ REMOVED_SETTINGS = {
     "PAIRED_ROPE_BY_HEAD": "the reference's paired-head rotary positions measured no gain",
     "VALUE_EMBED_SPARSE": "the value embeddings as a row table measured slower than the dense path (T3.20)",
     "E4M3_LOGITS": "e4m3 logits into the cross-entropy cost more loss than time (T4.4)",
+    "FP8_QKV_BACKWARD": "its kernel's transposed store was wrong on Triton 3.6, for ~0.35 s a run at best (T6.3)",
     **dict.fromkeys(("TABLE_ADAM_PERIOD", "TABLE_ADAM_PERIOD_FROM"),
                     "the embedding tables' Adam every 4th step cost more loss than time (T2.10)")}
 
@@ -521,7 +521,6 @@ class ExecutionPlan:
     mlp_kernel: bool  # ... with the Triton TMA GEMM (Hopper or newer); False: torch matmuls
     mlp_e4m3: bool  # the fused MLP's forward in e4m3 (T6.2) and its backward in FP8 (T6.5)
     qkv_e4m3: bool  # the Q/K/V projection in e4m3 (T6.3)
-    qkv_fp8_backward: bool  # ... and its backward in FP8, fused with the QK-norm + rotary one (T6.3)
     lm_head_fp8: bool  # the lm_head and its gradients in FP8 (T4.4)
     ce_candidates: int  # the training cross-entropy's columns (T4.6): a sampled softmax; 0: the full one
     dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
@@ -539,19 +538,15 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
     hopper = kernels and torch.cuda.get_device_capability(device)[0] >= 9  # TMA, e4m3 GEMMs
     # the narrow width is a power of two where the wide one is
     qk_width = model.head_dim // 2 if model.narrow_qk_layers else model.head_dim
-    qkv_e4m3 = training and cfg.fp8_qkv and hopper
-    qk_rope_kernel = kernels and cfg.qk_rope_kernel and qk_rope_kernel_supports(qk_width)
     return ExecutionPlan(
         attention=resolve_attention_backend(cfg.attention_backend, device.type), mlp_fused=cfg.fused_mlp,
         mlp_kernel=cfg.fused_mlp and hopper,
         mlp_e4m3=training and cfg.fp8_mlp and cfg.fused_mlp and hopper
         and tokens % 16 == 0,  # the transposed e4m3/e5m2 copies' TMA row strides
-        qkv_e4m3=qkv_e4m3,  # the FP8 backward: the norm + rotary kernel writes dqkv, and dW's K is the token count
-        qkv_fp8_backward=qkv_e4m3 and cfg.fp8_qkv_backward and qk_rope_kernel and tokens % 16 == 0,
-        lm_head_fp8=training and cfg.fp8_lm_head and cuda,
+        qkv_e4m3=training and cfg.fp8_qkv and hopper, lm_head_fp8=training and cfg.fp8_lm_head and cuda,
         ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
-        qk_rope_kernel=qk_rope_kernel,
+        qk_rope_kernel=kernels and cfg.qk_rope_kernel and qk_rope_kernel_supports(qk_width),
         copy_kernel=kernels and model.copy_pointer,
         # the logits of 64 tokens (13 MB in fp32) stay in a CPU's cache; a GPU takes 32768 at a time
         evaluation_chunk=0 if training else min(32768 if cuda else 64, tokens))
@@ -834,10 +829,6 @@ class GPT(nn.Module):
         self.post_lambdas = nn.Parameter(torch.ones(NUM_LAYERS, 2))
         for i in cfg.mlp_layers:  # each MLP's delayed scale of post for its e4m3 forward, one allocation each (T6.2)
             self.register_buffer(f"fp8_post_scale{i}", torch.ones((), dtype=torch.float32))
-        for i in cfg.attention_layers:  # each attention layer's last dqkv amax, its FP8 backward's delayed scale (T6.3)
-            self.register_buffer(f"fp8_qkv_grad_amax{i}", torch.ones((), dtype=torch.float32))
-        # the FP8 Q/K/V backwards that clipped (their amax above their scale's reach), logged after a run
-        self.register_buffer("fp8_qkv_grad_saturations", torch.zeros((), dtype=torch.float32), persistent=False)
         layout = scalar_layout()  # attention lambdas, smear, skip
         self.scalars = nn.Parameter(torch.cat([value.flatten() for value in layout.values()]))
         self.scalar_parts, offset = {}, 0
@@ -983,8 +974,7 @@ class GPT(nn.Module):
             x_input=x_input, x0=x0, bigram=bigram, value_embeds=value_embeds, gates=gates, scalars=scalars,
             shape=shape, execution=execution, attn=attn, attn_paired=attn_paired, rope=rope, rope_paired=rope_paired,
             qk=tuple(qk), vo=self.vo_bank.view(n_attn, 2, d, d).unbind(0), mlp_fc=mlp_fc, mlp_proj=mlp_proj,
-            qkv8=(QKVBankFP8.quantize(qk_banks, self.vo_bank, transposed=execution.qkv_fp8_backward)
-                  if execution.qkv_e4m3 else None),
+            qkv8=QKVBankFP8.quantize(qk_banks, self.vo_bank) if execution.qkv_e4m3 else None,
             mlp8=MLPBankFP8.quantize(self.mlp_bank) if execution.mlp_e4m3 else None, outputs={})
 
     def qk_banks(self) -> list[tuple[Tensor, list[int]]]:
@@ -1035,19 +1025,13 @@ class GPT(nn.Module):
         w_v, w_o = ctx.vo[slot][0], ctx.vo[slot][1]
         lambdas = ctx.scalars["attn_lambdas"][i]  # pre-multiplied into the weights (#47, #48)
         w_qkv, w_o = lambdas[0] * torch.cat([ctx.qk[slot], w_v]), lambdas[1] * w_o
-        rope = ctx.rope_paired if layer.paired_heads else ctx.rope
-        if ctx.execution.qkv_fp8_backward:  # e4m3 forward, FP8 backward through the norm + rotary kernels (T6.3)
-            q, k, v = fp8_qkv_norm_rope(x, w_qkv, ctx.qkv8, slot, lambdas[0], v_extra, *rope, scale, H, qk_hd,
-                                        layer.paired_heads, layer.key_offset, getattr(self, f"fp8_qkv_grad_amax{i}"),
-                                        self.fp8_qkv_grad_saturations, ctx.execution.qk_rope_kernel)
+        if ctx.execution.qkv_e4m3:  # e4m3 forward (T6.3): the bank's scale times the lambda
+            qkv = fp8_normed_linear(x, w_qkv, ctx.qkv8.weights[slot], ctx.qkv8.scales[slot] * lambdas[0])
         else:
-            if ctx.execution.qkv_e4m3:  # e4m3 forward (T6.3): the bank's scale times the lambda
-                qkv = fp8_normed_linear(x, w_qkv, ctx.qkv8.weights[slot], ctx.qkv8.scales[slot] * lambdas[0])
-            else:
-                qkv = x @ w_qkv.t()
-            # QK-norm, rotary, key offset, q's scale, v's extra input, the paired heads' layout (T6.4)
-            q, k, v = qk_norm_rope(qkv, v_extra, *rope, scale, H, qk_hd, layer.paired_heads, layer.key_offset,
-                                   ctx.execution.qk_rope_kernel)
+            qkv = x @ w_qkv.t()
+        # QK-norm, rotary, key offset, q's scale, v's extra input, the paired heads' layout (T6.4)
+        q, k, v = qk_norm_rope(qkv, v_extra, *(ctx.rope_paired if layer.paired_heads else ctx.rope), scale,
+                               H, qk_hd, layer.paired_heads, layer.key_offset, ctx.execution.qk_rope_kernel)
         window = ctx.shape.long_window if layer.long_window else ctx.shape.short_window
         y = attend(q, k, v, ctx.attn_paired if layer.paired_heads else ctx.attn, window).reshape(T, H, hd)
         if layer.dc_mha:  # cross-head composition on a local window (#85, T3.17); w1 RMS-normalized
@@ -3181,9 +3165,6 @@ class Trainer:
             gc.unfreeze()
             gc.collect()
         self.log_memory()
-        if any(plan.qkv_fp8_backward for plan in self.stage_execution):
-            clipped = int(self.model.fp8_qkv_grad_saturations.item())
-            self.log(f"FP8 Q/K/V backward (T6.3): {clipped} layer backwards clipped their gradient")
         return val_loss
 
     def timed_steps(self, loader: "TrainLoader") -> float:
@@ -4934,28 +4915,22 @@ def fp8_relu_square_mlp(x: Tensor, fc: Tensor, proj: Tensor, bank8: MLPBankFP8, 
 @dataclass
 class QKVBankFP8:
     """Each attention slot's Q, K, V weights in e4m3, (2·H·w + d, d) for Q/K heads w wide ((3d, d) unless
-    narrow, T3.18), and their scales (0-d fp32), indexed by attention slot; with the FP8 backward also transposed,
-    (d, 2·H·w + d), dx's column-major operand."""
+    narrow, T3.18), and their scales (0-d fp32), indexed by attention slot."""
     weights: tuple[Tensor, ...]
     scales: tuple[Tensor, ...]
-    weights_t: tuple[Tensor, ...] | None = None
 
     @classmethod
-    def quantize(cls, qk_banks: list[tuple[Tensor, list[int]]], vo_bank: Tensor,
-                 transposed: bool = False) -> "QKVBankFP8":
-        """From GPT.qk_banks() and vo_bank: a quantization per Q/K bank with its slots' V matrices, a scale per slot;
-        transposed: the transposed copies too (one per bank)."""
+    def quantize(cls, qk_banks: list[tuple[Tensor, list[int]]], vo_bank: Tensor) -> "QKVBankFP8":
+        """From GPT.qk_banks() and vo_bank: a quantization per Q/K bank with its slots' V matrices, a scale per slot."""
         d = vo_bank.size(-1)
         values = vo_bank.detach().view(-1, 2, d, d)[:, 0]  # each attention slot's V
-        weights, scales, weights_t = [None] * values.size(0), [None] * values.size(0), [None] * values.size(0)
+        weights, scales = [None] * values.size(0), [None] * values.size(0)
         for matrices, slots in qk_banks:
             w = torch.cat([matrices.detach().view(len(slots), -1, d), bank_slots(values, slots)], 1)
             w8, scale = quantize_e4m3(w, w.abs().amax(dim=(1, 2), keepdim=True))
-            w8_t = w8.transpose(1, 2).contiguous().unbind(0) if transposed else [None] * len(slots)
-            for slot, slot_w8, slot_scale, slot_w8_t in zip(slots, w8.unbind(0), scale.view(len(slots)).unbind(0),
-                                                            w8_t):
-                weights[slot], scales[slot], weights_t[slot] = slot_w8, slot_scale, slot_w8_t
-        return cls(tuple(weights), tuple(scales), tuple(weights_t) if transposed else None)
+            for slot, slot_w8, slot_scale in zip(slots, w8.unbind(0), scale.view(len(slots)).unbind(0)):
+                weights[slot], scales[slot] = slot_w8, slot_scale
+        return cls(tuple(weights), tuple(scales))
 
 
 def bank_slots(matrices: Tensor, indices: list[int]) -> Tensor:
@@ -5108,37 +5083,14 @@ if triton is not None:
         tl.store(v_ptr + v_out, v.to(v_ptr.dtype.element_ty), mask=live[:, None])
 
     @triton.jit
-    def _projection_rows_grad(x_ptr, at, grad, cos_ptr, sin_ptr, rows, n_rows, SEQ_HEADS: tl.constexpr,
-                              HD: tl.constexpr, PAIRS: tl.constexpr, EPS: tl.constexpr, BLOCK: tl.constexpr):
-        # the gradient (fp32) of the projection's q or k rows x (at `at`) from that of their output
-        live = rows[:, None] < n_rows
-        x = tl.load(x_ptr + at, mask=live, other=0.0).to(tl.float32)
-        cos, sin = _rope_tables(cos_ptr, sin_ptr, rows, rows < n_rows, SEQ_HEADS, HD, PAIRS)
-        return _normed_rotated_grad(x, grad, cos, sin, EPS, BLOCK, HD)
-
-    @triton.jit
     def _projection_grad(x_ptr, grad_x_ptr, at, grad, cos_ptr, sin_ptr, rows, n_rows, SEQ_HEADS: tl.constexpr,
                          HD: tl.constexpr, PAIRS: tl.constexpr, EPS: tl.constexpr, BLOCK: tl.constexpr):
         # writes the gradient of the projection's q or k rows x (at `at`) from that of their output
-        grad = _projection_rows_grad(x_ptr, at, grad, cos_ptr, sin_ptr, rows, n_rows, SEQ_HEADS, HD, PAIRS, EPS, BLOCK)
-        tl.store(grad_x_ptr + at, grad.to(grad_x_ptr.dtype.element_ty), mask=rows[:, None] < n_rows)
-
-    @triton.jit
-    def _key_output_grad(grad_k_ptr, out, rows, cols, n_rows, first, SEQ_HEADS: tl.constexpr, HD: tl.constexpr,
-                         KEY_OFFSET: tl.constexpr):
-        # the gradient that reaches the rows' k from k's output (at `out`): with the key offset, row n's stationary
-        # half went to row n + SEQ_HEADS (one load with the turning half), and at the first position to row n too
-        # (`first`: the program may hold rows of the first position)
-        if KEY_OFFSET:
-            following = tl.where(cols >= HD // 2, SEQ_HEADS, 0)
-            grad = tl.load(grad_k_ptr + out + following * HD, mask=rows[:, None] + following < n_rows,
-                           other=0.0).to(tl.float32)
-            if first:
-                at_first = (rows[:, None] < SEQ_HEADS) & (following > 0)
-                grad += tl.load(grad_k_ptr + out, mask=at_first, other=0.0).to(tl.float32)
-        else:
-            grad = tl.load(grad_k_ptr + out, mask=rows[:, None] < n_rows, other=0.0).to(tl.float32)
-        return grad
+        live = rows[:, None] < n_rows
+        x = tl.load(x_ptr + at, mask=live, other=0.0).to(tl.float32)
+        cos, sin = _rope_tables(cos_ptr, sin_ptr, rows, rows < n_rows, SEQ_HEADS, HD, PAIRS)
+        grad = _normed_rotated_grad(x, grad, cos, sin, EPS, BLOCK, HD)
+        tl.store(grad_x_ptr + at, grad.to(grad_x_ptr.dtype.element_ty), mask=live)
 
     @triton.jit
     def _qk_norm_rope_backward_kernel(qkv_ptr, grad_q_ptr, grad_k_ptr, grad_v_ptr, cos_ptr, sin_ptr, scale_ptr,
@@ -5159,8 +5111,16 @@ if triton is not None:
             _projection_grad(qkv_ptr, grad_qkv_ptr, source[:, None] + cols, grad, cos_ptr, sin_ptr, rows, n_rows,
                              SEQ_HEADS, HD, PAIRS, EPS, BLOCK)
         elif part == 1:
-            grad = _key_output_grad(grad_k_ptr, out, rows, cols, n_rows, block * BLOCK < SEQ_HEADS, SEQ_HEADS, HD,
-                                    KEY_OFFSET)
+            if KEY_OFFSET:  # row n's stationary half went to row n + SEQ_HEADS (one load with the turning
+                # half), and at the first position to row n too (the first programs only)
+                following = tl.where(cols >= HD // 2, SEQ_HEADS, 0)
+                grad = tl.load(grad_k_ptr + out + following * HD, mask=rows[:, None] + following < n_rows,
+                               other=0.0).to(tl.float32)
+                if block * BLOCK < SEQ_HEADS:
+                    first = (rows[:, None] < SEQ_HEADS) & (following > 0)
+                    grad += tl.load(grad_k_ptr + out, mask=first, other=0.0).to(tl.float32)
+            else:
+                grad = tl.load(grad_k_ptr + out, mask=live, other=0.0).to(tl.float32)
             _projection_grad(qkv_ptr + H * HD, grad_qkv_ptr + H * HD, source[:, None] + cols, grad, cos_ptr, sin_ptr,
                              rows, n_rows, SEQ_HEADS, HD, PAIRS, EPS, BLOCK)
         else:
@@ -5168,65 +5128,10 @@ if triton is not None:
             grad_v = tl.load(grad_v_ptr + rows.to(tl.int64)[:, None] * VD + v_cols, mask=live)
             tl.store(grad_qkv_ptr + v_source[:, None] + v_cols, grad_v.to(grad_qkv_ptr.dtype.element_ty), mask=live)
 
-    @triton.jit
-    def _store_e5m2(grad8_ptr, grad8_t_ptr, amax_ptr, grad, at, at_t, live, inverse_scale):
-        # grad's largest magnitude into amax, then grad / scale in e5m2 (saturated at ±57344) at `at` in the
-        # row-major gradient and at `at_t` in the transposed one. The transposed store goes as the even and the
-        # odd columns: Triton 3.6 on sm_90 loses columns 4i + 1 when it stores the rotation's joined tile
-        # transposed whole (tests/kernels/test_fp8_qkv_backward.py catches it on the GPU).
-        grad = tl.where(live, grad, 0.0)
-        tl.atomic_max(amax_ptr, tl.max(tl.max(tl.abs(grad), 1), 0))
-        grad8 = tl.clamp(grad * inverse_scale, -57344.0, 57344.0).to(grad8_ptr.dtype.element_ty)
-        tl.store(grad8_ptr + at, grad8, mask=live)
-        rows: tl.constexpr = grad8.shape[0]
-        cols: tl.constexpr = grad8.shape[1]
-        even, odd = tl.split(tl.reshape(grad8, (rows, cols // 2, 2)))
-        at_even, at_odd = tl.split(tl.reshape(tl.broadcast_to(at_t, (rows, cols)), (rows, cols // 2, 2)))
-        tl.store(grad8_t_ptr + at_even, even, mask=live)
-        tl.store(grad8_t_ptr + at_odd, odd, mask=live)
-
-    @triton.jit
-    def _qk_norm_rope_backward_fp8_kernel(qkv_ptr, grad_q_ptr, grad_k_ptr, grad_v_ptr, cos_ptr, sin_ptr, scale_ptr,
-                                          grad_scale_ptr, grad8_ptr, grad8_t_ptr, amax_ptr, T,
-                                          H: tl.constexpr, HD: tl.constexpr, VD: tl.constexpr, PAIRS: tl.constexpr,
-                                          SEQ_HEADS: tl.constexpr, KEY_OFFSET: tl.constexpr, EPS: tl.constexpr,
-                                          BLOCK_T: tl.constexpr):
-        # _qk_norm_rope_backward_kernel's gradient of the projection in e5m2 at grad_scale, row-major (T, C) and
-        # transposed (C, T), and its amax. Program p takes part p % 3 (q, k or v) of head (p // 3) % H at BLOCK_T
-        # tokens from (p // 3H)·BLOCK_T: the transposed store writes BLOCK_T contiguous bytes a column.
-        part, head_block = tl.program_id(0) % 3, tl.program_id(0) // 3
-        head, t0 = head_block % H, (head_block // H) * BLOCK_T
-        tokens = t0 + tl.arange(0, BLOCK_T)
-        rows, n_rows = tokens * H + head, T * H
-        live = tokens[:, None] < T
-        source, v_source = _projection_rows(rows, H, HD, VD)
-        cols = tl.arange(0, HD)[None, :]
-        out = rows.to(tl.int64)[:, None] * HD + cols
-        inverse_scale = 1.0 / tl.load(grad_scale_ptr)
-        if part == 0:  # (the branches' tensors differ in width on narrow layers, T3.18: so do their names)
-            grad_q = tl.load(grad_q_ptr + out, mask=live, other=0.0).to(tl.float32) * tl.load(scale_ptr)
-            grad_q = _projection_rows_grad(qkv_ptr, source[:, None] + cols, grad_q, cos_ptr, sin_ptr, rows, n_rows,
-                                           SEQ_HEADS, HD, PAIRS, EPS, BLOCK_T)
-            _store_e5m2(grad8_ptr, grad8_t_ptr, amax_ptr, grad_q, source[:, None] + cols,
-                        (head * HD + cols).to(tl.int64) * T + tokens[:, None], live, inverse_scale)
-        elif part == 1:
-            grad_k = _key_output_grad(grad_k_ptr, out, rows, cols, n_rows, t0 == 0, SEQ_HEADS, HD, KEY_OFFSET)
-            grad_k = _projection_rows_grad(qkv_ptr + H * HD, source[:, None] + cols, grad_k, cos_ptr, sin_ptr, rows,
-                                           n_rows, SEQ_HEADS, HD, PAIRS, EPS, BLOCK_T)
-            _store_e5m2(grad8_ptr + H * HD, grad8_t_ptr, amax_ptr, grad_k, source[:, None] + cols,
-                        ((H + head) * HD + cols).to(tl.int64) * T + tokens[:, None], live, inverse_scale)
-        else:
-            v_cols = tl.arange(0, VD)[None, :]
-            grad_v = tl.load(grad_v_ptr + rows.to(tl.int64)[:, None] * VD + v_cols, mask=live,
-                             other=0.0).to(tl.float32)
-            _store_e5m2(grad8_ptr, grad8_t_ptr, amax_ptr, grad_v, v_source[:, None] + v_cols,
-                        (2 * H * HD + head * VD + v_cols).to(tl.int64) * T + tokens[:, None], live, inverse_scale)
-
 
 # Head rows per program and warps (bench/bench_qk_rope.py times others: --launch, --backward-launch)
 QK_ROPE_FORWARD_LAUNCH = {"BLOCK": 32, "num_warps": 4}
 QK_ROPE_BACKWARD_LAUNCH = {"BLOCK": 32, "num_warps": 4}
-QK_ROPE_BACKWARD_FP8_LAUNCH = {"BLOCK_T": 64, "num_warps": 4}  # tokens of one head per program (T6.3)
 
 
 def _qk_rope_launch(qkv: Tensor, tensors: tuple, cos: Tensor, heads: int, qk_head_dim: int, paired: bool,
@@ -5299,122 +5204,6 @@ def qk_norm_rope(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, 
     if kernels:
         return QKNormRope.apply(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
     return qk_norm_rope_reference(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
-
-
-# --- FP8 Q/K/V backward (T6.3, issue #78 item 3) --------------------------------------------------------
-# The Q/K/V projection's two backward products from FP8 operands (record #92's, modded-nanogpt PR #360, with our
-# scale): dx = dqkv·W and dW = dqkvᵀ·x, fp32 accumulation, bf16 results. The QK-norm + rotary backward writes the
-# projection's gradient dqkv in e5m2, row-major (dx's operand) and transposed (dW's), with no bf16 dqkv; the forward
-# saves x's e4m3 transposed (its static √d/448) instead of the bf16 x; the weights come transposed from QKVBankFP8.
-# dqkv's scale is delayed: each layer's buffer holds the amax of its previous backward (the kernel's atomic max) and
-# FP8_QKV_GRAD_MARGIN times it maps to 57344, so a backward clips only where the amax grew more than 16-fold since the
-# layer's last one (4 of e5m2's ~31 binades; counted in the model's fp8_qkv_grad_saturations, logged at the end). A
-# model starts from an amax of 1, far above any gradient here, so its first backward loses only the tiniest values.
-FP8_QKV_GRAD_MARGIN = 16.0
-
-
-def qkv_grad_scale(grad_amax: Tensor) -> Tensor:
-    """dqkv's e5m2 scale from the layer's last amax (0-d fp32): FP8_QKV_GRAD_MARGIN·amax maps to 57344."""
-    return grad_amax.float().clamp_min(1e-30) * (FP8_QKV_GRAD_MARGIN / E5M2_MAX)
-
-
-def qk_norm_rope_backward_fp8_reference(qkv: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, cos: Tensor,
-                                        sin: Tensor, scale: Tensor, grad_scale: Tensor, heads: int, qk_head_dim: int,
-                                        paired: bool, key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(dqkv in e5m2 at grad_scale, saturated; the same transposed and contiguous; dqkv's amax, 0-d fp32): the
-    projection's gradient through qk_norm_rope_reference in fp32 (the kernel's arithmetic), by autograd."""
-    with torch.enable_grad():
-        leaf = qkv.detach().float().requires_grad_()
-        outputs = qk_norm_rope_reference(leaf, None, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
-        grad, = torch.autograd.grad(outputs, leaf, [g.float() for g in (grad_q, grad_k, grad_v)])
-    grad8 = to_e5m2(grad, grad_scale)
-    return grad8, grad8.t().contiguous(), grad.abs().amax()
-
-
-def qk_norm_rope_backward_fp8(qkv: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, cos: Tensor, sin: Tensor,
-                              scale: Tensor, grad_scale: Tensor, heads: int, qk_head_dim: int, paired: bool,
-                              key_offset: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """Triton: qk_norm_rope_backward_fp8_reference's three results from contiguous tensors (grad_scale 0-d fp32)."""
-    rows, constants = _qk_rope_launch(qkv, (qkv, grad_q, grad_k, grad_v, cos, sin), cos, heads, qk_head_dim, paired,
-                                      QK_ROPE_BACKWARD_FP8_LAUNCH)
-    T, C = qkv.shape
-    grad8 = torch.empty((T, C), dtype=torch.float8_e5m2, device=qkv.device)
-    grad8_t = torch.empty((C, T), dtype=torch.float8_e5m2, device=qkv.device)
-    amax = torch.zeros((), dtype=torch.float32, device=qkv.device)  # the kernel's atomic max starts from 0
-    grid = (3 * heads * triton.cdiv(T, constants["BLOCK_T"]),)  # q, k and v of each head's blocks of tokens
-    _qk_norm_rope_backward_fp8_kernel[grid](qkv, grad_q, grad_k, grad_v, cos, sin, scale, grad_scale, grad8, grad8_t,
-                                            amax, T, KEY_OFFSET=key_offset, **constants)
-    return grad8, grad8_t, amax
-
-
-# dx and dW as one custom op, for the reason fp8_down_projection is one; no fast accumulation (K = T for dW).
-@torch.library.custom_op("speedrun::fp8_qkv_backward_products", mutates_args=())
-def fp8_qkv_backward_products(grad8: Tensor, grad8_t: Tensor, w8_t: Tensor, x8_t: Tensor,
-                              scales: Tensor) -> tuple[Tensor, Tensor]:
-    """(dx, dW) in bf16 = (grad8·w8, grad8ᵀ·x8) × their scales: grad8 (T, C) and grad8_t (C, T) e5m2, w8_t (d, C)
-    and x8_t (d, T) e4m3; scales (3, 4) fp32, [i, 0] dx's and dW's scales and 1, 16 bytes apart."""
-    def product(a: Tensor, b_t: Tensor, i: int) -> Tensor:
-        return torch._scaled_mm(a, b_t.t(), scale_a=scales[2, 0], scale_b=scales[i, 0], out_dtype=torch.bfloat16)
-    return product(grad8, w8_t, 0), product(grad8_t, x8_t, 1)
-
-
-@fp8_qkv_backward_products.register_fake
-def _fp8_qkv_backward_products_fake(grad8, grad8_t, w8_t, x8_t, scales):
-    (T, C), d = grad8.shape, w8_t.size(0)
-    return grad8.new_empty((T, d), dtype=torch.bfloat16), grad8.new_empty((C, d), dtype=torch.bfloat16)
-
-
-class FP8QKVNormRope(torch.autograd.Function):
-    """fp8_normed_linear then qk_norm_rope with the FP8 backward above: saves the bf16 projection (the norms'
-    recomputation), x's e4m3 transposed and the layer's e4m3 weights transposed."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, w: Tensor, w8: Tensor, w8_t: Tensor, w_scale: Tensor, v_extra: Tensor | None,
-                cos: Tensor, sin: Tensor, scale: Tensor, grad_amax: Tensor, saturations: Tensor, heads: int,
-                qk_head_dim: int, paired: bool, key_offset: bool, kernels: bool):
-        x8, x_scale = quantize_normed_e4m3(x)
-        one = torch.ones((), dtype=torch.float32, device=x.device)
-        qkv = torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=(w_scale * x_scale).float().reshape(()),
-                               out_dtype=torch.bfloat16, use_fast_accum=True)
-        # grad_amax is the layer's buffer, refreshed by the backward: the backward takes this forward's scale. The
-        # buffers the backward writes are no saved tensors: the counter is every layer's (a saved tensor's version
-        # must not change before its backward)
-        ctx.save_for_backward(qkv, x8.t().contiguous(), w8_t, w_scale.detach().float(), cos, sin, scale,
-                              qkv_grad_scale(grad_amax))
-        ctx.grad_amax, ctx.saturations = grad_amax, saturations
-        ctx.x_scale, ctx.heads, ctx.qk_head_dim, ctx.paired, ctx.key_offset, ctx.kernels = (
-            x_scale, heads, qk_head_dim, paired, key_offset, kernels)
-        v_extra = None if v_extra is None else v_extra.contiguous()
-        if kernels:
-            return qk_norm_rope_forward(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
-        return qk_norm_rope_reference(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
-
-    @staticmethod
-    def backward(ctx, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor):
-        qkv, x8_t, w8_t, w_scale, cos, sin, scale, grad_scale = ctx.saved_tensors
-        grad_q, grad_k, grad_v = grad_q.contiguous(), grad_k.contiguous(), grad_v.contiguous()
-        backward = qk_norm_rope_backward_fp8 if ctx.kernels else qk_norm_rope_backward_fp8_reference
-        grad8, grad8_t, amax = backward(qkv, grad_q, grad_k, grad_v, cos, sin, scale, grad_scale, ctx.heads,
-                                        ctx.qk_head_dim, ctx.paired, ctx.key_offset)
-        ctx.saturations.add_((amax > grad_scale * E5M2_MAX).float())
-        ctx.grad_amax.copy_(amax)
-        scales = torch.stack([grad_scale * w_scale, grad_scale * ctx.x_scale, torch.ones_like(grad_scale)])
-        grad_x, grad_w = fp8_qkv_backward_products(grad8, grad8_t, w8_t, x8_t, F.pad(scales.view(3, 1), (0, 3)))
-        grad_v_extra = grad_v.reshape(qkv.size(0), ctx.heads, -1) if ctx.needs_input_grad[5] else None
-        return grad_x, grad_w, None, None, None, grad_v_extra, *[None] * 10
-
-
-def fp8_qkv_norm_rope(x: Tensor, w: Tensor, bank8: "QKVBankFP8", slot: int, lam: Tensor, v_extra: Tensor | None,
-                      cos: Tensor, sin: Tensor, scale: Tensor, heads: int, qk_head_dim: int, paired: bool,
-                      key_offset: bool, grad_amax: Tensor, saturations: Tensor,
-                      kernels: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """qk_norm_rope(fp8_normed_linear(x, w, ...), ...) with the FP8 backward: x RMS-normalized (T, d), its token
-    count a multiple of 16; w = lam·(the slot's Q/K/V rows) in bf16, the slot's e4m3 rows in bank8 (both layouts);
-    grad_amax the layer's 0-d fp32 buffer of its last dqkv amax, saturations the model's counter (both refreshed by
-    the backward); kernels: the Triton kernels (a GPU), else the reference's arithmetic (eager only)."""
-    return FP8QKVNormRope.apply(x, w, bank8.weights[slot], bank8.weights_t[slot], bank8.scales[slot] * lam, v_extra,
-                                cos, sin, scale, grad_amax, saturations, heads, qk_head_dim, paired, key_offset,
-                                kernels)
 
 
 # --- Lightweight DC-MHA (T3.17) -----------------------------------------------------------------------

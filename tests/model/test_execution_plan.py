@@ -106,7 +106,7 @@ def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), lines.append)
     plans = [line for line in lines if line.startswith("execution plan")]
     rest = "dc_mha_kernel=0 qk_rope_kernel=0 copy_kernel=0"
-    fused = "attention=sdpa mlp_fused=1 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 qkv_fp8_backward=0 lm_head_fp8=0"
+    fused = "attention=sdpa mlp_fused=1 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0"
     assert plans == [f"execution plan (stage 1): {fused} ce_candidates=10240 {rest} evaluation_chunk=0",
                      f"execution plan (stage 2): {fused} ce_candidates=14336 {rest} evaluation_chunk=0",
                      f"execution plan (stage 3): {fused} ce_candidates=24576 {rest} evaluation_chunk=0",
@@ -188,6 +188,8 @@ def test_a_removed_setting_says_so():
         T.Hyperparameters.from_env({"TABLE_ADAM_PERIOD": "4"})
     with pytest.raises(T.SetupError, match=r"E4M3_LOGITS was removed: .*more loss than time \(T4.4\)"):
         T.Hyperparameters.from_env({"E4M3_LOGITS": "1"})
+    with pytest.raises(T.SetupError, match=r"FP8_QKV_BACKWARD was removed: .*wrong on Triton 3.6.*\(T6.3\)"):
+        T.Hyperparameters.from_env({"FP8_QKV_BACKWARD": "1"})
     # the deletion pass (#77): a technique switch, a size threshold, a removed layout
     for name, why in (("DC_MHA", "the technique is always on"), ("FA4_MIN_TOKENS", "size thresholds"),
                       ("NARROW_VO_LAYERS", "narrow V/O heads")):

@@ -4,9 +4,8 @@
 # full softmax in the taper and the extension: STAGE_CE_CANDIDATES=10240,10240,14336,0,0), its taper batch (40,960
 # tokens a rank) and its extension batch (16,384): STAGE_BATCH_TOKENS=131072,262144,393216,327680,131072. Then
 # 7ec2b2e's train_gpt.py with its defaults (`b7ec`, the bar's baseline, staged as /tmp/stage/base_7ec2b2e.py: `git
-# show 7ec2b2e:train_gpt.py`). Then `v78q`: v78 with FP8_QKV_BACKWARD=1 (T6.3, issue #78 item 3), against v78 and the
-# bar; v78's stage profile; last `classes`: v78's settings with NGRAM_TOKEN_CLASSES=1 (T3.22, PR #375), against v78,
-# which the end of the device budget may cut. Each arm alone on the GPU, 3 seeds, rank-slice, proxy train shards 1-5 (setup: SHARDS='proxy_train_00000[1-5]
+# show 7ec2b2e:train_gpt.py`). Then `classes`: v78's settings with NGRAM_TOKEN_CLASSES=1 (T3.22, PR #375), against
+# v78. Each arm alone on the GPU, 3 seeds, rank-slice, proxy train shards 1-5 (setup: SHARDS='proxy_train_00000[1-5]
 # .bin.xz proxy_val_000000.bin.xz'), GPU_MEMORY_GIB=77.
 # No compile caches are assumed: 7ec2b2e compiles beside v78's warm-up (compile_beside, capped at 52 GiB so both
 # fit), killed the moment either warm-up ends.
@@ -24,11 +23,6 @@ env CUDA_VISIBLE_DEVICES=0 RUN_ID=b7ec SEEDS=1,2,3 LOG_DIR="$L" GPU_MEMORY_GIB=7
 note "b7ec rc=$?"
 python records/tool.py stages "$L"/v78_s*.txt "$L"/b7ec_s*.txt > "$L/stages.md" 2>&1
 note "stages rc=$?"
-# v78 with the FP8 Q/K/V backward (T6.3, issue #78 item 3): its A/B against v78, and a candidate for the bar
-# shellcheck disable=SC2086
-arm 0 v78q GPU_MEMORY_GIB=77 FP8_QKV_BACKWARD=1 $SHAPE
-python records/tool.py stages "$L"/v78q_s*.txt "$L"/v78_s*.txt > "$L/stages_v78q.md" 2>&1
-note "stages_v78q rc=$?"
 # v78's kernel groups per stage (issue #78 item 1's table, last taken at 654c9e4), warm caches; before `classes`,
 # which the lease's end may cut short
 mkdir -p "$L/prof"
