@@ -4,8 +4,8 @@
 # full softmax in the taper and the extension: STAGE_CE_CANDIDATES=10240,10240,14336,0,0), its taper batch (40,960
 # tokens a rank) and its extension batch (16,384): STAGE_BATCH_TOKENS=131072,262144,393216,327680,131072. Then
 # 7ec2b2e's train_gpt.py with its defaults (`b7ec`, the bar's baseline, staged as /tmp/stage/base_7ec2b2e.py: `git
-# show 7ec2b2e:train_gpt.py`). Then `classes`: v78's settings with NGRAM_TOKEN_CLASSES=1 (T3.22, PR #375), against
-# v78. Each arm alone on the GPU, 3 seeds, rank-slice, proxy train shards 1-5 (setup: SHARDS='proxy_train_00000[1-5]
+# show 7ec2b2e:train_gpt.py`). Then v78's stage profile; last `classes`: v78's settings with NGRAM_TOKEN_CLASSES=1
+# (T3.22, PR #375), against v78, which the end of the device budget may cut. Each arm alone on the GPU, 3 seeds, rank-slice, proxy train shards 1-5 (setup: SHARDS='proxy_train_00000[1-5]
 # .bin.xz proxy_val_000000.bin.xz'), GPU_MEMORY_GIB=77.
 # No compile caches are assumed: 7ec2b2e compiles beside v78's warm-up (compile_beside, capped at 52 GiB so both
 # fit), killed the moment either warm-up ends.
