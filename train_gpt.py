@@ -526,6 +526,7 @@ class ExecutionPlan:
     dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
     qk_rope_kernel: bool  # QK-norm, rotary, key offset and q's scale as Triton kernels (T6.4); False: torch
     copy_kernel: bool  # the copy pointer's Triton kernels (T4.8); False: its blocked torch form
+    token_rows_kernel: bool  # embed's and value_embeds' gradients by the sorted row-sum kernel (T6.6); False: index_put
     evaluation_chunk: int  # evaluation: tokens per lm_head product and soft-capped cross-entropy; 0 in training
 
 
@@ -547,7 +548,7 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
         qk_rope_kernel=kernels and cfg.qk_rope_kernel and qk_rope_kernel_supports(qk_width),
-        copy_kernel=kernels and model.copy_pointer,
+        copy_kernel=kernels and model.copy_pointer, token_rows_kernel=kernels and training,
         # the logits of 64 tokens (13 MB in fp32) stay in a CPU's cache; a GPU takes 32768 at a time
         evaluation_chunk=0 if training else min(32768 if cuda else 64, tokens))
 
@@ -955,14 +956,15 @@ class GPT(nn.Module):
     def context(self, ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape, execution: ExecutionPlan) -> ForwardContext:
         """What layers share: embeddings, pre MUDD gate, attention layout, per-layer weights (e4m3 too if planned)."""
         cfg, scalars = self.config, self.named_scalars()
-        x = self.embed[ids]
+        order = token_order(ids, self.embed.size(0)) if execution.token_rows_kernel else None  # (T6.6)
+        x = token_rows(self.embed, ids, order)
         gate = torch.sigmoid(x[1:, :GATE_INPUTS] @ self.smear_gate.t())  # (#34, T3.6)
         x = torch.cat([x[:1], x[1:] + scalars["smear_lambda"] * gate * x[:-1]])
         x0 = norm(x)
         gates = self.gates(0, x0)
         bigram = self.ngram(ids.size(0))  # the rows NgramTable.load put in its cache for these ids (#62; T3.4, T3.19)
         x_input = x0 + gates["bigram", 0] * bigram
-        value_embeds = self.value_embeds[ids].split(cfg.model_dim, -1)
+        value_embeds = token_rows(self.value_embeds, ids, order).split(cfg.model_dim, -1)
         attn, rope, attn_paired, rope_paired = self.attention_layout(ids.size(0), cu_seqlens, shape, execution)
         n_attn, d = len(cfg.attention_layers), cfg.model_dim
         mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
@@ -5204,6 +5206,89 @@ def qk_norm_rope(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, 
     if kernels:
         return QKNormRope.apply(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
     return qk_norm_rope_reference(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
+
+
+# --- Token tables' gradients by row (T6.6) -------------------------------------------------------------------
+# table[ids]'s gradient is, in autograd and in inductor, index_put with accumulate: one atomic add per token and column
+# into a zero-filled table, so a frequent token's row takes its adds in turn (" the", ",", "." each ~2,000 of a
+# stage-3 step's 49,152 tokens). Here the forward's ids are sorted once (token_order, shared by embed and
+# value_embeds), and a program per block of ROWS table rows and BLOCK_D columns takes the sorted tokens of its rows
+# CHUNK at a time: their gradient rows gathered, summed into the rows by a one-hot product (exact products, fp32
+# sums), every row of the block written once, zeros where no token. No atomics, no zero fill, the same sums each run.
+def token_order(ids: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The positions of ids (N,) sorted by id, the sorted ids, and where each id's positions start among them
+    (rows + 1,; the last is N): int32, static shapes, no host sync."""
+    ordered, order = ids.int().sort()
+    starts = torch.searchsorted(ordered, torch.arange(rows + 1, dtype=torch.int32, device=ids.device))
+    return order.int(), ordered, starts.int()
+
+
+if triton is not None:
+    @triton.jit
+    def _token_rows_backward_kernel(grad_ptr, order_ptr, ordered_ptr, starts_ptr, out_ptr, V, D,
+                                    ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
+                                    UPCAST: tl.constexpr):
+        # out[r, cols] = Σ grad[order[k], cols] over the sorted tokens k of row r, for the block's rows r
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        in_cols = cols < D
+        first = tl.load(starts_ptr + tl.program_id(0) * ROWS)
+        end = tl.load(starts_ptr + tl.minimum(tl.program_id(0) * ROWS + ROWS, V))
+        total = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
+        for k0 in range(first, end, CHUNK):
+            k = k0 + tl.arange(0, CHUNK)
+            taken = k < end
+            tokens = tl.load(order_ptr + k, mask=taken, other=0).to(tl.int64)
+            ids = tl.load(ordered_ptr + k, mask=taken, other=-1)
+            tile = tl.load(grad_ptr + tokens[:, None] * D + cols[None, :], mask=taken[:, None] & in_cols[None, :],
+                           other=0.0)
+            onehot = rows[:, None] == ids[None, :]
+            if UPCAST:  # the interpreter's dot takes no bf16
+                total = tl.dot(onehot.to(tl.float32), tile.to(tl.float32), total, input_precision="ieee")
+            else:
+                total = tl.dot(onehot.to(tile.dtype), tile, total)
+        tl.store(out_ptr + rows[:, None].to(tl.int64) * D + cols[None, :],
+                 _to_dtype(total, out_ptr.dtype.element_ty, UPCAST), mask=(rows[:, None] < V) & in_cols[None, :])
+
+
+TOKEN_ROWS_LAUNCH = dict(ROWS=16, CHUNK=64, BLOCK_D=256, num_warps=4)
+
+
+@torch.library.custom_op("speedrun::token_rows_backward", mutates_args=())
+def token_rows_backward(grad: Tensor, order: Tensor, ordered: Tensor, starts: Tensor) -> Tensor:
+    """The gradient (rows, D) of table[ids] from grad (N, D), contiguous, with token_order(ids, rows)'s tensors."""
+    launch = dict(TOKEN_ROWS_LAUNCH)
+    launch["BLOCK_D"] = min(launch["BLOCK_D"], max(16, triton.next_power_of_2(grad.size(1))))
+    rows = starts.numel() - 1
+    out = grad.new_empty((rows, grad.size(1)))
+    grid = (triton.cdiv(rows, launch["ROWS"]), triton.cdiv(grad.size(1), launch["BLOCK_D"]))
+    _token_rows_backward_kernel[grid](grad, order, ordered, starts, out, rows, grad.size(1),
+                                      UPCAST=TRITON_INTERPRETER, **launch)
+    return out
+
+
+@token_rows_backward.register_fake
+def _token_rows_backward_fake(grad, order, ordered, starts):
+    return grad.new_empty((starts.numel() - 1, grad.size(1)))
+
+
+class TokenRows(torch.autograd.Function):
+    """table[ids], its gradient by token_rows_backward."""
+
+    @staticmethod
+    def forward(ctx, table: Tensor, ids: Tensor, order: Tensor, ordered: Tensor, starts: Tensor):
+        ctx.save_for_backward(order, ordered, starts)
+        return table[ids]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return token_rows_backward(grad.contiguous(), *ctx.saved_tensors), None, None, None, None
+
+
+def token_rows(table: Tensor, ids: Tensor, order: tuple[Tensor, Tensor, Tensor] | None) -> Tensor:
+    """table[ids] (the reference: autograd's index_put gradient); with `order` (token_order(ids, table rows), where the
+    plan's token_rows_kernel says) its gradient by the sorted row-sum kernel."""
+    return table[ids] if order is None else TokenRows.apply(table, ids, *order)
 
 
 # --- Lightweight DC-MHA (T3.17) -----------------------------------------------------------------------
