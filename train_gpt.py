@@ -526,7 +526,7 @@ class ExecutionPlan:
     dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
     qk_rope_kernel: bool  # QK-norm, rotary, key offset and q's scale as Triton kernels (T6.4); False: torch
     copy_kernel: bool  # the copy pointer's Triton kernels (T4.8); False: its blocked torch form
-    token_rows_kernel: bool  # embed's and value_embeds' gradients by the sorted row-sum kernel (T6.6); False: index_put
+    token_rows_kernel: bool  # embed's, value_embeds' and the n-gram cache's gradients by rows (T6.6); False: index_put
     evaluation_chunk: int  # evaluation: tokens per lm_head product and soft-capped cross-entropy; 0 in training
 
 
@@ -962,7 +962,8 @@ class GPT(nn.Module):
         x = torch.cat([x[:1], x[1:] + scalars["smear_lambda"] * gate * x[:-1]])
         x0 = norm(x)
         gates = self.gates(0, x0)
-        bigram = self.ngram(ids.size(0))  # the rows NgramTable.load put in its cache for these ids (#62; T3.4, T3.19)
+        # the rows NgramTable.load put in its cache for these ids (#62; T3.4, T3.19)
+        bigram = self.ngram(ids.size(0), execution.token_rows_kernel)
         x_input = x0 + gates["bigram", 0] * bigram
         value_embeds = token_rows(self.value_embeds, ids, order).split(cfg.model_dim, -1)
         attn, rope, attn_paired, rope_paired = self.attention_layout(ids.size(0), cu_seqlens, shape, execution)
@@ -1696,12 +1697,19 @@ def ngram_ids(ids: Tensor, rows: int, orders: tuple[int, ...] = NGRAM_ORDERS) ->
 def padded_unique(values: Tensor, fill: int) -> tuple[Tensor, Tensor]:
     """(the distinct values in increasing order, then `fill` up to values' length; each value's place in
     it): torch.unique's answer with a static shape and no host sync (T3.19). `fill` exceeds every value."""
+    return padded_unique_sorted(values, fill)[:2]
+
+
+def padded_unique_sorted(values: Tensor, fill: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """padded_unique's two tensors, then the positions of values sorted by value and each one's place (both
+    of its sort: token_rows_backward's order and sorted rows, T6.6)."""
     ordered, order = values.sort()
     first = torch.ones_like(ordered, dtype=torch.bool)
     first[1:] = ordered[1:] != ordered[:-1]
     place = first.cumsum(0) - 1
     inverse = torch.empty_like(values).scatter_(0, order, place)
-    return torch.full_like(values, fill).scatter_(0, place, ordered), inverse  # equal values write one place
+    distinct = torch.full_like(values, fill).scatter_(0, place, ordered)  # equal values write one place
+    return distinct, inverse, order, place
 
 
 def summed_row_gradients(rows: tuple[Tensor, ...], grads: tuple[Tensor, ...], fill: int) -> tuple[Tensor, Tensor]:
@@ -1785,6 +1793,10 @@ class NgramTable(nn.Module):
             self.register_buffer("eval_cache", torch.zeros(max_tokens * orders, d, dtype=torch.bfloat16),
                                  persistent=False)
         self.register_buffer("inverse", torch.zeros(max_tokens, orders, dtype=torch.long), persistent=False)
+        # the training cache's gradient by rows (T6.6): token_order's three tensors for `inverse`, which load writes
+        entries = max_train_tokens * orders
+        for name, size in (("row_sources", entries), ("row_places", entries), ("row_starts", entries + 1)):
+            self.register_buffer(name, torch.zeros(size, dtype=torch.int32), persistent=False)
         if cfg.ngram_token_classes:  # each id's normalization class (token_classes; identity until the trainer sets it)
             self.register_buffer("token_class", torch.arange(cfg.vocab_size), persistent=False)
         else:
@@ -1804,9 +1816,14 @@ class NgramTable(nn.Module):
         fills a gradient of the training forward's size, not validation's."""
         return self.cache if tokens * self.inverse.size(1) <= self.cache.size(0) else self.eval_cache
 
-    def forward(self, tokens: int) -> Tensor:
-        """The sum over the orders of each position's rows, read from the cache `load` filled (T, d)."""
-        return self.cache_for(tokens)[self.inverse[:tokens]].sum(1)
+    def forward(self, tokens: int, row_kernel: bool = False) -> Tensor:
+        """The sum over the orders of each position's rows, read from the cache `load` filled (T, d); with
+        `row_kernel` (the plan's token_rows_kernel, T6.6) the training cache's gradient by token_rows_backward."""
+        if not row_kernel:
+            return self.cache_for(tokens)[self.inverse[:tokens]].sum(1)
+        entries = tokens * self.inverse.size(1)
+        return TokenRows.apply(self.cache, self.inverse[:tokens], self.row_sources[:entries],
+                               self.row_places[:entries], self.row_starts)
 
     def shard(self, optim: OptimConfig, rank: int = 0, world_size: int = 1, compile: bool = False,
               dtype: torch.dtype = torch.bfloat16):
@@ -1838,9 +1855,13 @@ class NgramTable(nn.Module):
         holds (the forward's distinct rows always fit), which keep_gradient takes with the cache's gradient."""
         cache = self.cache_for(ids.size(0))
         row_ids = ngram_ids(ids if self.token_class is None else self.token_class[ids.long()], self.rows)
-        distinct, places = padded_unique(row_ids.flatten(), self.rows)
+        distinct, places, order, place = padded_unique_sorted(row_ids.flatten(), self.rows)
         distinct = distinct[: self.load_ids(ids.size(0))]
         self.inverse[: ids.size(0)].copy_(places.view_as(row_ids))
+        if cache is self.cache:  # token_order's tensors for the cache's gradient by rows (T6.6): the same sort
+            self.row_sources[: order.numel()].copy_(order // row_ids.size(1))
+            self.row_places[: place.numel()].copy_(place)
+            self.row_starts.copy_(torch.searchsorted(place, torch.arange(cache.size(0) + 1, device=place.device)))
         # at world size 1 the padding reads the scratch row
         cache[: distinct.numel()].copy_(self.weight[distinct] if self.world == 1 else self.fetch(distinct))
         return distinct
@@ -5212,7 +5233,7 @@ def qk_norm_rope(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, 
 # table[ids]'s gradient is, in autograd and in inductor, index_put with accumulate: one atomic add per token and column
 # into a zero-filled table, so a frequent token's row takes its adds in turn (" the", ",", "." each ~2,000 of a
 # stage-3 step's 49,152 tokens). Here the forward's ids are sorted once (token_order, shared by embed and
-# value_embeds), and a program per block of ROWS table rows and BLOCK_D columns takes the sorted tokens of its rows
+# value_embeds; the n-gram cache's rows come sorted from NgramTable.load), and a program per block of ROWS table rows and BLOCK_D columns takes the sorted tokens of its rows
 # CHUNK at a time: their gradient rows gathered, summed into the rows by a one-hot product (exact products, fp32
 # sums), every row of the block written once, zeros where no token. No atomics, no zero fill, the same sums each run.
 def token_order(ids: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -5273,12 +5294,13 @@ def _token_rows_backward_fake(grad, order, ordered, starts):
 
 
 class TokenRows(torch.autograd.Function):
-    """table[ids], its gradient by token_rows_backward."""
+    """table[ids] (ids (N,)), or table[ids].sum(1) (ids (N, k): the n-gram cache's orders, `order` then holding each
+    sorted entry's position N), its gradient by token_rows_backward."""
 
     @staticmethod
     def forward(ctx, table: Tensor, ids: Tensor, order: Tensor, ordered: Tensor, starts: Tensor):
         ctx.save_for_backward(order, ordered, starts)
-        return table[ids]
+        return table[ids] if ids.dim() == 1 else table[ids].sum(1)
 
     @staticmethod
     def backward(ctx, grad: Tensor):

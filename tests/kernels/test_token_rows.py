@@ -93,6 +93,20 @@ TOKEN_ROWS_INTERPRETER_CHECK = textwrap.dedent("""
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     forward, backward = graphs
     assert "speedrun.token_rows_backward" in backward and "index_put" not in backward, backward
+
+    # the n-gram cache (ids (N, 2), its orders summed; load's sorted rows): the same forward, and the cache's
+    # gradient as the float64 sums over each position's two rows, zero on the rows no position read
+    ngram = T.NgramTable(T.ModelConfig(model_dim=8, ngram_rows=40), 64, 64).shard(T.Hyperparameters.of().optim)
+    ngram.weight.normal_()
+    ngram.load(torch.randint(0, 30, (50,)))
+    upstream = torch.randn(50, 8).bfloat16()
+    plain, fast = (ngram(50, kernel) for kernel in (False, True))
+    assert torch.equal(plain, fast)
+    got = torch.autograd.grad(fast, ngram.cache, upstream)[0]
+    want = torch.zeros(ngram.cache.shape, dtype=torch.float64).index_add_(
+        0, ngram.inverse[:50].flatten(), upstream.double().repeat_interleave(2, 0))
+    print("n-gram cache", "%.1e" % rel_err(got, want))
+    assert got.dtype == torch.bfloat16 and rel_err(got, want) < 5e-3 and torch.all(got[want.abs().sum(1) == 0] == 0)
 """)
 
 
@@ -159,7 +173,8 @@ def test_token_rows_kernel_on_gpu(width):
 @pytest.mark.gpu
 def test_compiled_model_with_the_token_rows_kernel_matches_index_put_on_gpu():
     """The whole model compiled (fullgraph, as in training) with the plan's token_rows_kernel on and off: inductor
-    launches the kernel only when on, and the loss and embed's and value_embeds' gradients agree to bf16 precision."""
+    launches the kernel only when on, and the loss and the gradients of embed, value_embeds and the n-gram cache
+    agree to bf16 precision."""
     import dataclasses
 
     from torch._inductor.utils import run_and_get_code
@@ -178,6 +193,8 @@ def test_compiled_model_with_the_token_rows_kernel_matches_index_put_on_gpu():
     for setting in (False, True):
         torch.manual_seed(0)
         model = T.GPT(hp.model, T.longest_forward(hp)).cuda()
+        model.ngram.shard(hp.optim).weight.normal_()
+        model.ngram.load(inputs)
         torch._dynamo.reset()
         compiled = torch.compile(model.training_loss, dynamic=False, fullgraph=True)
 
@@ -189,7 +206,7 @@ def test_compiled_model_with_the_token_rows_kernel_matches_index_put_on_gpu():
 
         loss, codes = run_and_get_code(step)
         assert ("_token_rows_backward_kernel" in "\n".join(codes)) == setting
-        results.append((loss, model.embed.grad, model.value_embeds.grad))
+        results.append((loss, model.embed.grad, model.value_embeds.grad, model.ngram.cache.grad))
     (ref_loss, *ref_grads), (loss, *grads) = results
     assert rel_err(loss, ref_loss) < 1e-3  # the same gather forward; inductor may fuse the rest apart
     assert all(rel_err(got, want) < 1e-2 for got, want in zip(grads, ref_grads))
