@@ -5233,13 +5233,14 @@ def qk_norm_rope(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, 
 # table[ids]'s gradient is, in autograd and in inductor, index_put with accumulate: one atomic add per token and column
 # into a zero-filled table, so a frequent token's row takes its adds in turn (" the", ",", "." each ~2,000 of a
 # stage-3 step's 49,152 tokens). Here the forward's ids are sorted once (token_order, shared by embed and
-# value_embeds; the n-gram cache's rows come sorted from NgramTable.load), and a program per block of ROWS table rows and BLOCK_D columns takes the sorted tokens of its rows
-# CHUNK at a time: their gradient rows gathered, summed into the rows by a one-hot product (exact products, fp32
-# sums), every row of the block written once, zeros where no token. No atomics, no zero fill, the same sums each run.
+# value_embeds; the n-gram cache's rows come sorted from NgramTable.load), and a program per block of ROWS table
+# rows and BLOCK_D columns takes the sorted tokens of its rows CHUNK at a time: their gradient rows gathered, summed
+# into the rows by a one-hot product (exact products, fp32 sums), every row of the block written once, zeros where
+# no token. No atomics, no zero fill, the same sums each run.
 def token_order(ids: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The positions of ids (N,) sorted by id, the sorted ids, and where each id's positions start among them
-    (rows + 1,; the last is N): int32, static shapes, no host sync."""
-    ordered, order = ids.int().sort()
+    """The positions of ids (N,) sorted by id (stable: the kernel's sums in one order), the sorted ids, and where each
+    id's positions start among them (rows + 1,; the last is N): int32, static shapes, no host sync."""
+    ordered, order = ids.int().sort(stable=True)
     starts = torch.searchsorted(ordered, torch.arange(rows + 1, dtype=torch.int32, device=ids.device))
     return order.int(), ordered, starts.int()
 
