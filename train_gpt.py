@@ -5295,8 +5295,8 @@ def _token_rows_backward_fake(grad, order, ordered, starts):
 
 
 class TokenRows(torch.autograd.Function):
-    """table[ids] (ids (N,)), or table[ids].sum(1) (ids (N, k): the n-gram cache's orders, `order` then holding each
-    sorted entry's position N), its gradient by token_rows_backward."""
+    """table[ids] (ids (N,)), or table[ids].sum(1) (ids (N, k): the n-gram cache's orders; `order` then holds each
+    sorted entry's row of ids, the row of grad it reads), its gradient by token_rows_backward."""
 
     @staticmethod
     def forward(ctx, table: Tensor, ids: Tensor, order: Tensor, ordered: Tensor, starts: Tensor):
