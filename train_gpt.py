@@ -1712,10 +1712,17 @@ def padded_unique_sorted(values: Tensor, fill: int) -> tuple[Tensor, Tensor, Ten
     return distinct, inverse, order, place
 
 
-def summed_row_gradients(rows: tuple[Tensor, ...], grads: tuple[Tensor, ...], fill: int) -> tuple[Tensor, Tensor]:
+def summed_row_gradients(rows: tuple[Tensor, ...], grads: tuple[Tensor, ...], fill: int,
+                         row_kernel: bool = False) -> tuple[Tensor, Tensor]:
     """(the distinct row ids of the parts `rows`, increasing, then `fill` up to their total length; each one's
     gradient, summed in fp32 over the parts' pairs) (T3.19). Compiled, the fp32 sums are the one buffer it
-    writes: each part's gradients are read in their own dtype and added in place, with no fp32 copy or concat."""
+    writes: each part's gradients are read in their own dtype and added in place, with no fp32 copy or concat.
+    row_kernel (CUDA, T6.6): the parts' gradients joined, and the sums by token_rows_backward over the sort that
+    finds the distinct rows, in place of one atomic index_add per part."""
+    if row_kernel:
+        distinct, _, order, place = padded_unique_sorted(torch.cat(rows), fill)
+        starts = torch.searchsorted(place, torch.arange(place.numel() + 1, device=place.device))
+        return distinct, token_rows_backward(torch.cat(grads), order.int(), place.int(), starts.int(), torch.float32)
     distinct, places = padded_unique(torch.cat(rows), fill)
     sums = grads[0].new_zeros(distinct.numel(), grads[0].size(1), dtype=torch.float32)
     start = 0
@@ -1840,7 +1847,10 @@ class NgramTable(nn.Module):
         self.kept: list[tuple[Tensor, Tensor]] = []  # (row ids, their gradient sums) since the last Adam step
         self.scalars = torch.zeros(3, dtype=torch.float64, device=device)  # the update's (t, step size, lr²·wd)
         self.overflow = torch.zeros((), dtype=torch.long, device=device)  # the most ids an exchange's slots left out
-        fns = (rowwise_rmsprop_rows, summed_row_gradients)
+        summed = summed_row_gradients
+        if device.type == "cuda" and triton is not None:  # the sums by the row-sum kernel (T6.6)
+            summed = functools.partial(summed_row_gradients, row_kernel=True)
+        fns = (rowwise_rmsprop_rows, summed)
         if compile and device.type == "cuda":  # the gathers and arithmetic fused; one graph per stage's row count
             allow_graph_per_shape()
             fns = tuple(torch.compile(f, dynamic=False, fullgraph=True) for f in fns)
@@ -5277,12 +5287,13 @@ TOKEN_ROWS_LAUNCH = dict(ROWS=16, CHUNK=64, BLOCK_D=256, num_warps=4)
 
 
 @torch.library.custom_op("speedrun::token_rows_backward", mutates_args=())
-def token_rows_backward(grad: Tensor, order: Tensor, ordered: Tensor, starts: Tensor) -> Tensor:
-    """The gradient (rows, D) of table[ids] from grad (N, D), contiguous, with token_order(ids, rows)'s tensors."""
+def token_rows_backward(grad: Tensor, order: Tensor, ordered: Tensor, starts: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """The gradient (rows, D) of table[ids] from grad (N, D), contiguous, with token_order(ids, rows)'s tensors, in
+    out_dtype (the sums are fp32 either way)."""
     launch = dict(TOKEN_ROWS_LAUNCH)
     launch["BLOCK_D"] = min(launch["BLOCK_D"], max(16, triton.next_power_of_2(grad.size(1))))
     rows = starts.numel() - 1
-    out = grad.new_empty((rows, grad.size(1)))
+    out = grad.new_empty((rows, grad.size(1)), dtype=out_dtype)
     grid = (triton.cdiv(rows, launch["ROWS"]), triton.cdiv(grad.size(1), launch["BLOCK_D"]))
     _token_rows_backward_kernel[grid](grad, order, ordered, starts, out, rows, grad.size(1),
                                       UPCAST=TRITON_INTERPRETER, **launch)
@@ -5290,8 +5301,8 @@ def token_rows_backward(grad: Tensor, order: Tensor, ordered: Tensor, starts: Te
 
 
 @token_rows_backward.register_fake
-def _token_rows_backward_fake(grad, order, ordered, starts):
-    return grad.new_empty((starts.numel() - 1, grad.size(1)))
+def _token_rows_backward_fake(grad, order, ordered, starts, out_dtype):
+    return grad.new_empty((starts.numel() - 1, grad.size(1)), dtype=out_dtype)
 
 
 class TokenRows(torch.autograd.Function):
@@ -5305,7 +5316,7 @@ class TokenRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return token_rows_backward(grad.contiguous(), *ctx.saved_tensors), None, None, None, None
+        return token_rows_backward(grad.contiguous(), *ctx.saved_tensors, grad.dtype), None, None, None, None
 
 
 def token_rows(table: Tensor, ids: Tensor, order: tuple[Tensor, Tensor, Tensor] | None) -> Tensor:

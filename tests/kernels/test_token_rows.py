@@ -53,7 +53,7 @@ TOKEN_ROWS_INTERPRETER_CHECK = textwrap.dedent("""
         order = T.token_order(ids, rows)
         for dtype, tolerance in [(torch.float32, 1e-6), (torch.bfloat16, 5e-3)]:
             grad = torch.randn(tokens, width).to(dtype)
-            got = T.token_rows_backward(grad, *order)
+            got = T.token_rows_backward(grad, *order, dtype)
             want = sums(grad, ids, rows)
             print(rows, width, tokens, dtype, "%.1e" % rel_err(got, want))
             assert got.dtype == dtype and rel_err(got, want) < tolerance
@@ -107,6 +107,18 @@ TOKEN_ROWS_INTERPRETER_CHECK = textwrap.dedent("""
         0, ngram.inverse[:50].flatten(), upstream.double().repeat_interleave(2, 0))
     print("n-gram cache", "%.1e" % rel_err(got, want))
     assert got.dtype == torch.bfloat16 and rel_err(got, want) < 5e-3 and torch.all(got[want.abs().sum(1) == 0] == 0)
+
+    # the table's optimizer step: the kept parts' bf16 gradients summed per row in fp32 by the kernel (CUDA's path)
+    # as by the atomic index_add (the CPU's): the same rows, the sums to fp32 rounding
+    parts = []
+    for count in (30, 17, 1):
+        ids = torch.cat([torch.randperm(30)[:count].sort().values, torch.full((5,), 40)])
+        parts.append((ids, torch.randn(ids.numel(), 300).bfloat16()))
+    rows, grads = zip(*parts)
+    distinct, sums = T.summed_row_gradients(rows, grads, 40, row_kernel=True)
+    want_distinct, want_sums = T.summed_row_gradients(rows, grads, 40)
+    print("row sums", "%.1e" % rel_err(sums, want_sums))
+    assert sums.dtype == torch.float32 and torch.equal(distinct, want_distinct) and rel_err(sums, want_sums) < 1e-6
 """)
 
 
@@ -210,3 +222,29 @@ def test_compiled_model_with_the_token_rows_kernel_matches_index_put_on_gpu():
     (ref_loss, *ref_grads), (loss, *grads) = results
     assert rel_err(loss, ref_loss) < 1e-3  # the same gather forward; inductor may fuse the rest apart
     assert all(rel_err(got, want) < 1e-2 for got, want in zip(grads, ref_grads))
+
+
+@cuda
+@pytest.mark.gpu
+def test_the_ngram_tables_row_sums_by_the_kernel_on_gpu():
+    """On CUDA the n-gram table sums its kept gradients by the kernel (decided when shard allocates the rows); at
+    a stage-3 step's two kept parts (98,304 rows of 768 each, a third of the rows in both) its sums match the atomic
+    index_add's to fp32 rounding, compiled as the table compiles it."""
+    cuda = torch.device("cuda")
+    ngram = T.NgramTable(T.ModelConfig(ngram_rows=1000), 64, 64).to(cuda).shard(T.Hyperparameters.of().optim)
+    assert ngram._summed.keywords == {"row_kernel": True}
+    generator = torch.Generator().manual_seed(0)
+    shared = torch.randperm(10_000_000, generator=generator)[:32768]
+    parts = []
+    for _ in range(2):
+        own = torch.randperm(10_000_000, generator=generator)[:65536] + 10_000_000
+        ids = torch.cat([shared, own]).sort().values
+        parts.append((ids.cuda(), torch.randn(ids.numel(), 768, generator=generator).bfloat16().cuda()))
+    rows, grads = zip(*parts)
+    fill = 30_000_000
+    torch._dynamo.reset()
+    compiled = torch.compile(T.summed_row_gradients, dynamic=False, fullgraph=True)
+    distinct, sums = compiled(rows, grads, fill, row_kernel=True)
+    want_distinct, want_sums = T.summed_row_gradients(rows, grads, fill)
+    assert torch.equal(distinct, want_distinct) and sums.dtype == torch.float32
+    assert rel_err(sums, want_sums) < 1e-6
