@@ -5275,7 +5275,8 @@ if triton is not None:
             tile = tl.load(grad_ptr + tokens[:, None] * D + cols[None, :], mask=taken[:, None] & in_cols[None, :],
                            other=0.0)
             onehot = rows[:, None] == ids[None, :]
-            if UPCAST:  # the interpreter's dot takes no bf16
+            # fp32 sums exact (not tf32: the owners' sums above world size 1); the interpreter's dot takes no bf16
+            if UPCAST or grad_ptr.dtype.element_ty == tl.float32:
                 total = tl.dot(onehot.to(tl.float32), tile.to(tl.float32), total, input_precision="ieee")
             else:
                 total = tl.dot(onehot.to(tile.dtype), tile, total)

@@ -128,19 +128,20 @@ def test_token_rows_kernel_sums_each_rows_tokens_in_the_triton_interpreter():
 
 
 @pytest.mark.skipif(T.triton is None or T.TRITON_INTERPRETER, reason="needs Triton's compiler")
-@pytest.mark.parametrize("width", [768, 3072])
-def test_token_rows_kernel_compiles_for_hopper(width):
+@pytest.mark.parametrize("width, grad, out", [(768, "bf16", "bf16"), (3072, "bf16", "bf16"), (768, "bf16", "fp32"),
+                                              (768, "fp32", "fp32")])
+def test_token_rows_kernel_compiles_for_hopper(width, grad, out):
     """The kernel compiled ahead of time for sm_90 (no GPU needed) with the launch's constants and aligned pointers,
-    as token_rows_backward launches it for embed (768 wide) and value_embeds (3,072): within the 227 KB of shared
-    memory an H100/H200 block may use."""
+    as token_rows_backward launches it for embed (768 wide), value_embeds (3,072) and the n-gram table's sums (fp32
+    out; fp32 in above world size 1): within the 227 KB of shared memory an H100/H200 block may use."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     kernel, launch = T._token_rows_backward_kernel, dict(T.TOKEN_ROWS_LAUNCH)
     num_warps = launch.pop("num_warps")
     launch["BLOCK_D"] = min(launch["BLOCK_D"], T.triton.next_power_of_2(width))
-    pointers = {"grad_ptr": "*bf16", "order_ptr": "*i32", "ordered_ptr": "*i32", "starts_ptr": "*i32",
-                "out_ptr": "*bf16"}
+    pointers = {"grad_ptr": f"*{grad}", "order_ptr": "*i32", "ordered_ptr": "*i32", "starts_ptr": "*i32",
+                "out_ptr": f"*{out}"}
     fixed = {**launch, "UPCAST": False}
     index = kernel.arg_names.index
     source = ASTSource(kernel, signature={**pointers, "V": "i32", "D": "i32", **dict.fromkeys(fixed, "constexpr")},
@@ -248,3 +249,7 @@ def test_the_ngram_tables_row_sums_by_the_kernel_on_gpu():
     want_distinct, want_sums = T.summed_row_gradients(rows, grads, fill)
     assert torch.equal(distinct, want_distinct) and sums.dtype == torch.float32
     assert rel_err(sums, want_sums) < 1e-6
+    # fp32 parts (the owners' sums above world size 1) summed in fp32, not tf32 (~1e-4 off)
+    grads = tuple(g.float() * (1 + torch.rand_like(g.float())) for g in grads)
+    distinct, sums = compiled(rows, grads, fill, row_kernel=True)
+    assert rel_err(sums, T.summed_row_gradients(rows, grads, fill)[1]) < 1e-6
