@@ -1721,8 +1721,8 @@ def summed_row_gradients(rows: tuple[Tensor, ...], grads: tuple[Tensor, ...], fi
     finds the distinct rows, in place of one atomic index_add per part."""
     if row_kernel:
         distinct, _, order, place = padded_unique_sorted(torch.cat(rows), fill)
-        starts = torch.searchsorted(place, torch.arange(place.numel() + 1, device=place.device))
-        return distinct, token_rows_backward(torch.cat(grads), order.int(), place.int(), starts.int(), torch.float32)
+        starts = run_starts(place, place.numel())
+        return distinct, token_rows_backward(torch.cat(grads), order.int(), place.int(), starts, torch.float32)
     distinct, places = padded_unique(torch.cat(rows), fill)
     sums = grads[0].new_zeros(distinct.numel(), grads[0].size(1), dtype=torch.float32)
     start = 0
@@ -1871,7 +1871,7 @@ class NgramTable(nn.Module):
         if cache is self.cache:  # token_order's tensors for the cache's gradient by rows (T6.6): the same sort
             self.row_sources[: order.numel()].copy_(order // row_ids.size(1))
             self.row_places[: place.numel()].copy_(place)
-            self.row_starts.copy_(torch.searchsorted(place, torch.arange(cache.size(0) + 1, device=place.device)))
+            self.row_starts.copy_(run_starts(place, cache.size(0)))
         # at world size 1 the padding reads the scratch row
         cache[: distinct.numel()].copy_(self.weight[distinct] if self.world == 1 else self.fetch(distinct))
         return distinct
@@ -5241,18 +5241,21 @@ def qk_norm_rope(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, 
 
 # --- Token tables' gradients by row (T6.6) -------------------------------------------------------------------
 # table[ids]'s gradient is, in autograd and in inductor, index_put with accumulate: one atomic add per token and column
-# into a zero-filled table, so a frequent token's row takes its adds in turn (" the", ",", "." each ~2,000 of a
-# stage-3 step's 49,152 tokens). Here the forward's ids are sorted once (token_order, shared by embed and
-# value_embeds; the n-gram cache's rows come sorted from NgramTable.load), and a program per block of ROWS table
-# rows and BLOCK_D columns takes the sorted tokens of its rows CHUNK at a time: their gradient rows gathered, summed
-# into the rows by a one-hot product (exact products, fp32 sums), every row of the block written once, zeros where
-# no token. No atomics, no zero fill, the same sums each run.
+# into a zero-filled table, so a frequent token's row takes its adds in turn. Here the forward's ids are sorted once
+# (token_order, shared by embed and value_embeds; the n-gram cache's rows come sorted from NgramTable.load), and a
+# program per block of ROWS table rows and BLOCK_D columns takes the sorted tokens of its rows CHUNK at a time: their
+# gradient rows gathered, summed into the rows by a one-hot product (exact products, fp32 sums), every row of the
+# block written once, zeros where no token. No atomics, no zero fill, the same sums each run.
 def token_order(ids: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor]:
     """The positions of ids (N,) sorted by id (stable: the kernel's sums in one order), the sorted ids, and where each
-    id's positions start among them (rows + 1,; the last is N): int32, static shapes, no host sync."""
+    id's positions start among them (run_starts): int32, static shapes, no host sync."""
     ordered, order = ids.int().sort(stable=True)
-    starts = torch.searchsorted(ordered, torch.arange(rows + 1, dtype=torch.int32, device=ids.device))
-    return order.int(), ordered, starts.int()
+    return order.int(), ordered, run_starts(ordered, rows)
+
+
+def run_starts(ordered: Tensor, rows: int) -> Tensor:
+    """Where each of the rows' runs starts in the sorted row ids `ordered` ((rows + 1,) int32; the last is N)."""
+    return torch.searchsorted(ordered, torch.arange(rows + 1, dtype=ordered.dtype, device=ordered.device)).int()
 
 
 if triton is not None:

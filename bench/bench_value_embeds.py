@@ -3,7 +3,8 @@ compiles them (fullgraph): embed (V, d) and the token-major value embeddings (V,
 ids, their gradients by autograd's index_put (inductor's atomic scatter into a zero-filled table; `index_put`) and by
 the sorted row-sum kernel (token_order, then token_rows_backward; `row kernel`). Per path: the two gradients against
 float64 sums, then median ms of triton.testing.do_bench of forward+backward (the sort included), and the kernels'
-own device time under the torch profiler. The layer-major table (V2) lost to the token-major one in record V3.
+device time under the torch profiler (bench_copy_pointer.gpu_time), the row kernel's apart. The layer-major table
+(V2) lost to the token-major one in record V3.
 
     python bench/bench_value_embeds.py                          # 16,384 / 32,768 / 49,152 tokens (stages 1-3)
     python bench/bench_value_embeds.py --tokens 49152 --launch 16x64x256x4,32x32x256x8
@@ -17,8 +18,8 @@ import os
 import sys
 
 import torch
+from bench_copy_pointer import gpu_time
 from bench_row_tables import token_source
-from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,22 +39,6 @@ def step_fn(compiled, embed, value_embeds, ids, upstream, kernel: bool):
         order = T.token_order(ids, embed.size(0)) if kernel else None
         compiled(embed, value_embeds, ids, upstream, order).backward()
     return step
-
-
-def kernel_ms(step, calls=20) -> dict[str, float]:
-    """Device ms per call of each kernel name in step, after 3 warm-up calls, the largest first."""
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            step()
-        torch.cuda.synchronize()
-    times: dict[str, float] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            times[e.name[:70]] = times.get(e.name[:70], 0.0) + e.device_time / calls / 1000
-    return dict(sorted(times.items(), key=lambda item: -item[1]))
 
 
 def main():
@@ -91,12 +76,10 @@ def main():
             step()
             errors = [rel(p.grad, w) for p, w in zip((embed, value_embeds), want)]
             ms = do_bench(step, warmup=25, rep=200, return_mode="median")
-            times = kernel_ms(step)
+            total, own = gpu_time(step, own_prefix="_token_rows_")
             label = name if not kernel else f"{name} {launch}"
-            print(f"  {label}: {ms:.3f} ms fwd+bwd, kernels {sum(times.values()):.3f} ms; grad error embed "
-                  f"{errors[0]:.1e}, value_embeds {errors[1]:.1e}", flush=True)
-            for kernel_name, t in list(times.items())[:6]:
-                print(f"      {t:7.3f}  {kernel_name}")
+            print(f"  {label}: {ms:.3f} ms fwd+bwd, kernels {total:.3f} ms (the row kernel's {own:.3f}); grad error "
+                  f"embed {errors[0]:.1e}, value_embeds {errors[1]:.1e}", flush=True)
         T.TOKEN_ROWS_LAUNCH = launches[0]
 
 
