@@ -4,15 +4,17 @@
 # STAGE_BATCH_TOKENS=131072,262144,393216,327680,131072); `b7ec`: 7ec2b2e's train_gpt.py with its defaults (the
 # bar's baseline, staged as /tmp/stage/base_7ec2b2e.py: `git show 7ec2b2e:train_gpt.py`). Each arm alone on the GPU
 # for its timed steps, 3 seeds, rank-slice, proxy train shards 1-5 (setup: SHARDS='proxy_train_00000[1-5].bin.xz
-# proxy_val_000000.bin.xz'), GPU_MEMORY_GIB=77. No compile caches: each arm compiles before its clock (7ec2b2e beside
-# v78t ran out of memory twice). T6.6's GPU tests run beside v78t's compile (its warm-up took 8 minutes in the last
-# lease) and are killed, noted, if still alive when that warm-up ends: no test shares the GPU with a timed step.
+# proxy_val_000000.bin.xz'), GPU_MEMORY_GIB=77. No compile caches are assumed: 7ec2b2e compiles beside v78t's
+# warm-up (compile_beside, 52 GiB; in StepCostShape1365's lease 1 it ran out of memory only at the final validation's
+# shapes, after which b7ec warmed up in 115 s instead of ~6 minutes), and T6.6's GPU tests run beside too, killed,
+# noted, if still alive when v78t's warm-up ends: no test or compile shares the GPU with a timed step.
 # Their result is noted and the queue goes on either way; a record needs them passed. Last, bench_value_embeds.py
 # (index_put against the kernel at stage 1's and stage 3's tokens), where the lease has time left.
 need_shards 1 2 3 4 5
 watch_gpus 60
 [ -f /tmp/stage/base_7ec2b2e.py ] || { note "no /tmp/stage/base_7ec2b2e.py"; exit 1; }
-CUDA_VISIBLE_DEVICES=0 setsid python -m pytest -q -m gpu tests/kernels/test_token_rows.py > "$L/gpu_tests.out" 2>&1 &
+compile_beside b7ec_compile 52 /tmp/stage/base_7ec2b2e.py v78t
+CUDA_VISIBLE_DEVICES=0 setsid python -m pytest -q -m gpu tests/kernels/test_token_rows.py -p no:cacheprovider > "$L/gpu_tests.out" 2>&1 &
 tests_pid=$!
 note "gpu_tests beside v78t's compile (pid $tests_pid)"
 ( while kill -0 "$tests_pid" 2>/dev/null; do
@@ -26,6 +28,7 @@ SHAPE="NUM_SCHEDULED_ITERATIONS=1350 STAGE_CE_CANDIDATES=10240,10240,14336,0,0"
 SHAPE="$SHAPE STAGE_BATCH_TOKENS=131072,262144,393216,327680,131072"
 # shellcheck disable=SC2086
 arm 0 v78t GPU_MEMORY_GIB=77 $SHAPE
+stop_beside b7ec_compile
 env CUDA_VISIBLE_DEVICES=0 RUN_ID=b7ec SEEDS=1,2,3 LOG_DIR="$L" GPU_MEMORY_GIB=77 python /tmp/stage/base_7ec2b2e.py \
     > "$L/b7ec.out" 2>&1
 note "b7ec rc=$?"
