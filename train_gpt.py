@@ -526,7 +526,6 @@ class ExecutionPlan:
     dc_mha_kernel: bool  # DC-MHA's Triton kernels (T3.17); False: plain torch
     qk_rope_kernel: bool  # QK-norm, rotary, key offset and q's scale as Triton kernels (T6.4); False: torch
     copy_kernel: bool  # the copy pointer's Triton kernels (T4.8); False: its blocked torch form
-    token_rows_kernel: bool  # embed's, value_embeds' and the n-gram cache's gradients by rows (T6.6); False: index_put
     evaluation_chunk: int  # evaluation: tokens per lm_head product and soft-capped cross-entropy; 0 in training
 
 
@@ -548,7 +547,7 @@ def resolve_execution(cfg: ExecutionConfig, model: ModelConfig, device: torch.de
         ce_candidates=ce_candidates if training else 0,
         dc_mha_kernel=kernels and dc_mha_kernel_supports(tokens, model.num_heads, model.head_dim, DC_WINDOW),
         qk_rope_kernel=kernels and cfg.qk_rope_kernel and qk_rope_kernel_supports(qk_width),
-        copy_kernel=kernels and model.copy_pointer, token_rows_kernel=kernels and training,
+        copy_kernel=kernels and model.copy_pointer,
         # the logits of 64 tokens (13 MB in fp32) stay in a CPU's cache; a GPU takes 32768 at a time
         evaluation_chunk=0 if training else min(32768 if cuda else 64, tokens))
 
@@ -956,16 +955,14 @@ class GPT(nn.Module):
     def context(self, ids: Tensor, cu_seqlens: Tensor, shape: ForwardShape, execution: ExecutionPlan) -> ForwardContext:
         """What layers share: embeddings, pre MUDD gate, attention layout, per-layer weights (e4m3 too if planned)."""
         cfg, scalars = self.config, self.named_scalars()
-        order = token_order(ids, self.embed.size(0)) if execution.token_rows_kernel else None  # (T6.6)
-        x = token_rows(self.embed, ids, order)
+        x = self.embed[ids]
         gate = torch.sigmoid(x[1:, :GATE_INPUTS] @ self.smear_gate.t())  # (#34, T3.6)
         x = torch.cat([x[:1], x[1:] + scalars["smear_lambda"] * gate * x[:-1]])
         x0 = norm(x)
         gates = self.gates(0, x0)
-        # the rows NgramTable.load put in its cache for these ids (#62; T3.4, T3.19)
-        bigram = self.ngram(ids.size(0), execution.token_rows_kernel)
+        bigram = self.ngram(ids.size(0))  # the rows NgramTable.load put in its cache for these ids (#62; T3.4, T3.19)
         x_input = x0 + gates["bigram", 0] * bigram
-        value_embeds = token_rows(self.value_embeds, ids, order).split(cfg.model_dim, -1)
+        value_embeds = self.value_embeds[ids].split(cfg.model_dim, -1)
         attn, rope, attn_paired, rope_paired = self.attention_layout(ids.size(0), cu_seqlens, shape, execution)
         n_attn, d = len(cfg.attention_layers), cfg.model_dim
         mlp_fc, mlp_proj = (w.unbind(0) for w in self.mlp_bank.unbind(1))
@@ -1697,32 +1694,18 @@ def ngram_ids(ids: Tensor, rows: int, orders: tuple[int, ...] = NGRAM_ORDERS) ->
 def padded_unique(values: Tensor, fill: int) -> tuple[Tensor, Tensor]:
     """(the distinct values in increasing order, then `fill` up to values' length; each value's place in
     it): torch.unique's answer with a static shape and no host sync (T3.19). `fill` exceeds every value."""
-    return padded_unique_sorted(values, fill)[:2]
-
-
-def padded_unique_sorted(values: Tensor, fill: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """padded_unique's two tensors, then the positions of values sorted by value and each one's place (both
-    of its sort: token_rows_backward's order and sorted rows, T6.6)."""
     ordered, order = values.sort()
     first = torch.ones_like(ordered, dtype=torch.bool)
     first[1:] = ordered[1:] != ordered[:-1]
     place = first.cumsum(0) - 1
     inverse = torch.empty_like(values).scatter_(0, order, place)
-    distinct = torch.full_like(values, fill).scatter_(0, place, ordered)  # equal values write one place
-    return distinct, inverse, order, place
+    return torch.full_like(values, fill).scatter_(0, place, ordered), inverse  # equal values write one place
 
 
-def summed_row_gradients(rows: tuple[Tensor, ...], grads: tuple[Tensor, ...], fill: int,
-                         row_kernel: bool = False) -> tuple[Tensor, Tensor]:
+def summed_row_gradients(rows: tuple[Tensor, ...], grads: tuple[Tensor, ...], fill: int) -> tuple[Tensor, Tensor]:
     """(the distinct row ids of the parts `rows`, increasing, then `fill` up to their total length; each one's
     gradient, summed in fp32 over the parts' pairs) (T3.19). Compiled, the fp32 sums are the one buffer it
-    writes: each part's gradients are read in their own dtype and added in place, with no fp32 copy or concat.
-    row_kernel (CUDA, T6.6): the parts' gradients joined, and the sums by token_rows_backward over the sort that
-    finds the distinct rows, in place of one atomic index_add per part."""
-    if row_kernel:
-        distinct, _, order, place = padded_unique_sorted(torch.cat(rows), fill)
-        starts = run_starts(place, place.numel())
-        return distinct, token_rows_backward(torch.cat(grads), order.int(), place.int(), starts, torch.float32)
+    writes: each part's gradients are read in their own dtype and added in place, with no fp32 copy or concat."""
     distinct, places = padded_unique(torch.cat(rows), fill)
     sums = grads[0].new_zeros(distinct.numel(), grads[0].size(1), dtype=torch.float32)
     start = 0
@@ -1800,10 +1783,6 @@ class NgramTable(nn.Module):
             self.register_buffer("eval_cache", torch.zeros(max_tokens * orders, d, dtype=torch.bfloat16),
                                  persistent=False)
         self.register_buffer("inverse", torch.zeros(max_tokens, orders, dtype=torch.long), persistent=False)
-        # the training cache's gradient by rows (T6.6): token_order's three tensors for `inverse`, which load writes
-        entries = max_train_tokens * orders
-        for name, size in (("row_sources", entries), ("row_places", entries), ("row_starts", entries + 1)):
-            self.register_buffer(name, torch.zeros(size, dtype=torch.int32), persistent=False)
         if cfg.ngram_token_classes:  # each id's normalization class (token_classes; identity until the trainer sets it)
             self.register_buffer("token_class", torch.arange(cfg.vocab_size), persistent=False)
         else:
@@ -1823,14 +1802,9 @@ class NgramTable(nn.Module):
         fills a gradient of the training forward's size, not validation's."""
         return self.cache if tokens * self.inverse.size(1) <= self.cache.size(0) else self.eval_cache
 
-    def forward(self, tokens: int, row_kernel: bool = False) -> Tensor:
-        """The sum over the orders of each position's rows, read from the cache `load` filled (T, d); with
-        `row_kernel` (the plan's token_rows_kernel, T6.6) the training cache's gradient by token_rows_backward."""
-        if not row_kernel:
-            return self.cache_for(tokens)[self.inverse[:tokens]].sum(1)
-        entries = tokens * self.inverse.size(1)
-        return TokenRows.apply(self.cache, self.inverse[:tokens], self.row_sources[:entries],
-                               self.row_places[:entries], self.row_starts)
+    def forward(self, tokens: int) -> Tensor:
+        """The sum over the orders of each position's rows, read from the cache `load` filled (T, d)."""
+        return self.cache_for(tokens)[self.inverse[:tokens]].sum(1)
 
     def shard(self, optim: OptimConfig, rank: int = 0, world_size: int = 1, compile: bool = False,
               dtype: torch.dtype = torch.bfloat16):
@@ -1847,10 +1821,7 @@ class NgramTable(nn.Module):
         self.kept: list[tuple[Tensor, Tensor]] = []  # (row ids, their gradient sums) since the last Adam step
         self.scalars = torch.zeros(3, dtype=torch.float64, device=device)  # the update's (t, step size, lr²·wd)
         self.overflow = torch.zeros((), dtype=torch.long, device=device)  # the most ids an exchange's slots left out
-        summed = summed_row_gradients
-        if device.type == "cuda" and triton is not None:  # the sums by the row-sum kernel (T6.6)
-            summed = functools.partial(summed_row_gradients, row_kernel=True)
-        fns = (rowwise_rmsprop_rows, summed)
+        fns = (rowwise_rmsprop_rows, summed_row_gradients)
         if compile and device.type == "cuda":  # the gathers and arithmetic fused; one graph per stage's row count
             allow_graph_per_shape()
             fns = tuple(torch.compile(f, dynamic=False, fullgraph=True) for f in fns)
@@ -1865,13 +1836,9 @@ class NgramTable(nn.Module):
         holds (the forward's distinct rows always fit), which keep_gradient takes with the cache's gradient."""
         cache = self.cache_for(ids.size(0))
         row_ids = ngram_ids(ids if self.token_class is None else self.token_class[ids.long()], self.rows)
-        distinct, places, order, place = padded_unique_sorted(row_ids.flatten(), self.rows)
+        distinct, places = padded_unique(row_ids.flatten(), self.rows)
         distinct = distinct[: self.load_ids(ids.size(0))]
         self.inverse[: ids.size(0)].copy_(places.view_as(row_ids))
-        if cache is self.cache:  # token_order's tensors for the cache's gradient by rows (T6.6): the same sort
-            self.row_sources[: order.numel()].copy_(order // row_ids.size(1))
-            self.row_places[: place.numel()].copy_(place)
-            self.row_starts.copy_(run_starts(place, cache.size(0)))
         # at world size 1 the padding reads the scratch row
         cache[: distinct.numel()].copy_(self.weight[distinct] if self.world == 1 else self.fetch(distinct))
         return distinct
@@ -5237,96 +5204,6 @@ def qk_norm_rope(qkv: Tensor, v_extra: Tensor | None, cos: Tensor, sin: Tensor, 
     if kernels:
         return QKNormRope.apply(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
     return qk_norm_rope_reference(qkv, v_extra, cos, sin, scale, heads, qk_head_dim, paired, key_offset)
-
-
-# --- Token tables' gradients by row (T6.6) -------------------------------------------------------------------
-# table[ids]'s gradient is, in autograd and in inductor, index_put with accumulate: one atomic add per token and column
-# into a zero-filled table, so a frequent token's row takes its adds in turn. Here the forward's ids are sorted once
-# (token_order, shared by embed and value_embeds; the n-gram cache's rows come sorted from NgramTable.load), and a
-# program per block of ROWS table rows and BLOCK_D columns takes the sorted tokens of its rows CHUNK at a time: their
-# gradient rows gathered, summed into the rows by a one-hot product (exact products, fp32 sums), every row of the
-# block written once, zeros where no token. No atomics, no zero fill, the same sums each run.
-def token_order(ids: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The positions of ids (N,) sorted by id (stable: the kernel's sums in one order), the sorted ids, and where each
-    id's positions start among them (run_starts): int32, static shapes, no host sync."""
-    ordered, order = ids.int().sort(stable=True)
-    return order.int(), ordered, run_starts(ordered, rows)
-
-
-def run_starts(ordered: Tensor, rows: int) -> Tensor:
-    """Where each of the rows' runs starts in the sorted row ids `ordered` ((rows + 1,) int32; the last is N)."""
-    return torch.searchsorted(ordered, torch.arange(rows + 1, dtype=ordered.dtype, device=ordered.device)).int()
-
-
-if triton is not None:
-    @triton.jit
-    def _token_rows_backward_kernel(grad_ptr, order_ptr, ordered_ptr, starts_ptr, out_ptr, V, D,
-                                    ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
-                                    UPCAST: tl.constexpr):
-        # out[r, cols] = Σ grad[order[k], cols] over the sorted tokens k of row r, for the block's rows r
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-        in_cols = cols < D
-        first = tl.load(starts_ptr + tl.program_id(0) * ROWS)
-        end = tl.load(starts_ptr + tl.minimum(tl.program_id(0) * ROWS + ROWS, V))
-        total = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
-        for k0 in range(first, end, CHUNK):
-            k = k0 + tl.arange(0, CHUNK)
-            taken = k < end
-            tokens = tl.load(order_ptr + k, mask=taken, other=0).to(tl.int64)
-            ids = tl.load(ordered_ptr + k, mask=taken, other=-1)
-            tile = tl.load(grad_ptr + tokens[:, None] * D + cols[None, :], mask=taken[:, None] & in_cols[None, :],
-                           other=0.0)
-            onehot = rows[:, None] == ids[None, :]
-            # fp32 sums exact (not tf32: the owners' sums above world size 1); the interpreter's dot takes no bf16
-            if UPCAST or grad_ptr.dtype.element_ty == tl.float32:
-                total = tl.dot(onehot.to(tl.float32), tile.to(tl.float32), total, input_precision="ieee")
-            else:
-                total = tl.dot(onehot.to(tile.dtype), tile, total)
-        tl.store(out_ptr + rows[:, None].to(tl.int64) * D + cols[None, :],
-                 _to_dtype(total, out_ptr.dtype.element_ty, UPCAST), mask=(rows[:, None] < V) & in_cols[None, :])
-
-
-TOKEN_ROWS_LAUNCH = dict(ROWS=16, CHUNK=64, BLOCK_D=256, num_warps=4)
-
-
-@torch.library.custom_op("speedrun::token_rows_backward", mutates_args=())
-def token_rows_backward(grad: Tensor, order: Tensor, ordered: Tensor, starts: Tensor, out_dtype: torch.dtype) -> Tensor:
-    """The gradient (rows, D) of table[ids] from grad (N, D), contiguous, with token_order(ids, rows)'s tensors, in
-    out_dtype (the sums are fp32 either way)."""
-    launch = dict(TOKEN_ROWS_LAUNCH)
-    launch["BLOCK_D"] = min(launch["BLOCK_D"], max(16, triton.next_power_of_2(grad.size(1))))
-    rows = starts.numel() - 1
-    out = grad.new_empty((rows, grad.size(1)), dtype=out_dtype)
-    grid = (triton.cdiv(rows, launch["ROWS"]), triton.cdiv(grad.size(1), launch["BLOCK_D"]))
-    _token_rows_backward_kernel[grid](grad, order, ordered, starts, out, rows, grad.size(1),
-                                      UPCAST=TRITON_INTERPRETER, **launch)
-    return out
-
-
-@token_rows_backward.register_fake
-def _token_rows_backward_fake(grad, order, ordered, starts, out_dtype):
-    return grad.new_empty((starts.numel() - 1, grad.size(1)), dtype=out_dtype)
-
-
-class TokenRows(torch.autograd.Function):
-    """table[ids] (ids (N,)), or table[ids].sum(1) (ids (N, k): the n-gram cache's orders; `order` then holds each
-    sorted entry's row of ids, the row of grad it reads), its gradient by token_rows_backward."""
-
-    @staticmethod
-    def forward(ctx, table: Tensor, ids: Tensor, order: Tensor, ordered: Tensor, starts: Tensor):
-        ctx.save_for_backward(order, ordered, starts)
-        return table[ids] if ids.dim() == 1 else table[ids].sum(1)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return token_rows_backward(grad.contiguous(), *ctx.saved_tensors, grad.dtype), None, None, None, None
-
-
-def token_rows(table: Tensor, ids: Tensor, order: tuple[Tensor, Tensor, Tensor] | None) -> Tensor:
-    """table[ids] (the reference: autograd's index_put gradient); with `order` (token_order(ids, table rows), where the
-    plan's token_rows_kernel says) its gradient by the sorted row-sum kernel."""
-    return table[ids] if order is None else TokenRows.apply(table, ids, *order)
 
 
 # --- Lightweight DC-MHA (T3.17) -----------------------------------------------------------------------

@@ -21,9 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = None  # the train_gpt module under test (main loads it)
 
 
-def gpu_time(fn, calls=20, own_prefix="_copy_"):
-    """(all kernels, the kernels named own_prefix... (the pointer's)) device ms per call of fn, after 3 warm-up
-    calls."""
+def gpu_time(fn, calls=20):
+    """(all kernels, the pointer's kernels) device ms per call of fn, after 3 warm-up calls."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -33,7 +32,7 @@ def gpu_time(fn, calls=20, own_prefix="_copy_"):
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     total = sum(e.device_time for e in kernels)
-    own = sum(e.device_time for e in kernels if e.name.startswith(own_prefix))
+    own = sum(e.device_time for e in kernels if e.name.startswith("_copy_"))
     return total / calls / 1000, own / calls / 1000
 
 

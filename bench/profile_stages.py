@@ -89,7 +89,7 @@ GROUPS = [
     ("RMSNorm/residual fusions", r"rms_?norm|(?:^|_)(?:rsqrt|mean|pow)(?:_|$)"),
     ("FP8 quantize/transpose", r"(?:^|_)(?:_scaled_mm(?:_|$)|clamp(?:_(?!max|min)|$))"),
     ("embeddings (index, index_put)", r"(?:^|_)(?:index|index_select|index_put|index_add|embedding\w*)(?:_|$)"
-                                      r"|indexselect|indexing_backward|index_elementwise|_token_rows_"),  # T6.6
+                                      r"|indexselect|indexing_backward|index_elementwise"),
     ("gates (sigmoid)", r"(?:^|_)sigmoid(?:_|$)"),  # attention output, value-embedding, smear and skip gates
     ("copies/memset", r"^mem(?:cpy|set)|direct_copy|catarraybatchedcopy|copy_kernel|fillfunctor"
                       r"|^triton_[a-z]{3}_fused(?:_(?:" + "|".join(_LAYOUT_OPS) + r"))+_\d+$"),

@@ -105,7 +105,7 @@ def test_the_trainer_logs_one_line_per_distinct_plan(corpus):
                                                              max_seq_len=(128, 256, 256, 256, 256)))
     trainer = T.Trainer(hp, 0, 1, torch.device("cpu"), lines.append)
     plans = [line for line in lines if line.startswith("execution plan")]
-    rest = "dc_mha_kernel=0 qk_rope_kernel=0 copy_kernel=0 token_rows_kernel=0"
+    rest = "dc_mha_kernel=0 qk_rope_kernel=0 copy_kernel=0"
     fused = "attention=sdpa mlp_fused=1 mlp_kernel=0 mlp_e4m3=0 qkv_e4m3=0 lm_head_fp8=0"
     assert plans == [f"execution plan (stage 1): {fused} ce_candidates=10240 {rest} evaluation_chunk=0",
                      f"execution plan (stage 2): {fused} ce_candidates=14336 {rest} evaluation_chunk=0",
@@ -195,12 +195,3 @@ def test_a_removed_setting_says_so():
                       ("NARROW_VO_LAYERS", "narrow V/O heads")):
         with pytest.raises(T.SetupError, match=f"^{name} was removed: {why}.*; unset it$"):
             T.Hyperparameters.from_env({name: "1"})
-
-
-def test_the_token_rows_kernel_takes_the_training_forwards_on_cuda(hopper):
-    """embed's and value_embeds' gradients by the sorted row-sum kernel (T6.6) in every CUDA training forward; not in
-    evaluation (no backward: the sort would be wasted), never on the CPU."""
-    for n in (1024, 16384, 49152):
-        assert plan(hopper, n).token_rows_kernel
-    assert not plan(hopper, 262144, training=False).token_rows_kernel
-    assert not plan(torch.device("cpu"), 49152).token_rows_kernel

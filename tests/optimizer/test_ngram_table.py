@@ -70,21 +70,6 @@ def test_padded_unique_is_torch_unique_with_a_static_shape():
     assert torch.equal(inverse, expected_inverse)
 
 
-def test_load_writes_the_sorted_order_of_the_caches_rows_for_the_row_kernel():
-    """After a load, the cache's gradient by rows (T6.6) has token_order's tensors for `inverse`: each (position,
-    order) entry once as (its position, its cache row), sorted by row, and where each cache row's entries start."""
-    from collections import Counter
-    ngram = table(rows=40, tokens=64)
-    ids = torch.randint(0, 30, (50,))
-    ngram.load(ids)
-    entries = ngram.inverse[:50].flatten()
-    positions, places = ngram.row_sources[:100], ngram.row_places[:100]
-    assert Counter(zip(positions.tolist(), places.tolist())) == Counter(
-        (e // 2, int(row)) for e, row in enumerate(entries.tolist()))
-    assert torch.all(places[1:] >= places[:-1])
-    assert ngram.row_starts.tolist() == [int((entries < r).sum()) for r in range(ngram.cache.size(0) + 1)]
-
-
 def summed_parts(parts: list[tuple[torch.Tensor, torch.Tensor]], fill: int) -> dict[int, torch.Tensor]:
     """Each row id's gradient summed over the (row ids, gradients) parts in float64, the padding `fill` left out."""
     sums: dict[int, torch.Tensor] = {}

@@ -83,7 +83,6 @@ KERNELS = [
     ("triton_poi_fused__to_copy_add_index_put_mul_new_zeros_slice_slice_backward_transpose_unsqueeze_view_4", EMBED),
     ("void at::native::(anonymous namespace)::indexing_backward_kernel<c10::BFloat16, 4>(long const*, long const*, "
      "c10::BFloat16 const*, c10::BFloat16*, long, long, long, long, bool)", EMBED),
-    ("_token_rows_backward_kernel", EMBED),  # T6.6
     ("triton_poi_fused__to_copy_clone_mul_sigmoid_transpose_unsqueeze_40", GATES),
     ("triton_per_fused__to_copy_mul_sigmoid_sigmoid_backward_squeeze_sum_transpose_view_9", GATES),
     # copies, casts, fills
