@@ -1,7 +1,8 @@
 """Microbenchmark: the fused soft-capped cross-entropy and the lm_head + loss.
 
 (a) the fused kernel (e5m2 and bf16 gradient) against torch.compile'd references of the same
-    forward+backward: the closed-form reference and autograd through the previous formulation;
+    forward+backward: the closed-form reference and autograd through the previous formulation; at each of
+    --widths (logits per row: the vocabulary, or a sampled budget's candidates, T4.6);
 (b) the whole lm_head + loss forward+backward (compiled as in training), FP8 against bf16, with a
     breakdown of the FP8 path's pieces;
 (c) the transpose copy of the e5m2 gradient;
@@ -11,6 +12,8 @@ logits, one write of the gradient).
 
     python bench/bench_cross_entropy.py                         # defaults of train_gpt.py
     python bench/bench_cross_entropy.py --num-warps 8,16,32 --programs-per-sm 1,2
+    python bench/bench_cross_entropy.py --widths 10240,14336 --num-warps 4,8,16 --programs-per-sm 1,2,3 \
+        --skip-lm-head --skip-transpose
     python bench/bench_cross_entropy.py --tokens 49152 --fast-tanh 0,1 --transpose-blocks 64x128,128x128 --skip-lm-head
     python bench/bench_cross_entropy.py --candidates 10240,14336,24576 --skip-kernel --skip-lm-head --skip-transpose
 """
@@ -42,11 +45,11 @@ def bench(fn):
     return do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
-def problem(tokens, device="cuda"):
-    """Logits ~ N(0, 3) in bf16; token-like targets (t+k columns, −1 past the end); stage weights."""
+def problem(tokens, width=V, device="cuda"):
+    """Logits ~ N(0, 3) in bf16, `width` a row; token-like targets (t+k columns, −1 past the end); stage weights."""
     N = MTP_COLUMNS.get(tokens, 1)
-    logits = (torch.randn(tokens, V, device=device) * 3).bfloat16()
-    ids = torch.randint(0, min(V, 50257), (tokens,), device=device)  # GPT-2 ids; the rest is padding
+    logits = (torch.randn(tokens, width, device=device) * 3).bfloat16()
+    ids = torch.randint(0, min(width, 50257), (tokens,), device=device)  # GPT-2 ids; the rest is padding
     ahead = torch.arange(tokens, device=device)[:, None] + torch.arange(N, device=device)
     targets = torch.where(ahead < tokens, ids[ahead.clamp_max(tokens - 1)], -1)
     weights = torch.tensor([1.0, 0.5, 0.125][:N], device=device)
@@ -61,11 +64,11 @@ def previous_formulation(logits, targets, weights):
     return (ce * weights * valid).sum()
 
 
-def kernel_rows(tokens, args, ref_closed_form, ref_autograd):
-    """Section (a)'s rows at one token count. Its problem's tensors are freed when it returns (a function per
-    size rather than `del` in the loop: the timed lambdas close over them)."""
+def kernel_rows(tokens, width, args, ref_closed_form, ref_autograd):
+    """Section (a)'s rows at one token count and row width. Its problem's tensors are freed when it returns (a
+    function per size rather than `del` in the loop: the timed lambdas close over them)."""
     rows = []
-    logits, targets, weights = problem(tokens)
+    logits, targets, weights = problem(tokens, width)
     check = slice(0, 2048)  # rows are independent: a slice against the float64 reference
     for grad_dtype, grad_mul in ((torch.float8_e5m2, 1 / T.FP8_GRAD_SCALE), (torch.bfloat16, 1.0)):
         ref = T.softcap_ce_reference(logits[check].double(), targets[check], weights, grad_mul, torch.float64)
@@ -75,8 +78,8 @@ def kernel_rows(tokens, args, ref_closed_form, ref_autograd):
             errors = [rel(out[0][check], ref[0]), rel(out[1][check], ref[1]),
                       rel(out[2][check].float(), ref[2].float())]
             ms = bench(lambda: T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, **config))
-            floor = tokens * V * (2 + out[2].element_size()) / HBM_BYTES_PER_MS
-            rows.append((tokens, targets.size(1), str(grad_dtype).split(".")[1], warps, per_sm, fast, ms,
+            floor = tokens * width * (2 + out[2].element_size()) / HBM_BYTES_PER_MS
+            rows.append((tokens, width, targets.size(1), str(grad_dtype).split(".")[1], warps, per_sm, fast, ms,
                          floor, *errors))
             del out
     ms_closed = bench(lambda: ref_closed_form(logits, targets, weights, 1.0, torch.bfloat16))
@@ -86,8 +89,8 @@ def kernel_rows(tokens, args, ref_closed_form, ref_autograd):
         leaf.grad = None
         ref_autograd(leaf, targets, weights).backward()
     ms_autograd = bench(autograd_step)
-    rows.append((tokens, targets.size(1), "compiled closed-form reference (bf16 grad)", ms_closed))
-    rows.append((tokens, targets.size(1), "compiled autograd, previous formulation", ms_autograd))
+    rows.append((tokens, width, targets.size(1), "compiled closed-form reference (bf16 grad)", ms_closed))
+    rows.append((tokens, width, targets.size(1), "compiled autograd, previous formulation", ms_autograd))
     return rows
 
 
@@ -95,20 +98,20 @@ def section_kernel(args):
     ref_closed_form = torch.compile(T.softcap_ce_reference, dynamic=False, fullgraph=True)
     ref_autograd = torch.compile(previous_formulation, dynamic=False, fullgraph=True)
     rows = []
-    for tokens in args.tokens:
-        rows += kernel_rows(tokens, args, ref_closed_form, ref_autograd)
+    for tokens, width in itertools.product(args.tokens, args.widths):
+        rows += kernel_rows(tokens, width, args, ref_closed_form, ref_autograd)
         torch.cuda.empty_cache()
     print("\n(a) fused kernel, median ms (floor: logits read + gradient write at 3.0 TB/s; errors against float64,"
           " the gradient's include its rounding to e5m2 / bf16)")
-    print(f"{'T':>6} {'N':>2} {'grad':>10} {'warps':>5} {'prog/SM':>7} {'fast':>4} | {'ms':>7} | "
+    print(f"{'T':>6} {'width':>6} {'N':>2} {'grad':>10} {'warps':>5} {'prog/SM':>7} {'fast':>4} | {'ms':>7} | "
           f"{'floor':>6} | {'GB/s':>6} | err loss | err ce0 | err grad")
     for r in rows:
-        if len(r) == 4:
-            print(f"{r[0]:>6} {r[1]:>2} {r[2]:>29} | {r[3]:7.3f}")
+        if len(r) == 5:
+            print(f"{r[0]:>6} {r[1]:>6} {r[2]:>2} {r[3]:>29} | {r[4]:7.3f}")
         else:
-            tokens, N, grad, warps, per_sm, fast, ms, floor, e0, e1, e2 = r
+            tokens, width, N, grad, warps, per_sm, fast, ms, floor, e0, e1, e2 = r
             gbs = floor * 3000 / ms
-            print(f"{tokens:>6} {N:>2} {grad:>10} {warps:>5} {per_sm:>7} {fast:>4} | {ms:7.3f} | "
+            print(f"{tokens:>6} {width:>6} {N:>2} {grad:>10} {warps:>5} {per_sm:>7} {fast:>4} | {ms:7.3f} | "
                   f"{floor:6.3f} | {gbs:6.0f} | {e0:.1e} | {e1:.1e} | {e2:.1e}")
 
 
@@ -262,6 +265,7 @@ def section_sampled(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=ints, default=[16384, 32768, 49152])
+    parser.add_argument("--widths", type=ints, default=[V])  # (a): logits per row (sampled budgets' candidates)
     parser.add_argument("--num-warps", type=ints, default=[16])  # train_gpt.softcap_ce's defaults
     parser.add_argument("--programs-per-sm", type=ints, default=[1])
     parser.add_argument("--fast-tanh", type=ints, default=[1])
