@@ -13,7 +13,7 @@ logits, one write of the gradient).
     python bench/bench_cross_entropy.py                         # defaults of train_gpt.py
     python bench/bench_cross_entropy.py --num-warps 8,16,32 --programs-per-sm 1,2
     python bench/bench_cross_entropy.py --widths 10240,14336 --num-warps 4,8,16 --programs-per-sm 1,2,3 \
-        --skip-lm-head --skip-transpose
+        --skip-references --skip-lm-head --skip-transpose
     python bench/bench_cross_entropy.py --tokens 49152 --fast-tanh 0,1 --transpose-blocks 64x128,128x128 --skip-lm-head
     python bench/bench_cross_entropy.py --candidates 10240,14336,24576 --skip-kernel --skip-lm-head --skip-transpose
 """
@@ -82,6 +82,8 @@ def kernel_rows(tokens, width, args, ref_closed_form, ref_autograd):
             rows.append((tokens, width, targets.size(1), str(grad_dtype).split(".")[1], warps, per_sm, fast, ms,
                          floor, *errors))
             del out
+    if args.skip_references:
+        return rows
     ms_closed = bench(lambda: ref_closed_form(logits, targets, weights, 1.0, torch.bfloat16))
     leaf = logits.clone().requires_grad_()
 
@@ -272,6 +274,7 @@ def main():
     parser.add_argument("--transpose-blocks", type=lambda s: s.split(","), default=["64x128", "128x128", "64x256"])
     parser.add_argument("--candidates", type=ints, default=[])  # (d): sampled budgets, e.g. 10240,14336,24576
     parser.add_argument("--skip-kernel", action="store_true")
+    parser.add_argument("--skip-references", action="store_true", help="(a) without the compiled references' times")
     parser.add_argument("--skip-lm-head", action="store_true")
     parser.add_argument("--skip-transpose", action="store_true")
     args = parser.parse_args()

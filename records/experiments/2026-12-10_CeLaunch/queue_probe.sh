@@ -8,7 +8,7 @@
 need_shards 1 2 3 4 5
 watch_gpus 60
 check 0 bench_ce 420 python bench/bench_cross_entropy.py --tokens 16384,32768,49152 --widths 10240,14336 \
-    --num-warps 4,8,16,32 --programs-per-sm 1,2,3,4 --skip-lm-head --skip-transpose
+    --num-warps 4,8,16,32 --programs-per-sm 1,2,3,4 --skip-references --skip-lm-head --skip-transpose
 SHAPE="NUM_SCHEDULED_ITERATIONS=1350 STAGE_CE_CANDIDATES=10240,10240,14336,0,0"
 SHAPE="$SHAPE STAGE_BATCH_TOKENS=131072,262144,393216,327680,131072"
 # shellcheck disable=SC2086

@@ -1,0 +1,44 @@
+"""bench/bench_cross_entropy.py section (a) on the CPU: one row per width, gradient dtype and launch, the problem
+and its floor at that row width (--widths: the sampled budgets' candidates), the references skipped on request."""
+import os
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+pytest.importorskip("triton")
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import bench_cross_entropy as B  # noqa: E402
+
+
+def test_the_kernel_section_runs_each_row_width(monkeypatch, capsys):
+    shapes = []
+
+    def cpu_problem(tokens, width=B.V):
+        logits, targets, weights = B.problem.__wrapped__(tokens, width, device="cpu")
+        shapes.append(tuple(logits.shape))
+        return logits, targets, weights
+
+    cpu_problem.__wrapped__ = B.problem
+    monkeypatch.setattr(B, "problem", cpu_problem)
+    monkeypatch.setattr(B.T, "_sm_count", lambda device: 2)
+    monkeypatch.setattr(B, "bench", lambda fn: (fn(), 0.25)[1])
+
+    class Args:
+        tokens, widths, num_warps, programs_per_sm, fast_tanh, skip_references = [48], [96, 130], [8], [1, 2], [1], True
+
+    B.section_kernel(Args)
+    assert shapes == [(48, 96), (48, 130)]  # 130: the row's parts 128 + 2 (masked), as vocab_parts splits it
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("    48 ")]
+    assert len(lines) == 2 * 2 * 2  # widths × gradient dtypes × programs an SM; no reference rows
+    assert sorted((int(f[1]), f[3], f[5]) for f in lines) == sorted(
+        (w, g, p) for w in (96, 130) for g in ("bfloat16", "float8_e5m2") for p in ("1", "2"))
+    assert all(f[4] == "8" and float(f[14]) < 1e-5 and float(f[16]) < 1e-5 for f in lines)  # loss, ce0 vs float64
+    shapes.clear()
+    rows = B.kernel_rows(4096, 130, Args, None, None)  # the floor: one read of the logits, one write of the gradient
+    assert shapes == [(4096, 130)] and len(rows) == 4
+    for tokens, width, _, grad, *_, floor, _, _, _ in rows:
+        element = 1 if grad == "float8_e5m2" else 2
+        assert (tokens, width) == (4096, 130)
+        assert floor == pytest.approx(4096 * 130 * (2 + element) / B.HBM_BYTES_PER_MS)
