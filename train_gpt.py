@@ -3886,7 +3886,7 @@ if triton is not None:
                            CAP: tl.constexpr, SHIFT: tl.constexpr, TEMPERATURE: tl.constexpr,
                            N_TARGETS: tl.constexpr, N_PAD: tl.constexpr, PART_A: tl.constexpr, PART_B: tl.constexpr,
                            PART_C: tl.constexpr, SATURATE_AT: tl.constexpr, FAST_TANH: tl.constexpr,
-                           COPY: tl.constexpr):
+                           COPY: tl.constexpr, PREFETCH: tl.constexpr):
         LOG2E: tl.constexpr = 1.4426950408889634
         HALF: tl.constexpr = CAP * 0.5
         k = tl.arange(0, N_PAD)
@@ -3901,15 +3901,29 @@ if triton is not None:
         first_row, programs = tl.program_id(0).to(tl.int64), tl.num_programs(0)
         if COPY:
             column = tl.load(copy_column_ptr)
+        if PREFETCH:  # the first row's loads before the loop; each iteration then loads the next row's
+            u_a = _load_part(logits_ptr + first_row * stride_logits, offs_a, V, False)
+            if PART_B > 0:
+                u_b = _load_part(logits_ptr + first_row * stride_logits, offs_b, V, False)
+            if PART_C > 0:
+                u_c = _load_part(logits_ptr + first_row * stride_logits, offs_c, V, True)
         for i in range(0, tl.cdiv(n_rows - first_row, programs)):
             row = first_row + i * programs
             u_row = logits_ptr + row * stride_logits
             g_row = grad_ptr + row * stride_grad
-            u_a = _load_part(u_row, offs_a, V, False)  # every load of the row in flight at once
-            if PART_B > 0:
-                u_b = _load_part(u_row, offs_b, V, False)
-            if PART_C > 0:
-                u_c = _load_part(u_row, offs_c, V, True)
+            if PREFETCH:  # the next row's loads in flight over this row's sums and stores (the last reloads a row)
+                next_row = logits_ptr + tl.minimum(row + programs, n_rows - 1) * stride_logits
+                next_a = _load_part(next_row, offs_a, V, False)
+                if PART_B > 0:
+                    next_b = _load_part(next_row, offs_b, V, False)
+                if PART_C > 0:
+                    next_c = _load_part(next_row, offs_c, V, True)
+            else:
+                u_a = _load_part(u_row, offs_a, V, False)  # every load of the row in flight at once
+                if PART_B > 0:
+                    u_b = _load_part(u_row, offs_b, V, False)
+                if PART_C > 0:
+                    u_c = _load_part(u_row, offs_c, V, True)
             total = _softcap_exp_sum(u_a, offs_a, V, SHIFT, TEMPERATURE, HALF, False, FAST_TANH)
             if PART_B > 0:
                 total += _softcap_exp_sum(u_b, offs_b, V, SHIFT, TEMPERATURE, HALF, False, FAST_TANH)
@@ -3955,6 +3969,12 @@ if triton is not None:
             if SATURATE_AT > 0:
                 g_y = tl.minimum(tl.maximum(g_y, -SATURATE_AT), SATURATE_AT)
             tl.store(g_row + ys, g_y.to(grad_ptr.dtype.element_ty), mask=valid)
+            if PREFETCH:
+                u_a = next_a
+                if PART_B > 0:
+                    u_b = next_b
+                if PART_C > 0:
+                    u_c = next_c
 
     @triton.jit
     def _transpose_kernel(src_ptr, dst_ptr, M, N, stride_src, stride_dst, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -3979,10 +3999,11 @@ def vocab_parts(V: int) -> tuple[int, int, int]:
 def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float, grad_dtype: torch.dtype,
                use_triton: bool | None = None, num_warps: int = 16, programs: int | None = None,
                fast_tanh: bool | None = None, copy: tuple[Tensor, Tensor, Tensor] | None = None,
-               ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+               prefetch: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """softcap_ce_reference's function; the fused Triton kernel where use_triton (default: CUDA). programs: persistent
     programs (default one per SM: a 50,304-logit row fills an SM's registers at 16 warps, 128 per thread; larger
-    vocabularies spill; T4.4). fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter)."""
+    vocabularies spill; T4.4). fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter).
+    prefetch: each program loads its next row while it sums and stores the current one (two rows in registers)."""
     if not (triton_applies(logits) if use_triton is None else use_triton):
         return softcap_ce_reference(logits, targets, weights, grad_mul, grad_dtype, copy)
     T, V = logits.shape
@@ -4007,7 +4028,7 @@ def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float
         TEMPERATURE=SOFTCAP_TEMPERATURE, N_TARGETS=N, N_PAD=max(2, triton.next_power_of_2(N + (copy is not None))),
         PART_A=part_a, PART_B=part_b, PART_C=part_c,
         SATURATE_AT=E5M2_MAX if grad_dtype == torch.float8_e5m2 else 0.0, FAST_TANH=fast_tanh,
-        COPY=copy is not None, num_warps=num_warps)
+        COPY=copy is not None, PREFETCH=prefetch, num_warps=num_warps)
     return loss_rows, ce0_rows, grad, copy_grad
 
 

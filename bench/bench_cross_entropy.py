@@ -13,7 +13,7 @@ logits, one write of the gradient).
     python bench/bench_cross_entropy.py                         # defaults of train_gpt.py
     python bench/bench_cross_entropy.py --num-warps 8,16,32 --programs-per-sm 1,2
     python bench/bench_cross_entropy.py --widths 10240,14336 --num-warps 4,8,16 --programs-per-sm 1,2,3 \
-        --skip-references --skip-lm-head --skip-transpose
+        --prefetch 0,1 --skip-references --skip-lm-head --skip-transpose
     python bench/bench_cross_entropy.py --tokens 49152 --fast-tanh 0,1 --transpose-blocks 64x128,128x128 --skip-lm-head
     python bench/bench_cross_entropy.py --candidates 10240,14336,24576 --skip-kernel --skip-lm-head --skip-transpose
 """
@@ -72,15 +72,17 @@ def kernel_rows(tokens, width, args, ref_closed_form, ref_autograd):
     check = slice(0, 2048)  # rows are independent: a slice against the float64 reference
     for grad_dtype, grad_mul in ((torch.float8_e5m2, 1 / T.FP8_GRAD_SCALE), (torch.bfloat16, 1.0)):
         ref = T.softcap_ce_reference(logits[check].double(), targets[check], weights, grad_mul, torch.float64)
-        for warps, per_sm, fast in itertools.product(args.num_warps, args.programs_per_sm, args.fast_tanh):
-            config = dict(num_warps=warps, programs=per_sm * T._sm_count(logits.device), fast_tanh=bool(fast))
+        for warps, per_sm, fast, ahead in itertools.product(args.num_warps, args.programs_per_sm, args.fast_tanh,
+                                                            args.prefetch):
+            config = dict(num_warps=warps, programs=per_sm * T._sm_count(logits.device), fast_tanh=bool(fast),
+                          prefetch=bool(ahead))
             out = T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, **config)
             errors = [rel(out[0][check], ref[0]), rel(out[1][check], ref[1]),
                       rel(out[2][check].float(), ref[2].float())]
             ms = bench(lambda: T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, **config))
             floor = tokens * width * (2 + out[2].element_size()) / HBM_BYTES_PER_MS
-            rows.append((tokens, width, targets.size(1), str(grad_dtype).split(".")[1], warps, per_sm, fast, ms,
-                         floor, *errors))
+            rows.append((tokens, width, targets.size(1), str(grad_dtype).split(".")[1], warps, per_sm, fast, ahead,
+                         ms, floor, *errors))
             del out
     if args.skip_references:
         return rows
@@ -105,16 +107,16 @@ def section_kernel(args):
         torch.cuda.empty_cache()
     print("\n(a) fused kernel, median ms (floor: logits read + gradient write at 3.0 TB/s; errors against float64,"
           " the gradient's include its rounding to e5m2 / bf16)")
-    print(f"{'T':>6} {'width':>6} {'N':>2} {'grad':>10} {'warps':>5} {'prog/SM':>7} {'fast':>4} | {'ms':>7} | "
-          f"{'floor':>6} | {'GB/s':>6} | err loss | err ce0 | err grad")
+    print(f"{'T':>6} {'width':>6} {'N':>2} {'grad':>10} {'warps':>5} {'prog/SM':>7} {'fast':>4} {'ahead':>5} | "
+          f"{'ms':>7} | {'floor':>6} | {'GB/s':>6} | err loss | err ce0 | err grad")
     for r in rows:
         if len(r) == 5:
-            print(f"{r[0]:>6} {r[1]:>6} {r[2]:>2} {r[3]:>29} | {r[4]:7.3f}")
+            print(f"{r[0]:>6} {r[1]:>6} {r[2]:>2} {r[3]:>35} | {r[4]:7.3f}")
         else:
-            tokens, width, N, grad, warps, per_sm, fast, ms, floor, e0, e1, e2 = r
+            tokens, width, N, grad, warps, per_sm, fast, ahead, ms, floor, e0, e1, e2 = r
             gbs = floor * 3000 / ms
-            print(f"{tokens:>6} {width:>6} {N:>2} {grad:>10} {warps:>5} {per_sm:>7} {fast:>4} | {ms:7.3f} | "
-                  f"{floor:6.3f} | {gbs:6.0f} | {e0:.1e} | {e1:.1e} | {e2:.1e}")
+            print(f"{tokens:>6} {width:>6} {N:>2} {grad:>10} {warps:>5} {per_sm:>7} {fast:>4} {ahead:>5} | "
+                  f"{ms:7.3f} | {floor:6.3f} | {gbs:6.0f} | {e0:.1e} | {e1:.1e} | {e2:.1e}")
 
 
 def lm_head_rows(tokens):
@@ -271,6 +273,7 @@ def main():
     parser.add_argument("--num-warps", type=ints, default=[16])  # train_gpt.softcap_ce's defaults
     parser.add_argument("--programs-per-sm", type=ints, default=[1])
     parser.add_argument("--fast-tanh", type=ints, default=[1])
+    parser.add_argument("--prefetch", type=ints, default=[0])  # (a): the next row's loads ahead (softcap_ce's prefetch)
     parser.add_argument("--transpose-blocks", type=lambda s: s.split(","), default=["64x128", "128x128", "64x256"])
     parser.add_argument("--candidates", type=ints, default=[])  # (d): sampled budgets, e.g. 10240,14336,24576
     parser.add_argument("--skip-kernel", action="store_true")

@@ -63,13 +63,13 @@ INTERPRETER_CHECK = POISON + textwrap.dedent("""
         copy_targets = targets.clone()
         copy_targets[1, 0] = -1
         copy = (torch.tensor([V - 2]), torch.rand(T_rows) * 0.5, torch.rand(T_rows) * 0.3)
-        for (grad_dtype, tol), mixture in itertools.product(((torch.bfloat16, 2e-3), (torch.float8_e5m2, 8e-2)),
-                                                           (False, True)):
+        for (grad_dtype, tol), mixture, prefetch in itertools.product(
+                ((torch.bfloat16, 2e-3), (torch.float8_e5m2, 8e-2)), (False, True), (False, True)):
             args = (logits, copy_targets if mixture else targets, weights, grad_mul, grad_dtype)
             pointer = copy if mixture else None
             ref = T.softcap_ce(*args, use_triton=False, copy=pointer)
-            out = T.softcap_ce(*args, use_triton=True, programs=programs, copy=pointer)
-            case = (T_rows, V, N, programs, grad_mul, str(grad_dtype), mixture)
+            out = T.softcap_ce(*args, use_triton=True, programs=programs, copy=pointer, prefetch=prefetch)
+            case = (T_rows, V, N, programs, grad_mul, str(grad_dtype), mixture, prefetch)
             assert out[2].dtype == grad_dtype and torch.isfinite(out[2].float()).all(), case
             results.append(("loss_rows", case, rel(out[0], ref[0]), 1e-5))
             results.append(("ce0_rows", case, rel(out[1], ref[1]), 1e-5))
@@ -96,7 +96,7 @@ INTERPRETER_CHECK = POISON + textwrap.dedent("""
 def test_kernels_in_the_triton_interpreter():
     """Loss rows, ce0 rows and bf16/e5m2 gradients of the fused kernel (N = 1..4, −1 and duplicate
     targets, each layout of a row's parts, persistent programs, saturation; with and without the copy
-    pointer's mixture, T4.8) and the transpose copy."""
+    pointer's mixture, T4.8; with and without the next row's loads ahead, `prefetch`) and the transpose copy."""
     run_in_triton_interpreter(INTERPRETER_CHECK, timeout=900)
 
 
@@ -263,6 +263,27 @@ def test_fused_kernel_matches_reference_at_full_vocab(N, poisoned):
         out = T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype)
         assert rel_err(out[0], ref[0]) < 1e-3 and rel_err(out[1], ref[1]) < 1e-3
         assert torch.isfinite(out[2].float()).all() and rel_err(out[2].float(), ref[2].float()) < tol
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("V,N,num_warps,per_sm", [(10240, 3, 8, 3), (14336, 1, 16, 1), (14336, 1, 4, 2)])
+def test_fused_kernel_at_sampled_widths_with_and_without_prefetch(V, N, num_warps, per_sm, poisoned):
+    """The sampled budgets' row widths (T4.6) at launches bench_cross_entropy.py sweeps, several rows a program,
+    with the next row's loads ahead (`prefetch`) and without: the same rows as the reference's, and prefetch changes
+    no bit (each row's arithmetic is the same)."""
+    torch.manual_seed(0)
+    logits = (torch.randn(8192, V, device="cuda") * 3).bfloat16()
+    _, _, targets, weights = random_problem(8192, V, 8, N, torch.float32, "cuda")
+    programs = per_sm * T._sm_count(logits.device)
+    for grad_dtype, grad_mul, tol in ((torch.bfloat16, 0.5, 1e-2), (torch.float8_e5m2, 1 / T.FP8_GRAD_SCALE, 8e-2)):
+        ref = T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, use_triton=False)
+        plain, ahead = (T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, num_warps=num_warps,
+                                     programs=programs, prefetch=prefetch) for prefetch in (False, True))
+        assert rel_err(plain[0], ref[0]) < 1e-3 and rel_err(plain[1], ref[1]) < 1e-3
+        assert torch.isfinite(plain[2].float()).all() and rel_err(plain[2].float(), ref[2].float()) < tol
+        bits = [t.view(torch.uint8) if t.element_size() == 1 else t for t in (*plain[:3], *ahead[:3])]
+        assert all(torch.equal(a, b) for a, b in zip(bits[:3], bits[3:]))
 
 
 @cuda

@@ -27,17 +27,18 @@ def test_the_kernel_section_runs_each_row_width(monkeypatch, capsys):
 
     class Args:
         tokens, widths, num_warps, programs_per_sm, fast_tanh, skip_references = [48], [96, 130], [8], [1, 2], [1], True
+        prefetch = [0, 1]
 
     B.section_kernel(Args)
     assert shapes == [(48, 96), (48, 130)]  # 130: the row's parts 128 + 2 (masked), as vocab_parts splits it
     lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("    48 ")]
-    assert len(lines) == 2 * 2 * 2  # widths × gradient dtypes × programs an SM; no reference rows
-    assert sorted((int(f[1]), f[3], f[5]) for f in lines) == sorted(
-        (w, g, p) for w in (96, 130) for g in ("bfloat16", "float8_e5m2") for p in ("1", "2"))
-    assert all(f[4] == "8" and float(f[14]) < 1e-5 and float(f[16]) < 1e-5 for f in lines)  # loss, ce0 vs float64
+    assert len(lines) == 2 * 2 * 2 * 2  # widths × gradient dtypes × programs an SM × prefetch; no reference rows
+    assert sorted((int(f[1]), f[3], f[5], f[7]) for f in lines) == sorted(
+        (w, g, p, a) for w in (96, 130) for g in ("bfloat16", "float8_e5m2") for p in ("1", "2") for a in ("0", "1"))
+    assert all(f[4] == "8" and float(f[15]) < 1e-5 and float(f[17]) < 1e-5 for f in lines)  # loss, ce0 vs float64
     shapes.clear()
     rows = B.kernel_rows(4096, 130, Args, None, None)  # the floor: one read of the logits, one write of the gradient
-    assert shapes == [(4096, 130)] and len(rows) == 4
+    assert shapes == [(4096, 130)] and len(rows) == 8
     for tokens, width, _, grad, *_, floor, _, _, _ in rows:
         element = 1 if grad == "float8_e5m2" else 2
         assert (tokens, width) == (4096, 130)
