@@ -3902,11 +3902,12 @@ if triton is not None:
         if COPY:
             column = tl.load(copy_column_ptr)
         if PREFETCH:  # the first row's loads before the loop; each iteration then loads the next row's
-            u_a = _load_part(logits_ptr + first_row * stride_logits, offs_a, V, False)
+            u_first = logits_ptr + first_row * stride_logits
+            u_a = _load_part(u_first, offs_a, V, False)
             if PART_B > 0:
-                u_b = _load_part(logits_ptr + first_row * stride_logits, offs_b, V, False)
+                u_b = _load_part(u_first, offs_b, V, False)
             if PART_C > 0:
-                u_c = _load_part(logits_ptr + first_row * stride_logits, offs_c, V, True)
+                u_c = _load_part(u_first, offs_c, V, True)
         for i in range(0, tl.cdiv(n_rows - first_row, programs)):
             row = first_row + i * programs
             u_row = logits_ptr + row * stride_logits

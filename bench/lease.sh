@@ -41,7 +41,7 @@
 # FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1, the three cache folders under $CACHE_DIR, NVLink multicast off (NCCL_NVLS_ENABLE=0,
 # TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), L=LEASE_DIR=the log folder and eight
 # functions: `note TEXT` appends "HH:MM:SS TEXT" to $L/status; `arm GPU NAME [VAR=VALUE ...]` runs
-# train_gpt.py alone on GPU with RUN_ID=NAME, SEEDS=1,2,3 (unless given) and LOG_DIR=$L, its output in
+# train_gpt.py (ARM_FILE=PATH arm ...: that file instead) alone on GPU with RUN_ID=NAME, SEEDS=1,2,3 (unless given) and LOG_DIR=$L, its output in
 # $L/NAME.out, and notes its rc; `check GPU NAME SECONDS COMMAND...` runs COMMAND on GPU under a timeout,
 # its output in $L/NAME.out, and notes its rc; `need_shards N...` ends the queue unless $DATA_DIR holds those
 # proxy train shards; `watch_gpus SECONDS` writes $L/gpus.txt and samples the clocks into $L/clocks.txt
@@ -318,11 +318,12 @@ cmd_start() {
     export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=${FLASH_ATTENTION_CUTE_DSL_CACHE_DIR:-$CACHE_DIR/cute}
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     note() { echo "$(date +%H:%M:%S) $*" >> "$L/status"; }
-    # arm GPU NAME [VAR=VALUE ...]: train_gpt.py alone on GPU (SEEDS 1,2,3 unless given), its output in $L/NAME.out
+    # arm GPU NAME [VAR=VALUE ...]: train_gpt.py (or ARM_FILE, e.g. a baseline's staged file) alone on GPU (SEEDS
+    # 1,2,3 unless given), its output in $L/NAME.out
     arm() {
         local gpu=$1 name=$2; shift 2
-        env CUDA_VISIBLE_DEVICES="$gpu" RUN_ID="$name" SEEDS="${SEEDS:-1,2,3}" LOG_DIR="$L" "$@" python train_gpt.py \
-            > "$L/$name.out" 2>&1
+        env CUDA_VISIBLE_DEVICES="$gpu" RUN_ID="$name" SEEDS="${SEEDS:-1,2,3}" LOG_DIR="$L" "$@" \
+            python "${ARM_FILE:-train_gpt.py}" > "$L/$name.out" 2>&1
         note "$name (GPU$gpu) rc=$?"
     }
     # check GPU NAME SECONDS COMMAND...: COMMAND on GPU under a timeout of SECONDS, its output in $L/NAME.out

@@ -83,12 +83,14 @@ def test_start_poll_collect(tmp_path):
 
 
 def test_the_queue_runs_arms_and_checks_on_their_gpus(tmp_path):
-    """`arm` runs train_gpt.py with its GPU, RUN_ID, SEEDS (1,2,3 unless the arm gives them), LOG_DIR and the
-    arm's settings; `check` runs a command on its GPU under a timeout; both log to $L/NAME.out and note the rc."""
+    """`arm` runs train_gpt.py (ARM_FILE: another file) with its GPU, RUN_ID, SEEDS (1,2,3 unless the arm gives
+    them), LOG_DIR and the arm's settings; `check` runs a command on its GPU under a timeout; both log to
+    $L/NAME.out and note the rc."""
     (tmp_path / "train_gpt.py").write_text(
         "import os\nprint(*(os.environ.get(k) for k in ('CUDA_VISIBLE_DEVICES', 'RUN_ID', 'SEEDS', 'LOG_DIR', 'X')))\n")
+    (tmp_path / "base.py").write_text("import os\nprint('base', os.environ.get('RUN_ID'))\n")
     queue = tmp_path / "queue.sh"
-    queue.write_text('arm 2 plain; arm 1 seeded SEEDS=4,5 X=7\n'
+    queue.write_text(f'arm 2 plain; arm 1 seeded SEEDS=4,5 X=7; ARM_FILE={tmp_path / "base.py"} arm 0 base\n'
                      'check 3 probe 5 bash -c \'echo gpu $CUDA_VISIBLE_DEVICES\'; check 0 slow 1 sleep 5\n')
     try:
         assert lease(tmp_path, "start", str(queue)).returncode == 0
@@ -97,6 +99,7 @@ def test_the_queue_runs_arms_and_checks_on_their_gpus(tmp_path):
         q = tmp_path / "q"
         assert (q / "plain.out").read_text().split() == ["2", "plain", "1,2,3", str(q), "None"]
         assert (q / "seeded.out").read_text().split() == ["1", "seeded", "4,5", str(q), "7"]
+        assert (q / "base.out").read_text().split() == ["base", "base"]
         assert (q / "probe.out").read_text().strip() == "gpu 3"
         status = (q / "status").read_text()
         assert "plain (GPU2) rc=0" in status and "seeded (GPU1) rc=0" in status and "probe rc=0" in status

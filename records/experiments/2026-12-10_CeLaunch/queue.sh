@@ -18,9 +18,7 @@ SHAPE="$SHAPE STAGE_BATCH_TOKENS=131072,262144,393216,327680,131072"
 # shellcheck disable=SC2086
 arm 0 v78c GPU_MEMORY_GIB=77 $SHAPE
 stop_beside b7ec_compile
-env CUDA_VISIBLE_DEVICES=0 RUN_ID=b7ec SEEDS=1,2,3 LOG_DIR="$L" GPU_MEMORY_GIB=77 python /tmp/stage/base_7ec2b2e.py \
-    > "$L/b7ec.out" 2>&1
-note "b7ec rc=$?"
+ARM_FILE=/tmp/stage/base_7ec2b2e.py arm 0 b7ec GPU_MEMORY_GIB=77
 python records/tool.py stages "$L"/v78c_s*.txt "$L"/b7ec_s*.txt > "$L/stages.md" 2>&1
 note "stages rc=$?"
 mkdir -p "$L/inductor_code"
