@@ -3997,14 +3997,25 @@ def vocab_parts(V: int) -> tuple[int, int, int]:
     return part_a, part_b, (1 << (rest - 1).bit_length()) if rest else 0
 
 
+# The kernel's launch by row width (T4.1): (widest row, num_warps, persistent programs per SM, prefetch), the first
+# entry at least as wide as the row. A 50,304-logit row fills an SM's registers at 16 warps, 128 a thread (one row in
+# flight; larger vocabularies spill, T4.4); the sampled budgets' narrower rows (T4.6) leave room for more.
+CE_LAUNCH = ((1 << 62, 16, 1, False),)
+
+
+def ce_launch(width: int) -> tuple[int, int, bool]:
+    """(num_warps, programs per SM, prefetch) of the fused cross-entropy at rows `width` logits wide (CE_LAUNCH)."""
+    return next((warps, per_sm, prefetch) for widest, warps, per_sm, prefetch in CE_LAUNCH if width <= widest)
+
+
 def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float, grad_dtype: torch.dtype,
-               use_triton: bool | None = None, num_warps: int = 16, programs: int | None = None,
+               use_triton: bool | None = None, num_warps: int | None = None, programs: int | None = None,
                fast_tanh: bool | None = None, copy: tuple[Tensor, Tensor, Tensor] | None = None,
-               prefetch: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """softcap_ce_reference's function; the fused Triton kernel where use_triton (default: CUDA). programs: persistent
-    programs (default one per SM: a 50,304-logit row fills an SM's registers at 16 warps, 128 per thread; larger
-    vocabularies spill; T4.4). fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter).
-    prefetch: each program loads its next row while it sums and stores the current one (two rows in registers)."""
+               prefetch: bool | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """softcap_ce_reference's function; the fused Triton kernel where use_triton (default: CUDA), launched as
+    ce_launch(row width) says unless num_warps, programs (persistent programs in all) or prefetch are given.
+    fast_tanh: tanh.approx.f32 (default on, except in Triton's CPU interpreter). prefetch: each program loads its next
+    row while it sums and stores the current one (two rows in registers)."""
     if not (triton_applies(logits) if use_triton is None else use_triton):
         return softcap_ce_reference(logits, targets, weights, grad_mul, grad_dtype, copy)
     T, V = logits.shape
@@ -4018,8 +4029,11 @@ def softcap_ce(logits: Tensor, targets: Tensor, weights: Tensor, grad_mul: float
     grad = torch.empty((T, V), dtype=grad_dtype, device=logits.device)
     copy_column, p_copy, a_sink = copy if copy is not None else (None, None, None)
     copy_grad = torch.empty((T, 2), dtype=torch.float32, device=logits.device) if copy is not None else None
+    warps_by_width, per_sm, prefetch_by_width = ce_launch(V)
+    num_warps = warps_by_width if num_warps is None else num_warps
+    prefetch = prefetch_by_width if prefetch is None else prefetch
     if programs is None:
-        programs = T if interpreting else _sm_count(logits.device)
+        programs = T if interpreting else per_sm * _sm_count(logits.device)
     if fast_tanh is None:
         fast_tanh = not interpreting
     part_a, part_b, part_c = vocab_parts(V)

@@ -13,7 +13,7 @@ logits, one write of the gradient).
     python bench/bench_cross_entropy.py                         # defaults of train_gpt.py
     python bench/bench_cross_entropy.py --num-warps 8,16,32 --programs-per-sm 1,2
     python bench/bench_cross_entropy.py --widths 10240,14336 --num-warps 4,8,16 --programs-per-sm 1,2,3 \
-        --prefetch 0,1 --skip-references --skip-lm-head --skip-transpose
+        --prefetch 0,1 --grad-dtypes e5m2 --skip-references --skip-lm-head --skip-transpose
     python bench/bench_cross_entropy.py --tokens 49152 --fast-tanh 0,1 --transpose-blocks 64x128,128x128 --skip-lm-head
     python bench/bench_cross_entropy.py --candidates 10240,14336,24576 --skip-kernel --skip-lm-head --skip-transpose
 """
@@ -70,7 +70,8 @@ def kernel_rows(tokens, width, args, ref_closed_form, ref_autograd):
     rows = []
     logits, targets, weights = problem(tokens, width)
     check = slice(0, 2048)  # rows are independent: a slice against the float64 reference
-    for grad_dtype, grad_mul in ((torch.float8_e5m2, 1 / T.FP8_GRAD_SCALE), (torch.bfloat16, 1.0)):
+    grads = {"e5m2": (torch.float8_e5m2, 1 / T.FP8_GRAD_SCALE), "bf16": (torch.bfloat16, 1.0)}
+    for grad_dtype, grad_mul in (grads[name] for name in args.grad_dtypes):
         ref = T.softcap_ce_reference(logits[check].double(), targets[check], weights, grad_mul, torch.float64)
         for warps, per_sm, fast, ahead in itertools.product(args.num_warps, args.programs_per_sm, args.fast_tanh,
                                                             args.prefetch):
@@ -273,6 +274,7 @@ def main():
     parser.add_argument("--num-warps", type=ints, default=[16])  # train_gpt.softcap_ce's defaults
     parser.add_argument("--programs-per-sm", type=ints, default=[1])
     parser.add_argument("--fast-tanh", type=ints, default=[1])
+    parser.add_argument("--grad-dtypes", type=lambda s: s.split(","), default=["e5m2", "bf16"])  # (a): e5m2 trains
     parser.add_argument("--prefetch", type=ints, default=[0])  # (a): the next row's loads ahead (softcap_ce's prefetch)
     parser.add_argument("--transpose-blocks", type=lambda s: s.split(","), default=["64x128", "128x128", "64x256"])
     parser.add_argument("--candidates", type=ints, default=[])  # (d): sampled budgets, e.g. 10240,14336,24576

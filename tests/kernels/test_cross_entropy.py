@@ -241,6 +241,37 @@ def test_kernel_launcher_names_what_it_cannot_take():
     assert loss_rows.shape == (4,) and grad.shape == (4, 50) and torch.allclose(loss_rows, 5 * ce0_rows)
 
 
+@pytest.mark.skipif(T.triton is None, reason="Triton not installed")
+def test_kernel_launch_follows_the_row_width_table(monkeypatch):
+    """softcap_ce launches as ce_launch(row width) says (the first CE_LAUNCH entry at least as wide as the row:
+    num_warps, programs per SM, prefetch) unless the caller gives them; every width has an entry, and the full
+    vocabulary keeps 16 warps and one program an SM (its row fills an SM's registers, T4.1)."""
+    launches = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((grid, kwargs["num_warps"], kwargs["PREFETCH"]))
+
+    monkeypatch.setattr(T, "_softcap_ce_kernel", Kernel())
+    monkeypatch.setattr(T, "TRITON_INTERPRETER", False)
+    monkeypatch.setattr(T, "_sm_count", lambda device: 10)
+    monkeypatch.setattr(T, "CE_LAUNCH", ((96, 4, 3, True), (200, 8, 2, False), (1 << 62, 16, 1, False)))
+    targets, weights = torch.zeros(1000, 1, dtype=torch.long), torch.ones(1)
+
+    def launch(width, rows=1000, **given):
+        T.softcap_ce(torch.zeros(rows, width).bfloat16(), targets[:rows], weights, 1.0, torch.bfloat16,
+                     use_triton=True, **given)
+        return launches.pop()
+    assert launch(64) == ((30,), 4, True) and launch(96) == ((30,), 4, True)
+    assert launch(97) == ((20,), 8, False) and launch(200) == ((20,), 8, False) and launch(50304) == ((10,), 16, False)
+    assert launch(64, rows=7) == ((7,), 4, True)  # never more programs than rows
+    assert launch(64, num_warps=16, programs=5, prefetch=False) == ((5,), 16, False)
+    monkeypatch.undo()
+    assert T.ce_launch(50304)[:2] == (16, 1)  # GPT-2's padded vocabulary
+    assert all(len(T.ce_launch(width)) == 3 for width in (1, 10240, 14336, 50304, 1 << 20))
+    assert [entry[0] for entry in T.CE_LAUNCH] == sorted(entry[0] for entry in T.CE_LAUNCH)
+
+
 # ---- GPU --------------------------------------------------------------------------------------
 
 

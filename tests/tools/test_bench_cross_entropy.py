@@ -26,7 +26,7 @@ def test_the_kernel_section_runs_each_row_width(monkeypatch, capsys):
 
     class Args:
         tokens, widths, num_warps, programs_per_sm, fast_tanh, skip_references = [48], [96, 130], [8], [1, 2], [1], True
-        prefetch = [0, 1]
+        prefetch, grad_dtypes = [0, 1], ["e5m2", "bf16"]
 
     B.section_kernel(Args)
     assert shapes == [(48, 96), (48, 130)]  # 130: the row's parts 128 + 2 (masked), as vocab_parts splits it
@@ -42,3 +42,17 @@ def test_the_kernel_section_runs_each_row_width(monkeypatch, capsys):
         element = 1 if grad == "float8_e5m2" else 2
         assert (tokens, width) == (4096, 130)
         assert floor == pytest.approx(4096 * 130 * (2 + element) / B.HBM_BYTES_PER_MS)
+
+
+def test_the_kernel_section_times_only_the_gradient_dtypes_asked(monkeypatch):
+    problem = B.problem
+    monkeypatch.setattr(B, "problem", lambda tokens, width=B.V: problem(tokens, width, device="cpu"))
+    monkeypatch.setattr(B.T, "_sm_count", lambda device: 2)
+    monkeypatch.setattr(B, "bench", lambda fn: (fn(), 0.25)[1])
+
+    class Args:
+        num_warps, programs_per_sm, fast_tanh, prefetch, grad_dtypes = [8], [1], [1], [0], ["e5m2"]
+        skip_references = True
+
+    rows = B.kernel_rows(64, 96, Args, None, None)
+    assert [row[3] for row in rows] == ["float8_e5m2"]

@@ -1,24 +1,40 @@
 #!/usr/bin/env bash
-# Issue #78's bar with the fused cross-entropy's launch chosen per row width (README): `v78c` is main with the
-# StepCostShape1365 queue's v78 settings (record #92's step shape at 1365 steps: STAGE_CE_CANDIDATES=10240,10240,
-# 14336,0,0, STAGE_BATCH_TOKENS=131072,262144,393216,327680,131072); `b7ec` is 7ec2b2e's train_gpt.py with its
-# defaults (the bar's baseline, staged as /tmp/stage/base_7ec2b2e.py: `git show 7ec2b2e:train_gpt.py`). Each arm
-# alone on the GPU for its timed steps, 3 seeds, rank-slice, proxy train shards 1-5 (setup: SHARDS=
-# 'proxy_train_00000[1-5].bin.xz proxy_val_000000.bin.xz'), GPU_MEMORY_GIB=77. 7ec2b2e compiles beside v78c's
-# warm-up (compile_beside, 52 GiB; it runs out of memory only at the final validation's shapes, after which b7ec
-# warms up in ~100 s). Last, inductor's generated code of the graphs holding the FP8 MLP backward's dy quantizations
-# (the four fused rms-norm-backward + amax kernels at 0.41-0.52 ms each at stage 3 in v78's profile, against
-# 0.17 ms for their siblings), as .txt files under $L/inductor_code.
+# CeLaunch lease 1 (README): the fused cross-entropy's launch sweep, then issue #78's bar with the launch it picks.
+# 1. bench/bench_cross_entropy.py at v78's (tokens, row width) pairs, every launch (num_warps x persistent programs
+#    an SM x prefetch), e5m2 gradient as in training.
+# 2. b7ec: 7ec2b2e's train_gpt.py with its defaults (the bar's baseline, staged as /tmp/stage/base_7ec2b2e.py: `git
+#    show 7ec2b2e:train_gpt.py`), 3 seeds, GPU_MEMORY_GIB=77, while this tree's train_gpt.py compiles v78's graphs
+#    beside its warm-up (compile_beside, 52 GiB; killed when b7ec's warm-up ends, before any timed step).
+# 3. v78c: the train_gpt.py and tests/ a later call stages in /tmp/stage/go (CE_LAUNCH picked from step 1), copied
+#    over this tree once /tmp/stage/go/ready exists (at most 20 minutes after b7ec), with the StepCostShape1365
+#    queue's v78 settings (record #92's step shape at 1365 steps), 3 seeds, GPU_MEMORY_GIB=77.
+# 4. The cross-entropy's GPU tests on that tree; the stages table; inductor's generated code of the graphs holding
+#    the FP8 MLP backward (its dy amax kernels), as .txt files under $L/inductor_code.
+# Each timed arm alone on the GPU, rank-slice, proxy train shards 1-5 (setup: SHARDS='proxy_train_00000[1-5].bin.xz
+# proxy_val_000000.bin.xz').
 need_shards 1 2 3 4 5
 watch_gpus 60
 [ -f /tmp/stage/base_7ec2b2e.py ] || { note "no /tmp/stage/base_7ec2b2e.py"; exit 1; }
-compile_beside b7ec_compile 52 /tmp/stage/base_7ec2b2e.py v78c
+SWEEP="--num-warps 4,8,16 --programs-per-sm 1,2,3 --prefetch 0,1 --grad-dtypes e5m2"
+SWEEP="$SWEEP --skip-references --skip-lm-head --skip-transpose"
+# shellcheck disable=SC2086
+check 0 bench_ce_14336 300 python bench/bench_cross_entropy.py --tokens 49152 --widths 14336 $SWEEP
+# shellcheck disable=SC2086
+check 0 bench_ce_10240 300 python bench/bench_cross_entropy.py --tokens 16384,32768 --widths 10240 $SWEEP
 SHAPE="NUM_SCHEDULED_ITERATIONS=1350 STAGE_CE_CANDIDATES=10240,10240,14336,0,0"
 SHAPE="$SHAPE STAGE_BATCH_TOKENS=131072,262144,393216,327680,131072"
 # shellcheck disable=SC2086
-arm 0 v78c GPU_MEMORY_GIB=77 $SHAPE
-stop_beside b7ec_compile
+( export $SHAPE; compile_beside v78_compile 52 train_gpt.py b7ec )
 ARM_FILE=/tmp/stage/base_7ec2b2e.py arm 0 b7ec GPU_MEMORY_GIB=77
+stop_beside v78_compile
+for _ in $(seq 240); do [ -e /tmp/stage/go/ready ] && break; sleep 5; done
+[ -e /tmp/stage/go/ready ] || { note "no /tmp/stage/go/ready after 20 minutes"; exit 1; }
+cp /tmp/stage/go/train_gpt.py train_gpt.py && cp -r /tmp/stage/go/tests/. tests/
+note "v78c: train_gpt.py sha256 $(sha256sum train_gpt.py | cut -c1-16)"
+# shellcheck disable=SC2086
+arm 0 v78c GPU_MEMORY_GIB=77 $SHAPE
+check 0 gpu_ce_tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_cross_entropy.py
+note "gpu tests: $(tail -n 1 "$L/gpu_ce_tests.out")"
 python records/tool.py stages "$L"/v78c_s*.txt "$L"/b7ec_s*.txt > "$L/stages.md" 2>&1
 note "stages rc=$?"
 mkdir -p "$L/inductor_code"
