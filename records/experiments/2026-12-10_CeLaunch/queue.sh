@@ -8,8 +8,9 @@
 # 3. v78c: the train_gpt.py and tests/ a later call stages in /tmp/stage/go (CE_LAUNCH picked from step 1), copied
 #    over this tree once /tmp/stage/go/ready exists (at most 20 minutes after b7ec), with the StepCostShape1365
 #    queue's v78 settings (record #92's step shape at 1365 steps), 3 seeds, GPU_MEMORY_GIB=77.
-# 4. The cross-entropy's GPU tests on that tree; the stages table; inductor's generated code of the graphs holding
-#    the FP8 MLP backward (its dy amax kernels), as .txt files under $L/inductor_code.
+# 4. The cross-entropy's and MLP's GPU tests on that tree; the stages table; inductor's generated code of the graphs
+#    holding the FP8 MLP backward (its dy amax kernels), as .txt files under $L/inductor_code; v78c's stage-3
+#    profile (bench/profile_stages.py, 6 graphed steps), if the lease lasts.
 # Each timed arm alone on the GPU, rank-slice, proxy train shards 1-5 (setup: SHARDS='proxy_train_00000[1-5].bin.xz
 # proxy_val_000000.bin.xz').
 need_shards 1 2 3 4 5
@@ -33,11 +34,16 @@ cp /tmp/stage/go/train_gpt.py train_gpt.py && cp -r /tmp/stage/go/tests/. tests/
 note "v78c: train_gpt.py sha256 $(sha256sum train_gpt.py | cut -c1-16)"
 # shellcheck disable=SC2086
 arm 0 v78c GPU_MEMORY_GIB=77 $SHAPE
-check 0 gpu_ce_tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_cross_entropy.py
-note "gpu tests: $(tail -n 1 "$L/gpu_ce_tests.out")"
+check 0 gpu_tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_cross_entropy.py \
+    tests/kernels/test_mlp.py
+note "gpu tests: $(tail -n 1 "$L/gpu_tests.out")"
 python records/tool.py stages "$L"/v78c_s*.txt "$L"/b7ec_s*.txt > "$L/stages.md" 2>&1
 note "stages rc=$?"
 mkdir -p "$L/inductor_code"
 grep -rl --include='*.py' "fp8_mlp_backward_products" "$TORCHINDUCTOR_CACHE_DIR" 2>/dev/null | head -n 20 \
     | while read -r f; do cp "$f" "$L/inductor_code/$(basename "$f").txt"; done
 note "inductor_code: $(ls "$L/inductor_code" | wc -l) files"
+# shellcheck disable=SC2086
+env $SHAPE timeout 300 python bench/profile_stages.py --stages 3 --steps 6 --verbose --out "$L/prof" \
+    > "$L/profile.out" 2>&1
+note "profile rc=$?"
