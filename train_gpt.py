@@ -4000,7 +4000,7 @@ def vocab_parts(V: int) -> tuple[int, int, int]:
 # The kernel's launch by row width (T4.1): (widest row, num_warps, persistent programs per SM, prefetch), the first
 # entry at least as wide as the row. A 50,304-logit row fills an SM's registers at 16 warps, 128 a thread (one row in
 # flight; larger vocabularies spill, T4.4); the sampled budgets' narrower rows (T4.6) leave room for more.
-CE_LAUNCH = ((1 << 62, 16, 1, False),)
+CE_LAUNCH = ((10240, 4, 3, True), (14336, 4, 2, True), (1 << 62, 16, 1, False))
 
 
 def ce_launch(width: int) -> tuple[int, int, bool]:
