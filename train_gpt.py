@@ -4901,9 +4901,7 @@ def fp8_relu_square_mlp_backward(grad: Tensor, x8_t: Tensor, x_scale: float, pos
                                  proj_scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dfc, dproj): fp8_relu_square_mlp_backward_reference's arithmetic on the GPU, from the forward's e4m3 x
     (transposed, and its scale) and post (both layouts) and the layer's e4m3 weights."""
-    # row maxima first: a reduction over the rows of grad joins the kernel that writes grad (the next layer's norm
-    # backward reduces the same rows); a whole-tensor amax is a kernel of its own (T6.5)
-    grad_amax = grad.abs().amax(dim=1).amax()
+    grad_amax = grad.abs().amax()
     grad_scale, dpre_scale = fp8_mlp_backward_scales(grad_amax, post_scale, proj_scale, grad.size(1))
     grad8 = to_e5m2(grad, grad_scale)
     dpre8, dpre8_t, _ = relu_square_grad_fp8_gemm(grad8, proj8, post8, grad_scale * proj_scale, post_scale,

@@ -298,7 +298,7 @@ def test_fused_kernel_matches_reference_at_full_vocab(N, poisoned):
 
 @cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("V,N,num_warps,per_sm", [(10240, 3, 8, 3), (14336, 1, 16, 1), (14336, 1, 4, 2)])
+@pytest.mark.parametrize("V,N,num_warps,per_sm", [(10240, 3, 4, 3), (14336, 1, 16, 1), (14336, 1, 4, 2)])
 def test_fused_kernel_at_sampled_widths_with_and_without_prefetch(V, N, num_warps, per_sm, poisoned):
     """The sampled budgets' row widths (T4.6) at launches bench_cross_entropy.py sweeps, several rows a program,
     with the next row's loads ahead (`prefetch`) and without: the same rows as the reference's, and prefetch changes
