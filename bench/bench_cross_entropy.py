@@ -71,10 +71,12 @@ def kernel_rows(tokens, width, args, ref_closed_form, ref_autograd):
     logits, targets, weights = problem(tokens, width)
     check = slice(0, 2048)  # rows are independent: a slice against the float64 reference
     grads = {"e5m2": (torch.float8_e5m2, 1 / T.FP8_GRAD_SCALE), "bf16": (torch.bfloat16, 1.0)}
+    trained = T.ce_launch(width)  # what train_gpt.py launches at this width, where the sweep is not given
+    launches = [given or [default] for given, default in
+                zip((args.num_warps, args.programs_per_sm, args.prefetch), trained)]
     for grad_dtype, grad_mul in (grads[name] for name in args.grad_dtypes):
         ref = T.softcap_ce_reference(logits[check].double(), targets[check], weights, grad_mul, torch.float64)
-        for warps, per_sm, fast, ahead in itertools.product(args.num_warps, args.programs_per_sm, args.fast_tanh,
-                                                            args.prefetch):
+        for warps, per_sm, ahead, fast in itertools.product(*launches, args.fast_tanh):
             config = dict(num_warps=warps, programs=per_sm * T._sm_count(logits.device), fast_tanh=bool(fast),
                           prefetch=bool(ahead))
             out = T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, **config)
@@ -82,7 +84,7 @@ def kernel_rows(tokens, width, args, ref_closed_form, ref_autograd):
                       rel(out[2][check].float(), ref[2].float())]
             ms = bench(lambda: T.softcap_ce(logits, targets, weights, grad_mul, grad_dtype, **config))
             floor = tokens * width * (2 + out[2].element_size()) / HBM_BYTES_PER_MS
-            rows.append((tokens, width, targets.size(1), str(grad_dtype).split(".")[1], warps, per_sm, fast, ahead,
+            rows.append((tokens, width, targets.size(1), str(grad_dtype).split(".")[1], warps, per_sm, fast, int(ahead),
                          ms, floor, *errors))
             del out
     if args.skip_references:
@@ -271,11 +273,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=ints, default=[16384, 32768, 49152])
     parser.add_argument("--widths", type=ints, default=[V])  # (a): logits per row (sampled budgets' candidates)
-    parser.add_argument("--num-warps", type=ints, default=[16])  # train_gpt.softcap_ce's defaults
-    parser.add_argument("--programs-per-sm", type=ints, default=[1])
+    # (a)'s launch sweep; each left out: train_gpt.ce_launch's at the row width
+    parser.add_argument("--num-warps", type=ints, default=[])
+    parser.add_argument("--programs-per-sm", type=ints, default=[])
     parser.add_argument("--fast-tanh", type=ints, default=[1])
     parser.add_argument("--grad-dtypes", type=lambda s: s.split(","), default=["e5m2", "bf16"])  # (a): e5m2 trains
-    parser.add_argument("--prefetch", type=ints, default=[0])  # (a): the next row's loads ahead (softcap_ce's prefetch)
+    parser.add_argument("--prefetch", type=ints, default=[])  # (a): the next row's loads ahead (softcap_ce's prefetch)
     parser.add_argument("--transpose-blocks", type=lambda s: s.split(","), default=["64x128", "128x128", "64x256"])
     parser.add_argument("--candidates", type=ints, default=[])  # (d): sampled budgets, e.g. 10240,14336,24576
     parser.add_argument("--skip-kernel", action="store_true")

@@ -44,6 +44,28 @@ def test_the_kernel_section_runs_each_row_width(monkeypatch, capsys):
         assert floor == pytest.approx(4096 * 130 * (2 + element) / B.HBM_BYTES_PER_MS)
 
 
+def test_the_kernel_section_launches_as_training_where_the_sweep_is_left_out(monkeypatch):
+    """No --num-warps / --programs-per-sm / --prefetch: the launch train_gpt.ce_launch picks at each row width."""
+    problem, launches = B.problem, []
+    softcap_ce = B.T.softcap_ce
+    monkeypatch.setattr(B, "problem", lambda tokens, width=B.V: problem(tokens, width, device="cpu"))
+    monkeypatch.setattr(B.T, "_sm_count", lambda device: 2)
+    monkeypatch.setattr(B.T, "CE_LAUNCH", ((96, 4, 3, True), (1 << 62, 8, 1, False)))
+    monkeypatch.setattr(B, "bench", lambda fn: 0.25)
+
+    def recorded(*args, **config):
+        launches.append((config["num_warps"], config["programs"], config["prefetch"]))
+        return softcap_ce(*args, **config)
+    monkeypatch.setattr(B.T, "softcap_ce", recorded)
+
+    class Args:
+        num_warps, programs_per_sm, prefetch, fast_tanh, grad_dtypes, skip_references = [], [], [], [1], ["bf16"], True
+
+    rows = B.kernel_rows(48, 96, Args, None, None) + B.kernel_rows(48, 130, Args, None, None)
+    assert launches == [(4, 6, True), (8, 2, False)]
+    assert [(row[4], row[5], row[7]) for row in rows] == [(4, 3, 1), (8, 1, 0)]
+
+
 def test_the_kernel_section_times_only_the_gradient_dtypes_asked(monkeypatch):
     problem = B.problem
     monkeypatch.setattr(B, "problem", lambda tokens, width=B.V: problem(tokens, width, device="cpu"))
